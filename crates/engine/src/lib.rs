@@ -1,0 +1,12 @@
+//! ferrite's inference engine: GGUF models, tokenizers, sampling and a continuous-batching
+//! worker thread. It knows nothing of HTTP or JSON.
+
+pub mod error;
+pub mod gguf;
+pub mod kv_cache;
+pub mod model;
+pub mod sampling;
+pub mod stop;
+pub mod tokenizer;
+
+pub use error::EngineError;

@@ -1,0 +1,172 @@
+//! The `gemma3` architecture: Gemma 3 text models. Differences from llama: scaled
+//! embeddings, RMS-normed queries and keys, norms after attention and feed-forward too,
+//! GELU (tanh) gating, NeoX rotary embeddings, and five sliding-window layers (local
+//! rotary base) for every global one.
+
+use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::Tensor;
+
+use super::ops::{self, AttentionShape, Rope, RopeStyle};
+use super::{attend_batch, gather_rows, split_rows, BatchEntry, Model, ModelInfo, StepLayout};
+use crate::gguf::GgufFile;
+use crate::EngineError;
+
+/// Every `SLIDING_WINDOW_PATTERN`-th layer attends globally; the others use the window.
+const SLIDING_WINDOW_PATTERN: usize = 6;
+/// Rotary base of the sliding-window layers.
+const LOCAL_ROPE_THETA: f32 = 10_000.0;
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    wq: QMatMul,
+    wk: QMatMul,
+    wv: QMatMul,
+    q_norm: Vec<f32>,
+    k_norm: Vec<f32>,
+    wo: QMatMul,
+    post_attn_norm: Vec<f32>,
+    ffn_norm: Vec<f32>,
+    gate: QMatMul,
+    up: QMatMul,
+    down: QMatMul,
+    post_ffn_norm: Vec<f32>,
+    shape: AttentionShape,
+    rope: Rope,
+}
+
+/// A Gemma 3 text model.
+pub struct Gemma3 {
+    info: ModelInfo,
+    embedding: QTensor,
+    layers: Vec<Layer>,
+    output_norm: Vec<f32>,
+    output: QMatMul,
+    hidden: usize,
+    eps: f32,
+}
+
+impl Gemma3 {
+    /// Loads the weights and hyper-parameters from a GGUF file.
+    pub fn load(gguf: &mut GgufFile) -> Result<Self, EngineError> {
+        let m = gguf.meta.clone();
+        let key = |k: &str| format!("gemma3.{k}");
+        let hidden = m.u32(&key("embedding_length"))? as usize;
+        let n_layers = m.u32(&key("block_count"))? as usize;
+        let n_head = m.u32(&key("attention.head_count"))? as usize;
+        let n_kv_head = m.u32(&key("attention.head_count_kv")).map_or(n_head, |v| v as usize);
+        let head_dim = m.u32(&key("attention.key_length")).map_or(256, |v| v as usize);
+        let eps = m.f32(&key("attention.layer_norm_rms_epsilon"))?;
+        let theta = m.f32(&key("rope.freq_base")).unwrap_or(1_000_000.0);
+        let rope_scale = m.f32(&key("rope.scaling.factor")).unwrap_or(1.0);
+        let window = m.u32(&key("attention.sliding_window")).map_or(4096, |v| v as usize);
+        let context_length = m.u32(&key("context_length")).unwrap_or(32_768) as usize;
+        let embedding = gguf.qtensor("token_embd.weight")?;
+        let vocab_size = embedding.shape().dims()[0];
+        let global_rope = Rope::new(head_dim, theta, rope_scale, RopeStyle::Neox);
+        let local_rope = Rope::new(head_dim, LOCAL_ROPE_THETA, 1.0, RopeStyle::Neox);
+        let mut layers = Vec::with_capacity(n_layers);
+        for i in 0..n_layers {
+            let p = |n: &str| format!("blk.{i}.{n}.weight");
+            let local = (i + 1) % SLIDING_WINDOW_PATTERN != 0;
+            layers.push(Layer {
+                attn_norm: gguf.vector(&p("attn_norm"))?,
+                wq: gguf.matmul(&p("attn_q"))?,
+                wk: gguf.matmul(&p("attn_k"))?,
+                wv: gguf.matmul(&p("attn_v"))?,
+                q_norm: gguf.vector(&p("attn_q_norm"))?,
+                k_norm: gguf.vector(&p("attn_k_norm"))?,
+                wo: gguf.matmul(&p("attn_output"))?,
+                post_attn_norm: gguf.vector(&p("post_attention_norm"))?,
+                ffn_norm: gguf.vector(&p("ffn_norm"))?,
+                gate: gguf.matmul(&p("ffn_gate"))?,
+                up: gguf.matmul(&p("ffn_up"))?,
+                down: gguf.matmul(&p("ffn_down"))?,
+                post_ffn_norm: gguf.vector(&p("post_ffw_norm"))?,
+                shape: AttentionShape {
+                    n_head,
+                    n_kv_head,
+                    head_dim,
+                    scale: 1.0 / (head_dim as f32).sqrt(),
+                    window: local.then_some(window),
+                },
+                rope: if local { local_rope.clone() } else { global_rope.clone() },
+            });
+        }
+        let output = if gguf.has_tensor("output.weight") {
+            gguf.matmul("output.weight")?
+        } else {
+            gguf.matmul("token_embd.weight")?
+        };
+        Ok(Self {
+            info: ModelInfo {
+                architecture: "gemma3".into(),
+                name: m.string("general.name").ok(),
+                n_layers,
+                kv_width: n_kv_head * head_dim,
+                vocab_size,
+                context_length,
+            },
+            embedding,
+            layers,
+            output_norm: gguf.vector("output_norm.weight")?,
+            output,
+            hidden,
+            eps,
+        })
+    }
+}
+
+impl Model for Gemma3 {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn forward(&self, batch: &mut [BatchEntry<'_>]) -> Result<Vec<Vec<f32>>, EngineError> {
+        let layout = StepLayout::new(batch);
+        let rows = layout.rows();
+        if rows == 0 {
+            return Ok(Vec::new());
+        }
+        let ids = Tensor::new(StepLayout::tokens(batch), &candle_core::Device::Cpu)?;
+        let mut x = self.embedding.embedding(&ids)?.flatten_all()?.to_vec1::<f32>()?;
+        let embed_scale = (self.hidden as f32).sqrt();
+        x.iter_mut().for_each(|v| *v *= embed_scale);
+        for (li, layer) in self.layers.iter().enumerate() {
+            let q_width = layer.shape.n_head * layer.shape.head_dim;
+            let kv_width = layer.shape.n_kv_head * layer.shape.head_dim;
+            let mut h = x.clone();
+            ops::rms_norm(&mut h, &layer.attn_norm, self.eps);
+            let mut q = ops::linear(&layer.wq, &h, rows)?;
+            let mut k = ops::linear(&layer.wk, &h, rows)?;
+            let v = ops::linear(&layer.wv, &h, rows)?;
+            ops::rms_norm(&mut q, &layer.q_norm, self.eps);
+            ops::rms_norm(&mut k, &layer.k_norm, self.eps);
+            for (r, &pos) in layout.positions.iter().enumerate() {
+                layer.rope.apply(&mut q[r * q_width..(r + 1) * q_width], pos);
+                layer.rope.apply(&mut k[r * kv_width..(r + 1) * kv_width], pos);
+            }
+            let attn = attend_batch(&layer.shape, li, &layout, &q, &k, &v, batch);
+            let mut o = ops::linear(&layer.wo, &attn, rows)?;
+            ops::rms_norm(&mut o, &layer.post_attn_norm, self.eps);
+            ops::add_assign(&mut x, &o);
+            let mut h = x.clone();
+            ops::rms_norm(&mut h, &layer.ffn_norm, self.eps);
+            let mut gate = ops::linear(&layer.gate, &h, rows)?;
+            let up = ops::linear(&layer.up, &h, rows)?;
+            ops::gelu_mul(&mut gate, &up);
+            let mut down = ops::linear(&layer.down, &gate, rows)?;
+            ops::rms_norm(&mut down, &layer.post_ffn_norm, self.eps);
+            ops::add_assign(&mut x, &down);
+        }
+        for entry in batch.iter_mut() {
+            entry.cache.commit(entry.tokens.len());
+        }
+        if layout.logit_rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut last = gather_rows(&x, self.hidden, &layout.logit_rows);
+        ops::rms_norm(&mut last, &self.output_norm, self.eps);
+        let logits = ops::linear(&self.output, &last, layout.logit_rows.len())?;
+        Ok(split_rows(logits, self.info.vocab_size))
+    }
+}

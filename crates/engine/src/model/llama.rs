@@ -1,0 +1,145 @@
+//! The `llama` architecture (Llama 2/3, SmolLM2, …): pre-norm blocks of grouped-query
+//! attention with rotary embeddings and a SiLU-gated feed-forward.
+
+use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::Tensor;
+
+use super::ops::{self, AttentionShape, Rope, RopeStyle};
+use super::{attend_batch, gather_rows, split_rows, BatchEntry, Model, ModelInfo, StepLayout};
+use crate::gguf::GgufFile;
+use crate::EngineError;
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    wq: QMatMul,
+    wk: QMatMul,
+    wv: QMatMul,
+    wo: QMatMul,
+    ffn_norm: Vec<f32>,
+    gate: QMatMul,
+    up: QMatMul,
+    down: QMatMul,
+}
+
+/// A llama-architecture model.
+pub struct Llama {
+    info: ModelInfo,
+    embedding: QTensor,
+    layers: Vec<Layer>,
+    output_norm: Vec<f32>,
+    output: QMatMul,
+    shape: AttentionShape,
+    rope: Rope,
+    hidden: usize,
+    eps: f32,
+}
+
+impl Llama {
+    /// Loads the weights and hyper-parameters from a GGUF file.
+    pub fn load(gguf: &mut GgufFile) -> Result<Self, EngineError> {
+        let m = gguf.meta.clone();
+        let key = |k: &str| format!("llama.{k}");
+        let hidden = m.u32(&key("embedding_length"))? as usize;
+        let n_layers = m.u32(&key("block_count"))? as usize;
+        let n_head = m.u32(&key("attention.head_count"))? as usize;
+        let n_kv_head = m.u32(&key("attention.head_count_kv")).map_or(n_head, |v| v as usize);
+        let head_dim = m.u32(&key("rope.dimension_count")).map_or(hidden / n_head, |v| v as usize);
+        let eps = m.f32(&key("attention.layer_norm_rms_epsilon"))?;
+        let theta = m.f32(&key("rope.freq_base")).unwrap_or(10_000.0);
+        let rope_scale = m.f32(&key("rope.scaling.factor")).unwrap_or(1.0);
+        let context_length = m.u32(&key("context_length")).unwrap_or(4096) as usize;
+        let embedding = gguf.qtensor("token_embd.weight")?;
+        let vocab_size = embedding.shape().dims()[0];
+        let mut layers = Vec::with_capacity(n_layers);
+        for i in 0..n_layers {
+            let p = |n: &str| format!("blk.{i}.{n}.weight");
+            layers.push(Layer {
+                attn_norm: gguf.vector(&p("attn_norm"))?,
+                wq: gguf.matmul(&p("attn_q"))?,
+                wk: gguf.matmul(&p("attn_k"))?,
+                wv: gguf.matmul(&p("attn_v"))?,
+                wo: gguf.matmul(&p("attn_output"))?,
+                ffn_norm: gguf.vector(&p("ffn_norm"))?,
+                gate: gguf.matmul(&p("ffn_gate"))?,
+                up: gguf.matmul(&p("ffn_up"))?,
+                down: gguf.matmul(&p("ffn_down"))?,
+            });
+        }
+        let output = if gguf.has_tensor("output.weight") {
+            gguf.matmul("output.weight")?
+        } else {
+            gguf.matmul("token_embd.weight")?
+        };
+        Ok(Self {
+            info: ModelInfo {
+                architecture: "llama".into(),
+                name: m.string("general.name").ok(),
+                n_layers,
+                kv_width: n_kv_head * head_dim,
+                vocab_size,
+                context_length,
+            },
+            embedding,
+            layers,
+            output_norm: gguf.vector("output_norm.weight")?,
+            output,
+            shape: AttentionShape {
+                n_head,
+                n_kv_head,
+                head_dim,
+                scale: 1.0 / (head_dim as f32).sqrt(),
+                window: None,
+            },
+            rope: Rope::new(head_dim, theta, rope_scale, RopeStyle::Interleaved),
+            hidden,
+            eps,
+        })
+    }
+}
+
+impl Model for Llama {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn forward(&self, batch: &mut [BatchEntry<'_>]) -> Result<Vec<Vec<f32>>, EngineError> {
+        let layout = StepLayout::new(batch);
+        let rows = layout.rows();
+        if rows == 0 {
+            return Ok(Vec::new());
+        }
+        let ids = Tensor::new(StepLayout::tokens(batch), &candle_core::Device::Cpu)?;
+        let mut x = self.embedding.embedding(&ids)?.flatten_all()?.to_vec1::<f32>()?;
+        let q_width = self.shape.n_head * self.shape.head_dim;
+        let kv_width = self.info.kv_width;
+        for (li, layer) in self.layers.iter().enumerate() {
+            let mut h = x.clone();
+            ops::rms_norm(&mut h, &layer.attn_norm, self.eps);
+            let mut q = ops::linear(&layer.wq, &h, rows)?;
+            let mut k = ops::linear(&layer.wk, &h, rows)?;
+            let v = ops::linear(&layer.wv, &h, rows)?;
+            for (r, &pos) in layout.positions.iter().enumerate() {
+                self.rope.apply(&mut q[r * q_width..(r + 1) * q_width], pos);
+                self.rope.apply(&mut k[r * kv_width..(r + 1) * kv_width], pos);
+            }
+            let attn = attend_batch(&self.shape, li, &layout, &q, &k, &v, batch);
+            ops::add_assign(&mut x, &ops::linear(&layer.wo, &attn, rows)?);
+            let mut h = x.clone();
+            ops::rms_norm(&mut h, &layer.ffn_norm, self.eps);
+            let mut gate = ops::linear(&layer.gate, &h, rows)?;
+            let up = ops::linear(&layer.up, &h, rows)?;
+            ops::silu_mul(&mut gate, &up);
+            ops::add_assign(&mut x, &ops::linear(&layer.down, &gate, rows)?);
+        }
+        for entry in batch.iter_mut() {
+            entry.cache.commit(entry.tokens.len());
+        }
+        if layout.logit_rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut last = gather_rows(&x, self.hidden, &layout.logit_rows);
+        ops::rms_norm(&mut last, &self.output_norm, self.eps);
+        let logits = ops::linear(&self.output, &last, layout.logit_rows.len())?;
+        Ok(split_rows(logits, self.info.vocab_size))
+    }
+}

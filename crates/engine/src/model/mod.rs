@@ -1,0 +1,150 @@
+//! Model architectures: one file each, sharing the kernels in [`ops`].
+//!
+//! A forward step takes a batch of sequences, each with some new tokens (a prefill chunk
+//! or one decode token) and its own [`SequenceCache`]; all tokens of the step go through
+//! the weight matrices together, attention runs per sequence against its own cache.
+
+mod gemma3;
+mod llama;
+pub mod ops;
+
+use std::path::Path;
+
+use crate::gguf::GgufFile;
+use crate::kv_cache::SequenceCache;
+use crate::tokenizer::TokenId;
+use crate::EngineError;
+
+/// What the engine needs to know about a loaded model.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    /// GGUF architecture name (`llama`, `gemma3`).
+    pub architecture: String,
+    /// Human-readable name from the file's metadata, if any.
+    pub name: Option<String>,
+    /// Number of transformer layers.
+    pub n_layers: usize,
+    /// Floats per position per layer in the KV cache.
+    pub kv_width: usize,
+    /// Vocabulary size (width of a logits row).
+    pub vocab_size: usize,
+    /// Longest context the model was trained for.
+    pub context_length: usize,
+}
+
+/// One sequence's share of a forward step.
+pub struct BatchEntry<'a> {
+    /// New tokens, at positions `cache.len()..cache.len() + tokens.len()`.
+    pub tokens: &'a [TokenId],
+    /// The sequence's cache; the step appends the new tokens' keys and values.
+    pub cache: &'a mut SequenceCache,
+    /// Whether to return the logits of the last new token.
+    pub want_logits: bool,
+}
+
+/// A loaded model that can run batched forward steps.
+pub trait Model: Send {
+    /// Facts about the model.
+    fn info(&self) -> &ModelInfo;
+
+    /// Runs the batch's new tokens through the model, appends their keys and values to
+    /// each entry's cache, and returns one logits row per entry with `want_logits`, in
+    /// batch order.
+    fn forward(&self, batch: &mut [BatchEntry<'_>]) -> Result<Vec<Vec<f32>>, EngineError>;
+
+    /// An empty cache sized for this model with room for `capacity` positions.
+    fn new_cache(&self, capacity: usize) -> SequenceCache {
+        let info = self.info();
+        SequenceCache::new(info.n_layers, info.kv_width, capacity)
+    }
+}
+
+/// Loads the model in a GGUF file, choosing the architecture from its metadata.
+pub fn load(gguf: &mut GgufFile) -> Result<Box<dyn Model>, EngineError> {
+    let arch = gguf.meta.string("general.architecture")?;
+    match arch.as_str() {
+        "llama" => Ok(Box::new(llama::Llama::load(gguf)?)),
+        "gemma3" => Ok(Box::new(gemma3::Gemma3::load(gguf)?)),
+        other => Err(EngineError::Unsupported(format!(
+            "model architecture `{other}` in {} (supported: llama, gemma3)",
+            gguf.path().display()
+        ))),
+    }
+}
+
+/// Opens a GGUF file and loads its model.
+pub fn load_path(path: &Path) -> Result<(GgufFile, Box<dyn Model>), EngineError> {
+    let mut gguf = GgufFile::open(path)?;
+    let model = load(&mut gguf)?;
+    Ok((gguf, model))
+}
+
+/// Bookkeeping shared by the architectures for one forward step.
+struct StepLayout {
+    /// Absolute position of every row (token) of the step.
+    positions: Vec<usize>,
+    /// Row ranges of each entry.
+    spans: Vec<std::ops::Range<usize>>,
+    /// Rows whose logits are wanted.
+    logit_rows: Vec<usize>,
+}
+
+impl StepLayout {
+    fn new(batch: &[BatchEntry<'_>]) -> Self {
+        let mut positions = Vec::new();
+        let mut spans = Vec::with_capacity(batch.len());
+        let mut logit_rows = Vec::new();
+        for entry in batch {
+            let start = positions.len();
+            positions.extend(entry.cache.len()..entry.cache.len() + entry.tokens.len());
+            spans.push(start..positions.len());
+            if entry.want_logits && !entry.tokens.is_empty() {
+                logit_rows.push(positions.len() - 1);
+            }
+        }
+        Self { positions, spans, logit_rows }
+    }
+
+    fn rows(&self) -> usize {
+        self.positions.len()
+    }
+
+    fn tokens(batch: &[BatchEntry<'_>]) -> Vec<u32> {
+        batch.iter().flat_map(|e| e.tokens.iter().copied()).collect()
+    }
+}
+
+/// Appends each entry's new keys and values to its cache at `layer` and attends.
+/// `q`, `k`, `v` hold the step's rows in batch order.
+fn attend_batch(
+    shape: &ops::AttentionShape,
+    layer: usize,
+    layout: &StepLayout,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    batch: &mut [BatchEntry<'_>],
+) -> Vec<f32> {
+    let q_width = shape.n_head * shape.head_dim;
+    let kv_width = shape.n_kv_head * shape.head_dim;
+    let mut out = Vec::with_capacity(q.len());
+    for (entry, span) in batch.iter_mut().zip(&layout.spans) {
+        let cache = entry.cache.layer_mut(layer);
+        let to_f16 = |x: &f32| half::f16::from_f32(*x);
+        cache.keys.extend(k[span.start * kv_width..span.end * kv_width].iter().map(to_f16));
+        cache.values.extend(v[span.start * kv_width..span.end * kv_width].iter().map(to_f16));
+        let q = &q[span.start * q_width..span.end * q_width];
+        out.extend(ops::attend(shape, q, &cache.keys, &cache.values, span.len()));
+    }
+    out
+}
+
+/// Copies the rows of `x` (each `width` wide) listed in `rows`.
+fn gather_rows(x: &[f32], width: usize, rows: &[usize]) -> Vec<f32> {
+    rows.iter().flat_map(|&r| x[r * width..(r + 1) * width].iter().copied()).collect()
+}
+
+/// Splits a flat `rows × width` buffer into rows.
+fn split_rows(x: Vec<f32>, width: usize) -> Vec<Vec<f32>> {
+    x.chunks_exact(width).map(<[f32]>::to_vec).collect()
+}

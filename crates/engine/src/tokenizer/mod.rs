@@ -1,0 +1,307 @@
+//! Tokenizers built from a GGUF file's `tokenizer.ggml.*` metadata.
+//!
+//! Two vocabulary kinds are supported, matching llama.cpp's behaviour token for token:
+//! - `gpt2`: byte-level BPE with a regex pre-tokenizer ([`bpe`]),
+//! - `llama`: SentencePiece with scores and byte fallback ([`spm`]).
+//!
+//! Special tokens (control and user-defined) are split out of the text before the
+//! vocabulary-specific algorithm runs, longest first, as llama.cpp does.
+
+mod bpe;
+mod detok;
+mod spm;
+
+pub use detok::IncrementalDecoder;
+
+use std::collections::HashMap;
+
+use crate::gguf::GgufMetadata;
+use crate::EngineError;
+
+/// A token id.
+pub type TokenId = u32;
+
+/// The role of a token in the vocabulary, from `tokenizer.ggml.token_type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenKind {
+    /// Ordinary text piece.
+    Normal,
+    /// Unknown-token placeholder.
+    Unknown,
+    /// Control token such as BOS/EOS; never produced from plain text.
+    Control,
+    /// User-defined token, matched in text before the main algorithm.
+    UserDefined,
+    /// Unused slot.
+    Unused,
+    /// Byte-fallback token `<0xXX>`.
+    Byte,
+}
+
+impl TokenKind {
+    fn from_gguf(v: i32) -> Self {
+        match v {
+            2 => Self::Unknown,
+            3 => Self::Control,
+            4 => Self::UserDefined,
+            5 => Self::Unused,
+            6 => Self::Byte,
+            _ => Self::Normal,
+        }
+    }
+}
+
+/// Which algorithm turns text into ids.
+#[derive(Debug)]
+enum Algorithm {
+    Bpe(bpe::Bpe),
+    Spm(spm::Spm),
+}
+
+/// A tokenizer for one model, built from its GGUF metadata.
+#[derive(Debug)]
+pub struct Tokenizer {
+    pieces: Vec<String>,
+    kinds: Vec<TokenKind>,
+    piece_to_id: HashMap<String, TokenId>,
+    /// Special tokens (control, user-defined, unknown) sorted longest first.
+    specials: Vec<TokenId>,
+    algorithm: Algorithm,
+    bos: Option<TokenId>,
+    eos: Option<TokenId>,
+    add_bos: bool,
+    end_of_generation: Vec<TokenId>,
+}
+
+/// Texts of tokens that end a generation when the vocabulary has them as control tokens,
+/// the same list llama.cpp uses to build its end-of-generation set.
+const END_OF_GENERATION_TEXTS: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "<|eom_id|>",
+];
+
+impl Tokenizer {
+    /// Builds the tokenizer described by a GGUF file's metadata.
+    pub fn from_gguf(meta: &GgufMetadata) -> Result<Self, EngineError> {
+        let model = meta.string("tokenizer.ggml.model")?;
+        let pieces = meta.string_array("tokenizer.ggml.tokens")?;
+        let n = pieces.len();
+        let kinds: Vec<TokenKind> = match meta.i32_array("tokenizer.ggml.token_type") {
+            Ok(v) if v.len() == n => v.into_iter().map(TokenKind::from_gguf).collect(),
+            _ => vec![TokenKind::Normal; n],
+        };
+        let piece_to_id: HashMap<String, TokenId> = pieces
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.clone(), i as TokenId))
+            .collect();
+        let algorithm = match model.as_str() {
+            "gpt2" => {
+                let merges = meta.string_array("tokenizer.ggml.merges")?;
+                let pre = meta.string("tokenizer.ggml.pre").unwrap_or_default();
+                Algorithm::Bpe(bpe::Bpe::new(&merges, &pre, &piece_to_id)?)
+            }
+            "llama" => {
+                let scores = meta.f32_array("tokenizer.ggml.scores")?;
+                let add_space_prefix = meta.bool("tokenizer.ggml.add_space_prefix").unwrap_or(true);
+                Algorithm::Spm(spm::Spm::new(scores, add_space_prefix))
+            }
+            other => {
+                return Err(EngineError::Unsupported(format!(
+                    "tokenizer model `{other}` (supported: gpt2, llama)"
+                )))
+            }
+        };
+        let mut specials: Vec<TokenId> = (0..n as TokenId)
+            .filter(|&i| {
+                matches!(
+                    kinds[i as usize],
+                    TokenKind::Control | TokenKind::UserDefined | TokenKind::Unknown
+                ) && !pieces[i as usize].is_empty()
+            })
+            .collect();
+        specials.sort_by_key(|&i| std::cmp::Reverse(pieces[i as usize].len()));
+        let token = |key: &str| meta.u32(key).ok().filter(|&i| (i as usize) < n);
+        let bos = token("tokenizer.ggml.bos_token_id");
+        let eos = token("tokenizer.ggml.eos_token_id");
+        let add_bos = meta
+            .bool("tokenizer.ggml.add_bos_token")
+            .unwrap_or(matches!(algorithm, Algorithm::Spm(_)));
+        let mut end_of_generation: Vec<TokenId> = eos.into_iter().collect();
+        if let Some(eot) = token("tokenizer.ggml.eot_token_id") {
+            end_of_generation.push(eot);
+        }
+        for text in END_OF_GENERATION_TEXTS {
+            if let Some(&id) = piece_to_id.get(*text) {
+                if kinds[id as usize] == TokenKind::Control && !end_of_generation.contains(&id) {
+                    end_of_generation.push(id);
+                }
+            }
+        }
+        Ok(Self {
+            pieces,
+            kinds,
+            piece_to_id,
+            specials,
+            algorithm,
+            bos,
+            eos,
+            add_bos,
+            end_of_generation,
+        })
+    }
+
+    /// Number of tokens in the vocabulary.
+    pub fn vocab_size(&self) -> usize {
+        self.pieces.len()
+    }
+
+    /// The beginning-of-sequence token, if the model has one.
+    pub fn bos(&self) -> Option<TokenId> {
+        self.bos
+    }
+
+    /// The end-of-sequence token, if the model has one.
+    pub fn eos(&self) -> Option<TokenId> {
+        self.eos
+    }
+
+    /// Tokens that end a generation (EOS, end-of-turn and the like).
+    pub fn end_of_generation(&self) -> &[TokenId] {
+        &self.end_of_generation
+    }
+
+    /// Whether `id` ends a generation.
+    pub fn is_end_of_generation(&self, id: TokenId) -> bool {
+        self.end_of_generation.contains(&id)
+    }
+
+    /// The raw vocabulary piece of a token (as stored in the GGUF file).
+    pub fn piece(&self, id: TokenId) -> Option<&str> {
+        self.pieces.get(id as usize).map(String::as_str)
+    }
+
+    /// The id of a raw vocabulary piece.
+    pub fn piece_id(&self, piece: &str) -> Option<TokenId> {
+        self.piece_to_id.get(piece).copied()
+    }
+
+    /// The kind of a token.
+    pub fn kind(&self, id: TokenId) -> Option<TokenKind> {
+        self.kinds.get(id as usize).copied()
+    }
+
+    /// Tokenizes a prompt the way a completions server does: the model's BOS when it
+    /// asks for one, and special tokens written in the text parsed as such.
+    pub fn encode_prompt(&self, text: &str) -> Vec<TokenId> {
+        let mut ids = Vec::new();
+        if self.add_bos {
+            ids.extend(self.bos);
+        }
+        ids.extend(self.encode(text, true));
+        ids
+    }
+
+    /// Tokenizes `text` without adding BOS. With `parse_special`, control tokens written
+    /// in the text become their ids; user-defined tokens always do.
+    pub fn encode(&self, text: &str, parse_special: bool) -> Vec<TokenId> {
+        let mut ids = Vec::new();
+        // SentencePiece adds its space prefix to text that starts the input or follows a
+        // special token, as llama.cpp does.
+        let mut after_special = true;
+        for fragment in self.split_specials(text, parse_special) {
+            match fragment {
+                Fragment::Token(id) => {
+                    ids.push(id);
+                    after_special = true;
+                }
+                Fragment::Text(t) => {
+                    match &self.algorithm {
+                        Algorithm::Bpe(b) => b.encode(t, &self.piece_to_id, &mut ids),
+                        Algorithm::Spm(s) => {
+                            s.encode(t, after_special, &self.piece_to_id, &mut ids)
+                        }
+                    }
+                    after_special = false;
+                }
+            }
+        }
+        ids
+    }
+
+    /// Splits text on special tokens, longest match first.
+    fn split_specials<'a>(&self, text: &'a str, parse_special: bool) -> Vec<Fragment<'a>> {
+        let mut fragments = vec![Fragment::Text(text)];
+        for &id in &self.specials {
+            let kind = self.kinds[id as usize];
+            if !parse_special && kind != TokenKind::UserDefined {
+                continue;
+            }
+            let piece = self.pieces[id as usize].as_str();
+            let mut next = Vec::with_capacity(fragments.len());
+            for fragment in fragments {
+                let Fragment::Text(t) = fragment else {
+                    next.push(fragment);
+                    continue;
+                };
+                let mut rest = t;
+                while let Some(pos) = rest.find(piece) {
+                    if pos > 0 {
+                        next.push(Fragment::Text(&rest[..pos]));
+                    }
+                    next.push(Fragment::Token(id));
+                    rest = &rest[pos + piece.len()..];
+                }
+                if !rest.is_empty() {
+                    next.push(Fragment::Text(rest));
+                }
+            }
+            fragments = next;
+        }
+        fragments
+    }
+
+    /// The bytes a token stands for in generated text. Control tokens are empty unless
+    /// `include_special`.
+    pub fn token_bytes(&self, id: TokenId, include_special: bool) -> Vec<u8> {
+        let Some(piece) = self.pieces.get(id as usize) else {
+            return Vec::new();
+        };
+        match self.kinds[id as usize] {
+            TokenKind::Control | TokenKind::Unknown | TokenKind::Unused => {
+                if include_special {
+                    piece.as_bytes().to_vec()
+                } else {
+                    Vec::new()
+                }
+            }
+            TokenKind::UserDefined => piece.as_bytes().to_vec(),
+            TokenKind::Byte | TokenKind::Normal => match &self.algorithm {
+                Algorithm::Bpe(_) => bpe::piece_to_bytes(piece),
+                Algorithm::Spm(_) => spm::piece_to_bytes(piece),
+            },
+        }
+    }
+
+    /// Decodes ids to text; invalid UTF-8 becomes U+FFFD.
+    pub fn decode(&self, ids: &[TokenId], include_special: bool) -> String {
+        let mut bytes = Vec::new();
+        for &id in ids {
+            bytes.extend(self.token_bytes(id, include_special));
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+/// A piece of input text, or a special token already recognised in it.
+#[derive(Debug, Clone, Copy)]
+enum Fragment<'a> {
+    Text(&'a str),
+    Token(TokenId),
+}

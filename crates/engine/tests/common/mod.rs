@@ -1,0 +1,36 @@
+//! Helpers shared by the real-model tests: where the pulled models and llama.cpp's
+//! reference fixtures are.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+/// The model cache, as `ferrite pull` fills it.
+pub fn model_path(name: &str) -> PathBuf {
+    let home = std::env::var_os("FERRITE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/ferrite")
+        });
+    let path = home.join("models").join(format!("{name}.gguf"));
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo run --release -- pull {name}` first",
+        path.display()
+    );
+    path
+}
+
+/// llama.cpp's reference data for a model, from `../shared/fixtures`.
+pub fn fixture(file: &str) -> serde_json::Value {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures").join(file);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    serde_json::from_str(&text).expect("fixture is JSON")
+}
+
+/// The two models and their fixture files.
+pub const MODELS: [(&str, &str); 2] = [
+    ("smollm2-135m", "smollm2-135m-q4_1.llamacpp.json"),
+    ("gemma3-270m", "gemma3-270m-q4_k_m.llamacpp.json"),
+];
