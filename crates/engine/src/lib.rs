@@ -6,7 +6,12 @@ pub mod gguf;
 pub mod kv_cache;
 pub mod model;
 pub mod sampling;
+pub mod scheduler;
+pub mod sequence;
 pub mod stop;
 pub mod tokenizer;
+pub mod worker;
 
 pub use error::EngineError;
+pub use sequence::{FinishReason, SequenceEvent, SequenceRequest};
+pub use worker::{Engine, EngineConfig, EngineHandle, StatsSnapshot};

@@ -1,0 +1,160 @@
+//! The body of `POST /v1/completions`, as clients send it.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+/// Every request field of `POST /v1/completions` that any of the supported vendors
+/// documents (see `shared/API.md`). A field outside this list is an unknown field.
+pub const KNOWN_FIELDS: &[&str] = &[
+    "model",
+    "prompt",
+    "suffix",
+    "max_tokens",
+    "max_completion_tokens",
+    "max_new_tokens",
+    "context_length_exceeded_behavior",
+    "truncate_sequence",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "typical_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "seed",
+    "n",
+    "best_of",
+    "stop",
+    "stop_sequences",
+    "include_stop_str_in_output",
+    "stop_token_ids",
+    "ignore_eos",
+    "min_tokens",
+    "echo",
+    "logprobs",
+    "top_logprobs",
+    "return_token_log_probs",
+    "return_tokens_as_token_ids",
+    "skip_special_tokens",
+    "mirostat_target",
+    "mirostat_lr",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_sequence_breakers",
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "grammar",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "images",
+    "stream",
+    "stream_options",
+    "inference_timeout",
+    "prediction",
+    "modalities",
+    "audio",
+    "user",
+    "inference_extra_params",
+    "inference_extra_headers",
+    "metadata",
+    "priority",
+];
+
+/// The prompt in any of its four shapes.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    /// One text prompt.
+    Text(String),
+    /// Several text prompts.
+    Texts(Vec<String>),
+    /// One prompt as token ids.
+    Tokens(Vec<i64>),
+    /// Several prompts as token ids.
+    TokenLists(Vec<Vec<i64>>),
+}
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    /// A single stop string.
+    One(String),
+    /// Several stop strings.
+    Many(Vec<String>),
+}
+
+impl Stop {
+    /// The stop strings as a list.
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            Stop::One(s) => vec![s],
+            Stop::Many(v) => v,
+        }
+    }
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamOptions {
+    /// Send a last chunk with `usage` and no choices.
+    pub include_usage: Option<bool>,
+    /// Put `usage` on every chunk.
+    pub continuous_usage_stats: Option<bool>,
+}
+
+/// A completion request as received. Fields whose meaning the server implements are
+/// typed; the rest of the known fields are kept as raw JSON in `other`, for the server
+/// to accept when they ask for nothing and refuse otherwise.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct CompletionRequest {
+    /// Model name.
+    pub model: String,
+    /// The prompt(s).
+    pub prompt: Prompt,
+    /// Most tokens to generate per choice.
+    pub max_tokens: Option<i64>,
+    /// Alias of `max_tokens`.
+    pub max_completion_tokens: Option<i64>,
+    /// Alias of `max_tokens`.
+    pub max_new_tokens: Option<i64>,
+    /// Sampling temperature; 0 is greedy.
+    pub temperature: Option<f64>,
+    /// Nucleus sampling mass.
+    pub top_p: Option<f64>,
+    /// Keep the k most likely tokens; 0 or -1 is off.
+    pub top_k: Option<i64>,
+    /// Seed for reproducible sampling.
+    pub seed: Option<i64>,
+    /// Choices per prompt.
+    pub n: Option<i64>,
+    /// Stop strings.
+    pub stop: Option<Stop>,
+    /// Alias of `stop`.
+    pub stop_sequences: Option<Stop>,
+    /// Keep the matched stop string in the text.
+    pub include_stop_str_in_output: Option<bool>,
+    /// Extra token ids that end generation.
+    pub stop_token_ids: Option<Vec<i64>>,
+    /// Keep generating past end-of-sequence tokens.
+    pub ignore_eos: Option<bool>,
+    /// Stream the answer as server-sent events.
+    pub stream: Option<bool>,
+    /// Streaming options.
+    pub stream_options: Option<StreamOptions>,
+    /// End user id, logged.
+    pub user: Option<String>,
+    /// Every other known field, unparsed.
+    #[serde(flatten)]
+    pub other: BTreeMap<String, Value>,
+}

