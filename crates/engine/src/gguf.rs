@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{QMatMul, QTensor};
+
+use crate::quant::QMatrix;
 use candle_core::Device;
 
 use crate::EngineError;
@@ -53,7 +55,12 @@ impl GgufFile {
     }
 
     /// Loads a weight matrix for matrix products.
-    pub fn matmul(&mut self, name: &str) -> Result<QMatMul, EngineError> {
+    pub fn matmul(&mut self, name: &str) -> Result<QMatrix, EngineError> {
+        QMatrix::new(self.qtensor(name)?)
+    }
+
+    /// Loads a weight matrix for candle's matrix products.
+    pub fn candle_matmul(&mut self, name: &str) -> Result<QMatMul, EngineError> {
         Ok(QMatMul::from_qtensor(self.qtensor(name)?)?)
     }
 

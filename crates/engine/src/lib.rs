@@ -5,6 +5,7 @@ pub mod error;
 pub mod gguf;
 pub mod kv_cache;
 pub mod model;
+pub mod quant;
 pub mod sampling;
 pub mod scheduler;
 pub mod sequence;

@@ -3,12 +3,13 @@
 //! GELU (tanh) gating, NeoX rotary embeddings, and five sliding-window layers (local
 //! rotary base) for every global one.
 
-use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::quantized::QTensor;
 use candle_core::Tensor;
 
 use super::ops::{self, AttentionShape, Rope, RopeStyle};
 use super::{attend_batch, gather_rows, split_rows, BatchEntry, Model, ModelInfo, StepLayout};
 use crate::gguf::GgufFile;
+use crate::quant::QMatrix;
 use crate::EngineError;
 
 /// Every `SLIDING_WINDOW_PATTERN`-th layer attends globally; the others use the window.
@@ -18,17 +19,17 @@ const LOCAL_ROPE_THETA: f32 = 10_000.0;
 
 struct Layer {
     attn_norm: Vec<f32>,
-    wq: QMatMul,
-    wk: QMatMul,
-    wv: QMatMul,
+    wq: QMatrix,
+    wk: QMatrix,
+    wv: QMatrix,
     q_norm: Vec<f32>,
     k_norm: Vec<f32>,
-    wo: QMatMul,
+    wo: QMatrix,
     post_attn_norm: Vec<f32>,
     ffn_norm: Vec<f32>,
-    gate: QMatMul,
-    up: QMatMul,
-    down: QMatMul,
+    gate: QMatrix,
+    up: QMatrix,
+    down: QMatrix,
     post_ffn_norm: Vec<f32>,
     shape: AttentionShape,
     rope: Rope,
@@ -40,7 +41,7 @@ pub struct Gemma3 {
     embedding: QTensor,
     layers: Vec<Layer>,
     output_norm: Vec<f32>,
-    output: QMatMul,
+    output: QMatrix,
     hidden: usize,
     eps: f32,
 }
@@ -136,9 +137,9 @@ impl Model for Gemma3 {
             let kv_width = layer.shape.n_kv_head * layer.shape.head_dim;
             let mut h = x.clone();
             ops::rms_norm(&mut h, &layer.attn_norm, self.eps);
-            let mut q = ops::linear(&layer.wq, &h, rows)?;
-            let mut k = ops::linear(&layer.wk, &h, rows)?;
-            let v = ops::linear(&layer.wv, &h, rows)?;
+            let mut q = ops::matmul(&layer.wq, &h, rows)?;
+            let mut k = ops::matmul(&layer.wk, &h, rows)?;
+            let v = ops::matmul(&layer.wv, &h, rows)?;
             ops::rms_norm(&mut q, &layer.q_norm, self.eps);
             ops::rms_norm(&mut k, &layer.k_norm, self.eps);
             for (r, &pos) in layout.positions.iter().enumerate() {
@@ -146,15 +147,15 @@ impl Model for Gemma3 {
                 layer.rope.apply(&mut k[r * kv_width..(r + 1) * kv_width], pos);
             }
             let attn = attend_batch(&layer.shape, li, &layout, &q, &k, &v, batch);
-            let mut o = ops::linear(&layer.wo, &attn, rows)?;
+            let mut o = ops::matmul(&layer.wo, &attn, rows)?;
             ops::rms_norm(&mut o, &layer.post_attn_norm, self.eps);
             ops::add_assign(&mut x, &o);
             let mut h = x.clone();
             ops::rms_norm(&mut h, &layer.ffn_norm, self.eps);
-            let mut gate = ops::linear(&layer.gate, &h, rows)?;
-            let up = ops::linear(&layer.up, &h, rows)?;
+            let mut gate = ops::matmul(&layer.gate, &h, rows)?;
+            let up = ops::matmul(&layer.up, &h, rows)?;
             ops::gelu_mul(&mut gate, &up);
-            let mut down = ops::linear(&layer.down, &gate, rows)?;
+            let mut down = ops::matmul(&layer.down, &gate, rows)?;
             ops::rms_norm(&mut down, &layer.post_ffn_norm, self.eps);
             ops::add_assign(&mut x, &down);
         }
@@ -166,7 +167,7 @@ impl Model for Gemma3 {
         }
         let mut last = gather_rows(&x, self.hidden, &layout.logit_rows);
         ops::rms_norm(&mut last, &self.output_norm, self.eps);
-        let logits = ops::linear(&self.output, &last, layout.logit_rows.len())?;
+        let logits = ops::matmul(&self.output, &last, layout.logit_rows.len())?;
         Ok(split_rows(logits, self.info.vocab_size))
     }
 }

@@ -7,6 +7,11 @@ use half::f16;
 
 use crate::EngineError;
 
+/// Multiplies each of the `rows` rows of `x` by a weight matrix.
+pub fn matmul(w: &crate::quant::QMatrix, x: &[f32], rows: usize) -> Result<Vec<f32>, EngineError> {
+    w.matmul(x, rows)
+}
+
 /// Multiplies each of the `rows` rows of `x` (row-major, `x.len() / rows` wide) by `w`ᵀ.
 pub fn linear(w: &QMatMul, x: &[f32], rows: usize) -> Result<Vec<f32>, EngineError> {
     let cols = x.len() / rows;
@@ -19,7 +24,7 @@ pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
     let width = weight.len();
     for row in x.chunks_exact_mut(width) {
         // Sum in f64 and scale, then weigh, in two roundings as ggml does.
-        let mean_sq = (row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / width as f64) as f32;
+        let mean_sq = (row.iter().map(|&v| (v * v) as f64).sum::<f64>() / width as f64) as f32;
         let scale = 1.0 / (mean_sq + eps).sqrt();
         for (v, w) in row.iter_mut().zip(weight) {
             *v = (*v * scale) * w;
@@ -75,18 +80,41 @@ impl Rope {
                     RopeStyle::Neox => (i, i + half),
                 };
                 let (x0, x1) = (head[a], head[b]);
-                head[a] = x0 * cos - x1 * sin;
-                head[b] = x0 * sin + x1 * cos;
+                // The fused forms ggml's compiled rotation uses.
+                head[a] = x0.mul_add(cos, -(x1 * sin));
+                head[b] = x0.mul_add(sin, x1 * cos);
             }
         }
     }
 }
 
-/// SiLU-gated unit: `gate = silu(gate) * up`, in place.
+/// SiLU-gated unit: `gate = silu(gate) * up`, in place, with ggml's vector `expf`.
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     for (g, u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+        let x = *g;
+        *g = x / (1.0 + fast_exp(0.0 - x)) * u;
     }
+}
+
+/// `exp(x)` by the polynomial of ggml's SIMD `ggml_v_expf` (from ARM's optimized
+/// routines; at most ~1.5 ulp from the true value), so SiLU rounds as in llama.cpp.
+pub fn fast_exp(x: f32) -> f32 {
+    let c = |bits: u32| f32::from_bits(bits);
+    let shift = c(0x4b40_0000); // 1.5 · 2^23
+    let z = x.mul_add(c(0x3fb8_aa3b), shift); // x / ln 2, rounded to an integer
+    let n = z - shift;
+    let b = (-n).mul_add(c(0x35bf_be8e), (-n).mul_add(c(0x3f31_7200), x));
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    let u = b * b;
+    let j = c(0x3c07_2010)
+        .mul_add(b, c(0x3d2b_9f17))
+        .mul_add(u, c(0x3e2a_af33).mul_add(b, c(0x3eff_fedb)))
+        .mul_add(u, c(0x3f7f_fff6).mul_add(b, 1.0));
+    // j · 2^n, in two steps so that an intermediate power of two does not underflow.
+    let half = (n / 2.0).trunc();
+    j * 2f32.powi(half as i32) * 2f32.powi((n - half) as i32)
 }
 
 /// GELU (tanh approximation) gated unit: `gate = gelu(gate) * up`, in place. Like ggml's
@@ -172,7 +200,7 @@ pub fn attend(shape: &AttentionShape, q: &[f32], keys: &[f16], values: &[f16], n
                 for (a, v) in acc.iter_mut().zip(v) {
                     *a = f16::from_f32(v.to_f32().mul_add(weight, a.to_f32()));
                 }
-                sum = sum * rescale + weight;
+                sum = sum.mul_add(rescale, weight);
             }
             let o = &mut out[(t * n_head + h) * head_dim..][..head_dim];
             let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
@@ -184,8 +212,45 @@ pub fn attend(shape: &AttentionShape, q: &[f32], keys: &[f16], values: &[f16], n
     out
 }
 
+/// f16 dot product accumulated in f32 the way ggml's AVX-512 `ggml_vec_dot_f16` does:
+/// four accumulators of sixteen lanes over steps of 64, reduced pairwise, then a tree
+/// over the lanes. Any tail past a multiple of 64 is added in order.
 fn dot_f16(a: &[f16], b: &[f16]) -> f32 {
-    a.iter().zip(b).fold(0.0f32, |acc, (x, y)| x.to_f32().mul_add(y.to_f32(), acc))
+    let mut acc = [[0f32; 16]; 4];
+    let body = a.len() / 64 * 64;
+    for step in (0..body).step_by(64) {
+        for (j, lanes) in acc.iter_mut().enumerate() {
+            for (l, lane) in lanes.iter_mut().enumerate() {
+                let i = step + j * 16 + l;
+                *lane = a[i].to_f32().mul_add(b[i].to_f32(), *lane);
+            }
+        }
+    }
+    let mut x = [[0f32; 16]; 2];
+    for l in 0..16 {
+        x[0][l] = acc[0][l] + acc[2][l];
+        x[1][l] = acc[1][l] + acc[3][l];
+    }
+    let mut v = [0f32; 16];
+    for l in 0..16 {
+        v[l] = x[0][l] + x[1][l];
+    }
+    let mut sum = reduce_add_16(&v) as f64;
+    for i in body..a.len() {
+        sum += (a[i].to_f32() * b[i].to_f32()) as f64;
+    }
+    sum as f32
+}
+
+/// `_mm512_reduce_add_ps`: halves added, then quarters, then pairs, then neighbours.
+fn reduce_add_16(v: &[f32; 16]) -> f32 {
+    let mut h = [0f32; 8];
+    for i in 0..8 {
+        h[i] = v[i] + v[i + 8];
+    }
+    let q = [h[0] + h[4], h[1] + h[5], h[2] + h[6], h[3] + h[7]];
+    let p = [q[0] + q[2], q[1] + q[3]];
+    p[0] + p[1]
 }
 
 /// Adds `b` to `a` element-wise.
@@ -198,6 +263,16 @@ pub fn add_assign(a: &mut [f32], b: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fast_exp_is_close_to_exp() {
+        for i in -800..800 {
+            let x = i as f32 * 0.11;
+            let (a, b) = (fast_exp(x), x.exp());
+            assert!((a - b).abs() <= b * 4e-7 + f32::MIN_POSITIVE, "{x}: {a} vs {b}");
+        }
+        assert_eq!(fast_exp(-200.0), 0.0);
+    }
 
     #[test]
     fn rms_norm_scales_to_unit_rms() {

@@ -1,0 +1,149 @@
+//! Dot products of one quantized weight row with one Q8 activation row, in ggml's x86
+//! arithmetic: eight lanes of four products per block, a fused multiply-add of the block
+//! scale into each lane, then the lanes summed as `hsum_float_8` does.
+
+use half::f16;
+
+use super::q8::{quantize_row, Q8Row};
+
+/// The block formats with kernels of our own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockFormat {
+    /// 4-bit with scale and minimum (20 bytes per 32 values).
+    Q4_1,
+    /// 5-bit with scale (22 bytes per 32 values).
+    Q5_0,
+    /// 8-bit with scale (34 bytes per 32 values).
+    Q8_0,
+}
+
+/// Q4_1 block size in bytes.
+pub const Q4_1: usize = 20;
+/// Q5_0 block size in bytes.
+pub const Q5_0: usize = 22;
+/// Q8_0 block size in bytes.
+pub const Q8_0: usize = 34;
+
+fn f16_at(bytes: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
+}
+
+/// `hsum_float_8`: (l0+l4 + l2+l6) + (l1+l5 + l3+l7).
+fn hsum8(acc: &[f32; 8]) -> f32 {
+    let r = [acc[0] + acc[4], acc[1] + acc[5], acc[2] + acc[6], acc[3] + acc[7]];
+    (r[0] + r[2]) + (r[1] + r[3])
+}
+
+impl BlockFormat {
+    /// Bytes per block of 32 values.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            Self::Q4_1 => Q4_1,
+            Self::Q5_0 => Q5_0,
+            Self::Q8_0 => Q8_0,
+        }
+    }
+
+    /// Bytes per row of `cols` values.
+    pub fn row_bytes(self, cols: usize) -> usize {
+        cols / 32 * self.block_bytes()
+    }
+
+    /// Quantizes an activation row for this format's dot product.
+    pub fn quantize_activations(self, x: &[f32]) -> Q8Row {
+        quantize_row(x)
+    }
+
+    /// The dot product of a weight row with a quantized activation row.
+    pub fn dot(self, w: &[u8], a: &Q8Row) -> f32 {
+        let mut acc = [0f32; 8];
+        let mut extra = 0f32;
+        let mut vals = [0i32; 32];
+        for (b, block) in w.chunks_exact(self.block_bytes()).enumerate() {
+            let scale = match self {
+                Self::Q4_1 => {
+                    let (d, m) = (f16_at(block, 0), f16_at(block, 2));
+                    for j in 0..16 {
+                        vals[j] = (block[4 + j] & 0x0F) as i32;
+                        vals[j + 16] = (block[4 + j] >> 4) as i32;
+                    }
+                    extra = m.mul_add(a.s[b], extra);
+                    d
+                }
+                Self::Q5_0 => {
+                    let d = f16_at(block, 0);
+                    let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+                    for j in 0..16 {
+                        let lo = (block[6 + j] & 0x0F) as i32 | (((qh >> j) & 1) << 4) as i32;
+                        let hi = (block[6 + j] >> 4) as i32 | (((qh >> (j + 16)) & 1) << 4) as i32;
+                        vals[j] = lo - 16;
+                        vals[j + 16] = hi - 16;
+                    }
+                    d
+                }
+                Self::Q8_0 => {
+                    for j in 0..32 {
+                        vals[j] = block[2 + j] as i8 as i32;
+                    }
+                    f16_at(block, 0)
+                }
+            };
+            let dd = scale * a.d[b];
+            let q = &a.qs[b * 32..(b + 1) * 32];
+            for (lane, acc) in acc.iter_mut().enumerate() {
+                let mut s = 0i32;
+                for e in lane * 4..lane * 4 + 4 {
+                    s += vals[e] * q[e] as i32;
+                }
+                *acc = dd.mul_add(s as f32, *acc);
+            }
+        }
+        hsum8(&acc) + extra
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q8_0_block(d: f32, qs: &[i8; 32]) -> Vec<u8> {
+        let mut b = f16::from_f32(d).to_le_bytes().to_vec();
+        b.extend(qs.iter().map(|&q| q as u8));
+        b
+    }
+
+    #[test]
+    fn q8_0_dot_matches_the_dequantized_product() {
+        let mut qs = [0i8; 32];
+        for (i, q) in qs.iter_mut().enumerate() {
+            *q = i as i8 - 16;
+        }
+        let w = q8_0_block(0.5, &qs);
+        let x: Vec<f32> = (0..32).map(|i| (i as f32 - 10.0) / 4.0).collect();
+        let a = quantize_row(&x);
+        let exact: f32 = (0..32).map(|i| 0.5 * qs[i] as f32 * a.d[0] * a.qs[i] as f32).sum();
+        assert!((BlockFormat::Q8_0.dot(&w, &a) - exact).abs() < 1e-3);
+    }
+
+    #[test]
+    fn q4_1_dot_includes_the_minimum() {
+        // All nibbles 1, d = 1, m = -2: every weight is -1.
+        let mut w = f16::from_f32(1.0).to_le_bytes().to_vec();
+        w.extend(f16::from_f32(-2.0).to_le_bytes());
+        w.extend([0x11u8; 16]);
+        let a = quantize_row(&[1.0f32; 32]);
+        assert!((BlockFormat::Q4_1.dot(&w, &a) + 32.0).abs() < 1e-3);
+    }
+
+    #[test]
+    fn q5_0_uses_the_high_bits() {
+        // Nibbles 0 with every high bit set: every weight is 16 - 16 = 0; with none set, -16.
+        let mut w = f16::from_f32(1.0).to_le_bytes().to_vec();
+        w.extend(u32::MAX.to_le_bytes());
+        w.extend([0u8; 16]);
+        let a = quantize_row(&[1.0f32; 32]);
+        assert_eq!(BlockFormat::Q5_0.dot(&w, &a), 0.0);
+        w[2..6].copy_from_slice(&0u32.to_le_bytes());
+        assert!((BlockFormat::Q5_0.dot(&w, &a) + 16.0 * 32.0).abs() < 1e-3);
+    }
+}
