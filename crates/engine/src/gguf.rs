@@ -32,8 +32,15 @@ impl GgufFile {
         let content = Content::read(&mut reader).map_err(|e| {
             EngineError::InvalidModel(format!("{} is not a GGUF file: {e}", path.display()))
         })?;
-        let meta = GgufMetadata { values: content.metadata.clone() };
-        Ok(Self { path: path.to_path_buf(), content, reader, meta })
+        let meta = GgufMetadata {
+            values: content.metadata.clone(),
+        };
+        Ok(Self {
+            path: path.to_path_buf(),
+            content,
+            reader,
+            meta,
+        })
     }
 
     /// The file's path.
@@ -49,7 +56,9 @@ impl GgufFile {
     /// Loads a tensor in its stored (possibly quantized) form.
     pub fn qtensor(&mut self, name: &str) -> Result<QTensor, EngineError> {
         if !self.has_tensor(name) {
-            return Err(EngineError::InvalidModel(format!("missing tensor `{name}`")));
+            return Err(EngineError::InvalidModel(format!(
+                "missing tensor `{name}`"
+            )));
         }
         Ok(self.content.tensor(&mut self.reader, name, &Device::Cpu)?)
     }
@@ -106,9 +115,14 @@ impl GgufMetadata {
             Value::I16(x) => *x as u64,
             Value::I32(x) => *x as u64,
             Value::I64(x) => *x as u64,
-            _ => return Err(EngineError::InvalidModel(format!("metadata `{key}` is not an integer"))),
+            _ => {
+                return Err(EngineError::InvalidModel(format!(
+                    "metadata `{key}` is not an integer"
+                )))
+            }
         };
-        u32::try_from(n).map_err(|_| EngineError::InvalidModel(format!("metadata `{key}` is too large")))
+        u32::try_from(n)
+            .map_err(|_| EngineError::InvalidModel(format!("metadata `{key}` is too large")))
     }
 
     /// A float value.
@@ -130,7 +144,10 @@ impl GgufMetadata {
     pub fn string_array(&self, key: &str) -> Result<Vec<String>, EngineError> {
         let v = self.get(key)?;
         let items = self.typed(key, v.to_vec())?;
-        items.iter().map(|x| self.typed(key, x.to_string().cloned())).collect()
+        items
+            .iter()
+            .map(|x| self.typed(key, x.to_string().cloned()))
+            .collect()
     }
 
     /// An array of floats.

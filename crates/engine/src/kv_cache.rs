@@ -29,7 +29,11 @@ impl SequenceCache {
             keys: Vec::with_capacity(capacity * kv_width),
             values: Vec::with_capacity(capacity * kv_width),
         };
-        Self { layers: vec![layer; n_layers], kv_width, len: 0 }
+        Self {
+            layers: vec![layer; n_layers],
+            kv_width,
+            len: 0,
+        }
     }
 
     /// Number of positions whose keys and values are stored.
@@ -63,6 +67,9 @@ impl SequenceCache {
 
     /// Bytes held by this cache.
     pub fn bytes(&self) -> usize {
-        self.layers.iter().map(|l| (l.keys.capacity() + l.values.capacity()) * 2).sum()
+        self.layers
+            .iter()
+            .map(|l| (l.keys.capacity() + l.values.capacity()) * 2)
+            .sum()
     }
 }

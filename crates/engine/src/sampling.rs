@@ -24,7 +24,12 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        Self { temperature: 1.0, top_p: 1.0, top_k: None, seed: 0 }
+        Self {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: None,
+            seed: 0,
+        }
     }
 }
 
@@ -58,8 +63,14 @@ pub struct Candidate {
 
 /// The `k` candidates with the highest logits, sorted best first.
 pub fn top_k(logits: &[f32], k: usize) -> Vec<Candidate> {
-    let mut c: Vec<Candidate> =
-        logits.iter().enumerate().map(|(i, &v)| Candidate { id: i as TokenId, value: v }).collect();
+    let mut c: Vec<Candidate> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| Candidate {
+            id: i as TokenId,
+            value: v,
+        })
+        .collect();
     let k = k.clamp(1, c.len());
     if k < c.len() {
         c.select_nth_unstable_by(k - 1, |a, b| b.value.total_cmp(&a.value));
@@ -78,7 +89,10 @@ pub fn apply_temperature(candidates: &mut [Candidate], temperature: f32) {
 
 /// Turns logits into probabilities that sum to 1.
 pub fn softmax_in_place(candidates: &mut [Candidate]) {
-    let max = candidates.iter().map(|c| c.value).fold(f32::NEG_INFINITY, f32::max);
+    let max = candidates
+        .iter()
+        .map(|c| c.value)
+        .fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0;
     for c in candidates.iter_mut() {
         c.value = (c.value - max).exp();
@@ -167,7 +181,10 @@ mod tests {
 
     #[test]
     fn greedy_is_argmax() {
-        let mut s = Sampler::new(SamplingParams { temperature: 0.0, ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        });
         assert_eq!(s.sample(&[0.1, 3.0, 2.9, -1.0]), 1);
     }
 
@@ -191,13 +208,20 @@ mod tests {
 
     #[test]
     fn seed_fixes_the_draws() {
-        let params = SamplingParams { temperature: 1.0, seed: 42, ..Default::default() };
+        let params = SamplingParams {
+            temperature: 1.0,
+            seed: 42,
+            ..Default::default()
+        };
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
         let run = |p: SamplingParams| {
             let mut s = Sampler::new(p);
             (0..20).map(|_| s.sample(&logits)).collect::<Vec<_>>()
         };
         assert_eq!(run(params.clone()), run(params.clone()));
-        assert_ne!(run(params.clone()), run(SamplingParams { seed: 43, ..params }));
+        assert_ne!(
+            run(params.clone()),
+            run(SamplingParams { seed: 43, ..params })
+        );
     }
 }

@@ -21,7 +21,12 @@ pub struct RunningView {
 
 /// How many waiting sequences (in queue order) to admit, given the KV positions each
 /// needs and the positions already reserved by running ones.
-pub fn admit(config: &SchedulerConfig, running: usize, reserved: usize, waiting: &[usize]) -> usize {
+pub fn admit(
+    config: &SchedulerConfig,
+    running: usize,
+    reserved: usize,
+    waiting: &[usize],
+) -> usize {
     let mut admitted = 0;
     let mut reserved = reserved;
     for &need in waiting {
@@ -63,7 +68,11 @@ pub fn plan_step(config: &SchedulerConfig, running: &[RunningView]) -> Vec<usize
 mod tests {
     use super::*;
 
-    const CONFIG: SchedulerConfig = SchedulerConfig { max_running: 3, max_step_tokens: 10, kv_budget: 100 };
+    const CONFIG: SchedulerConfig = SchedulerConfig {
+        max_running: 3,
+        max_step_tokens: 10,
+        kv_budget: 100,
+    };
 
     fn view(pending_prefill: usize) -> RunningView {
         RunningView { pending_prefill }
@@ -79,7 +88,11 @@ mod tests {
     fn admission_respects_slots_and_kv_budget() {
         assert_eq!(admit(&CONFIG, 0, 0, &[40, 40, 40, 40]), 2);
         assert_eq!(admit(&CONFIG, 2, 0, &[1, 1]), 1);
-        assert_eq!(admit(&CONFIG, 0, 0, &[500]), 1, "an oversized request runs alone");
+        assert_eq!(
+            admit(&CONFIG, 0, 0, &[500]),
+            1,
+            "an oversized request runs alone"
+        );
         assert_eq!(admit(&CONFIG, 1, 10, &[500]), 0);
     }
 

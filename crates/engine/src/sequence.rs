@@ -111,7 +111,12 @@ impl Sequence {
 
     /// Samples the next token from `logits`, emits its event, and says whether the
     /// sequence is finished. `context` is the model's context length.
-    pub(crate) fn accept_logits(&mut self, logits: &[f32], tokenizer: &Tokenizer, context: usize) -> bool {
+    pub(crate) fn accept_logits(
+        &mut self,
+        logits: &[f32],
+        tokenizer: &Tokenizer,
+        context: usize,
+    ) -> bool {
         let id = self.sampler.sample(logits);
         let logprob = log_softmax(logits)[id as usize];
         self.tokens.push(id);
@@ -126,7 +131,8 @@ impl Sequence {
                 }
             }
         };
-        let out_of_room = self.completion_tokens() >= self.max_tokens || self.tokens.len() >= context;
+        let out_of_room =
+            self.completion_tokens() >= self.max_tokens || self.tokens.len() >= context;
         if finish.is_none() && out_of_room {
             text.push_str(&self.release_all());
             finish = Some(FinishReason::Length);

@@ -32,7 +32,12 @@ impl StopMatcher {
     /// the matched stop string stays in the output.
     pub fn new(stops: Vec<String>, include_stop: bool) -> Self {
         let stops = stops.into_iter().filter(|s| !s.is_empty()).collect();
-        Self { stops, include_stop, text: String::new(), released: 0 }
+        Self {
+            stops,
+            include_stop,
+            text: String::new(),
+            released: 0,
+        }
     }
 
     /// Adds newly decoded text and says what can be sent on.
@@ -42,7 +47,9 @@ impl StopMatcher {
         let longest = self.stops.iter().map(String::len).max().unwrap_or(0);
         // A new match must end inside the new text, so it starts at most `longest - 1`
         // bytes before it (and never before what was already released).
-        let mut from = old_len.saturating_sub(longest.saturating_sub(1)).max(self.released);
+        let mut from = old_len
+            .saturating_sub(longest.saturating_sub(1))
+            .max(self.released);
         while !self.text.is_char_boundary(from) {
             from -= 1;
         }
@@ -52,7 +59,11 @@ impl StopMatcher {
             .filter_map(|s| self.text[from..].find(s.as_str()).map(|p| (from + p, s)))
             .min_by_key(|(pos, s)| (*pos, std::cmp::Reverse(s.len())));
         if let Some((pos, stop)) = found {
-            let end = if self.include_stop { pos + stop.len() } else { pos };
+            let end = if self.include_stop {
+                pos + stop.len()
+            } else {
+                pos
+            };
             let release = self.text[self.released..end.max(self.released)].to_string();
             let matched = stop.clone();
             self.released = self.text.len();
@@ -104,7 +115,13 @@ mod tests {
         assert_eq!(released(&m.push("hello E")), "hello ");
         assert_eq!(released(&m.push("N")), "");
         let done = m.push("D and more");
-        assert_eq!(done, StopCheck::Stopped { release: String::new(), matched: "END".into() });
+        assert_eq!(
+            done,
+            StopCheck::Stopped {
+                release: String::new(),
+                matched: "END".into()
+            }
+        );
     }
 
     #[test]
@@ -120,7 +137,10 @@ mod tests {
         let mut m = StopMatcher::new(vec!["b".into(), "a".into()], true);
         assert_eq!(
             m.push("xxab"),
-            StopCheck::Stopped { release: "xxa".into(), matched: "a".into() }
+            StopCheck::Stopped {
+                release: "xxa".into(),
+                matched: "a".into()
+            }
         );
     }
 

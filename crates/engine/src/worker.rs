@@ -74,7 +74,10 @@ pub struct EngineHandle {
 impl EngineHandle {
     /// Queues one sequence; its events arrive on the returned receiver. Dropping the
     /// receiver cancels the sequence at the next step.
-    pub fn submit(&self, request: SequenceRequest) -> Result<UnboundedReceiver<SequenceEvent>, EngineError> {
+    pub fn submit(
+        &self,
+        request: SequenceRequest,
+    ) -> Result<UnboundedReceiver<SequenceEvent>, EngineError> {
         self.check(&request)?;
         let (tx, rx) = unbounded_channel();
         self.commands
@@ -101,7 +104,9 @@ impl EngineHandle {
             )));
         }
         if request.max_tokens == 0 {
-            return Err(EngineError::InvalidRequest("max_tokens must be at least 1".into()));
+            return Err(EngineError::InvalidRequest(
+                "max_tokens must be at least 1".into(),
+            ));
         }
         Ok(())
     }
@@ -161,8 +166,17 @@ impl Engine {
             .name("ferrite-engine".into())
             .spawn(move || worker.run(rx))
             .expect("spawning the engine thread");
-        let handle = EngineHandle { commands: tx, tokenizer, info, config, stats };
-        Self { handle, thread: Some(thread) }
+        let handle = EngineHandle {
+            commands: tx,
+            tokenizer,
+            info,
+            config,
+            stats,
+        };
+        Self {
+            handle,
+            thread: Some(thread),
+        }
     }
 
     /// A handle for submitting work.
@@ -233,7 +247,8 @@ impl Worker {
             }
             Command::Shutdown => {
                 for (_, events) in self.waiting.drain(..) {
-                    let _ = events.send(SequenceEvent::Failed("the server is shutting down".into()));
+                    let _ =
+                        events.send(SequenceEvent::Failed("the server is shutting down".into()));
                 }
                 for seq in &mut self.running {
                     seq.fail("the server is shutting down".into());
@@ -251,7 +266,9 @@ impl Worker {
         self.waiting.retain(|(_, events)| !events.is_closed());
         let dropped = before - self.running.len() - self.waiting.len();
         if dropped > 0 {
-            self.stats.abandoned.fetch_add(dropped as u64, Ordering::Relaxed);
+            self.stats
+                .abandoned
+                .fetch_add(dropped as u64, Ordering::Relaxed);
             tracing::debug!(dropped, "dropped sequences whose clients went away");
         }
     }
@@ -265,7 +282,8 @@ impl Worker {
             .collect();
         let n = scheduler::admit(&self.config.scheduler, self.running.len(), reserved, &needs);
         for (request, events) in self.waiting.drain(..n) {
-            let capacity = (request.prompt.len() + request.max_tokens).min(self.config.context_length);
+            let capacity =
+                (request.prompt.len() + request.max_tokens).min(self.config.context_length);
             let cache = self.model.new_cache(capacity);
             self.running.push(Sequence::new(*request, cache, events));
         }
@@ -278,11 +296,17 @@ impl Worker {
         let views: Vec<RunningView> = self
             .running
             .iter()
-            .map(|s| RunningView { pending_prefill: s.pending_prefill() })
+            .map(|s| RunningView {
+                pending_prefill: s.pending_prefill(),
+            })
             .collect();
         let plan = scheduler::plan_step(&self.config.scheduler, &views);
-        let prefill_tokens: usize =
-            views.iter().zip(&plan).filter(|(v, _)| v.pending_prefill > 0).map(|(_, n)| n).sum();
+        let prefill_tokens: usize = views
+            .iter()
+            .zip(&plan)
+            .filter(|(v, _)| v.pending_prefill > 0)
+            .map(|(_, n)| n)
+            .sum();
         let outcome = catch_unwind(AssertUnwindSafe(|| self.forward_and_sample(&plan)));
         match outcome {
             Ok(Ok(finished)) => {
@@ -299,7 +323,9 @@ impl Worker {
             Err(_) => self.fail_all("inference failed: internal error"),
         }
         self.stats.steps.fetch_add(1, Ordering::Relaxed);
-        self.stats.prompt_tokens.fetch_add(prefill_tokens as u64, Ordering::Relaxed);
+        self.stats
+            .prompt_tokens
+            .fetch_add(prefill_tokens as u64, Ordering::Relaxed);
     }
 
     /// Runs one forward step with `plan[i]` tokens of running sequence i, samples where a
@@ -316,7 +342,11 @@ impl Worker {
             if want_logits {
                 sampled.push(i);
             }
-            entries.push(BatchEntry { tokens: &seq.tokens[start..start + n], cache: &mut seq.cache, want_logits });
+            entries.push(BatchEntry {
+                tokens: &seq.tokens[start..start + n],
+                cache: &mut seq.cache,
+                want_logits,
+            });
         }
         let logits = self.model.forward(&mut entries)?;
         drop(entries);
@@ -330,7 +360,11 @@ impl Worker {
     }
 
     fn fail_all(&mut self, message: &str) {
-        tracing::error!(message, sequences = self.running.len(), "failing the running batch");
+        tracing::error!(
+            message,
+            sequences = self.running.len(),
+            "failing the running batch"
+        );
         for seq in &mut self.running {
             seq.fail(message.to_string());
         }
@@ -338,7 +372,11 @@ impl Worker {
     }
 
     fn publish_counts(&self) {
-        self.stats.running.store(self.running.len(), Ordering::Relaxed);
-        self.stats.waiting.store(self.waiting.len(), Ordering::Relaxed);
+        self.stats
+            .running
+            .store(self.running.len(), Ordering::Relaxed);
+        self.stats
+            .waiting
+            .store(self.waiting.len(), Ordering::Relaxed);
     }
 }

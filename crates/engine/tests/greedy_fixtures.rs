@@ -27,7 +27,11 @@ fn greedy_decoding_matches_llama_cpp() {
             let mut matched = 0;
             for step in steps {
                 let logits = model
-                    .forward(&mut [BatchEntry { tokens: &input, cache: &mut cache, want_logits: true }])
+                    .forward(&mut [BatchEntry {
+                        tokens: &input,
+                        cache: &mut cache,
+                        want_logits: true,
+                    }])
                     .unwrap()
                     .remove(0);
                 let logprobs = log_softmax(&logits);
@@ -43,8 +47,7 @@ fn greedy_decoding_matches_llama_cpp() {
                 }
                 let want_lp = step["logprob"].as_f64().unwrap() as f32;
                 let got_lp = logprobs[best as usize];
-                if std::env::var("DEBUG_LP").is_ok() { eprintln!("{name} step {matched}: {got_lp} vs {want_lp} diff {:.3}", got_lp - want_lp); }
-                assert!(std::env::var("DEBUG_LP").is_ok() ||
+                assert!(
                     (got_lp - want_lp).abs() <= LOGPROB_TOLERANCE,
                     "{name} {:?} step {matched}: logprob {got_lp} vs llama.cpp {want_lp}",
                     case["prompt"]
@@ -52,8 +55,12 @@ fn greedy_decoding_matches_llama_cpp() {
                 matched += 1;
                 input = vec![best];
             }
-            eprintln!("{name} {:?}: {matched}/{} greedy tokens match", case["prompt"], steps.len());
-            assert!(std::env::var("DEBUG_LP").is_ok() ||
+            eprintln!(
+                "{name} {:?}: {matched}/{} greedy tokens match",
+                case["prompt"],
+                steps.len()
+            );
+            assert!(
                 matched >= MIN_MATCHING,
                 "{name} {:?}: only {matched} greedy tokens match llama.cpp",
                 case["prompt"]

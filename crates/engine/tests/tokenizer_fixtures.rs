@@ -40,7 +40,11 @@ fn tokenizers_match_llama_cpp() {
                 .iter()
                 .map(|v| v.as_u64().unwrap() as u32)
                 .collect();
-            assert_eq!(tok.encode_prompt(prompt), want, "{model}: prompt {prompt:?}");
+            assert_eq!(
+                tok.encode_prompt(prompt),
+                want,
+                "{model}: prompt {prompt:?}"
+            );
         }
     }
 }

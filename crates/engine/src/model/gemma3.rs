@@ -44,6 +44,7 @@ pub struct Gemma3 {
     output: QMatrix,
     hidden: usize,
     eps: f32,
+    query_scale: f32,
 }
 
 impl Gemma3 {
@@ -54,12 +55,18 @@ impl Gemma3 {
         let hidden = m.u32(&key("embedding_length"))? as usize;
         let n_layers = m.u32(&key("block_count"))? as usize;
         let n_head = m.u32(&key("attention.head_count"))? as usize;
-        let n_kv_head = m.u32(&key("attention.head_count_kv")).map_or(n_head, |v| v as usize);
-        let head_dim = m.u32(&key("attention.key_length")).map_or(256, |v| v as usize);
+        let n_kv_head = m
+            .u32(&key("attention.head_count_kv"))
+            .map_or(n_head, |v| v as usize);
+        let head_dim = m
+            .u32(&key("attention.key_length"))
+            .map_or(256, |v| v as usize);
         let eps = m.f32(&key("attention.layer_norm_rms_epsilon"))?;
         let theta = m.f32(&key("rope.freq_base")).unwrap_or(1_000_000.0);
         let rope_scale = m.f32(&key("rope.scaling.factor")).unwrap_or(1.0);
-        let window = m.u32(&key("attention.sliding_window")).map_or(4096, |v| v as usize);
+        let window = m
+            .u32(&key("attention.sliding_window"))
+            .map_or(4096, |v| v as usize);
         let context_length = m.u32(&key("context_length")).unwrap_or(32_768) as usize;
         let embedding = gguf.qtensor("token_embd.weight")?;
         let vocab_size = embedding.shape().dims()[0];
@@ -87,10 +94,15 @@ impl Gemma3 {
                     n_head,
                     n_kv_head,
                     head_dim,
-                    scale: 1.0 / (head_dim as f32).sqrt(),
+                    // Queries are scaled before attention, as Gemma specifies.
+                    scale: 1.0,
                     window: local.then_some(window),
                 },
-                rope: if local { local_rope.clone() } else { global_rope.clone() },
+                rope: if local {
+                    local_rope.clone()
+                } else {
+                    global_rope.clone()
+                },
             });
         }
         let output = if gguf.has_tensor("output.weight") {
@@ -113,6 +125,7 @@ impl Gemma3 {
             output,
             hidden,
             eps,
+            query_scale: 1.0 / (head_dim as f32).sqrt(),
         })
     }
 }
@@ -129,7 +142,11 @@ impl Model for Gemma3 {
             return Ok(Vec::new());
         }
         let ids = Tensor::new(StepLayout::tokens(batch), &candle_core::Device::Cpu)?;
-        let mut x = self.embedding.embedding(&ids)?.flatten_all()?.to_vec1::<f32>()?;
+        let mut x = self
+            .embedding
+            .embedding(&ids)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
         let embed_scale = (self.hidden as f32).sqrt();
         x.iter_mut().for_each(|v| *v *= embed_scale);
         for (li, layer) in self.layers.iter().enumerate() {
@@ -143,9 +160,14 @@ impl Model for Gemma3 {
             ops::rms_norm(&mut q, &layer.q_norm, self.eps);
             ops::rms_norm(&mut k, &layer.k_norm, self.eps);
             for (r, &pos) in layout.positions.iter().enumerate() {
-                layer.rope.apply(&mut q[r * q_width..(r + 1) * q_width], pos);
-                layer.rope.apply(&mut k[r * kv_width..(r + 1) * kv_width], pos);
+                layer
+                    .rope
+                    .apply(&mut q[r * q_width..(r + 1) * q_width], pos);
+                layer
+                    .rope
+                    .apply(&mut k[r * kv_width..(r + 1) * kv_width], pos);
             }
+            q.iter_mut().for_each(|v| *v *= self.query_scale);
             let attn = attend_batch(&layer.shape, li, &layout, &q, &k, &v, batch);
             let mut o = ops::matmul(&layer.wo, &attn, rows)?;
             ops::rms_norm(&mut o, &layer.post_attn_norm, self.eps);

@@ -1,24 +1,25 @@
 //! The `llama` architecture (Llama 2/3, SmolLM2, …): pre-norm blocks of grouped-query
 //! attention with rotary embeddings and a SiLU-gated feed-forward.
 
-use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::quantized::QTensor;
 use candle_core::Tensor;
 
 use super::ops::{self, AttentionShape, Rope, RopeStyle};
 use super::{attend_batch, gather_rows, split_rows, BatchEntry, Model, ModelInfo, StepLayout};
 use crate::gguf::GgufFile;
+use crate::quant::QMatrix;
 use crate::EngineError;
 
 struct Layer {
     attn_norm: Vec<f32>,
-    wq: QMatMul,
-    wk: QMatMul,
-    wv: QMatMul,
-    wo: QMatMul,
+    wq: QMatrix,
+    wk: QMatrix,
+    wv: QMatrix,
+    wo: QMatrix,
     ffn_norm: Vec<f32>,
-    gate: QMatMul,
-    up: QMatMul,
-    down: QMatMul,
+    gate: QMatrix,
+    up: QMatrix,
+    down: QMatrix,
 }
 
 /// A llama-architecture model.
@@ -27,7 +28,7 @@ pub struct Llama {
     embedding: QTensor,
     layers: Vec<Layer>,
     output_norm: Vec<f32>,
-    output: QMatMul,
+    output: QMatrix,
     shape: AttentionShape,
     rope: Rope,
     hidden: usize,
@@ -42,8 +43,12 @@ impl Llama {
         let hidden = m.u32(&key("embedding_length"))? as usize;
         let n_layers = m.u32(&key("block_count"))? as usize;
         let n_head = m.u32(&key("attention.head_count"))? as usize;
-        let n_kv_head = m.u32(&key("attention.head_count_kv")).map_or(n_head, |v| v as usize);
-        let head_dim = m.u32(&key("rope.dimension_count")).map_or(hidden / n_head, |v| v as usize);
+        let n_kv_head = m
+            .u32(&key("attention.head_count_kv"))
+            .map_or(n_head, |v| v as usize);
+        let head_dim = m
+            .u32(&key("rope.dimension_count"))
+            .map_or(hidden / n_head, |v| v as usize);
         let eps = m.f32(&key("attention.layer_norm_rms_epsilon"))?;
         let theta = m.f32(&key("rope.freq_base")).unwrap_or(10_000.0);
         let rope_scale = m.f32(&key("rope.scaling.factor")).unwrap_or(1.0);
@@ -109,27 +114,32 @@ impl Model for Llama {
             return Ok(Vec::new());
         }
         let ids = Tensor::new(StepLayout::tokens(batch), &candle_core::Device::Cpu)?;
-        let mut x = self.embedding.embedding(&ids)?.flatten_all()?.to_vec1::<f32>()?;
+        let mut x = self
+            .embedding
+            .embedding(&ids)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
         let q_width = self.shape.n_head * self.shape.head_dim;
         let kv_width = self.info.kv_width;
         for (li, layer) in self.layers.iter().enumerate() {
             let mut h = x.clone();
             ops::rms_norm(&mut h, &layer.attn_norm, self.eps);
-            let mut q = ops::linear(&layer.wq, &h, rows)?;
-            let mut k = ops::linear(&layer.wk, &h, rows)?;
-            let v = ops::linear(&layer.wv, &h, rows)?;
+            let mut q = ops::matmul(&layer.wq, &h, rows)?;
+            let mut k = ops::matmul(&layer.wk, &h, rows)?;
+            let v = ops::matmul(&layer.wv, &h, rows)?;
             for (r, &pos) in layout.positions.iter().enumerate() {
                 self.rope.apply(&mut q[r * q_width..(r + 1) * q_width], pos);
-                self.rope.apply(&mut k[r * kv_width..(r + 1) * kv_width], pos);
+                self.rope
+                    .apply(&mut k[r * kv_width..(r + 1) * kv_width], pos);
             }
             let attn = attend_batch(&self.shape, li, &layout, &q, &k, &v, batch);
-            ops::add_assign(&mut x, &ops::linear(&layer.wo, &attn, rows)?);
+            ops::add_assign(&mut x, &ops::matmul(&layer.wo, &attn, rows)?);
             let mut h = x.clone();
             ops::rms_norm(&mut h, &layer.ffn_norm, self.eps);
-            let mut gate = ops::linear(&layer.gate, &h, rows)?;
-            let up = ops::linear(&layer.up, &h, rows)?;
+            let mut gate = ops::matmul(&layer.gate, &h, rows)?;
+            let up = ops::matmul(&layer.up, &h, rows)?;
             ops::silu_mul(&mut gate, &up);
-            ops::add_assign(&mut x, &ops::linear(&layer.down, &gate, rows)?);
+            ops::add_assign(&mut x, &ops::matmul(&layer.down, &gate, rows)?);
         }
         for entry in batch.iter_mut() {
             entry.cache.commit(entry.tokens.len());
@@ -139,7 +149,7 @@ impl Model for Llama {
         }
         let mut last = gather_rows(&x, self.hidden, &layout.logit_rows);
         ops::rms_norm(&mut last, &self.output_norm, self.eps);
-        let logits = ops::linear(&self.output, &last, layout.logit_rows.len())?;
+        let logits = ops::matmul(&self.output, &last, layout.logit_rows.len())?;
         Ok(split_rows(logits, self.info.vocab_size))
     }
 }

@@ -102,7 +102,11 @@ impl StepLayout {
                 logit_rows.push(positions.len() - 1);
             }
         }
-        Self { positions, spans, logit_rows }
+        Self {
+            positions,
+            spans,
+            logit_rows,
+        }
     }
 
     fn rows(&self) -> usize {
@@ -110,7 +114,10 @@ impl StepLayout {
     }
 
     fn tokens(batch: &[BatchEntry<'_>]) -> Vec<u32> {
-        batch.iter().flat_map(|e| e.tokens.iter().copied()).collect()
+        batch
+            .iter()
+            .flat_map(|e| e.tokens.iter().copied())
+            .collect()
     }
 }
 
@@ -131,17 +138,33 @@ fn attend_batch(
     for (entry, span) in batch.iter_mut().zip(&layout.spans) {
         let cache = entry.cache.layer_mut(layer);
         let to_f16 = |x: &f32| half::f16::from_f32(*x);
-        cache.keys.extend(k[span.start * kv_width..span.end * kv_width].iter().map(to_f16));
-        cache.values.extend(v[span.start * kv_width..span.end * kv_width].iter().map(to_f16));
+        cache.keys.extend(
+            k[span.start * kv_width..span.end * kv_width]
+                .iter()
+                .map(to_f16),
+        );
+        cache.values.extend(
+            v[span.start * kv_width..span.end * kv_width]
+                .iter()
+                .map(to_f16),
+        );
         let q = &q[span.start * q_width..span.end * q_width];
-        out.extend(ops::attend(shape, q, &cache.keys, &cache.values, span.len()));
+        out.extend(ops::attend(
+            shape,
+            q,
+            &cache.keys,
+            &cache.values,
+            span.len(),
+        ));
     }
     out
 }
 
 /// Copies the rows of `x` (each `width` wide) listed in `rows`.
 fn gather_rows(x: &[f32], width: usize, rows: &[usize]) -> Vec<f32> {
-    rows.iter().flat_map(|&r| x[r * width..(r + 1) * width].iter().copied()).collect()
+    rows.iter()
+        .flat_map(|&r| x[r * width..(r + 1) * width].iter().copied())
+        .collect()
 }
 
 /// Splits a flat `rows × width` buffer into rows.

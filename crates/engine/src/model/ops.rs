@@ -162,8 +162,20 @@ pub struct AttentionShape {
 /// flash attention: the query is rounded to f16, dot products accumulate in f32, and the
 /// weighted sum of values accumulates in f16. The models are sensitive enough to these
 /// roundings that matching them is what makes greedy output agree with llama.cpp.
-pub fn attend(shape: &AttentionShape, q: &[f32], keys: &[f16], values: &[f16], n: usize) -> Vec<f32> {
-    let AttentionShape { n_head, n_kv_head, head_dim, scale, window } = *shape;
+pub fn attend(
+    shape: &AttentionShape,
+    q: &[f32],
+    keys: &[f16],
+    values: &[f16],
+    n: usize,
+) -> Vec<f32> {
+    let AttentionShape {
+        n_head,
+        n_kv_head,
+        head_dim,
+        scale,
+        window,
+    } = *shape;
     let kv_width = n_kv_head * head_dim;
     let total = keys.len() / kv_width;
     let first_new = total - n;
@@ -269,7 +281,10 @@ mod tests {
         for i in -800..800 {
             let x = i as f32 * 0.11;
             let (a, b) = (fast_exp(x), x.exp());
-            assert!((a - b).abs() <= b * 4e-7 + f32::MIN_POSITIVE, "{x}: {a} vs {b}");
+            assert!(
+                (a - b).abs() <= b * 4e-7 + f32::MIN_POSITIVE,
+                "{x}: {a} vs {b}"
+            );
         }
         assert_eq!(fast_exp(-200.0), 0.0);
     }
@@ -295,15 +310,33 @@ mod tests {
 
     #[test]
     fn attention_to_one_key_returns_its_value() {
-        let shape = AttentionShape { n_head: 2, n_kv_head: 1, head_dim: 2, scale: 1.0, window: None };
+        let shape = AttentionShape {
+            n_head: 2,
+            n_kv_head: 1,
+            head_dim: 2,
+            scale: 1.0,
+            window: None,
+        };
         let h = |v: &[f32]| v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>();
-        let out = attend(&shape, &[1.0, 0.0, 0.0, 1.0], &h(&[0.5, 0.5]), &h(&[2.0, 3.0]), 1);
+        let out = attend(
+            &shape,
+            &[1.0, 0.0, 0.0, 1.0],
+            &h(&[0.5, 0.5]),
+            &h(&[2.0, 3.0]),
+            1,
+        );
         assert_eq!(out, vec![2.0, 3.0, 2.0, 3.0]);
     }
 
     #[test]
     fn sliding_window_hides_old_keys() {
-        let shape = AttentionShape { n_head: 1, n_kv_head: 1, head_dim: 1, scale: 1.0, window: Some(1) };
+        let shape = AttentionShape {
+            n_head: 1,
+            n_kv_head: 1,
+            head_dim: 1,
+            scale: 1.0,
+            window: Some(1),
+        };
         let h = |v: &[f32]| v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>();
         let out = attend(&shape, &[1.0], &h(&[1.0, 1.0]), &h(&[5.0, 7.0]), 1);
         assert_eq!(out, vec![7.0]);

@@ -30,7 +30,12 @@ fn f16_at(bytes: &[u8], at: usize) -> f32 {
 
 /// `hsum_float_8`: (l0+l4 + l2+l6) + (l1+l5 + l3+l7).
 fn hsum8(acc: &[f32; 8]) -> f32 {
-    let r = [acc[0] + acc[4], acc[1] + acc[5], acc[2] + acc[6], acc[3] + acc[7]];
+    let r = [
+        acc[0] + acc[4],
+        acc[1] + acc[5],
+        acc[2] + acc[6],
+        acc[3] + acc[7],
+    ];
     (r[0] + r[2]) + (r[1] + r[3])
 }
 
@@ -121,7 +126,9 @@ mod tests {
         let w = q8_0_block(0.5, &qs);
         let x: Vec<f32> = (0..32).map(|i| (i as f32 - 10.0) / 4.0).collect();
         let a = quantize_row(&x);
-        let exact: f32 = (0..32).map(|i| 0.5 * qs[i] as f32 * a.d[0] * a.qs[i] as f32).sum();
+        let exact: f32 = (0..32)
+            .map(|i| 0.5 * qs[i] as f32 * a.d[0] * a.qs[i] as f32)
+            .sum();
         assert!((BlockFormat::Q8_0.dot(&w, &a) - exact).abs() < 1e-3);
     }
 

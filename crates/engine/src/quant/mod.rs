@@ -49,13 +49,22 @@ impl QMatrix {
             Some(format) => {
                 let (rows, cols) = tensor.shape().dims2()?;
                 if cols % 32 != 0 {
-                    return Err(EngineError::InvalidModel(format!("row width {cols} is not a multiple of 32")));
+                    return Err(EngineError::InvalidModel(format!(
+                        "row width {cols} is not a multiple of 32"
+                    )));
                 }
                 let data = tensor.data()?.into_owned();
                 if data.len() != rows * format.row_bytes(cols) {
-                    return Err(EngineError::InvalidModel("quantized tensor has the wrong size".into()));
+                    return Err(EngineError::InvalidModel(
+                        "quantized tensor has the wrong size".into(),
+                    ));
                 }
-                Ok(Self::Own { format, data, rows, cols })
+                Ok(Self::Own {
+                    format,
+                    data,
+                    rows,
+                    cols,
+                })
             }
             None => Ok(Self::Candle(QMatMul::from_qtensor(tensor)?)),
         }
@@ -65,9 +74,17 @@ impl QMatrix {
     pub fn matmul(&self, x: &[f32], n: usize) -> Result<Vec<f32>, EngineError> {
         match self {
             Self::Candle(m) => ops::linear(m, x, n),
-            Self::Own { format, data, rows, cols } => {
+            Self::Own {
+                format,
+                data,
+                rows,
+                cols,
+            } => {
                 let (rows, cols) = (*rows, *cols);
-                let acts: Vec<q8::Q8Row> = x.chunks_exact(cols).map(|r| format.quantize_activations(r)).collect();
+                let acts: Vec<q8::Q8Row> = x
+                    .chunks_exact(cols)
+                    .map(|r| format.quantize_activations(r))
+                    .collect();
                 let row_bytes = format.row_bytes(cols);
                 let mut out = vec![0f32; n * rows];
                 // Split the output features into chunks; every chunk computes all

@@ -16,7 +16,11 @@ pub struct Q8Row {
 /// `round_half_even(x · 127/amax)`, and `s = f16(d · Σq)` for Q8_1 dot products.
 pub fn quantize_row(x: &[f32]) -> Q8Row {
     let blocks = x.len() / 32;
-    let mut row = Q8Row { d: Vec::with_capacity(blocks), s: Vec::with_capacity(blocks), qs: vec![0; x.len()] };
+    let mut row = Q8Row {
+        d: Vec::with_capacity(blocks),
+        s: Vec::with_capacity(blocks),
+        qs: vec![0; x.len()],
+    };
     for (b, block) in x.chunks_exact(32).enumerate() {
         let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;

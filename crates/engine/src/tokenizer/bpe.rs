@@ -32,7 +32,9 @@ impl Bpe {
         let mut ranks = HashMap::with_capacity(merges.len());
         for (rank, merge) in merges.iter().enumerate() {
             let Some((a, b)) = merge.split_once(' ') else {
-                return Err(EngineError::InvalidModel(format!("malformed BPE merge `{merge}`")));
+                return Err(EngineError::InvalidModel(format!(
+                    "malformed BPE merge `{merge}`"
+                )));
             };
             let ids = (vocab.get(a), vocab.get(b), vocab.get(&format!("{a}{b}")));
             if let (Some(&a), Some(&b), Some(&merged)) = ids {
@@ -55,7 +57,11 @@ impl Bpe {
             .into_iter()
             .map(|p| Regex::new(p).map_err(|e| EngineError::InvalidModel(e.to_string())))
             .collect::<Result<_, _>>()?;
-        Ok(Self { ranks, pre, byte_to_char: byte_to_char_table() })
+        Ok(Self {
+            ranks,
+            pre,
+            byte_to_char: byte_to_char_table(),
+        })
     }
 
     /// Splits `text` with the pre-tokenizer regexes. Each regex splits every piece left by
@@ -85,13 +91,22 @@ impl Bpe {
     }
 
     /// Appends the ids of `text` (no special tokens inside) to `out`.
-    pub(super) fn encode(&self, text: &str, vocab: &HashMap<String, TokenId>, out: &mut Vec<TokenId>) {
+    pub(super) fn encode(
+        &self,
+        text: &str,
+        vocab: &HashMap<String, TokenId>,
+        out: &mut Vec<TokenId>,
+    ) {
         for word in self.pre_tokenize(text) {
             // A byte-level vocabulary holds every single mapped byte; a byte it lacks is
             // dropped rather than guessed.
             let symbols: Vec<TokenId> = word
                 .bytes()
-                .filter_map(|b| vocab.get(&self.byte_to_char[b as usize].to_string()).copied())
+                .filter_map(|b| {
+                    vocab
+                        .get(&self.byte_to_char[b as usize].to_string())
+                        .copied()
+                })
                 .collect();
             out.extend(self.merge(symbols));
         }
@@ -108,7 +123,9 @@ impl Bpe {
                     }
                 }
             }
-            let Some((_, i, merged)) = best else { return symbols };
+            let Some((_, i, merged)) = best else {
+                return symbols;
+            };
             symbols[i] = merged;
             symbols.remove(i + 1);
         }
@@ -169,6 +186,9 @@ mod tests {
     #[test]
     fn smollm_splits_digits_and_trailing_space() {
         let bpe = Bpe::new(&[], "smollm", &HashMap::new()).unwrap();
-        assert_eq!(bpe.pre_tokenize("ab 12 c  d "), vec!["ab", " ", "1", "2", " c", " ", " d", " "]);
+        assert_eq!(
+            bpe.pre_tokenize("ab 12 c  d "),
+            vec!["ab", " ", "1", "2", " c", " ", " d", " "]
+        );
     }
 }

@@ -26,7 +26,9 @@ impl IncrementalDecoder {
                 }
                 Err(e) => {
                     let valid = e.valid_up_to();
-                    out.push_str(std::str::from_utf8(&self.pending[..valid]).expect("valid prefix"));
+                    out.push_str(
+                        std::str::from_utf8(&self.pending[..valid]).expect("valid prefix"),
+                    );
                     match e.error_len() {
                         // Invalid bytes: replace them and go on.
                         Some(bad) => {

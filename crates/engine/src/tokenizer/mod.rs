@@ -54,7 +54,7 @@ impl TokenKind {
 /// Which algorithm turns text into ids.
 #[derive(Debug)]
 enum Algorithm {
-    Bpe(bpe::Bpe),
+    Bpe(Box<bpe::Bpe>),
     Spm(spm::Spm),
 }
 
@@ -105,7 +105,7 @@ impl Tokenizer {
             "gpt2" => {
                 let merges = meta.string_array("tokenizer.ggml.merges")?;
                 let pre = meta.string("tokenizer.ggml.pre").unwrap_or_default();
-                Algorithm::Bpe(bpe::Bpe::new(&merges, &pre, &piece_to_id)?)
+                Algorithm::Bpe(Box::new(bpe::Bpe::new(&merges, &pre, &piece_to_id)?))
             }
             "llama" => {
                 let scores = meta.f32_array("tokenizer.ggml.scores")?;

@@ -51,7 +51,10 @@ impl PartialOrd for Bigram {
 
 impl Spm {
     pub(super) fn new(scores: Vec<f32>, add_space_prefix: bool) -> Self {
-        Self { scores, add_space_prefix }
+        Self {
+            scores,
+            add_space_prefix,
+        }
     }
 
     /// Appends the ids of `text` (no special tokens inside) to `out`. `after_special` is
@@ -85,18 +88,19 @@ impl Spm {
             }
         }
         let mut queue = BinaryHeap::new();
-        let try_add = |queue: &mut BinaryHeap<Bigram>, symbols: &[Symbol], left: usize, right: usize| {
-            let (l, r) = (symbols[left], symbols[right]);
-            let piece = &text[l.start..r.start + r.len];
-            if let Some(&id) = vocab.get(piece) {
-                queue.push(Bigram {
-                    score: self.scores.get(id as usize).copied().unwrap_or(0.0),
-                    left,
-                    right,
-                    len: piece.len(),
-                });
-            }
-        };
+        let try_add =
+            |queue: &mut BinaryHeap<Bigram>, symbols: &[Symbol], left: usize, right: usize| {
+                let (l, r) = (symbols[left], symbols[right]);
+                let piece = &text[l.start..r.start + r.len];
+                if let Some(&id) = vocab.get(piece) {
+                    queue.push(Bigram {
+                        score: self.scores.get(id as usize).copied().unwrap_or(0.0),
+                        left,
+                        right,
+                        len: piece.len(),
+                    });
+                }
+            };
         for i in 1..symbols.len() {
             try_add(&mut queue, &symbols, i - 1, i);
         }
@@ -155,7 +159,11 @@ mod tests {
     use super::*;
 
     fn vocab(pieces: &[&str]) -> HashMap<String, TokenId> {
-        pieces.iter().enumerate().map(|(i, p)| (p.to_string(), i as TokenId)).collect()
+        pieces
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.to_string(), i as TokenId))
+            .collect()
     }
 
     #[test]

@@ -23,7 +23,9 @@ pub fn model_path(name: &str) -> PathBuf {
 
 /// llama.cpp's reference data for a model, from `../shared/fixtures`.
 pub fn fixture(file: &str) -> serde_json::Value {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures").join(file);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures")
+        .join(file);
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     serde_json::from_str(&text).expect("fixture is JSON")

@@ -28,7 +28,10 @@ struct Submitted {
 }
 
 /// Handles `POST /v1/completions`.
-pub async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn completions(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let engine = state.engine()?.clone();
     let params = GenerateParams::try_from(parse_body(&body, state.ignore_unknown_fields)?)?;
     state.check_model(&params.model)?;
@@ -51,7 +54,10 @@ pub async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Res
 }
 
 /// Turns the prompts into token ids, off the async workers (long prompts take a while).
-async fn tokenize(engine: &EngineHandle, prompts: Vec<PromptInput>) -> Result<Vec<Vec<u32>>, ApiError> {
+async fn tokenize(
+    engine: &EngineHandle,
+    prompts: Vec<PromptInput>,
+) -> Result<Vec<Vec<u32>>, ApiError> {
     let tokenizer = Arc::clone(engine.tokenizer());
     tokio::task::spawn_blocking(move || {
         prompts
@@ -67,7 +73,11 @@ async fn tokenize(engine: &EngineHandle, prompts: Vec<PromptInput>) -> Result<Ve
 }
 
 /// Expands prompts × n into sequences and submits them; choice `index = prompt_i * n + j`.
-fn submit(engine: &EngineHandle, params: &GenerateParams, prompts: Vec<Vec<u32>>) -> Result<Vec<Submitted>, ApiError> {
+fn submit(
+    engine: &EngineHandle,
+    params: &GenerateParams,
+    prompts: Vec<Vec<u32>>,
+) -> Result<Vec<Submitted>, ApiError> {
     let context = engine.context_length();
     let base_seed = params.seed.unwrap_or_else(rand::random);
     let mut submitted = Vec::with_capacity(prompts.len() * params.n);
@@ -134,7 +144,11 @@ fn finish_fields(reason: &FinishReason) -> (String, Option<Value>) {
 }
 
 /// Waits for every choice and builds the JSON body.
-async fn collect_response(meta: ResponseMeta, n: usize, submitted: Vec<Submitted>) -> Result<CompletionResponse, ApiError> {
+async fn collect_response(
+    meta: ResponseMeta,
+    n: usize,
+    submitted: Vec<Submitted>,
+) -> Result<CompletionResponse, ApiError> {
     let results = futures::future::join_all(submitted.into_iter().map(collect_choice)).await;
     let mut choices = Vec::with_capacity(results.len());
     let mut usage = Usage::default();
@@ -164,7 +178,11 @@ async fn collect_choice(mut s: Submitted) -> Result<(Choice, usize, usize), ApiE
     while let Some(event) = s.events.recv().await {
         match event {
             SequenceEvent::Token { text: t, .. } => text.push_str(&t),
-            SequenceEvent::Finished { reason, prompt_tokens, completion_tokens } => {
+            SequenceEvent::Finished {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+            } => {
                 let (finish_reason, stop_reason) = finish_fields(&reason);
                 let choice = Choice {
                     index: s.index,
@@ -188,7 +206,12 @@ async fn collect_choice(mut s: Submitted) -> Result<(Choice, usize, usize), ApiE
 /// Streams chunks as server-sent events. A task merges the choices' events; when the
 /// client goes away the SSE body is dropped, the task's next send fails, and dropping
 /// its receivers tells the engine to free the sequences.
-fn stream_response(meta: ResponseMeta, n: usize, include_usage: bool, submitted: Vec<Submitted>) -> Response {
+fn stream_response(
+    meta: ResponseMeta,
+    n: usize,
+    include_usage: bool,
+    submitted: Vec<Submitted>,
+) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
     tokio::spawn(async move {
         let streams = submitted.into_iter().map(|s| {
@@ -209,10 +232,18 @@ fn stream_response(meta: ResponseMeta, n: usize, include_usage: bool, submitted:
         while let Some((index, event)) = merged.next().await {
             let choice = match event {
                 SequenceEvent::Token { text, .. } if text.is_empty() => continue,
-                SequenceEvent::Token { text, .. } => {
-                    ChunkChoice { index, text, logprobs: None, finish_reason: None, stop_reason: None }
-                }
-                SequenceEvent::Finished { reason, prompt_tokens, completion_tokens } => {
+                SequenceEvent::Token { text, .. } => ChunkChoice {
+                    index,
+                    text,
+                    logprobs: None,
+                    finish_reason: None,
+                    stop_reason: None,
+                },
+                SequenceEvent::Finished {
+                    reason,
+                    prompt_tokens,
+                    completion_tokens,
+                } => {
                     if index % n == 0 {
                         usage.prompt_tokens += prompt_tokens;
                     }
@@ -233,13 +264,21 @@ fn stream_response(meta: ResponseMeta, n: usize, include_usage: bool, submitted:
                     return;
                 }
             };
-            if tx.send(json_event(&chunk(vec![choice], None))).await.is_err() {
+            if tx
+                .send(json_event(&chunk(vec![choice], None)))
+                .await
+                .is_err()
+            {
                 return;
             }
         }
         if include_usage {
             usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
-            if tx.send(json_event(&chunk(Vec::new(), Some(usage)))).await.is_err() {
+            if tx
+                .send(json_event(&chunk(Vec::new(), Some(usage))))
+                .await
+                .is_err()
+            {
                 return;
             }
         }

@@ -22,5 +22,8 @@ pub async fn list(State(state): State<Arc<AppState>>) -> Json<ModelList> {
             max_model_len,
         })
         .collect();
-    Json(ModelList { object: "list".into(), data })
+    Json(ModelList {
+        object: "list".into(),
+        data,
+    })
 }

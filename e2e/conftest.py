@@ -1,0 +1,75 @@
+"""Starts the release binary on the default model for the end-to-end tests."""
+
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BINARY = ROOT / "target" / "release" / "ferrite"
+MODEL = "smollm2-135m"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A running `ferrite serve` process."""
+
+    def __init__(self, model: str, extra_args=()):
+        assert BINARY.exists(), f"{BINARY} is missing: run `cargo build --release` first"
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = open(ROOT / "target" / f"e2e-{model}-{self.port}.log", "wb")
+        self.proc = subprocess.Popen(
+            [str(BINARY), "serve", "--model", model, "--port", str(self.port), *extra_args],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            assert self.proc.poll() is None, f"ferrite exited early; see {self.log.name}"
+            try:
+                if httpx.get(f"{self.base}/ready", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError("ferrite did not become ready in 120 s")
+
+    def metrics(self) -> dict:
+        text = httpx.get(f"{self.base}/metrics", timeout=5).text
+        values = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.split()
+                values[name] = float(value)
+        return values
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+@pytest.fixture(scope="session")
+def server():
+    s = Server(MODEL)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0, timeout=120)

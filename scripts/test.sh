@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, unit and real-model tests, and the end-to-end
+# tests with the official openai SDK against the release binary. Installs what it needs
+# (a Python virtualenv for the e2e tests) and fetches both models into the cache.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "cargo fmt --check"
+cargo fmt --all --check
+
+step "cargo clippy --all-targets -- -D warnings"
+cargo clippy --release --workspace --all-targets -- -D warnings
+
+step "cargo build --release"
+cargo build --release --workspace
+
+step "fetching the models (cached after the first run)"
+./target/release/ferrite pull smollm2-135m gemma3-270m
+
+step "cargo test --release"
+cargo test --release --workspace
+
+step "end-to-end tests (pytest + openai SDK)"
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install --disable-pip-version-check -q -r e2e/requirements.txt
+.venv/bin/python -m pytest e2e -q
