@@ -7,9 +7,14 @@ use half::f16;
 
 use crate::EngineError;
 
-/// Multiplies each of the `rows` rows of `x` by a weight matrix.
-pub fn matmul(w: &crate::quant::QMatrix, x: &[f32], rows: usize) -> Result<Vec<f32>, EngineError> {
-    w.matmul(x, rows)
+/// Multiplies each of the `rows` rows of `x` by a weight matrix (`in_quad`: see
+/// [`crate::quant::QMatrix::matmul`]).
+pub fn matmul(
+    w: &crate::quant::QMatrix,
+    x: &[f32],
+    in_quad: &[bool],
+) -> Result<Vec<f32>, EngineError> {
+    w.matmul(x, in_quad.len(), in_quad)
 }
 
 /// Multiplies each of the `rows` rows of `x` (row-major, `x.len() / rows` wide) by `w`ᵀ.

@@ -6,10 +6,14 @@
 //! the same eight lanes, lanes are accumulated with fused multiply-adds and summed in the
 //! same order. The small models served here are chaotic enough that this is what keeps
 //! greedy output identical to llama.cpp's; it also makes every row's result independent
-//! of the other rows in the batch. Other formats (the K-quants) use candle's kernels.
+//! of the other rows in the batch, except that Q4_K rows in groups of four round like
+//! llama.cpp's four-row kernel (see [`QMatrix::matmul`]). Other formats use candle's
+//! kernels.
 
 mod dot;
+mod kquant;
 mod q8;
+mod simd;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use rayon::prelude::*;
@@ -19,12 +23,46 @@ use crate::EngineError;
 
 pub use dot::{BlockFormat, Q4_1, Q5_0, Q8_0};
 
+/// Weight formats with kernels of our own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnFormat {
+    /// A block-of-32 format against Q8 activations.
+    Blocks(BlockFormat),
+    /// Q4_K against Q8_K activations.
+    Q4K,
+    /// Q6_K against Q8_K activations.
+    Q6K,
+}
+
+impl OwnFormat {
+    fn row_bytes(self, cols: usize) -> usize {
+        match self {
+            Self::Blocks(f) => f.row_bytes(cols),
+            Self::Q4K => cols / kquant::QK_K * kquant::Q4_K,
+            Self::Q6K => cols / kquant::QK_K * kquant::Q6_K,
+        }
+    }
+
+    fn block_len(self) -> usize {
+        match self {
+            Self::Blocks(_) => 32,
+            Self::Q4K | Self::Q6K => kquant::QK_K,
+        }
+    }
+}
+
+/// Quantized activations of one row, in the form a format's dot product takes.
+enum Activations {
+    Q8(q8::Q8Row),
+    Q8K(kquant::Q8KRow),
+}
+
 /// A weight matrix of `rows` output features by `cols` inputs.
 pub enum QMatrix {
     /// A format with our own kernels: raw blocks, `row_bytes` per row.
     Own {
         /// Block format of the rows.
-        format: BlockFormat,
+        format: OwnFormat,
         /// The blocks, row after row.
         data: Vec<u8>,
         /// Output features.
@@ -40,17 +78,20 @@ impl QMatrix {
     /// Wraps a GGUF tensor (`[rows, cols]`).
     pub fn new(tensor: QTensor) -> Result<Self, EngineError> {
         let format = match tensor.dtype() {
-            GgmlDType::Q4_1 => Some(BlockFormat::Q4_1),
-            GgmlDType::Q5_0 => Some(BlockFormat::Q5_0),
-            GgmlDType::Q8_0 => Some(BlockFormat::Q8_0),
+            GgmlDType::Q4_1 => Some(OwnFormat::Blocks(BlockFormat::Q4_1)),
+            GgmlDType::Q5_0 => Some(OwnFormat::Blocks(BlockFormat::Q5_0)),
+            GgmlDType::Q8_0 => Some(OwnFormat::Blocks(BlockFormat::Q8_0)),
+            GgmlDType::Q4K => Some(OwnFormat::Q4K),
+            GgmlDType::Q6K => Some(OwnFormat::Q6K),
             _ => None,
         };
         match format {
             Some(format) => {
                 let (rows, cols) = tensor.shape().dims2()?;
-                if cols % 32 != 0 {
+                if cols % format.block_len() != 0 {
                     return Err(EngineError::InvalidModel(format!(
-                        "row width {cols} is not a multiple of 32"
+                        "row width {cols} is not a multiple of {}",
+                        format.block_len()
                     )));
                 }
                 let data = tensor.data()?.into_owned();
@@ -71,7 +112,10 @@ impl QMatrix {
     }
 
     /// `x · Wᵀ` for `n` activation rows of `x` (row-major): an `n × rows` result.
-    pub fn matmul(&self, x: &[f32], n: usize) -> Result<Vec<f32>, EngineError> {
+    /// `in_quad[r]` says that row `r` belongs to a group of four consecutive rows of one
+    /// sequence, which llama.cpp runs through its four-row Q4_K kernel (other formats
+    /// ignore it).
+    pub fn matmul(&self, x: &[f32], n: usize, in_quad: &[bool]) -> Result<Vec<f32>, EngineError> {
         match self {
             Self::Candle(m) => ops::linear(m, x, n),
             Self::Own {
@@ -80,11 +124,22 @@ impl QMatrix {
                 rows,
                 cols,
             } => {
-                let (rows, cols) = (*rows, *cols);
-                let acts: Vec<q8::Q8Row> = x
+                let (format, rows, cols) = (*format, *rows, *cols);
+                let acts: Vec<Activations> = x
                     .chunks_exact(cols)
-                    .map(|r| format.quantize_activations(r))
+                    .map(|r| match format {
+                        OwnFormat::Blocks(f) => Activations::Q8(f.quantize_activations(r)),
+                        OwnFormat::Q4K | OwnFormat::Q6K => {
+                            Activations::Q8K(kquant::quantize_row_q8k(r))
+                        }
+                    })
                     .collect();
+                let dot = |w: &[u8], t: usize| match (&acts[t], format) {
+                    (Activations::Q8(a), OwnFormat::Blocks(f)) => f.dot(w, a),
+                    (Activations::Q8K(a), OwnFormat::Q4K) => kquant::dot_q4k(w, a, in_quad[t]),
+                    (Activations::Q8K(a), OwnFormat::Q6K) => kquant::dot_q6k(w, a),
+                    _ => unreachable!("activations are quantized for the matrix's format"),
+                };
                 let row_bytes = format.row_bytes(cols);
                 let mut out = vec![0f32; n * rows];
                 // Split the output features into chunks; every chunk computes all
@@ -98,8 +153,8 @@ impl QMatrix {
                         let mut part = vec![0f32; n * (end - start)];
                         for r in start..end {
                             let w = &data[r * row_bytes..(r + 1) * row_bytes];
-                            for (t, act) in acts.iter().enumerate() {
-                                part[t * (end - start) + (r - start)] = format.dot(w, act);
+                            for t in 0..n {
+                                part[t * (end - start) + (r - start)] = dot(w, t);
                             }
                         }
                         (start, part)

@@ -1,0 +1,249 @@
+//! K-quant kernels (Q4_K, Q6_K) against Q8_K activations, in the arithmetic llama.cpp
+//! uses on x86: Q4_K through its repacked 8×8 kernels (one fused multiply-add per super-
+//! block for a lone row, per pair of sub-blocks for rows in groups of four), Q6_K through
+//! the AVX2 dot product (eight lanes, summed as `hsum_float_8`).
+
+use half::f16;
+
+use super::dot::hsum8;
+
+/// Values per K-quant super-block.
+pub const QK_K: usize = 256;
+/// Bytes of a Q4_K super-block: d, dmin, 12 packed 6-bit scales/mins, 128 nibble bytes.
+pub const Q4_K: usize = 144;
+/// Bytes of a Q6_K super-block: 128 low-nibble bytes, 64 high-bit bytes, 16 scales, d.
+pub const Q6_K: usize = 210;
+
+/// One row of activations quantized to Q8_K super-blocks.
+pub struct Q8KRow {
+    /// Per super-block scale.
+    pub d: Vec<f32>,
+    /// Quantized values.
+    pub qs: Vec<i8>,
+    /// Per 16 values: their sum.
+    pub bsums: Vec<i32>,
+}
+
+/// Quantizes a row (length a multiple of 256) as ggml's `quantize_row_q8_K_ref`: the
+/// scale comes from the value of largest magnitude (the first one on ties), values are
+/// rounded half to even.
+pub fn quantize_row_q8k(x: &[f32]) -> Q8KRow {
+    let blocks = x.len() / QK_K;
+    let mut row = Q8KRow {
+        d: Vec::with_capacity(blocks),
+        qs: vec![0; x.len()],
+        bsums: vec![0; blocks * 16],
+    };
+    for (b, block) in x.chunks_exact(QK_K).enumerate() {
+        let (mut amax, mut max) = (0f32, 0f32);
+        for &v in block {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        if amax == 0.0 {
+            row.d.push(0.0);
+            continue;
+        }
+        let iscale = -127.0 / max;
+        let qs = &mut row.qs[b * QK_K..(b + 1) * QK_K];
+        for (q, &v) in qs.iter_mut().zip(block) {
+            *q = ((iscale * v).round_ties_even() as i32).min(127) as i8;
+        }
+        for (g, sum) in row.bsums[b * 16..(b + 1) * 16].iter_mut().enumerate() {
+            *sum = qs[g * 16..(g + 1) * 16].iter().map(|&q| q as i32).sum();
+        }
+        row.d.push(1.0 / iscale);
+    }
+    row
+}
+
+fn f16_at(bytes: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
+}
+
+/// The 6-bit scale and minimum of sub-block `j` (0..8) of a Q4_K super-block.
+fn scale_min_k4(j: usize, s: &[u8]) -> (i32, i32) {
+    if j < 4 {
+        ((s[j] & 63) as i32, (s[j + 4] & 63) as i32)
+    } else {
+        (
+            ((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4)) as i32,
+            ((s[j + 4] >> 4) | ((s[j] >> 6) << 4)) as i32,
+        )
+    }
+}
+
+/// Dot product of a Q4_K weight row with a Q8_K activation row. `in_quad` selects the
+/// accumulation of rows that llama.cpp processes four at a time.
+pub fn dot_q4k(w: &[u8], a: &Q8KRow, in_quad: bool) -> f32 {
+    let (mut acc, mut acc_min) = (0f32, 0f32);
+    for (b, block) in w.chunks_exact(Q4_K).enumerate() {
+        let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
+        let scales = &block[4..16];
+        let qs = &block[16..144];
+        let q8 = &a.qs[b * QK_K..(b + 1) * QK_K];
+        let bsums = &a.bsums[b * 16..(b + 1) * 16];
+        let (dd, dm) = (d * a.d[b], dmin * a.d[b]);
+        let (mut isum, mut imin) = (0i32, 0i32);
+        for pair in 0..4 {
+            let (mut psum, mut pmin) = (0i32, 0i32);
+            for half in 0..2 {
+                let j = pair * 2 + half;
+                let (sc, m) = scale_min_k4(j, scales);
+                let mut dot = 0i32;
+                for l in 0..32 {
+                    let byte = qs[pair * 32 + l];
+                    let q = if half == 0 { byte & 0x0F } else { byte >> 4 } as i32;
+                    dot += q * q8[j * 32 + l] as i32;
+                }
+                psum += sc * dot;
+                pmin += m * (bsums[2 * j] + bsums[2 * j + 1]);
+            }
+            if in_quad {
+                acc = (psum as f32).mul_add(dd, acc);
+                acc_min = (pmin as f32).mul_add(dm, acc_min);
+            } else {
+                isum += psum;
+                imin += pmin;
+            }
+        }
+        if !in_quad {
+            acc = (isum as f32).mul_add(dd, acc);
+            acc_min = (imin as f32).mul_add(dm, acc_min);
+        }
+    }
+    acc - acc_min
+}
+
+/// Dot product of a Q6_K weight row with a Q8_K activation row.
+pub fn dot_q6k(w: &[u8], a: &Q8KRow) -> f32 {
+    let mut acc = [0f32; 8];
+    for (b, block) in w.chunks_exact(Q6_K).enumerate() {
+        let ql = &block[0..128];
+        let qh = &block[128..192];
+        let sc: Vec<i32> = block[192..208].iter().map(|&s| s as i8 as i32).collect();
+        let d = a.d[b] * f16_at(block, 208);
+        let q8 = &a.qs[b * QK_K..(b + 1) * QK_K];
+        let bsums = &a.bsums[b * 16..(b + 1) * 16];
+        let mut lanes = [0i32; 8];
+        for j in 0..2 {
+            let (ql, qh) = (&ql[64 * j..64 * j + 64], &qh[32 * j..32 * j + 32]);
+            for v in 0..4 {
+                for e in 0..32 {
+                    let (lo, hi) = match v {
+                        0 => (ql[e] & 0x0F, qh[e] & 3),
+                        1 => (ql[e + 32] & 0x0F, (qh[e] >> 2) & 3),
+                        2 => (ql[e] >> 4, (qh[e] >> 4) & 3),
+                        _ => (ql[e + 32] >> 4, (qh[e] >> 6) & 3),
+                    };
+                    let u = (lo | (hi << 4)) as i32;
+                    let scale = sc[8 * j + 2 * v + usize::from(e >= 16)];
+                    lanes[e / 4] += scale * u * q8[128 * j + 32 * v + e] as i32;
+                }
+            }
+        }
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            *lane -= 32 * (bsums[2 * l] * sc[2 * l] + bsums[2 * l + 1] * sc[2 * l + 1]);
+            acc[l] = d.mul_add(*lane as f32, acc[l]);
+        }
+    }
+    hsum8(&acc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Dequantizes a Q4_K block the reference way.
+    fn dequant_q4k(block: &[u8]) -> Vec<f32> {
+        let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
+        let mut out = vec![0f32; QK_K];
+        for j in 0..8 {
+            let (sc, m) = scale_min_k4(j, &block[4..16]);
+            for l in 0..32 {
+                let byte = block[16 + (j / 2) * 32 + l];
+                let q = if j % 2 == 0 { byte & 0x0F } else { byte >> 4 };
+                out[j * 32 + l] = d * sc as f32 * q as f32 - dmin * m as f32;
+            }
+        }
+        out
+    }
+
+    fn sample_q4k() -> Vec<u8> {
+        let mut block = vec![0u8; Q4_K];
+        block[0..2].copy_from_slice(&f16::from_f32(0.01).to_le_bytes());
+        block[2..4].copy_from_slice(&f16::from_f32(0.02).to_le_bytes());
+        for (i, b) in block[4..].iter_mut().enumerate() {
+            *b = (i * 37 % 251) as u8;
+        }
+        block
+    }
+
+    #[test]
+    fn q4k_dot_matches_the_dequantized_product_in_both_modes() {
+        let block = sample_q4k();
+        let x: Vec<f32> = (0..QK_K)
+            .map(|i| ((i * 7 % 23) as f32 - 11.0) / 5.0)
+            .collect();
+        let a = quantize_row_q8k(&x);
+        let w = dequant_q4k(&block);
+        let exact: f32 = (0..QK_K).map(|i| w[i] * a.d[0] * a.qs[i] as f32).sum();
+        for quad in [false, true] {
+            let got = dot_q4k(&block, &a, quad);
+            assert!(
+                (got - exact).abs() < 1e-3 * exact.abs().max(1.0),
+                "{quad}: {got} vs {exact}"
+            );
+        }
+    }
+
+    #[test]
+    fn q6k_dot_matches_the_dequantized_product() {
+        let mut block = vec![0u8; Q6_K];
+        for (i, b) in block[..208].iter_mut().enumerate() {
+            *b = (i * 53 % 256) as u8;
+        }
+        block[208..210].copy_from_slice(&f16::from_f32(0.003).to_le_bytes());
+        let x: Vec<f32> = (0..QK_K)
+            .map(|i| ((i * 5 % 19) as f32 - 9.0) / 3.0)
+            .collect();
+        let a = quantize_row_q8k(&x);
+        let d = f16_at(&block, 208);
+        let mut exact = 0f32;
+        for j in 0..2 {
+            for l in 0..32 {
+                let (ql, qh) = (&block[64 * j..], block[128 + 32 * j + l]);
+                let vals = [
+                    (ql[l] & 0xF) | ((qh & 3) << 4),
+                    (ql[l + 32] & 0xF) | (((qh >> 2) & 3) << 4),
+                    (ql[l] >> 4) | (((qh >> 4) & 3) << 4),
+                    (ql[l + 32] >> 4) | (((qh >> 6) & 3) << 4),
+                ];
+                for (v, &u) in vals.iter().enumerate() {
+                    let e = 128 * j + 32 * v + l;
+                    let sc = block[192 + e / 16] as i8 as f32;
+                    exact += d * sc * (u as f32 - 32.0) * a.d[0] * a.qs[e] as f32;
+                }
+            }
+        }
+        let got = dot_q6k(&block, &a);
+        assert!(
+            (got - exact).abs() < 1e-3 * exact.abs().max(1.0),
+            "{got} vs {exact}"
+        );
+    }
+
+    #[test]
+    fn q8k_uses_the_signed_maximum() {
+        let mut x = vec![0.5f32; QK_K];
+        x[3] = -2.0;
+        let a = quantize_row_q8k(&x);
+        // The scale comes from -2.0: iscale = -127 / -2.0 = 63.5.
+        assert_eq!(a.qs[3], -127);
+        assert_eq!(a.qs[0], 32);
+        assert_eq!(a.bsums[0], 32 * 15 - 127);
+        assert_eq!(a.d[0], 1.0 / 63.5);
+    }
+}
