@@ -100,7 +100,7 @@ mod tests {
         }
         let cols = 256;
         let x: Vec<f32> = (0..cols)
-            .map(|i| ((i * 7919 % 1013) as f32 / 300.0 - 1.7))
+            .map(|i| (i * 7919 % 1013) as f32 / 300.0 - 1.7)
             .collect();
         let a = quantize_row(&x);
         for format in [BlockFormat::Q4_1, BlockFormat::Q5_0, BlockFormat::Q8_0] {
