@@ -218,3 +218,14 @@ def test_seeded_request_is_the_same_alone_and_under_load(client):
         t.join(timeout=300)
     assert all(o is not None for o in others)
     assert seeded[0] == alone
+
+
+def test_ignore_eos_generates_past_end_of_sequence(client):
+    # Greedy SmolLM2 ends this chat turn with <|im_end|> well before 40 tokens.
+    prompt = "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n"
+    short = greedy(client, prompt, max_tokens=40)
+    assert short.choices[0].finish_reason == "stop"
+    assert short.usage.completion_tokens < 40
+    long = greedy(client, prompt, max_tokens=40, extra_body={"ignore_eos": True})
+    assert long.choices[0].finish_reason == "length"
+    assert long.usage.completion_tokens == 40

@@ -19,6 +19,8 @@ pub struct SequenceRequest {
     pub max_tokens: usize,
     /// Strings that end generation when they appear in the output.
     pub stop: Vec<String>,
+    /// Keep generating past end-of-generation tokens.
+    pub ignore_eos: bool,
 }
 
 /// Why a sequence ended.
@@ -68,6 +70,7 @@ pub(crate) struct Sequence {
     sampler: Sampler,
     decoder: IncrementalDecoder,
     stop: StopMatcher,
+    ignore_eos: bool,
     events: UnboundedSender<SequenceEvent>,
 }
 
@@ -86,6 +89,7 @@ impl Sequence {
             sampler: Sampler::new(request.sampling),
             decoder: IncrementalDecoder::new(),
             stop: StopMatcher::new(request.stop, false),
+            ignore_eos: request.ignore_eos,
             events,
         }
     }
@@ -120,7 +124,7 @@ impl Sequence {
         let id = self.sampler.sample(logits);
         let logprob = log_softmax(logits)[id as usize];
         self.tokens.push(id);
-        let (mut text, mut finish) = if tokenizer.is_end_of_generation(id) {
+        let (mut text, mut finish) = if tokenizer.is_end_of_generation(id) && !self.ignore_eos {
             (self.release_all(), Some(FinishReason::EndOfSequence(id)))
         } else {
             let delta = self.decoder.push(&tokenizer.token_bytes(id, false));

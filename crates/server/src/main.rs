@@ -187,6 +187,7 @@ fn warm_up(engine: &EngineHandle) -> Result<()> {
         },
         max_tokens: 1,
         stop: Vec::new(),
+        ignore_eos: false,
     })?;
     while let Some(event) = events.blocking_recv() {
         match event {

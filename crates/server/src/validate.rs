@@ -47,6 +47,8 @@ pub struct GenerateParams {
     pub stream: bool,
     /// Send a usage chunk at the end of a stream.
     pub include_usage: bool,
+    /// Keep generating past end-of-sequence tokens.
+    pub ignore_eos: bool,
     /// End user, for the logs.
     pub user: Option<String>,
 }
@@ -268,7 +270,6 @@ impl TryFrom<CompletionRequest> for GenerateParams {
                 "include_stop_str_in_output",
                 r.include_stop_str_in_output == Some(true),
             ),
-            ("ignore_eos", r.ignore_eos == Some(true)),
             (
                 "stop_token_ids",
                 r.stop_token_ids.as_ref().is_some_and(|v| !v.is_empty()),
@@ -308,6 +309,7 @@ impl TryFrom<CompletionRequest> for GenerateParams {
             stop,
             stream,
             include_usage: options.include_usage == Some(true),
+            ignore_eos: r.ignore_eos.unwrap_or(false),
             user: r.user,
         })
     }

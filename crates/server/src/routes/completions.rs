@@ -109,6 +109,7 @@ fn submit(
                 },
                 max_tokens,
                 stop: params.stop.clone(),
+                ignore_eos: params.ignore_eos,
             };
             let events = engine.submit(request)?;
             submitted.push(Submitted { index, events });
