@@ -154,9 +154,9 @@ impl Model for Gemma3 {
             let kv_width = layer.shape.n_kv_head * layer.shape.head_dim;
             let mut h = x.clone();
             ops::rms_norm(&mut h, &layer.attn_norm, self.eps);
-            let mut q = ops::matmul(&layer.wq, &h, &layout.in_quad)?;
-            let mut k = ops::matmul(&layer.wk, &h, &layout.in_quad)?;
-            let v = ops::matmul(&layer.wv, &h, &layout.in_quad)?;
+            let mut q = ops::matmul(&layer.wq, &h, rows)?;
+            let mut k = ops::matmul(&layer.wk, &h, rows)?;
+            let v = ops::matmul(&layer.wv, &h, rows)?;
             ops::rms_norm(&mut q, &layer.q_norm, self.eps);
             ops::rms_norm(&mut k, &layer.k_norm, self.eps);
             for (r, &pos) in layout.positions.iter().enumerate() {
@@ -169,15 +169,15 @@ impl Model for Gemma3 {
             }
             q.iter_mut().for_each(|v| *v *= self.query_scale);
             let attn = attend_batch(&layer.shape, li, &layout, &q, &k, &v, batch);
-            let mut o = ops::matmul(&layer.wo, &attn, &layout.in_quad)?;
+            let mut o = ops::matmul(&layer.wo, &attn, rows)?;
             ops::rms_norm(&mut o, &layer.post_attn_norm, self.eps);
             ops::add_assign(&mut x, &o);
             let mut h = x.clone();
             ops::rms_norm(&mut h, &layer.ffn_norm, self.eps);
-            let mut gate = ops::matmul(&layer.gate, &h, &layout.in_quad)?;
-            let up = ops::matmul(&layer.up, &h, &layout.in_quad)?;
+            let mut gate = ops::matmul(&layer.gate, &h, rows)?;
+            let up = ops::matmul(&layer.up, &h, rows)?;
             ops::gelu_mul(&mut gate, &up);
-            let mut down = ops::matmul(&layer.down, &gate, &layout.in_quad)?;
+            let mut down = ops::matmul(&layer.down, &gate, rows)?;
             ops::rms_norm(&mut down, &layer.post_ffn_norm, self.eps);
             ops::add_assign(&mut x, &down);
         }
@@ -189,7 +189,7 @@ impl Model for Gemma3 {
         }
         let mut last = gather_rows(&x, self.hidden, &layout.logit_rows);
         ops::rms_norm(&mut last, &self.output_norm, self.eps);
-        let logits = ops::matmul(&self.output, &last, &vec![false; layout.logit_rows.len()])?;
+        let logits = ops::matmul(&self.output, &last, layout.logit_rows.len())?;
         Ok(split_rows(logits, self.info.vocab_size))
     }
 }

@@ -124,22 +124,22 @@ impl Model for Llama {
         for (li, layer) in self.layers.iter().enumerate() {
             let mut h = x.clone();
             ops::rms_norm(&mut h, &layer.attn_norm, self.eps);
-            let mut q = ops::matmul(&layer.wq, &h, &layout.in_quad)?;
-            let mut k = ops::matmul(&layer.wk, &h, &layout.in_quad)?;
-            let v = ops::matmul(&layer.wv, &h, &layout.in_quad)?;
+            let mut q = ops::matmul(&layer.wq, &h, rows)?;
+            let mut k = ops::matmul(&layer.wk, &h, rows)?;
+            let v = ops::matmul(&layer.wv, &h, rows)?;
             for (r, &pos) in layout.positions.iter().enumerate() {
                 self.rope.apply(&mut q[r * q_width..(r + 1) * q_width], pos);
                 self.rope
                     .apply(&mut k[r * kv_width..(r + 1) * kv_width], pos);
             }
             let attn = attend_batch(&self.shape, li, &layout, &q, &k, &v, batch);
-            ops::add_assign(&mut x, &ops::matmul(&layer.wo, &attn, &layout.in_quad)?);
+            ops::add_assign(&mut x, &ops::matmul(&layer.wo, &attn, rows)?);
             let mut h = x.clone();
             ops::rms_norm(&mut h, &layer.ffn_norm, self.eps);
-            let mut gate = ops::matmul(&layer.gate, &h, &layout.in_quad)?;
-            let up = ops::matmul(&layer.up, &h, &layout.in_quad)?;
+            let mut gate = ops::matmul(&layer.gate, &h, rows)?;
+            let up = ops::matmul(&layer.up, &h, rows)?;
             ops::silu_mul(&mut gate, &up);
-            ops::add_assign(&mut x, &ops::matmul(&layer.down, &gate, &layout.in_quad)?);
+            ops::add_assign(&mut x, &ops::matmul(&layer.down, &gate, rows)?);
         }
         for entry in batch.iter_mut() {
             entry.cache.commit(entry.tokens.len());
@@ -149,7 +149,7 @@ impl Model for Llama {
         }
         let mut last = gather_rows(&x, self.hidden, &layout.logit_rows);
         ops::rms_norm(&mut last, &self.output_norm, self.eps);
-        let logits = ops::matmul(&self.output, &last, &vec![false; layout.logit_rows.len()])?;
+        let logits = ops::matmul(&self.output, &last, layout.logit_rows.len())?;
         Ok(split_rows(logits, self.info.vocab_size))
     }
 }

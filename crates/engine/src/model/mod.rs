@@ -87,9 +87,6 @@ struct StepLayout {
     spans: Vec<std::ops::Range<usize>>,
     /// Rows whose logits are wanted.
     logit_rows: Vec<usize>,
-    /// Rows in a group of four consecutive rows of one sequence (how llama.cpp groups a
-    /// batch for its four-row kernels).
-    in_quad: Vec<bool>,
 }
 
 impl StepLayout {
@@ -97,11 +94,8 @@ impl StepLayout {
         let mut positions = Vec::new();
         let mut spans = Vec::with_capacity(batch.len());
         let mut logit_rows = Vec::new();
-        let mut in_quad = Vec::new();
         for entry in batch {
             let start = positions.len();
-            let n = entry.tokens.len();
-            in_quad.extend((0..n).map(|i| i < n - n % 4));
             positions.extend(entry.cache.len()..entry.cache.len() + entry.tokens.len());
             spans.push(start..positions.len());
             if entry.want_logits && !entry.tokens.is_empty() {
@@ -112,7 +106,6 @@ impl StepLayout {
             positions,
             spans,
             logit_rows,
-            in_quad,
         }
     }
 

@@ -7,14 +7,9 @@ use half::f16;
 
 use crate::EngineError;
 
-/// Multiplies each of the `rows` rows of `x` by a weight matrix (`in_quad`: see
-/// [`crate::quant::QMatrix::matmul`]).
-pub fn matmul(
-    w: &crate::quant::QMatrix,
-    x: &[f32],
-    in_quad: &[bool],
-) -> Result<Vec<f32>, EngineError> {
-    w.matmul(x, in_quad.len(), in_quad)
+/// Multiplies each of the `rows` rows of `x` by a weight matrix.
+pub fn matmul(w: &crate::quant::QMatrix, x: &[f32], rows: usize) -> Result<Vec<f32>, EngineError> {
+    w.matmul(x, rows)
 }
 
 /// Multiplies each of the `rows` rows of `x` (row-major, `x.len() / rows` wide) by `w`ᵀ.
@@ -126,8 +121,9 @@ pub fn fast_exp(x: f32) -> f32 {
 /// table-driven GELU, the input and result are rounded to f16 inside (-10, 10).
 pub fn gelu_mul(gate: &mut [f32], up: &[f32]) {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    // `1 + c·x·x` fused, as ggml's compiled table builder computes it.
     let gelu = |x: f32| {
-        let inner = SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x);
+        let inner = SQRT_2_OVER_PI * x * (0.044_715 * x).mul_add(x, 1.0);
         0.5 * x * (1.0 + inner.tanh())
     };
     for (g, u) in gate.iter_mut().zip(up) {

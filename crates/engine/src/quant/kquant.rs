@@ -1,7 +1,6 @@
 //! K-quant kernels (Q4_K, Q6_K) against Q8_K activations, in the arithmetic llama.cpp
-//! uses on x86: Q4_K through its repacked 8×8 kernels (one fused multiply-add per super-
-//! block for a lone row, per pair of sub-blocks for rows in groups of four), Q6_K through
-//! the AVX2 dot product (eight lanes, summed as `hsum_float_8`).
+//! uses on x86 for one row: Q4_K as its repacked 8×8 GEMV (one fused multiply-add per
+//! super-block), Q6_K as the AVX2 dot product (eight lanes, summed as `hsum_float_8`).
 
 use half::f16;
 
@@ -75,9 +74,8 @@ fn scale_min_k4(j: usize, s: &[u8]) -> (i32, i32) {
     }
 }
 
-/// Dot product of a Q4_K weight row with a Q8_K activation row. `in_quad` selects the
-/// accumulation of rows that llama.cpp processes four at a time.
-pub fn dot_q4k(w: &[u8], a: &Q8KRow, in_quad: bool) -> f32 {
+/// Dot product of a Q4_K weight row with a Q8_K activation row.
+pub fn dot_q4k(w: &[u8], a: &Q8KRow) -> f32 {
     let (mut acc, mut acc_min) = (0f32, 0f32);
     for (b, block) in w.chunks_exact(Q4_K).enumerate() {
         let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
@@ -101,18 +99,11 @@ pub fn dot_q4k(w: &[u8], a: &Q8KRow, in_quad: bool) -> f32 {
                 psum += sc * dot;
                 pmin += m * (bsums[2 * j] + bsums[2 * j + 1]);
             }
-            if in_quad {
-                acc = (psum as f32).mul_add(dd, acc);
-                acc_min = (pmin as f32).mul_add(dm, acc_min);
-            } else {
-                isum += psum;
-                imin += pmin;
-            }
+            isum += psum;
+            imin += pmin;
         }
-        if !in_quad {
-            acc = (isum as f32).mul_add(dd, acc);
-            acc_min = (imin as f32).mul_add(dm, acc_min);
-        }
+        acc = (isum as f32).mul_add(dd, acc);
+        acc_min = (imin as f32).mul_add(dm, acc_min);
     }
     acc - acc_min
 }
@@ -182,7 +173,7 @@ mod tests {
     }
 
     #[test]
-    fn q4k_dot_matches_the_dequantized_product_in_both_modes() {
+    fn q4k_dot_matches_the_dequantized_product() {
         let block = sample_q4k();
         let x: Vec<f32> = (0..QK_K)
             .map(|i| ((i * 7 % 23) as f32 - 11.0) / 5.0)

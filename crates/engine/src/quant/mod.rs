@@ -6,9 +6,9 @@
 //! the same eight lanes, lanes are accumulated with fused multiply-adds and summed in the
 //! same order. The small models served here are chaotic enough that this is what keeps
 //! greedy output identical to llama.cpp's; it also makes every row's result independent
-//! of the other rows in the batch, except that Q4_K rows in groups of four round like
-//! llama.cpp's four-row kernel (see [`QMatrix::matmul`]). Other formats use candle's
-//! kernels.
+//! of the other rows in the batch. This is llama.cpp's arithmetic when it runs one token
+//! at a time; its batched prompt kernels (four-row Q4_K, tinyBLAS) can round differently.
+//! Other formats use candle's kernels.
 
 mod dot;
 mod kquant;
@@ -111,11 +111,9 @@ impl QMatrix {
         }
     }
 
-    /// `x · Wᵀ` for `n` activation rows of `x` (row-major): an `n × rows` result.
-    /// `in_quad[r]` says that row `r` belongs to a group of four consecutive rows of one
-    /// sequence, which llama.cpp runs through its four-row Q4_K kernel (other formats
-    /// ignore it).
-    pub fn matmul(&self, x: &[f32], n: usize, in_quad: &[bool]) -> Result<Vec<f32>, EngineError> {
+    /// `x · Wᵀ` for `n` activation rows of `x` (row-major): an `n × rows` result. Every
+    /// row is computed on its own, so its result never depends on the rest of the batch.
+    pub fn matmul(&self, x: &[f32], n: usize) -> Result<Vec<f32>, EngineError> {
         match self {
             Self::Candle(m) => ops::linear(m, x, n),
             Self::Own {
@@ -136,7 +134,7 @@ impl QMatrix {
                     .collect();
                 let dot = |w: &[u8], t: usize| match (&acts[t], format) {
                     (Activations::Q8(a), OwnFormat::Blocks(f)) => f.dot(w, a),
-                    (Activations::Q8K(a), OwnFormat::Q4K) => kquant::dot_q4k(w, a, in_quad[t]),
+                    (Activations::Q8K(a), OwnFormat::Q4K) => kquant::dot_q4k(w, a),
                     (Activations::Q8K(a), OwnFormat::Q6K) => kquant::dot_q6k(w, a),
                     _ => unreachable!("activations are quantized for the matrix's format"),
                 };

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Side-by-side benchmark of ferrite and llama.cpp's llama-server on the same machine,
+model and load, in one run. Not a test: it measures and prints a Markdown table.
+
+For each model and server: prefill (TTFT of a ~500-token prompt, 1 new token), single-
+stream decode (128 tokens), and on SmolLM2 aggregate throughput at concurrency 1, 4, 16
+(103-token prompts, 128 new tokens, non-streaming). Every measurement runs under
+../shared/tools/quiet.py, which waits for an idle machine and reports foreign CPU use;
+only runs it calls clean are kept (it retries otherwise).
+
+    python3 bench/bench.py --llama-server /path/to/llama-server [--models smollm2-135m gemma3-270m]
+"""
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOLS = ROOT.parent / "shared" / "tools"
+FERRITE = ROOT / "target" / "release" / "ferrite"
+
+
+def cache_path(name):
+    home = Path(os.environ.get("FERRITE_HOME", Path.home() / ".cache" / "ferrite"))
+    return home / "models" / f"{name}.gguf"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url, path, proc, timeout=180):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited early ({proc.returncode})")
+        try:
+            with urllib.request.urlopen(url + path, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError("server did not become ready")
+
+
+def start(kind, model, llama_server, log_dir):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = open(log_dir / f"{kind}-{model}.log", "wb")
+    if kind == "ferrite":
+        cmd = [str(FERRITE), "serve", "--model", model, "--port", str(port)]
+        ready = "/ready"
+    else:
+        cmd = [llama_server, "-m", str(cache_path(model)), "--port", str(port), "-t", "2",
+               "-np", "16", "-c", "32768"]
+        ready = "/health"
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    wait_ready(url, ready, proc)
+    return proc, url
+
+
+def loadgen(url, pid, out_dir, label, args):
+    out = out_dir / f"{label}.json"
+    cmd = [sys.executable, str(TOOLS / "quiet.py"), "--exclude-pid", str(pid), "--retries", "3", "--",
+           sys.executable, str(TOOLS / "loadgen.py"), "--url", url, "--model", "default",
+           "--json-out", str(out), *args]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    quiet_lines = [l for l in (res.stdout + res.stderr).splitlines() if "foreign" in l.lower()]
+    if res.returncode != 0 or not out.exists():
+        raise RuntimeError(f"{label} failed:\n{res.stdout}\n{res.stderr}")
+    summary = json.loads(out.read_text())
+    summary["quiet"] = quiet_lines[-1] if quiet_lines else ""
+    if summary["failed"]:
+        raise RuntimeError(f"{label}: {summary['failed']} failed requests: {summary['errors']}")
+    return summary
+
+
+def measure(kind, model, llama_server, work, long_prompt, with_load):
+    proc, url = start(kind, model, llama_server, work)
+    try:
+        results = {}
+        pre = loadgen(url, proc.pid, work, f"{kind}-{model}-prefill",
+                      ["-c", "1", "-n", "5", "--max-tokens", "1", "--stream", "--vary-prompt",
+                       "--prompt-file", str(long_prompt)])
+        results["prefill_tok_s"] = pre["prompt_tokens_per_request"] / pre["ttft_p50_s"]
+        results["prefill_prompt_tokens"] = pre["prompt_tokens_per_request"]
+        dec = loadgen(url, proc.pid, work, f"{kind}-{model}-decode",
+                      ["-c", "1", "-n", "4", "--max-tokens", "128", "--stream"])
+        results["decode_tok_s"] = dec["per_request_decode_tok_per_s_mean"]
+        if with_load:
+            for c, n in [(1, 4), (4, 8), (16, 32)]:
+                s = loadgen(url, proc.pid, work, f"{kind}-{model}-c{c}",
+                            ["-c", str(c), "-n", str(n), "--max-tokens", "128", "--vary-prompt"])
+                results[f"load_c{c}_tok_s"] = s["aggregate_tok_per_s"]
+        return results
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--llama-server", required=True, help="path to llama.cpp's llama-server")
+    ap.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma3-270m"])
+    ap.add_argument("--json-out", help="write all figures here")
+    args = ap.parse_args()
+    assert FERRITE.exists(), "build first: cargo build --release"
+    work = Path(tempfile.mkdtemp(prefix="ferrite-bench-"))
+    sys.path.insert(0, str(TOOLS))
+    import loadgen as lg  # the default 103-token prompt, repeated for prefill
+
+    long_prompt = work / "long_prompt.txt"
+    long_prompt.write_text(" ".join([lg.DEFAULT_PROMPT] * 5))
+    table = {}
+    for model in args.models:
+        for kind in ("ferrite", "llama-server"):
+            print(f"measuring {kind} on {model} ...", file=sys.stderr, flush=True)
+            table[(model, kind)] = measure(kind, model, args.llama_server, work, long_prompt,
+                                           with_load=model == "smollm2-135m")
+    rows = ["| model | metric | ferrite | llama-server | ferrite / llama |", "|---|---|---|---|---|"]
+    for model in args.models:
+        f, l = table[(model, "ferrite")], table[(model, "llama-server")]
+        for key in f:
+            if key.endswith("_tok_s"):
+                rows.append(f"| {model} | {key.replace('_tok_s', ' tok/s')} | {f[key]:.1f} | {l[key]:.1f} "
+                            f"| {f[key] / l[key]:.2f} |")
+    print("\n".join(rows))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({f"{m}/{k}": v for (m, k), v in table.items()}, indent=2))
+    print(f"logs and raw loadgen summaries: {work}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
