@@ -6,7 +6,8 @@
 use candle_core::quantized::QTensor;
 use candle_core::Tensor;
 
-use super::ops::{self, AttentionShape, Rope, RopeStyle};
+use super::attention::AttentionShape;
+use super::ops::{self, Rope, RopeStyle};
 use super::{attend_batch, gather_rows, split_rows, BatchEntry, Model, ModelInfo, StepLayout};
 use crate::gguf::GgufFile;
 use crate::quant::QMatrix;

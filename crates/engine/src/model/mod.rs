@@ -4,6 +4,7 @@
 //! or one decode token) and its own [`SequenceCache`]; all tokens of the step go through
 //! the weight matrices together, attention runs per sequence against its own cache.
 
+pub mod attention;
 mod gemma3;
 mod llama;
 pub mod ops;
@@ -124,7 +125,7 @@ impl StepLayout {
 /// Appends each entry's new keys and values to its cache at `layer` and attends.
 /// `q`, `k`, `v` hold the step's rows in batch order.
 fn attend_batch(
-    shape: &ops::AttentionShape,
+    shape: &attention::AttentionShape,
     layer: usize,
     layout: &StepLayout,
     q: &[f32],
@@ -149,7 +150,7 @@ fn attend_batch(
                 .map(to_f16),
         );
         let q = &q[span.start * q_width..span.end * q_width];
-        out.extend(ops::attend(
+        out.extend(attention::attend(
             shape,
             q,
             &cache.keys,

@@ -74,6 +74,20 @@ impl BlockFormat {
         self.dot_portable(w, a)
     }
 
+    /// Dot products of a weight row with four activation rows, each exactly as [`Self::dot`].
+    pub fn dot4(self, w: &[u8], a: [&Q8Row; 4]) -> [f32; 4] {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::sync::OnceLock;
+            static AVX2: OnceLock<bool> = OnceLock::new();
+            if *AVX2.get_or_init(super::simd::available) {
+                // SAFETY: the CPU supports AVX2, FMA and F16C, checked just above.
+                return unsafe { super::simd::dot_rows::<4>(self, w, a) };
+            }
+        }
+        a.map(|row| self.dot_portable(w, row))
+    }
+
     /// The dot product in portable code.
     pub fn dot_portable(self, w: &[u8], a: &Q8Row) -> f32 {
         let mut acc = [0f32; 8];

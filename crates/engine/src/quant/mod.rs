@@ -57,6 +57,16 @@ enum Activations {
     Q8K(kquant::Q8KRow),
 }
 
+/// The Q8 rows, when the activations are of that kind.
+fn q8_rows(acts: &[Activations]) -> Option<Vec<&q8::Q8Row>> {
+    acts.iter()
+        .map(|a| match a {
+            Activations::Q8(r) => Some(r),
+            Activations::Q8K(_) => None,
+        })
+        .collect()
+}
+
 /// A weight matrix of `rows` output features by `cols` inputs.
 pub enum QMatrix {
     /// A format with our own kernels: raw blocks, `row_bytes` per row.
@@ -139,6 +149,7 @@ impl QMatrix {
                     _ => unreachable!("activations are quantized for the matrix's format"),
                 };
                 let row_bytes = format.row_bytes(cols);
+                let q8 = q8_rows(&acts);
                 let mut out = vec![0f32; n * rows];
                 // Split the output features into chunks; every chunk computes all
                 // activation rows, so each weight row is read once per step.
@@ -148,11 +159,23 @@ impl QMatrix {
                     .map(|c| {
                         let start = c * CHUNK;
                         let end = (start + CHUNK).min(rows);
-                        let mut part = vec![0f32; n * (end - start)];
+                        let width = end - start;
+                        let mut part = vec![0f32; n * width];
                         for r in start..end {
                             let w = &data[r * row_bytes..(r + 1) * row_bytes];
-                            for t in 0..n {
-                                part[t * (end - start) + (r - start)] = dot(w, t);
+                            let mut t = 0;
+                            if let (OwnFormat::Blocks(f), Some(q8)) = (format, &q8) {
+                                // Four activation rows per pass over the weight row.
+                                while t + 4 <= n {
+                                    let rows4 = [q8[t], q8[t + 1], q8[t + 2], q8[t + 3]];
+                                    for (i, v) in f.dot4(w, rows4).into_iter().enumerate() {
+                                        part[(t + i) * width + (r - start)] = v;
+                                    }
+                                    t += 4;
+                                }
+                            }
+                            for t in t..n {
+                                part[t * width + (r - start)] = dot(w, t);
                             }
                         }
                         (start, part)

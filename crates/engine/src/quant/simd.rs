@@ -6,14 +6,14 @@
 
 use std::arch::x86_64::*;
 
-use half::f16;
-
 use super::dot::{hsum8, BlockFormat};
 use super::q8::Q8Row;
 
 /// Whether this CPU can run the AVX2 kernels.
 pub fn available() -> bool {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
 }
 
 /// Low nibbles of 16 bytes, then their high nibbles: 32 values 0..=15.
@@ -46,52 +46,95 @@ unsafe fn lanes_unsigned(x: __m256i, y: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1))
 }
 
-/// Eight lanes of four products each, for signed `x` and `y`.
+/// An f16 (little-endian bytes at `p`) as f32, with the F16C instruction.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    let bits = u16::from_le_bytes([*p, *p.add(1)]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+/// Sums the eight lanes in `hsum_float_8` order.
 #[target_feature(enable = "avx2")]
-unsafe fn lanes_signed(x: __m256i, y: __m256i) -> __m256i {
-    lanes_unsigned(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
+unsafe fn hsum(acc: __m256) -> f32 {
+    let mut lanes = [0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+    hsum8(&lanes)
 }
 
 /// The dot product of a weight row with a quantized activation row.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA ([`available`]).
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must support AVX2, FMA and F16C ([`available`]); `w` holds whole blocks and
+/// `a` at least as many.
+#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot(format: BlockFormat, w: &[u8], a: &Q8Row) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    let mut extra = 0f32;
-    for (b, block) in w.chunks_exact(format.block_bytes()).enumerate() {
-        let y = _mm256_loadu_si256(a.qs.as_ptr().add(b * 32) as *const __m256i);
-        let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
-        let lanes = match format {
+    dot_rows::<1>(format, w, [a])[0]
+}
+
+/// Dot products of one weight row with `N` activation rows: each weight block is decoded
+/// once for all of them. Every row accumulates exactly as [`dot`] would.
+///
+/// # Safety
+/// As for [`dot`], for every row.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_rows<const N: usize>(format: BlockFormat, w: &[u8], a: [&Q8Row; N]) -> [f32; N] {
+    let bytes = format.block_bytes();
+    let blocks = w.len() / bytes;
+    for row in &a {
+        assert!(row.d.len() >= blocks && row.s.len() >= blocks && row.qs.len() >= blocks * 32);
+    }
+    let wp = w.as_ptr();
+    let qs = a.map(|row| row.qs.as_ptr());
+    let ds = a.map(|row| row.d.as_ptr());
+    let ss = a.map(|row| row.s.as_ptr());
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut extra = [0f32; N];
+    let high_mask = _mm256_set1_epi8(0xF0u8 as i8);
+    for b in 0..blocks {
+        let block = wp.add(b * bytes);
+        let d = f16_at(block);
+        // The weights as bytes, and whether they are signed (then the sign trick applies).
+        let (x, signed) = match format {
             BlockFormat::Q4_1 => {
-                let m = f16::from_le_bytes([block[2], block[3]]).to_f32();
-                extra = m.mul_add(a.s[b], extra);
-                lanes_unsigned(nibbles(block.as_ptr().add(4)), y)
+                let m = f16_at(block.add(2));
+                for r in 0..N {
+                    extra[r] = m.mul_add(*ss[r].add(b), extra[r]);
+                }
+                (nibbles(block.add(4)), false)
             }
             BlockFormat::Q5_0 => {
-                let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
-                let high = _mm256_andnot_si256(bit_bytes(qh), _mm256_set1_epi8(0xF0u8 as i8));
-                let x = _mm256_or_si256(nibbles(block.as_ptr().add(6)), high);
-                lanes_signed(x, y)
+                let qh = u32::from_le_bytes([
+                    *block.add(2),
+                    *block.add(3),
+                    *block.add(4),
+                    *block.add(5),
+                ]);
+                let high = _mm256_andnot_si256(bit_bytes(qh), high_mask);
+                (_mm256_or_si256(nibbles(block.add(6)), high), true)
             }
-            BlockFormat::Q8_0 => {
-                let x = _mm256_loadu_si256(block.as_ptr().add(2) as *const __m256i);
-                lanes_signed(x, y)
-            }
+            BlockFormat::Q8_0 => (_mm256_loadu_si256(block.add(2) as *const __m256i), true),
         };
-        let dd = _mm256_set1_ps(d * a.d[b]);
-        acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lanes), acc);
+        let ux = if signed { _mm256_sign_epi8(x, x) } else { x };
+        for r in 0..N {
+            let y = _mm256_loadu_si256(qs[r].add(b * 32) as *const __m256i);
+            let y = if signed { _mm256_sign_epi8(y, x) } else { y };
+            let lanes = lanes_unsigned(ux, y);
+            let dd = _mm256_set1_ps(d * *ds[r].add(b));
+            acc[r] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lanes), acc[r]);
+        }
     }
-    let mut lanes = [0f32; 8];
-    _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
-    hsum8(&lanes) + extra
+    let mut out = [0f32; N];
+    for r in 0..N {
+        out[r] = hsum(acc[r]) + extra[r];
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::quant::q8::quantize_row;
+    use half::f16;
 
     #[test]
     fn avx2_matches_the_portable_kernels_bit_for_bit() {
