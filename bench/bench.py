@@ -81,6 +81,7 @@ def loadgen(url, pid, out_dir, label, args):
         raise RuntimeError(f"{label} failed:\n{res.stdout}\n{res.stderr}")
     summary = json.loads(out.read_text())
     summary["quiet"] = quiet_lines[-1] if quiet_lines else ""
+    print(f"  {label}: {summary['quiet']}", file=sys.stderr, flush=True)
     if summary["failed"]:
         raise RuntimeError(f"{label}: {summary['failed']} failed requests: {summary['errors']}")
     return summary
@@ -93,15 +94,19 @@ def measure(kind, model, llama_server, work, long_prompt, with_load):
         pre = loadgen(url, proc.pid, work, f"{kind}-{model}-prefill",
                       ["-c", "1", "-n", "5", "--max-tokens", "1", "--stream", "--vary-prompt",
                        "--prompt-file", str(long_prompt)])
+        results["quiet"] = {}
+        results["quiet"]["prefill"] = pre["quiet"]
         results["prefill_tok_s"] = pre["prompt_tokens_per_request"] / pre["ttft_p50_s"]
         results["prefill_prompt_tokens"] = pre["prompt_tokens_per_request"]
         dec = loadgen(url, proc.pid, work, f"{kind}-{model}-decode",
                       ["-c", "1", "-n", "4", "--max-tokens", "128", "--stream"])
+        results["quiet"]["decode"] = dec["quiet"]
         results["decode_tok_s"] = dec["per_request_decode_tok_per_s_mean"]
         if with_load:
             for c, n in [(1, 4), (4, 8), (16, 32)]:
                 s = loadgen(url, proc.pid, work, f"{kind}-{model}-c{c}",
                             ["-c", str(c), "-n", str(n), "--max-tokens", "128", "--vary-prompt"])
+                results["quiet"][f"c{c}"] = s["quiet"]
                 results[f"load_c{c}_tok_s"] = s["aggregate_tok_per_s"]
         return results
     finally:

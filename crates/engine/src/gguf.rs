@@ -6,7 +6,7 @@ use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file::{Content, Value};
-use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::quantized::QTensor;
 
 use crate::quant::QMatrix;
 use candle_core::Device;
@@ -68,10 +68,6 @@ impl GgufFile {
         QMatrix::new(self.qtensor(name)?)
     }
 
-    /// Loads a weight matrix for candle's matrix products.
-    pub fn candle_matmul(&mut self, name: &str) -> Result<QMatMul, EngineError> {
-        Ok(QMatMul::from_qtensor(self.qtensor(name)?)?)
-    }
 
     /// Loads a small tensor (a norm weight, say) as plain `f32` values.
     pub fn vector(&mut self, name: &str) -> Result<Vec<f32>, EngineError> {
