@@ -68,7 +68,6 @@ impl GgufFile {
         QMatrix::new(self.qtensor(name)?)
     }
 
-
     /// Loads a small tensor (a norm weight, say) as plain `f32` values.
     pub fn vector(&mut self, name: &str) -> Result<Vec<f32>, EngineError> {
         let t = self.qtensor(name)?.dequantize(&Device::Cpu)?;

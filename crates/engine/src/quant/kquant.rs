@@ -63,7 +63,7 @@ fn f16_at(bytes: &[u8], at: usize) -> f32 {
 }
 
 /// The 6-bit scale and minimum of sub-block `j` (0..8) of a Q4_K super-block.
-fn scale_min_k4(j: usize, s: &[u8]) -> (i32, i32) {
+pub(super) fn scale_min_k4(j: usize, s: &[u8]) -> (i32, i32) {
     if j < 4 {
         ((s[j] & 63) as i32, (s[j + 4] & 63) as i32)
     } else {
@@ -74,8 +74,36 @@ fn scale_min_k4(j: usize, s: &[u8]) -> (i32, i32) {
     }
 }
 
+/// Whether the AVX2 K-quant kernels can run here (checked once).
+#[cfg(target_arch = "x86_64")]
+fn fast() -> bool {
+    use std::sync::OnceLock;
+    static FAST: OnceLock<bool> = OnceLock::new();
+    *FAST.get_or_init(super::kquant_simd::available)
+}
+
 /// Dot product of a Q4_K weight row with a Q8_K activation row.
 pub fn dot_q4k(w: &[u8], a: &Q8KRow) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if fast() {
+        // SAFETY: the CPU features were checked.
+        return unsafe { super::kquant_simd::dot_q4k(w, a) };
+    }
+    dot_q4k_portable(w, a)
+}
+
+/// Dot product of a Q6_K weight row with a Q8_K activation row.
+pub fn dot_q6k(w: &[u8], a: &Q8KRow) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if fast() {
+        // SAFETY: the CPU features were checked.
+        return unsafe { super::kquant_simd::dot_q6k(w, a) };
+    }
+    dot_q6k_portable(w, a)
+}
+
+/// [`dot_q4k`] in portable code.
+pub fn dot_q4k_portable(w: &[u8], a: &Q8KRow) -> f32 {
     let (mut acc, mut acc_min) = (0f32, 0f32);
     for (b, block) in w.chunks_exact(Q4_K).enumerate() {
         let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
@@ -108,8 +136,8 @@ pub fn dot_q4k(w: &[u8], a: &Q8KRow) -> f32 {
     acc - acc_min
 }
 
-/// Dot product of a Q6_K weight row with a Q8_K activation row.
-pub fn dot_q6k(w: &[u8], a: &Q8KRow) -> f32 {
+/// [`dot_q6k`] in portable code.
+pub fn dot_q6k_portable(w: &[u8], a: &Q8KRow) -> f32 {
     let mut acc = [0f32; 8];
     for (b, block) in w.chunks_exact(Q6_K).enumerate() {
         let ql = &block[0..128];

@@ -12,6 +12,7 @@
 
 mod dot;
 mod kquant;
+mod kquant_simd;
 mod q8;
 mod simd;
 
