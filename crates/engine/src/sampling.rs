@@ -35,10 +35,14 @@ impl Default for SamplingParams {
 
 /// `ln softmax(logits)`, computed stably.
 pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
-    let log_sum = max + sum.ln();
+    let log_sum = log_sum_exp(logits);
     logits.iter().map(|&l| l - log_sum).collect()
+}
+
+/// `ln Σ exp(logits)`, computed stably; `logit - log_sum_exp` is a log-probability.
+pub fn log_sum_exp(logits: &[f32]) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    max + logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln()
 }
 
 /// Index of the largest value (the first on ties).
@@ -158,7 +162,19 @@ impl Sampler {
             return argmax(logits) as TokenId;
         }
         let k = self.params.top_k.unwrap_or(logits.len());
-        let mut candidates = top_k(logits, k);
+        let mut candidates = if k >= logits.len() && self.params.top_p >= 1.0 {
+            // Nothing to cut: no need to sort the whole vocabulary.
+            logits
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| Candidate {
+                    id: i as TokenId,
+                    value: v,
+                })
+                .collect()
+        } else {
+            top_k(logits, k)
+        };
         apply_temperature(&mut candidates, self.params.temperature);
         softmax_in_place(&mut candidates);
         apply_top_p(&mut candidates, self.params.top_p);
@@ -177,6 +193,12 @@ mod tests {
         let total: f32 = lp.iter().map(|v| v.exp()).sum();
         assert!((total - 1.0).abs() < 1e-6);
         assert!((lp[2] - lp[1] - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn log_sum_exp_gives_the_log_normaliser() {
+        let expected = (1f32.exp() + 2f32.exp() + 3f32.exp()).ln();
+        assert!((log_sum_exp(&[1.0, 2.0, 3.0]) - expected).abs() < 1e-6);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::kv_cache::SequenceCache;
-use crate::sampling::{log_softmax, Sampler, SamplingParams};
+use crate::sampling::{log_sum_exp, Sampler, SamplingParams};
 use crate::stop::{StopCheck, StopMatcher};
 use crate::tokenizer::{IncrementalDecoder, TokenId, Tokenizer};
 
@@ -122,7 +122,7 @@ impl Sequence {
         context: usize,
     ) -> bool {
         let id = self.sampler.sample(logits);
-        let logprob = log_softmax(logits)[id as usize];
+        let logprob = logits[id as usize] - log_sum_exp(logits);
         self.tokens.push(id);
         let (mut text, mut finish) = if tokenizer.is_end_of_generation(id) && !self.ignore_eos {
             (self.release_all(), Some(FinishReason::EndOfSequence(id)))
