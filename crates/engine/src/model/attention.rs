@@ -154,11 +154,7 @@ mod avx2 {
 
     use super::AttentionShape;
 
-    pub fn available() -> bool {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    }
+    pub use crate::quant::simd::available;
 
     const ROUND: i32 = _MM_FROUND_TO_NEAREST_INT;
 

@@ -64,9 +64,7 @@ impl BlockFormat {
     pub fn dot(self, w: &[u8], a: &Q8Row) -> f32 {
         #[cfg(target_arch = "x86_64")]
         {
-            use std::sync::OnceLock;
-            static AVX2: OnceLock<bool> = OnceLock::new();
-            if *AVX2.get_or_init(super::simd::available) {
+            if super::simd::available() {
                 // SAFETY: the CPU supports AVX2 and FMA, checked just above.
                 return unsafe { super::simd::dot(self, w, a) };
             }
@@ -78,9 +76,7 @@ impl BlockFormat {
     pub fn dot4(self, w: &[u8], a: [&Q8Row; 4]) -> [f32; 4] {
         #[cfg(target_arch = "x86_64")]
         {
-            use std::sync::OnceLock;
-            static AVX2: OnceLock<bool> = OnceLock::new();
-            if *AVX2.get_or_init(super::simd::available) {
+            if super::simd::available() {
                 // SAFETY: the CPU supports AVX2, FMA and F16C, checked just above.
                 return unsafe { super::simd::dot_rows::<4>(self, w, a) };
             }

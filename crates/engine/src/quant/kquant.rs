@@ -74,18 +74,10 @@ pub(super) fn scale_min_k4(j: usize, s: &[u8]) -> (i32, i32) {
     }
 }
 
-/// Whether the AVX2 K-quant kernels can run here (checked once).
-#[cfg(target_arch = "x86_64")]
-fn fast() -> bool {
-    use std::sync::OnceLock;
-    static FAST: OnceLock<bool> = OnceLock::new();
-    *FAST.get_or_init(super::kquant_simd::available)
-}
-
 /// Dot product of a Q4_K weight row with a Q8_K activation row.
 pub fn dot_q4k(w: &[u8], a: &Q8KRow) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if fast() {
+    if super::simd::available() {
         // SAFETY: the CPU features were checked.
         return unsafe { super::kquant_simd::dot_q4k(w, a) };
     }
@@ -95,7 +87,7 @@ pub fn dot_q4k(w: &[u8], a: &Q8KRow) -> f32 {
 /// Dot product of a Q6_K weight row with a Q8_K activation row.
 pub fn dot_q6k(w: &[u8], a: &Q8KRow) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if fast() {
+    if super::simd::available() {
         // SAFETY: the CPU features were checked.
         return unsafe { super::kquant_simd::dot_q6k(w, a) };
     }

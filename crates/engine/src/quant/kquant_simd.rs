@@ -7,19 +7,7 @@ use std::arch::x86_64::*;
 
 use super::dot::hsum8;
 use super::kquant::{scale_min_k4, Q8KRow, Q4_K, Q6_K, QK_K};
-
-/// Whether this CPU can run these kernels.
-pub fn available() -> bool {
-    is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
-}
-
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn f16_at(p: *const u8) -> f32 {
-    let bits = u16::from_le_bytes([*p, *p.add(1)]);
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
-}
+use super::simd::f16_at;
 
 /// Sum of the eight i32 lanes (exact).
 #[target_feature(enable = "avx2")]
@@ -136,6 +124,7 @@ pub unsafe fn dot_q6k(w: &[u8], a: &Q8KRow) -> f32 {
 mod tests {
     use super::*;
     use crate::quant::kquant::{self, quantize_row_q8k};
+    use crate::quant::simd::available;
 
     #[test]
     fn avx2_k_quants_are_bit_identical_to_the_portable_ones() {

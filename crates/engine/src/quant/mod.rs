@@ -14,7 +14,7 @@ mod dot;
 mod kquant;
 mod kquant_simd;
 mod q8;
-mod simd;
+pub(crate) mod simd;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use rayon::prelude::*;

@@ -48,7 +48,7 @@ unsafe fn lanes_unsigned(x: __m256i, y: __m256i) -> __m256i {
 
 /// An f16 (little-endian bytes at `p`) as f32, with the F16C instruction.
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn f16_at(p: *const u8) -> f32 {
+pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
     let bits = u16::from_le_bytes([*p, *p.add(1)]);
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }
