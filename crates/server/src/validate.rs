@@ -92,11 +92,16 @@ pub fn parse_body(body: &[u8], ignore_unknown: bool) -> Result<CompletionRequest
             .next()
             .unwrap_or_default()
             .to_string();
-        let inner = e.into_inner();
-        ApiError::invalid(
-            param.clone(),
-            format!("invalid value for `{path}`: {inner}"),
-        )
+        let message = match param.as_str() {
+            "prompt" => "`prompt` must be a string, an array of strings, an array of token ids \
+                         or an array of arrays of token ids"
+                .to_string(),
+            "stop" | "stop_sequences" => {
+                format!("`{param}` must be a string or an array of strings")
+            }
+            _ => format!("invalid value for `{path}`: {}", e.into_inner()),
+        };
+        ApiError::invalid(param, message)
     })
 }
 
@@ -406,6 +411,18 @@ mod tests {
             r#"{"model":"m","prompt":"x","frequency_penalty":0,"echo":false,"logprobs":null,"best_of":1,"logit_bias":{}}"#,
         );
         assert!(p.is_ok(), "{p:?}");
+    }
+
+    #[test]
+    fn shape_errors_say_what_shapes_are_allowed() {
+        let err = parse(r#"{"model":"m","prompt":{"a":1}}"#).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("must be a string, an array of strings"),
+            "{err}"
+        );
+        let err = parse(r#"{"model":"m","prompt":"x","stop":5}"#).unwrap_err();
+        assert_eq!(param_of(err), Some("stop".into()));
     }
 
     #[test]
