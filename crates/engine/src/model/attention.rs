@@ -22,9 +22,23 @@ pub struct AttentionShape {
     pub window: Option<usize>,
 }
 
+/// The keys and values one query row attends to: positions `range` of one KV head.
+#[derive(Clone, Copy)]
+struct KvRows<'a> {
+    keys: &'a [f16],
+    values: &'a [f16],
+    /// Values per position (all KV heads).
+    stride: usize,
+    /// Where this KV head starts within a position.
+    offset: usize,
+    first: usize,
+    last: usize,
+}
+
 /// Causal attention of `n` new tokens of one sequence, whose keys and values were already
 /// appended to `keys`/`values` (`[position][kv head][dim]`, the new ones last).
-/// `q` is `n × n_head × head_dim`; the result has the same shape.
+/// `q` is `n × n_head × head_dim`; the result has the same shape. Query rows are
+/// independent and run in parallel.
 pub fn attend(
     shape: &AttentionShape,
     q: &[f32],
@@ -33,13 +47,10 @@ pub fn attend(
     n: usize,
 ) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
-    {
-        if shape.head_dim.is_multiple_of(64) && avx2::available() {
-            // SAFETY: the CPU features were checked just above.
-            return unsafe { avx2::attend(shape, q, keys, values, n) };
-        }
-    }
-    attend_portable(shape, q, keys, values, n)
+    let fast = shape.head_dim.is_multiple_of(64) && crate::quant::simd::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    let fast = false;
+    attend_with(shape, q, keys, values, n, fast)
 }
 
 /// [`attend`] in portable code.
@@ -50,6 +61,19 @@ pub fn attend_portable(
     values: &[f16],
     n: usize,
 ) -> Vec<f32> {
+    attend_with(shape, q, keys, values, n, false)
+}
+
+fn attend_with(
+    shape: &AttentionShape,
+    q: &[f32],
+    keys: &[f16],
+    values: &[f16],
+    n: usize,
+    fast: bool,
+) -> Vec<f32> {
+    use rayon::prelude::*;
+
     let AttentionShape {
         n_head,
         n_kv_head,
@@ -57,52 +81,68 @@ pub fn attend_portable(
         scale,
         window,
     } = *shape;
-    let kv_width = n_kv_head * head_dim;
-    let total = keys.len() / kv_width;
+    let stride = n_kv_head * head_dim;
+    let total = keys.len() / stride;
+    assert!(values.len() == keys.len() && total >= n && q.len() >= n * n_head * head_dim);
     let first_new = total - n;
     let group = n_head / n_kv_head;
     let mut out = vec![0.0f32; n * n_head * head_dim];
-    let mut q16 = vec![f16::ZERO; head_dim];
-    let mut acc = vec![f16::ZERO; head_dim];
-    for t in 0..n {
-        let pos = first_new + t;
-        let start = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-        for h in 0..n_head {
-            let g = h / group;
-            let qh = &q[(t * n_head + h) * head_dim..][..head_dim];
-            for (d, s) in q16.iter_mut().zip(qh) {
-                *d = f16::from_f32(*s);
+    out.par_chunks_mut(head_dim)
+        .enumerate()
+        .for_each(|(row, o)| {
+            let (t, h) = (row / n_head, row % n_head);
+            let pos = first_new + t;
+            let kv = KvRows {
+                keys,
+                values,
+                stride,
+                offset: (h / group) * head_dim,
+                first: window.map_or(0, |w| (pos + 1).saturating_sub(w)),
+                last: pos,
+            };
+            let q = &q[row * head_dim..][..head_dim];
+            #[cfg(target_arch = "x86_64")]
+            if fast {
+                // SAFETY: `fast` is only set when AVX2, FMA and F16C are available and the
+                // head size is a multiple of 64.
+                unsafe { avx2::attend_row(q, &kv, scale, o) };
+                return;
             }
-            acc.fill(f16::ZERO);
-            let mut max = f32::NEG_INFINITY;
-            let mut sum = 0.0f32;
-            for j in start..=pos {
-                let k = &keys[j * kv_width + g * head_dim..][..head_dim];
-                let s = dot_f16(&q16, k) * scale;
-                let v = &values[j * kv_width + g * head_dim..][..head_dim];
-                let (mut rescale, mut weight) = (1.0f32, 1.0f32);
-                if s > max {
-                    rescale = (max - s).exp();
-                    max = s;
-                    for a in acc.iter_mut() {
-                        *a = f16::from_f32(a.to_f32() * rescale);
-                    }
-                } else {
-                    weight = (s - max).exp();
-                }
-                for (a, v) in acc.iter_mut().zip(v) {
-                    *a = f16::from_f32(v.to_f32().mul_add(weight, a.to_f32()));
-                }
-                sum = sum.mul_add(rescale, weight);
-            }
-            let o = &mut out[(t * n_head + h) * head_dim..][..head_dim];
-            let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-            for (o, a) in o.iter_mut().zip(&acc) {
-                *o = a.to_f32() * inv;
-            }
-        }
-    }
+            let _ = fast;
+            attend_row(q, &kv, scale, o);
+        });
     out
+}
+
+/// One query row in portable code.
+fn attend_row(q: &[f32], kv: &KvRows<'_>, scale: f32, out: &mut [f32]) {
+    let head_dim = q.len();
+    let q16: Vec<f16> = q.iter().map(|&x| f16::from_f32(x)).collect();
+    let mut acc = vec![f16::ZERO; head_dim];
+    let mut max = f32::NEG_INFINITY;
+    let mut sum = 0.0f32;
+    for j in kv.first..=kv.last {
+        let at = j * kv.stride + kv.offset;
+        let s = dot_f16(&q16, &kv.keys[at..at + head_dim]) * scale;
+        let (mut rescale, mut weight) = (1.0f32, 1.0f32);
+        if s > max {
+            rescale = (max - s).exp();
+            max = s;
+            for a in acc.iter_mut() {
+                *a = f16::from_f32(a.to_f32() * rescale);
+            }
+        } else {
+            weight = (s - max).exp();
+        }
+        for (a, v) in acc.iter_mut().zip(&kv.values[at..at + head_dim]) {
+            *a = f16::from_f32(v.to_f32().mul_add(weight, a.to_f32()));
+        }
+        sum = sum.mul_add(rescale, weight);
+    }
+    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+    for (o, a) in out.iter_mut().zip(&acc) {
+        *o = a.to_f32() * inv;
+    }
 }
 
 /// f16 dot product accumulated in f32 the way ggml's AVX-512 `ggml_vec_dot_f16` does:
@@ -152,9 +192,7 @@ mod avx2 {
 
     use half::f16;
 
-    use super::AttentionShape;
-
-    pub use crate::quant::simd::available;
+    use super::KvRows;
 
     const ROUND: i32 = _MM_FROUND_TO_NEAREST_INT;
 
@@ -201,74 +239,51 @@ mod avx2 {
         hsum(_mm256_add_ps(v[0], v[1]))
     }
 
+    /// One query row, as [`super::attend_row`].
+    ///
     /// # Safety
-    /// AVX2, FMA and F16C must be available; `head_dim` is a multiple of 64.
+    /// AVX2, FMA and F16C must be available; the head size is a multiple of 64.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn attend(
-        shape: &AttentionShape,
-        q: &[f32],
-        keys: &[f16],
-        values: &[f16],
-        n: usize,
-    ) -> Vec<f32> {
-        let AttentionShape {
-            n_head,
-            n_kv_head,
-            head_dim,
-            scale,
-            window,
-        } = *shape;
-        let kv_width = n_kv_head * head_dim;
-        let total = keys.len() / kv_width;
-        assert!(values.len() == keys.len() && total >= n && q.len() >= n * n_head * head_dim);
-        let first_new = total - n;
-        let group = n_head / n_kv_head;
-        let mut out = vec![0.0f32; n * n_head * head_dim];
+    pub unsafe fn attend_row(q: &[f32], kv: &KvRows<'_>, scale: f32, out: &mut [f32]) {
+        let head_dim = q.len();
+        assert!(out.len() == head_dim && (kv.last + 1) * kv.stride <= kv.keys.len());
         let mut q16 = vec![f16::ZERO; head_dim];
         let mut acc = vec![f16::ZERO; head_dim];
-        for t in 0..n {
-            let pos = first_new + t;
-            let start = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            for h in 0..n_head {
-                let g = h / group;
-                let qh = q.as_ptr().add((t * n_head + h) * head_dim);
-                for i in (0..head_dim).step_by(8) {
-                    store8(q16.as_mut_ptr().add(i), _mm256_loadu_ps(qh.add(i)));
-                }
-                acc.fill(f16::ZERO);
-                let mut max = f32::NEG_INFINITY;
-                let mut sum = 0.0f32;
-                for j in start..=pos {
-                    let row = j * kv_width + g * head_dim;
-                    let s = dot(q16.as_ptr(), keys.as_ptr().add(row), head_dim) * scale;
-                    let (mut rescale, mut weight) = (1.0f32, 1.0f32);
-                    if s > max {
-                        rescale = (max - s).exp();
-                        max = s;
-                        let r = _mm256_set1_ps(rescale);
-                        for i in (0..head_dim).step_by(8) {
-                            let p = acc.as_mut_ptr().add(i);
-                            store8(p, _mm256_mul_ps(load8(p), r));
-                        }
-                    } else {
-                        weight = (s - max).exp();
-                    }
-                    let w = _mm256_set1_ps(weight);
-                    let v = values.as_ptr().add(row);
-                    for i in (0..head_dim).step_by(8) {
-                        let p = acc.as_mut_ptr().add(i);
-                        store8(p, _mm256_fmadd_ps(load8(v.add(i)), w, load8(p)));
-                    }
-                    sum = sum.mul_add(rescale, weight);
-                }
-                let inv = _mm256_set1_ps(if sum == 0.0 { 0.0 } else { 1.0 / sum });
-                let o = out.as_mut_ptr().add((t * n_head + h) * head_dim);
-                for i in (0..head_dim).step_by(8) {
-                    _mm256_storeu_ps(o.add(i), _mm256_mul_ps(load8(acc.as_ptr().add(i)), inv));
-                }
-            }
+        for i in (0..head_dim).step_by(8) {
+            store8(q16.as_mut_ptr().add(i), _mm256_loadu_ps(q.as_ptr().add(i)));
         }
-        out
+        let mut max = f32::NEG_INFINITY;
+        let mut sum = 0.0f32;
+        for j in kv.first..=kv.last {
+            let at = j * kv.stride + kv.offset;
+            let s = dot(q16.as_ptr(), kv.keys.as_ptr().add(at), head_dim) * scale;
+            let (mut rescale, mut weight) = (1.0f32, 1.0f32);
+            if s > max {
+                rescale = (max - s).exp();
+                max = s;
+                let r = _mm256_set1_ps(rescale);
+                for i in (0..head_dim).step_by(8) {
+                    let p = acc.as_mut_ptr().add(i);
+                    store8(p, _mm256_mul_ps(load8(p), r));
+                }
+            } else {
+                weight = (s - max).exp();
+            }
+            let w = _mm256_set1_ps(weight);
+            let v = kv.values.as_ptr().add(at);
+            for i in (0..head_dim).step_by(8) {
+                let p = acc.as_mut_ptr().add(i);
+                store8(p, _mm256_fmadd_ps(load8(v.add(i)), w, load8(p)));
+            }
+            sum = sum.mul_add(rescale, weight);
+        }
+        let inv = _mm256_set1_ps(if sum == 0.0 { 0.0 } else { 1.0 / sum });
+        for i in (0..head_dim).step_by(8) {
+            _mm256_storeu_ps(
+                out.as_mut_ptr().add(i),
+                _mm256_mul_ps(load8(acc.as_ptr().add(i)), inv),
+            );
+        }
     }
 }
 
