@@ -134,8 +134,9 @@ impl QMatrix {
                 cols,
             } => {
                 let (format, rows, cols) = (*format, *rows, *cols);
+                // Rows are quantized independently, in parallel.
                 let acts: Vec<Activations> = x
-                    .chunks_exact(cols)
+                    .par_chunks_exact(cols)
                     .map(|r| match format {
                         OwnFormat::Blocks(f) => Activations::Q8(f.quantize_activations(r)),
                         OwnFormat::Q4K | OwnFormat::Q6K => {
