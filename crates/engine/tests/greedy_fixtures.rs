@@ -21,12 +21,7 @@ fn replay(name: &str, data: &serde_json::Value) -> Vec<Replay> {
     let (_gguf, model) = model::load_path(&common::model_path(name)).unwrap();
     let mut out = Vec::new();
     for case in data["greedy_16"].as_array().unwrap() {
-        let prompt: Vec<u32> = case["prompt_ids_with_special"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
+        let prompt: Vec<u32> = common::ids(&case["prompt_ids_with_special"]);
         let steps = case["steps"].as_array().unwrap();
         let mut cache = model.new_cache(prompt.len() + steps.len());
         let mut input = prompt.clone();

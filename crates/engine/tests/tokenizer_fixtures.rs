@@ -16,12 +16,7 @@ fn tokenizers_match_llama_cpp() {
         let mut failures = Vec::new();
         for case in cases {
             let text = case["text"].as_str().unwrap();
-            let want: Vec<u32> = case["ids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap() as u32)
-                .collect();
+            let want: Vec<u32> = common::ids(&case["ids"]);
             let got = tok.encode(text, true);
             if got != want {
                 failures.push(format!("{model} {text:?}\n  want {want:?}\n  got  {got:?}"));
@@ -34,12 +29,7 @@ fn tokenizers_match_llama_cpp() {
         assert!(failures.is_empty(), "{}", failures.join("\n"));
         for case in data["greedy_16"].as_array().unwrap() {
             let prompt = case["prompt"].as_str().unwrap();
-            let want: Vec<u32> = case["prompt_ids_with_special"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap() as u32)
-                .collect();
+            let want: Vec<u32> = common::ids(&case["prompt_ids_with_special"]);
             assert_eq!(
                 tok.encode_prompt(prompt),
                 want,

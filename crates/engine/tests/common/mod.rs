@@ -31,6 +31,16 @@ pub fn fixture(file: &str) -> serde_json::Value {
     serde_json::from_str(&text).expect("fixture is JSON")
 }
 
+/// A JSON array of token ids.
+pub fn ids(value: &serde_json::Value) -> Vec<u32> {
+    value
+        .as_array()
+        .expect("an array of token ids")
+        .iter()
+        .map(|v| v.as_u64().expect("a token id") as u32)
+        .collect()
+}
+
 /// The two models and their fixture files.
 pub const MODELS: [(&str, &str); 2] = [
     ("smollm2-135m", "smollm2-135m-q4_1.llamacpp.json"),
