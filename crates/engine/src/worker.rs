@@ -346,6 +346,7 @@ impl Worker {
                 tokens: &seq.tokens[start..start + n],
                 cache: &mut seq.cache,
                 want_logits,
+                prompt_len: seq.prompt_len,
             });
         }
         let logits = self.model.forward(&mut entries)?;

@@ -3,7 +3,7 @@
 
 mod common;
 
-use ferrite_engine::model::{self, BatchEntry};
+use ferrite_engine::model::{self, BatchEntry, PromptBatching};
 use ferrite_engine::sampling::log_softmax;
 
 const MIN_MATCHING: usize = 8;
@@ -17,8 +17,11 @@ struct Replay {
     worst_logprob_diff: f32,
 }
 
-fn replay(name: &str, data: &serde_json::Value) -> Vec<Replay> {
-    let (_gguf, model) = model::load_path(&common::model_path(name)).unwrap();
+/// Replays the fixture's prompts greedily, rounding prompt rows as llama-server does with
+/// `batching`.
+fn replay(name: &str, data: &serde_json::Value, batching: PromptBatching) -> Vec<Replay> {
+    let (_gguf, mut model) = model::load_path(&common::model_path(name)).unwrap();
+    model.set_prompt_batching(batching);
     let mut out = Vec::new();
     for case in data["greedy_16"].as_array().unwrap() {
         let prompt: Vec<u32> = common::ids(&case["prompt_ids_with_special"]);
@@ -32,6 +35,7 @@ fn replay(name: &str, data: &serde_json::Value) -> Vec<Replay> {
                     tokens: &input,
                     cache: &mut cache,
                     want_logits: true,
+                    prompt_len: prompt.len(),
                 }])
                 .unwrap()
                 .remove(0);
@@ -87,13 +91,25 @@ fn smollm2_greedy_tokens_and_logprobs_match_llama_cpp() {
     let replays = replay(
         "smollm2-135m",
         &common::fixture("smollm2-135m-q4_1.llamacpp.json"),
+        PromptBatching::default(),
     );
     assert_tokens("smollm2-135m", &replays);
     assert_logprobs("smollm2-135m", &replays);
 }
 
-/// llama.cpp's own greedy run of the same prompts, token by token (`-ub 1`); see
-/// `tests/fixtures/README.md` for how it was made.
+#[test]
+fn gemma3_greedy_tokens_and_logprobs_match_llama_cpp() {
+    let replays = replay(
+        "gemma3-270m",
+        &common::fixture("gemma3-270m-q4_k_m.llamacpp.json"),
+        PromptBatching::default(),
+    );
+    assert_tokens("gemma3-270m", &replays);
+    assert_logprobs("gemma3-270m", &replays);
+}
+
+/// llama.cpp's greedy run of the same prompts token by token (`-ub 1`), which rounds the
+/// prompt rows differently; see `tests/fixtures/README.md` for how it was made.
 fn gemma3_token_by_token_reference() -> serde_json::Value {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/gemma3-270m-q4_k_m.llamacpp-ub1.json");
@@ -101,22 +117,11 @@ fn gemma3_token_by_token_reference() -> serde_json::Value {
 }
 
 #[test]
-fn gemma3_greedy_tokens_and_logprobs_match_llama_cpp_token_by_token() {
-    let replays = replay("gemma3-270m", &gemma3_token_by_token_reference());
-    assert_tokens("gemma3-270m", &replays);
-    assert_logprobs("gemma3-270m", &replays);
-}
-
-/// Known gap: for Gemma, llama.cpp's batched prompt path (the shared fixtures were made
-/// with it) rounds differently from its own token-by-token path, which ours reproduces
-/// (the test above); the difference reaches ~0.14 in logprob on 6-token prompts and
-/// changes a near-tied token of one of them. Run with `--ignored` to see the figures.
-#[test]
-#[ignore = "known gap, see the doc comment: Gemma differs from llama.cpp's batched prompt path"]
-fn gemma3_greedy_matches_the_shared_fixture() {
+fn gemma3_token_by_token_matches_llama_cpp_token_by_token() {
     let replays = replay(
         "gemma3-270m",
-        &common::fixture("gemma3-270m-q4_k_m.llamacpp.json"),
+        &gemma3_token_by_token_reference(),
+        PromptBatching::TOKEN_BY_TOKEN,
     );
     assert_tokens("gemma3-270m", &replays);
     assert_logprobs("gemma3-270m", &replays);

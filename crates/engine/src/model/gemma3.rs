@@ -8,7 +8,9 @@ use candle_core::Tensor;
 
 use super::attention::AttentionShape;
 use super::ops::{self, Rope, RopeStyle};
-use super::{attend_batch, gather_rows, split_rows, BatchEntry, Model, ModelInfo, StepLayout};
+use super::{
+    attend_batch, gather_rows, split_rows, BatchEntry, Model, ModelInfo, PromptBatching, StepLayout,
+};
 use crate::gguf::GgufFile;
 use crate::quant::QMatrix;
 use crate::EngineError;
@@ -46,6 +48,7 @@ pub struct Gemma3 {
     hidden: usize,
     eps: f32,
     query_scale: f32,
+    batching: PromptBatching,
 }
 
 impl Gemma3 {
@@ -127,6 +130,7 @@ impl Gemma3 {
             hidden,
             eps,
             query_scale: 1.0 / (head_dim as f32).sqrt(),
+            batching: PromptBatching::default(),
         })
     }
 }
@@ -137,9 +141,8 @@ impl Model for Gemma3 {
     }
 
     fn forward(&self, batch: &mut [BatchEntry<'_>]) -> Result<Vec<Vec<f32>>, EngineError> {
-        let layout = StepLayout::new(batch);
-        let rows = layout.rows();
-        if rows == 0 {
+        let layout = StepLayout::new(batch, &self.batching, true);
+        if layout.rows() == 0 {
             return Ok(Vec::new());
         }
         let ids = Tensor::new(StepLayout::tokens(batch), &candle_core::Device::Cpu)?;
@@ -150,14 +153,16 @@ impl Model for Gemma3 {
             .to_vec1::<f32>()?;
         let embed_scale = (self.hidden as f32).sqrt();
         x.iter_mut().for_each(|v| *v *= embed_scale);
+        let all = &layout.kernels;
+        let mut ffn_kernels = all.clone();
         for (li, layer) in self.layers.iter().enumerate() {
             let q_width = layer.shape.n_head * layer.shape.head_dim;
             let kv_width = layer.shape.n_kv_head * layer.shape.head_dim;
             let mut h = x.clone();
             ops::rms_norm(&mut h, &layer.attn_norm, self.eps);
-            let mut q = ops::matmul(&layer.wq, &h, rows)?;
-            let mut k = ops::matmul(&layer.wk, &h, rows)?;
-            let v = ops::matmul(&layer.wv, &h, rows)?;
+            let mut q = ops::matmul(&layer.wq, &h, all)?;
+            let mut k = ops::matmul(&layer.wk, &h, all)?;
+            let v = ops::matmul(&layer.wv, &h, all)?;
             ops::rms_norm(&mut q, &layer.q_norm, self.eps);
             ops::rms_norm(&mut k, &layer.k_norm, self.eps);
             for (r, &pos) in layout.positions.iter().enumerate() {
@@ -170,15 +175,23 @@ impl Model for Gemma3 {
             }
             q.iter_mut().for_each(|v| *v *= self.query_scale);
             let attn = attend_batch(&layer.shape, li, &layout, &q, &k, &v, batch);
-            let mut o = ops::matmul(&layer.wo, &attn, rows)?;
+            let mut o = ops::matmul(&layer.wo, &attn, all)?;
             ops::rms_norm(&mut o, &layer.post_attn_norm, self.eps);
             ops::add_assign(&mut x, &o);
+            if li + 1 == self.layers.len() {
+                // Only the rows whose logits are wanted need the last feed-forward.
+                x = gather_rows(&x, self.hidden, &layout.logit_rows);
+                ffn_kernels = layout.logit_kernels();
+                if ffn_kernels.is_empty() {
+                    break;
+                }
+            }
             let mut h = x.clone();
             ops::rms_norm(&mut h, &layer.ffn_norm, self.eps);
-            let mut gate = ops::matmul(&layer.gate, &h, rows)?;
-            let up = ops::matmul(&layer.up, &h, rows)?;
+            let mut gate = ops::matmul(&layer.gate, &h, &ffn_kernels)?;
+            let up = ops::matmul(&layer.up, &h, &ffn_kernels)?;
             ops::gelu_mul(&mut gate, &up);
-            let mut down = ops::matmul(&layer.down, &gate, rows)?;
+            let mut down = ops::matmul(&layer.down, &gate, &ffn_kernels)?;
             ops::rms_norm(&mut down, &layer.post_ffn_norm, self.eps);
             ops::add_assign(&mut x, &down);
         }
@@ -188,9 +201,12 @@ impl Model for Gemma3 {
         if layout.logit_rows.is_empty() {
             return Ok(Vec::new());
         }
-        let mut last = gather_rows(&x, self.hidden, &layout.logit_rows);
-        ops::rms_norm(&mut last, &self.output_norm, self.eps);
-        let logits = ops::matmul(&self.output, &last, layout.logit_rows.len())?;
+        ops::rms_norm(&mut x, &self.output_norm, self.eps);
+        let logits = ops::matmul(&self.output, &x, &layout.logit_kernels())?;
         Ok(split_rows(logits, self.info.vocab_size))
+    }
+
+    fn set_prompt_batching(&mut self, batching: PromptBatching) {
+        self.batching = batching;
     }
 }

@@ -6,7 +6,9 @@ use candle_core::Tensor;
 
 use super::attention::AttentionShape;
 use super::ops::{self, Rope, RopeStyle};
-use super::{attend_batch, gather_rows, split_rows, BatchEntry, Model, ModelInfo, StepLayout};
+use super::{
+    attend_batch, gather_rows, split_rows, BatchEntry, Model, ModelInfo, PromptBatching, StepLayout,
+};
 use crate::gguf::GgufFile;
 use crate::quant::QMatrix;
 use crate::EngineError;
@@ -34,6 +36,7 @@ pub struct Llama {
     rope: Rope,
     hidden: usize,
     eps: f32,
+    batching: PromptBatching,
 }
 
 impl Llama {
@@ -99,6 +102,7 @@ impl Llama {
             rope: Rope::new(head_dim, theta, rope_scale, RopeStyle::Interleaved),
             hidden,
             eps,
+            batching: PromptBatching::default(),
         })
     }
 }
@@ -109,9 +113,8 @@ impl Model for Llama {
     }
 
     fn forward(&self, batch: &mut [BatchEntry<'_>]) -> Result<Vec<Vec<f32>>, EngineError> {
-        let layout = StepLayout::new(batch);
-        let rows = layout.rows();
-        if rows == 0 {
+        let layout = StepLayout::new(batch, &self.batching, false);
+        if layout.rows() == 0 {
             return Ok(Vec::new());
         }
         let ids = Tensor::new(StepLayout::tokens(batch), &candle_core::Device::Cpu)?;
@@ -122,25 +125,35 @@ impl Model for Llama {
             .to_vec1::<f32>()?;
         let q_width = self.shape.n_head * self.shape.head_dim;
         let kv_width = self.info.kv_width;
+        let all = &layout.kernels;
+        let mut ffn_kernels = all.clone();
         for (li, layer) in self.layers.iter().enumerate() {
             let mut h = x.clone();
             ops::rms_norm(&mut h, &layer.attn_norm, self.eps);
-            let mut q = ops::matmul(&layer.wq, &h, rows)?;
-            let mut k = ops::matmul(&layer.wk, &h, rows)?;
-            let v = ops::matmul(&layer.wv, &h, rows)?;
+            let mut q = ops::matmul(&layer.wq, &h, all)?;
+            let mut k = ops::matmul(&layer.wk, &h, all)?;
+            let v = ops::matmul(&layer.wv, &h, all)?;
             for (r, &pos) in layout.positions.iter().enumerate() {
                 self.rope.apply(&mut q[r * q_width..(r + 1) * q_width], pos);
                 self.rope
                     .apply(&mut k[r * kv_width..(r + 1) * kv_width], pos);
             }
             let attn = attend_batch(&self.shape, li, &layout, &q, &k, &v, batch);
-            ops::add_assign(&mut x, &ops::matmul(&layer.wo, &attn, rows)?);
+            ops::add_assign(&mut x, &ops::matmul(&layer.wo, &attn, all)?);
+            if li + 1 == self.layers.len() {
+                // Only the rows whose logits are wanted need the last feed-forward.
+                x = gather_rows(&x, self.hidden, &layout.logit_rows);
+                ffn_kernels = layout.logit_kernels();
+                if ffn_kernels.is_empty() {
+                    break;
+                }
+            }
             let mut h = x.clone();
             ops::rms_norm(&mut h, &layer.ffn_norm, self.eps);
-            let mut gate = ops::matmul(&layer.gate, &h, rows)?;
-            let up = ops::matmul(&layer.up, &h, rows)?;
+            let mut gate = ops::matmul(&layer.gate, &h, &ffn_kernels)?;
+            let up = ops::matmul(&layer.up, &h, &ffn_kernels)?;
             ops::silu_mul(&mut gate, &up);
-            ops::add_assign(&mut x, &ops::matmul(&layer.down, &gate, rows)?);
+            ops::add_assign(&mut x, &ops::matmul(&layer.down, &gate, &ffn_kernels)?);
         }
         for entry in batch.iter_mut() {
             entry.cache.commit(entry.tokens.len());
@@ -148,9 +161,12 @@ impl Model for Llama {
         if layout.logit_rows.is_empty() {
             return Ok(Vec::new());
         }
-        let mut last = gather_rows(&x, self.hidden, &layout.logit_rows);
-        ops::rms_norm(&mut last, &self.output_norm, self.eps);
-        let logits = ops::matmul(&self.output, &last, layout.logit_rows.len())?;
+        ops::rms_norm(&mut x, &self.output_norm, self.eps);
+        let logits = ops::matmul(&self.output, &x, &layout.logit_kernels())?;
         Ok(split_rows(logits, self.info.vocab_size))
+    }
+
+    fn set_prompt_batching(&mut self, batching: PromptBatching) {
+        self.batching = batching;
     }
 }

@@ -8,11 +8,15 @@ pub mod attention;
 mod gemma3;
 mod llama;
 pub mod ops;
+mod prompt_batching;
+
+pub use prompt_batching::PromptBatching;
 
 use std::path::Path;
 
 use crate::gguf::GgufFile;
 use crate::kv_cache::SequenceCache;
+use crate::quant::RowKernel;
 use crate::tokenizer::TokenId;
 use crate::EngineError;
 
@@ -41,6 +45,9 @@ pub struct BatchEntry<'a> {
     pub cache: &'a mut SequenceCache,
     /// Whether to return the logits of the last new token.
     pub want_logits: bool,
+    /// Length of the sequence's prompt: tokens at earlier positions are prompt tokens,
+    /// the others were generated (this decides how their rows are rounded).
+    pub prompt_len: usize,
 }
 
 /// A loaded model that can run batched forward steps.
@@ -52,6 +59,10 @@ pub trait Model: Send {
     /// each entry's cache, and returns one logits row per entry with `want_logits`, in
     /// batch order.
     fn forward(&self, batch: &mut [BatchEntry<'_>]) -> Result<Vec<Vec<f32>>, EngineError>;
+
+    /// Rounds prompt rows as llama-server does with these batching parameters (the
+    /// default is its default); see [`PromptBatching`].
+    fn set_prompt_batching(&mut self, batching: PromptBatching);
 
     /// An empty cache sized for this model with room for `capacity` positions.
     fn new_cache(&self, capacity: usize) -> SequenceCache {
@@ -88,16 +99,22 @@ struct StepLayout {
     spans: Vec<std::ops::Range<usize>>,
     /// Rows whose logits are wanted.
     logit_rows: Vec<usize>,
+    /// The kernel each row's matrix products follow.
+    kernels: Vec<RowKernel>,
 }
 
 impl StepLayout {
-    fn new(batch: &[BatchEntry<'_>]) -> Self {
+    /// The layout of `batch`, for a model with sliding-window layers or not.
+    fn new(batch: &[BatchEntry<'_>], batching: &PromptBatching, sliding_window: bool) -> Self {
         let mut positions = Vec::new();
         let mut spans = Vec::with_capacity(batch.len());
         let mut logit_rows = Vec::new();
+        let mut kernels = Vec::new();
         for entry in batch {
             let start = positions.len();
-            positions.extend(entry.cache.len()..entry.cache.len() + entry.tokens.len());
+            let new = entry.cache.len()..entry.cache.len() + entry.tokens.len();
+            kernels.extend(batching.kernels(entry.prompt_len, sliding_window, new.clone()));
+            positions.extend(new);
             spans.push(start..positions.len());
             if entry.want_logits && !entry.tokens.is_empty() {
                 logit_rows.push(positions.len() - 1);
@@ -107,7 +124,14 @@ impl StepLayout {
             positions,
             spans,
             logit_rows,
+            kernels,
         }
+    }
+
+    /// Keeps only the rows whose logits are wanted, each now alone: llama.cpp runs the
+    /// last layer's feed-forward on those rows only.
+    fn logit_kernels(&self) -> Vec<RowKernel> {
+        vec![RowKernel::Gemv; self.logit_rows.len()]
     }
 
     fn rows(&self) -> usize {

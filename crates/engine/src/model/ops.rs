@@ -7,9 +7,13 @@ use half::f16;
 
 use crate::EngineError;
 
-/// Multiplies each of the `rows` rows of `x` by a weight matrix.
-pub fn matmul(w: &crate::quant::QMatrix, x: &[f32], rows: usize) -> Result<Vec<f32>, EngineError> {
-    w.matmul(x, rows)
+/// Multiplies each row of `x` (one per entry of `kernels`, rounded as it says) by `w`ᵀ.
+pub fn matmul(
+    w: &crate::quant::QMatrix,
+    x: &[f32],
+    kernels: &[crate::quant::RowKernel],
+) -> Result<Vec<f32>, EngineError> {
+    w.matmul(x, kernels)
 }
 
 /// Multiplies each of the `rows` rows of `x` (row-major, `x.len() / rows` wide) by `w`ᵀ.

@@ -1,10 +1,13 @@
 //! K-quant kernels (Q4_K, Q6_K) against Q8_K activations, in the arithmetic llama.cpp
-//! uses on x86 for one row: Q4_K as its repacked 8×8 GEMV (one fused multiply-add per
-//! super-block), Q6_K as the AVX2 dot product (eight lanes, summed as `hsum_float_8`).
+//! uses on x86. Q4_K follows its repacked 8×8 kernels: the GEMV (one row alone: one fused
+//! multiply-add per super-block) or the GEMM (a group of four prompt rows: one per pair of
+//! sub-blocks, and activations quantized by `quantize_mat_q8_K_4x8`); Q6_K is its AVX2 dot
+//! product (eight lanes, summed as `hsum_float_8`) whichever the kernel.
 
 use half::f16;
 
 use super::dot::hsum8;
+use super::RowKernel;
 
 /// Values per K-quant super-block.
 pub const QK_K: usize = 256;
@@ -23,10 +26,11 @@ pub struct Q8KRow {
     pub bsums: Vec<i32>,
 }
 
-/// Quantizes a row (length a multiple of 256) as ggml's `quantize_row_q8_K_ref`: the
-/// scale comes from the value of largest magnitude (the first one on ties), values are
-/// rounded half to even.
-pub fn quantize_row_q8k(x: &[f32]) -> Q8KRow {
+/// Quantizes a row (length a multiple of 256) as ggml does for `kernel`: the scale comes
+/// from the value of largest magnitude, values are rounded half to even. When +m and -m
+/// both have the largest magnitude, `quantize_row_q8_K_ref` (GEMV) takes the first one and
+/// `quantize_mat_q8_K_4x8` (GEMM) the positive one.
+pub fn quantize_row_q8k(x: &[f32], kernel: RowKernel) -> Q8KRow {
     let blocks = x.len() / QK_K;
     let mut row = Q8KRow {
         d: Vec::with_capacity(blocks),
@@ -44,6 +48,9 @@ pub fn quantize_row_q8k(x: &[f32]) -> Q8KRow {
         if amax == 0.0 {
             row.d.push(0.0);
             continue;
+        }
+        if kernel == RowKernel::Gemm4 && max < 0.0 && block.contains(&amax) {
+            max = amax;
         }
         let iscale = -127.0 / max;
         let qs = &mut row.qs[b * QK_K..(b + 1) * QK_K];
@@ -74,14 +81,14 @@ pub(super) fn scale_min_k4(j: usize, s: &[u8]) -> (i32, i32) {
     }
 }
 
-/// Dot product of a Q4_K weight row with a Q8_K activation row.
-pub fn dot_q4k(w: &[u8], a: &Q8KRow) -> f32 {
+/// Dot product of a Q4_K weight row with a Q8_K activation row, rounded as `kernel`.
+pub fn dot_q4k(w: &[u8], a: &Q8KRow, kernel: RowKernel) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if super::simd::available() {
         // SAFETY: the CPU features were checked.
-        return unsafe { super::kquant_simd::dot_q4k(w, a) };
+        return unsafe { super::kquant_simd::dot_q4k(w, a, kernel) };
     }
-    dot_q4k_portable(w, a)
+    dot_q4k_portable(w, a, kernel)
 }
 
 /// Dot product of a Q6_K weight row with a Q8_K activation row.
@@ -95,7 +102,8 @@ pub fn dot_q6k(w: &[u8], a: &Q8KRow) -> f32 {
 }
 
 /// [`dot_q4k`] in portable code.
-pub fn dot_q4k_portable(w: &[u8], a: &Q8KRow) -> f32 {
+pub fn dot_q4k_portable(w: &[u8], a: &Q8KRow, kernel: RowKernel) -> f32 {
+    let per_pair = kernel == RowKernel::Gemm4;
     let (mut acc, mut acc_min) = (0f32, 0f32);
     for (b, block) in w.chunks_exact(Q4_K).enumerate() {
         let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
@@ -119,11 +127,18 @@ pub fn dot_q4k_portable(w: &[u8], a: &Q8KRow) -> f32 {
                 psum += sc * dot;
                 pmin += m * (bsums[2 * j] + bsums[2 * j + 1]);
             }
-            isum += psum;
-            imin += pmin;
+            if per_pair {
+                acc = (psum as f32).mul_add(dd, acc);
+                acc_min = (pmin as f32).mul_add(dm, acc_min);
+            } else {
+                isum += psum;
+                imin += pmin;
+            }
         }
-        acc = (isum as f32).mul_add(dd, acc);
-        acc_min = (imin as f32).mul_add(dm, acc_min);
+        if !per_pair {
+            acc = (isum as f32).mul_add(dd, acc);
+            acc_min = (imin as f32).mul_add(dm, acc_min);
+        }
     }
     acc - acc_min
 }
@@ -198,14 +213,16 @@ mod tests {
         let x: Vec<f32> = (0..QK_K)
             .map(|i| ((i * 7 % 23) as f32 - 11.0) / 5.0)
             .collect();
-        let a = quantize_row_q8k(&x);
+        let a = quantize_row_q8k(&x, RowKernel::Gemv);
         let w = dequant_q4k(&block);
         let exact: f32 = (0..QK_K).map(|i| w[i] * a.d[0] * a.qs[i] as f32).sum();
-        let got = dot_q4k(&block, &a);
-        assert!(
-            (got - exact).abs() < 1e-3 * exact.abs().max(1.0),
-            "{got} vs {exact}"
-        );
+        for kernel in [RowKernel::Gemv, RowKernel::Gemm4] {
+            let got = dot_q4k(&block, &a, kernel);
+            assert!(
+                (got - exact).abs() < 1e-3 * exact.abs().max(1.0),
+                "{kernel:?}: {got} vs {exact}"
+            );
+        }
     }
 
     #[test]
@@ -218,7 +235,7 @@ mod tests {
         let x: Vec<f32> = (0..QK_K)
             .map(|i| ((i * 5 % 19) as f32 - 9.0) / 3.0)
             .collect();
-        let a = quantize_row_q8k(&x);
+        let a = quantize_row_q8k(&x, RowKernel::Gemv);
         let d = f16_at(&block, 208);
         let mut exact = 0f32;
         for j in 0..2 {
@@ -248,11 +265,40 @@ mod tests {
     fn q8k_uses_the_signed_maximum() {
         let mut x = vec![0.5f32; QK_K];
         x[3] = -2.0;
-        let a = quantize_row_q8k(&x);
+        let a = quantize_row_q8k(&x, RowKernel::Gemv);
         // The scale comes from -2.0: iscale = -127 / -2.0 = 63.5.
         assert_eq!(a.qs[3], -127);
         assert_eq!(a.qs[0], 32);
         assert_eq!(a.bsums[0], 32 * 15 - 127);
         assert_eq!(a.d[0], 1.0 / 63.5);
+    }
+
+    #[test]
+    fn q8k_ties_follow_the_kernel() {
+        let mut x = vec![0.5f32; QK_K];
+        x[3] = -2.0;
+        x[9] = 2.0;
+        // The GEMV quantizer takes the first extreme (-2.0), the GEMM one the positive.
+        assert_eq!(quantize_row_q8k(&x, RowKernel::Gemv).d[0], 1.0 / 63.5);
+        let gemm = quantize_row_q8k(&x, RowKernel::Gemm4);
+        assert_eq!(gemm.d[0], 1.0 / -63.5);
+        assert_eq!((gemm.qs[3], gemm.qs[9]), (127, -127));
+    }
+
+    #[test]
+    fn q4k_kernels_differ_only_in_rounding() {
+        let blocks: Vec<u8> = (0..4).flat_map(|_| sample_q4k()).collect();
+        let x: Vec<f32> = (0..4 * QK_K)
+            .map(|i| ((i * 7919 % 1013) as f32 / 300.0 - 1.7) * 1.37)
+            .collect();
+        let a = quantize_row_q8k(&x, RowKernel::Gemv);
+        let (gemv, gemm) = (
+            dot_q4k_portable(&blocks, &a, RowKernel::Gemv),
+            dot_q4k_portable(&blocks, &a, RowKernel::Gemm4),
+        );
+        assert!(
+            (gemv - gemm).abs() <= 1e-5 * gemv.abs().max(1.0),
+            "{gemv} vs {gemm}"
+        );
     }
 }

@@ -8,6 +8,7 @@ use std::arch::x86_64::*;
 use super::dot::hsum8;
 use super::kquant::{scale_min_k4, Q8KRow, Q4_K, Q6_K, QK_K};
 use super::simd::f16_at;
+use super::RowKernel;
 
 /// Sum of the eight i32 lanes (exact).
 #[target_feature(enable = "avx2")]
@@ -23,7 +24,8 @@ unsafe fn hsum_i32(v: __m256i) -> i32 {
 /// # Safety
 /// AVX2, FMA and F16C must be available; `w` holds whole super-blocks and `a` as many.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q4k(w: &[u8], a: &Q8KRow) -> f32 {
+pub unsafe fn dot_q4k(w: &[u8], a: &Q8KRow, kernel: RowKernel) -> f32 {
+    let per_pair = kernel == RowKernel::Gemm4;
     let blocks = w.len() / Q4_K;
     assert!(a.d.len() >= blocks && a.qs.len() >= blocks * QK_K && a.bsums.len() >= blocks * 16);
     let ones = _mm256_set1_epi16(1);
@@ -34,8 +36,11 @@ pub unsafe fn dot_q4k(w: &[u8], a: &Q8KRow) -> f32 {
         let scales = std::slice::from_raw_parts(block.add(4), 12);
         let q8 = a.qs.as_ptr().add(b * QK_K);
         let bsums = &a.bsums[b * 16..(b + 1) * 16];
+        let d = *a.d.get_unchecked(b);
+        let (dd, dm) = (f16_at(block) * d, f16_at(block.add(2)) * d);
         let (mut isum, mut imin) = (0i32, 0i32);
         for pair in 0..4 {
+            let (mut psum, mut pmin) = (0i32, 0i32);
             let bytes = _mm256_loadu_si256(block.add(16 + pair * 32) as *const __m256i);
             let halves = [
                 _mm256_and_si256(bytes, low),
@@ -46,13 +51,21 @@ pub unsafe fn dot_q4k(w: &[u8], a: &Q8KRow) -> f32 {
                 let y = _mm256_loadu_si256(q8.add(j * 32) as *const __m256i);
                 let dot = hsum_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(x, y), ones));
                 let (sc, m) = scale_min_k4(j, scales);
-                isum += sc * dot;
-                imin += m * (bsums[2 * j] + bsums[2 * j + 1]);
+                psum += sc * dot;
+                pmin += m * (bsums[2 * j] + bsums[2 * j + 1]);
+            }
+            if per_pair {
+                acc = (psum as f32).mul_add(dd, acc);
+                acc_min = (pmin as f32).mul_add(dm, acc_min);
+            } else {
+                isum += psum;
+                imin += pmin;
             }
         }
-        let d = *a.d.get_unchecked(b);
-        acc = (isum as f32).mul_add(f16_at(block) * d, acc);
-        acc_min = (imin as f32).mul_add(f16_at(block.add(2)) * d, acc_min);
+        if !per_pair {
+            acc = (isum as f32).mul_add(dd, acc);
+            acc_min = (imin as f32).mul_add(dm, acc_min);
+        }
     }
     acc - acc_min
 }
@@ -135,7 +148,7 @@ mod tests {
         let x: Vec<f32> = (0..cols)
             .map(|i| (i * 7919 % 1013) as f32 / 300.0 - 1.7)
             .collect();
-        let a = quantize_row_q8k(&x);
+        let a = quantize_row_q8k(&x, RowKernel::Gemv);
         let mut w4 = vec![0u8; cols / QK_K * Q4_K];
         let mut w6 = vec![0u8; cols / QK_K * Q6_K];
         for (i, b) in w4.iter_mut().chain(w6.iter_mut()).enumerate() {
@@ -147,10 +160,12 @@ mod tests {
         for block in w6.chunks_exact_mut(Q6_K) {
             block[208..210].copy_from_slice(&[0x00, 0x1c]);
         }
-        let (p4, f4) = (kquant::dot_q4k_portable(&w4, &a), unsafe {
-            dot_q4k(&w4, &a)
-        });
-        assert_eq!(p4.to_bits(), f4.to_bits(), "Q4_K {p4} vs {f4}");
+        for kernel in [RowKernel::Gemv, RowKernel::Gemm4] {
+            let (p4, f4) = (kquant::dot_q4k_portable(&w4, &a, kernel), unsafe {
+                dot_q4k(&w4, &a, kernel)
+            });
+            assert_eq!(p4.to_bits(), f4.to_bits(), "Q4_K {kernel:?}: {p4} vs {f4}");
+        }
         let (p6, f6) = (kquant::dot_q6k_portable(&w6, &a), unsafe {
             dot_q6k(&w6, &a)
         });

@@ -6,9 +6,10 @@
 //! the same eight lanes, lanes are accumulated with fused multiply-adds and summed in the
 //! same order. The small models served here are chaotic enough that this is what keeps
 //! greedy output identical to llama.cpp's; it also makes every row's result independent
-//! of the other rows in the batch. This is llama.cpp's arithmetic when it runs one token
-//! at a time; its batched prompt kernels (four-row Q4_K, tinyBLAS) can round differently.
-//! Other formats use candle's kernels.
+//! of the other rows in the batch. Where llama.cpp rounds a row differently when it is
+//! part of a four-row group of prompt tokens (its repacked Q4_K GEMM), the caller says per
+//! row which of its kernels to follow ([`RowKernel`]); the result still depends only on
+//! the row and that choice. Other formats use candle's kernels.
 
 mod dot;
 mod kquant;
@@ -23,6 +24,18 @@ use crate::model::ops;
 use crate::EngineError;
 
 pub use dot::{BlockFormat, Q4_1, Q5_0, Q8_0};
+
+/// Which of llama.cpp's kernels a row's arithmetic follows. They compute the same sums and
+/// differ only in rounding: llama.cpp multiplies a prompt's rows four at a time (GEMM) and
+/// the rest, including every decoded token, one at a time (GEMV).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RowKernel {
+    /// The row alone (matrix × vector).
+    #[default]
+    Gemv,
+    /// The row as one of a group of four (matrix × four rows).
+    Gemm4,
+}
 
 /// Weight formats with kernels of our own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,9 +135,11 @@ impl QMatrix {
         }
     }
 
-    /// `x · Wᵀ` for `n` activation rows of `x` (row-major): an `n × rows` result. Every
-    /// row is computed on its own, so its result never depends on the rest of the batch.
-    pub fn matmul(&self, x: &[f32], n: usize) -> Result<Vec<f32>, EngineError> {
+    /// `x · Wᵀ` for the activation rows of `x` (row-major), one per entry of `kernels`,
+    /// each rounded as its kernel says: an `n × rows` result. Every row is computed on its
+    /// own, so its result never depends on the rest of the batch.
+    pub fn matmul(&self, x: &[f32], kernels: &[RowKernel]) -> Result<Vec<f32>, EngineError> {
+        let n = kernels.len();
         match self {
             Self::Candle(m) => ops::linear(m, x, n),
             Self::Own {
@@ -137,16 +152,19 @@ impl QMatrix {
                 // Rows are quantized independently, in parallel.
                 let acts: Vec<Activations> = x
                     .par_chunks_exact(cols)
-                    .map(|r| match format {
+                    .zip(kernels)
+                    .map(|(r, &kernel)| match format {
                         OwnFormat::Blocks(f) => Activations::Q8(f.quantize_activations(r)),
-                        OwnFormat::Q4K | OwnFormat::Q6K => {
-                            Activations::Q8K(kquant::quantize_row_q8k(r))
+                        // Only the repacked Q4_K GEMM quantizes its rows differently.
+                        OwnFormat::Q4K => Activations::Q8K(kquant::quantize_row_q8k(r, kernel)),
+                        OwnFormat::Q6K => {
+                            Activations::Q8K(kquant::quantize_row_q8k(r, RowKernel::Gemv))
                         }
                     })
                     .collect();
                 let dot = |w: &[u8], t: usize| match (&acts[t], format) {
                     (Activations::Q8(a), OwnFormat::Blocks(f)) => f.dot(w, a),
-                    (Activations::Q8K(a), OwnFormat::Q4K) => kquant::dot_q4k(w, a),
+                    (Activations::Q8K(a), OwnFormat::Q4K) => kquant::dot_q4k(w, a, kernels[t]),
                     (Activations::Q8K(a), OwnFormat::Q6K) => kquant::dot_q6k(w, a),
                     _ => unreachable!("activations are quantized for the matrix's format"),
                 };

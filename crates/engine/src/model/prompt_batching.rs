@@ -1,0 +1,172 @@
+//! Which of llama.cpp's matrix kernels each prompt row goes through when llama-server
+//! evaluates a prompt, so that ferrite rounds every row as it does (see [`RowKernel`]).
+//!
+//! llama-server cuts a prompt into batches of at most `n_batch` tokens; for models with
+//! sliding-window attention, whose cache it checkpoints, it also ends a batch `4 + n_ubatch`
+//! and `4` tokens before the end of the prompt. llama.cpp splits each batch into
+//! micro-batches of `n_ubatch` tokens, and its repacked Q4_K kernels multiply the rows of a
+//! micro-batch four at a time, the last (fewer than four) one at a time. Tokens generated
+//! after the prompt are decoded one at a time.
+//!
+//! The choice is a function of the prompt's length and the row's position only, never of
+//! how ferrite's scheduler happens to split the prompt or what else is in the batch.
+
+use std::ops::Range;
+
+use crate::quant::RowKernel;
+
+/// Tokens from the end of the prompt at which llama-server ends a batch to checkpoint a
+/// sliding-window cache: `n_ubatch` plus this, and this.
+const CHECKPOINT_TAIL: usize = 4;
+
+/// llama-server's prompt batching parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptBatching {
+    /// Most tokens of a batch (`--batch-size`).
+    pub n_batch: usize,
+    /// Most tokens of a micro-batch (`--ubatch-size`).
+    pub n_ubatch: usize,
+}
+
+impl Default for PromptBatching {
+    /// llama-server's defaults: `-b 2048 -ub 512`.
+    fn default() -> Self {
+        Self {
+            n_batch: 2048,
+            n_ubatch: 512,
+        }
+    }
+}
+
+impl PromptBatching {
+    /// One token at a time (llama-server's `-ub 1`): every row alone.
+    pub const TOKEN_BY_TOKEN: Self = Self {
+        n_batch: 2048,
+        n_ubatch: 1,
+    };
+
+    /// The kernel of each row at `positions` of a sequence whose prompt has `prompt_len`
+    /// tokens; `checkpoints` is whether the model has sliding-window layers.
+    pub fn kernels(
+        &self,
+        prompt_len: usize,
+        checkpoints: bool,
+        positions: Range<usize>,
+    ) -> Vec<RowKernel> {
+        if positions.start >= prompt_len {
+            return vec![RowKernel::Gemv; positions.len()];
+        }
+        let micro = self.micro_batches(prompt_len, checkpoints);
+        positions
+            .map(|pos| {
+                let Some(ub) = micro.iter().find(|ub| ub.contains(&pos)) else {
+                    return RowKernel::Gemv;
+                };
+                let grouped_end = ub.end - ub.len() % 4;
+                if pos < grouped_end {
+                    RowKernel::Gemm4
+                } else {
+                    RowKernel::Gemv
+                }
+            })
+            .collect()
+    }
+
+    /// The micro-batches llama-server evaluates a prompt of `prompt_len` tokens in.
+    fn micro_batches(&self, prompt_len: usize, checkpoints: bool) -> Vec<Range<usize>> {
+        let n_batch = self.n_batch.max(1);
+        let n_ubatch = self.n_ubatch.clamp(1, n_batch);
+        let ends_batch = |end: usize, start: usize| {
+            end == prompt_len
+                || end - start == n_batch
+                || (checkpoints
+                    && [n_ubatch + CHECKPOINT_TAIL, CHECKPOINT_TAIL]
+                        .iter()
+                        .any(|&tail| prompt_len == end + tail.min(n_batch)))
+        };
+        let mut out = Vec::new();
+        let mut start = 0;
+        while start < prompt_len {
+            let mut end = start + 1;
+            while !ends_batch(end, start) {
+                end += 1;
+            }
+            let mut ub = start;
+            while ub < end {
+                let ub_end = (ub + n_ubatch).min(end);
+                out.push(ub..ub_end);
+                ub = ub_end;
+            }
+            start = end;
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use RowKernel::{Gemm4 as M, Gemv as V};
+
+    #[test]
+    fn without_checkpoints_rows_go_four_at_a_time_from_the_start() {
+        let b = PromptBatching::default();
+        assert_eq!(b.kernels(6, false, 0..6), [M, M, M, M, V, V]);
+        assert_eq!(b.kernels(3, false, 0..3), [V, V, V]);
+        // Generated tokens are decoded alone.
+        assert_eq!(b.kernels(6, false, 6..7), [V]);
+    }
+
+    #[test]
+    fn checkpoints_cut_the_last_four_tokens_off() {
+        let b = PromptBatching::default();
+        assert_eq!(b.kernels(6, true, 0..6), [V, V, M, M, M, M]);
+        assert_eq!(b.kernels(9, true, 0..9), [M, M, M, M, V, M, M, M, M]);
+        assert_eq!(b.micro_batches(4, true), vec![0..4]);
+        assert_eq!(b.micro_batches(5, true), [0..1, 1..5]);
+    }
+
+    #[test]
+    fn long_prompts_follow_batches_and_micro_batches() {
+        let b = PromptBatching::default();
+        assert_eq!(
+            b.micro_batches(1200, true),
+            [0..512, 512..684, 684..1196, 1196..1200]
+        );
+        assert_eq!(
+            b.micro_batches(5000, false),
+            [
+                0..512,
+                512..1024,
+                1024..1536,
+                1536..2048,
+                2048..2560,
+                2560..3072,
+                3072..3584,
+                3584..4096,
+                4096..4608,
+                4608..5000
+            ]
+        );
+        let k = b.kernels(1200, true, 680..690);
+        assert_eq!(k, [M, M, M, M, M, M, M, M, M, M]);
+        assert_eq!(b.kernels(686, false, 684..686), [V, V]);
+    }
+
+    #[test]
+    fn token_by_token_is_always_alone() {
+        let b = PromptBatching::TOKEN_BY_TOKEN;
+        assert!(b.kernels(40, true, 0..40).iter().all(|&k| k == V));
+    }
+
+    #[test]
+    fn the_choice_does_not_depend_on_how_positions_are_asked_for() {
+        let b = PromptBatching::default();
+        let whole = b.kernels(700, true, 0..700);
+        let pieces: Vec<_> = [0..5, 5..333, 333..700]
+            .into_iter()
+            .flat_map(|r| b.kernels(700, true, r))
+            .collect();
+        assert_eq!(whole, pieces);
+    }
+}
