@@ -65,11 +65,84 @@ impl SequenceCache {
             .all(|l| l.keys.len() == self.len * self.kv_width && l.values.len() == l.keys.len()));
     }
 
+    /// Forgets every position from `len` on (rejected draft tokens).
+    pub fn truncate(&mut self, len: usize) {
+        if len >= self.len {
+            return;
+        }
+        for layer in &mut self.layers {
+            layer.keys.truncate(len * self.kv_width);
+            layer.values.truncate(len * self.kv_width);
+        }
+        self.len = len;
+    }
+
+    /// A copy of this cache with room reserved for `capacity` positions: a sequence
+    /// that shares this one's prefix starts from it instead of recomputing it.
+    pub fn fork(&self, capacity: usize) -> Self {
+        let room = capacity.max(self.len) * self.kv_width;
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                let mut keys = Vec::with_capacity(room);
+                keys.extend_from_slice(&l.keys);
+                let mut values = Vec::with_capacity(room);
+                values.extend_from_slice(&l.values);
+                LayerCache { keys, values }
+            })
+            .collect();
+        Self {
+            layers,
+            kv_width: self.kv_width,
+            len: self.len,
+        }
+    }
+
     /// Bytes held by this cache.
     pub fn bytes(&self) -> usize {
         self.layers
             .iter()
             .map(|l| (l.keys.capacity() + l.values.capacity()) * 2)
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filled(n: usize) -> SequenceCache {
+        let mut c = SequenceCache::new(2, 3, 8);
+        for l in 0..2 {
+            let layer = c.layer_mut(l);
+            layer
+                .keys
+                .extend((0..n * 3).map(|i| f16::from_f32(i as f32)));
+            layer
+                .values
+                .extend((0..n * 3).map(|i| f16::from_f32(-(i as f32))));
+        }
+        c.commit(n);
+        c
+    }
+
+    #[test]
+    fn truncate_forgets_the_tail() {
+        let mut c = filled(4);
+        c.truncate(2);
+        assert_eq!(c.len(), 2);
+        assert_eq!(c.layer_mut(1).keys.len(), 6);
+        c.truncate(5);
+        assert_eq!(c.len(), 2, "truncating past the end changes nothing");
+    }
+
+    #[test]
+    fn a_fork_has_the_same_content_and_its_own_room() {
+        let c = filled(3);
+        let mut f = c.fork(10);
+        assert_eq!(f.len(), 3);
+        assert!(f.layer_mut(0).keys.capacity() >= 30);
+        assert_eq!(f.layer_mut(0).keys, filled(3).layer_mut(0).keys);
     }
 }

@@ -6,6 +6,7 @@ pub mod gguf;
 pub mod kv_cache;
 pub mod model;
 pub mod quant;
+mod running;
 pub mod sampling;
 pub mod scheduler;
 pub mod sequence;
@@ -14,5 +15,5 @@ pub mod tokenizer;
 pub mod worker;
 
 pub use error::EngineError;
-pub use sequence::{FinishReason, SequenceEvent, SequenceRequest};
+pub use sequence::{FinishReason, PromptLogprob, SequenceEvent, SequenceRequest};
 pub use worker::{Engine, EngineConfig, EngineHandle, StatsSnapshot};

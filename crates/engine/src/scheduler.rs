@@ -19,27 +19,38 @@ pub struct RunningView {
     pub pending_prefill: usize,
 }
 
-/// How many waiting sequences (in queue order) to admit, given the KV positions each
-/// needs and the positions already reserved by running ones.
+/// A waiting request: one sequence, or a group of choices sharing a prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WaitingView {
+    /// KV positions the request needs (all its sequences together).
+    pub need: usize,
+    /// Sequences it will run.
+    pub sequences: usize,
+}
+
+/// How many waiting requests (in queue order) to admit, given what each needs, the
+/// sequences running and the positions they reserve.
 pub fn admit(
     config: &SchedulerConfig,
     running: usize,
     reserved: usize,
-    waiting: &[usize],
+    waiting: &[WaitingView],
 ) -> usize {
     let mut admitted = 0;
+    let mut sequences = running;
     let mut reserved = reserved;
-    for &need in waiting {
-        if running + admitted >= config.max_running {
+    for w in waiting {
+        // A request larger than the whole budget or slot count still runs when it would
+        // run alone, so that it is never starved.
+        let alone = sequences == 0;
+        if !alone
+            && (sequences + w.sequences > config.max_running
+                || reserved + w.need > config.kv_budget)
+        {
             break;
         }
-        // A sequence larger than the whole budget still runs when it would run alone,
-        // so that it is never starved.
-        let alone = running + admitted == 0;
-        if reserved + need > config.kv_budget && !alone {
-            break;
-        }
-        reserved += need;
+        reserved += w.need;
+        sequences += w.sequences;
         admitted += 1;
     }
     admitted
@@ -84,16 +95,38 @@ mod tests {
         assert_eq!(plan, vec![1, 6, 1, 2]);
     }
 
+    fn one(need: usize) -> WaitingView {
+        WaitingView { need, sequences: 1 }
+    }
+
     #[test]
     fn admission_respects_slots_and_kv_budget() {
-        assert_eq!(admit(&CONFIG, 0, 0, &[40, 40, 40, 40]), 2);
-        assert_eq!(admit(&CONFIG, 2, 0, &[1, 1]), 1);
         assert_eq!(
-            admit(&CONFIG, 0, 0, &[500]),
+            admit(&CONFIG, 0, 0, &[one(40), one(40), one(40), one(40)]),
+            2
+        );
+        assert_eq!(admit(&CONFIG, 2, 0, &[one(1), one(1)]), 1);
+        assert_eq!(
+            admit(&CONFIG, 0, 0, &[one(500)]),
             1,
             "an oversized request runs alone"
         );
-        assert_eq!(admit(&CONFIG, 1, 10, &[500]), 0);
+        assert_eq!(admit(&CONFIG, 1, 10, &[one(500)]), 0);
+    }
+
+    #[test]
+    fn a_group_counts_all_its_sequences() {
+        let group = WaitingView {
+            need: 30,
+            sequences: 3,
+        };
+        assert_eq!(admit(&CONFIG, 1, 0, &[group]), 0, "1 + 3 > 3 slots");
+        assert_eq!(admit(&CONFIG, 0, 0, &[group, one(1)]), 1);
+        let huge = WaitingView {
+            need: 10,
+            sequences: 50,
+        };
+        assert_eq!(admit(&CONFIG, 0, 0, &[huge]), 1, "runs alone");
     }
 
     #[test]

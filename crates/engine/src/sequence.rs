@@ -1,12 +1,10 @@
-//! One sequence's life in the engine: its tokens, cache, sampler, text and stop state,
-//! and the events it sends back.
+//! What a caller asks the engine to generate and what it gets back: one
+//! [`SequenceRequest`] per choice in, a stream of [`SequenceEvent`]s out.
 
-use tokio::sync::mpsc::UnboundedSender;
+use std::time::Instant;
 
-use crate::kv_cache::SequenceCache;
-use crate::sampling::{log_sum_exp, Sampler, SamplingParams};
-use crate::stop::{StopCheck, StopMatcher};
-use crate::tokenizer::{IncrementalDecoder, TokenId, Tokenizer};
+use crate::sampling::SamplingParams;
+use crate::tokenizer::TokenId;
 
 /// Everything needed to generate one completion choice.
 #[derive(Debug, Clone)]
@@ -19,8 +17,49 @@ pub struct SequenceRequest {
     pub max_tokens: usize,
     /// Strings that end generation when they appear in the output.
     pub stop: Vec<String>,
+    /// Keep a matched stop string in the output text.
+    pub include_stop_str_in_output: bool,
+    /// Tokens that end generation besides the model's end-of-generation tokens.
+    pub stop_token_ids: Vec<TokenId>,
     /// Keep generating past end-of-generation tokens.
     pub ignore_eos: bool,
+    /// Before this many tokens, end-of-generation and stop tokens cannot be sampled and
+    /// stop strings do not match.
+    pub min_tokens: usize,
+    /// With `Some(n)`, every token event carries the `n` most likely alternatives.
+    pub top_logprobs: Option<usize>,
+    /// Leave special (control) tokens out of the text.
+    pub skip_special_tokens: bool,
+    /// With `Some(n)`, the prompt's tokens get log-probabilities (and `n` alternatives)
+    /// too, in one [`SequenceEvent::PromptLogprobs`] before the first token.
+    pub prompt_logprobs: Option<usize>,
+    /// Expected output tokens, verified as drafts: several tokens per forward step while
+    /// they match, with the same output as without them.
+    pub prediction: Vec<TokenId>,
+    /// When to give up ([`SequenceEvent::TimedOut`]).
+    pub deadline: Option<Instant>,
+}
+
+impl SequenceRequest {
+    /// A request with every option at its default: sample `prompt` for up to
+    /// `max_tokens` tokens.
+    pub fn new(prompt: Vec<TokenId>, sampling: SamplingParams, max_tokens: usize) -> Self {
+        Self {
+            prompt,
+            sampling,
+            max_tokens,
+            stop: Vec::new(),
+            include_stop_str_in_output: false,
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            min_tokens: 0,
+            top_logprobs: None,
+            skip_special_tokens: true,
+            prompt_logprobs: None,
+            prediction: Vec::new(),
+            deadline: None,
+        }
+    }
 }
 
 /// Why a sequence ended.
@@ -28,14 +67,27 @@ pub struct SequenceRequest {
 pub enum FinishReason {
     /// An end-of-generation token.
     EndOfSequence(TokenId),
+    /// One of the request's `stop_token_ids`.
+    StopToken(TokenId),
     /// A stop string matched.
     StopString(String),
     /// `max_tokens` reached, or the context is full.
     Length,
 }
 
-/// What the engine sends back for a sequence, in order: tokens, then one `Finished`
-/// (or one `Failed`).
+/// A prompt token's log-probability given the tokens before it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptLogprob {
+    /// The token.
+    pub id: TokenId,
+    /// Its log-probability; `None` for the first token, which nothing predicts.
+    pub logprob: Option<f32>,
+    /// The most likely tokens at its position, best first.
+    pub top: Vec<(TokenId, f32)>,
+}
+
+/// What the engine sends back for a sequence, in order: the prompt's logprobs if asked
+/// for, tokens, then one `Finished` (or one `Failed` or `TimedOut`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum SequenceEvent {
     /// A generated token with its log-probability and the text it released (possibly
@@ -47,6 +99,9 @@ pub enum SequenceEvent {
         logprob: f32,
         /// Text now safe to send.
         text: String,
+        /// The most likely tokens at this step with their log-probabilities, best first
+        /// (empty unless asked for).
+        top: Vec<(TokenId, f32)>,
     },
     /// Generation ended.
     Finished {
@@ -57,126 +112,10 @@ pub enum SequenceEvent {
         /// Tokens generated.
         completion_tokens: usize,
     },
+    /// Log-probabilities of the prompt tokens.
+    PromptLogprobs(Vec<PromptLogprob>),
     /// The engine failed this sequence.
     Failed(String),
-}
-
-/// A sequence inside the engine.
-pub(crate) struct Sequence {
-    pub(crate) tokens: Vec<TokenId>,
-    pub(crate) prompt_len: usize,
-    pub(crate) cache: SequenceCache,
-    pub(crate) max_tokens: usize,
-    sampler: Sampler,
-    decoder: IncrementalDecoder,
-    stop: StopMatcher,
-    ignore_eos: bool,
-    events: UnboundedSender<SequenceEvent>,
-}
-
-impl Sequence {
-    pub(crate) fn new(
-        request: SequenceRequest,
-        cache: SequenceCache,
-        events: UnboundedSender<SequenceEvent>,
-    ) -> Self {
-        let prompt_len = request.prompt.len();
-        Self {
-            tokens: request.prompt,
-            prompt_len,
-            cache,
-            max_tokens: request.max_tokens,
-            sampler: Sampler::new(request.sampling),
-            decoder: IncrementalDecoder::new(),
-            stop: StopMatcher::new(request.stop, false),
-            ignore_eos: request.ignore_eos,
-            events,
-        }
-    }
-
-    /// KV positions this sequence may need in all.
-    pub(crate) fn reservation(&self) -> usize {
-        self.prompt_len + self.max_tokens
-    }
-
-    /// Prompt tokens not yet in the cache.
-    pub(crate) fn pending_prefill(&self) -> usize {
-        self.prompt_len.saturating_sub(self.cache.len())
-    }
-
-    /// Whether the receiver is gone (the client disconnected).
-    pub(crate) fn is_abandoned(&self) -> bool {
-        self.events.is_closed()
-    }
-
-    pub(crate) fn completion_tokens(&self) -> usize {
-        self.tokens.len() - self.prompt_len
-    }
-
-    /// Samples the next token from `logits`, emits its event, and says whether the
-    /// sequence is finished. `context` is the model's context length.
-    pub(crate) fn accept_logits(
-        &mut self,
-        logits: &[f32],
-        tokenizer: &Tokenizer,
-        context: usize,
-    ) -> bool {
-        let id = self.sampler.sample(logits);
-        let logprob = logits[id as usize] - log_sum_exp(logits);
-        self.tokens.push(id);
-        let (mut text, mut finish) = if tokenizer.is_end_of_generation(id) && !self.ignore_eos {
-            (self.release_all(), Some(FinishReason::EndOfSequence(id)))
-        } else {
-            let delta = self.decoder.push(&tokenizer.token_bytes(id, false));
-            match self.stop.push(&delta) {
-                StopCheck::Continue { release } => (release, None),
-                StopCheck::Stopped { release, matched } => {
-                    (release, Some(FinishReason::StopString(matched)))
-                }
-            }
-        };
-        let out_of_room =
-            self.completion_tokens() >= self.max_tokens || self.tokens.len() >= context;
-        if finish.is_none() && out_of_room {
-            text.push_str(&self.release_all());
-            finish = Some(FinishReason::Length);
-        }
-        self.send(SequenceEvent::Token { id, logprob, text });
-        match finish {
-            Some(reason) => {
-                self.finish(reason);
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Releases everything held back: incomplete bytes and possible stop-string starts.
-    fn release_all(&mut self) -> String {
-        let tail = self.decoder.finish();
-        let mut text = match self.stop.push(&tail) {
-            StopCheck::Continue { release } | StopCheck::Stopped { release, .. } => release,
-        };
-        text.push_str(&self.stop.flush());
-        text
-    }
-
-    /// Sends the final event.
-    pub(crate) fn finish(&mut self, reason: FinishReason) {
-        let event = SequenceEvent::Finished {
-            reason,
-            prompt_tokens: self.prompt_len,
-            completion_tokens: self.completion_tokens(),
-        };
-        self.send(event);
-    }
-
-    pub(crate) fn fail(&mut self, message: String) {
-        self.send(SequenceEvent::Failed(message));
-    }
-
-    fn send(&self, event: SequenceEvent) {
-        // A closed receiver is noticed by `is_abandoned` on the next step.
-        let _ = self.events.send(event);
-    }
+    /// The deadline passed before the sequence finished.
+    TimedOut,
 }

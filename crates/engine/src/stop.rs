@@ -76,6 +76,13 @@ impl StopMatcher {
         StopCheck::Continue { release }
     }
 
+    /// Adds text that may not end generation (before `min_tokens`): it is released at
+    /// once, and a stop string can no longer match text before its end.
+    pub fn push_unmatched(&mut self, delta: &str) -> String {
+        self.text.push_str(delta);
+        self.flush()
+    }
+
     /// Releases everything held back (generation ended for another reason).
     pub fn flush(&mut self) -> String {
         let rest = self.text[self.released..].to_string();
@@ -142,6 +149,26 @@ mod tests {
                 matched: "a".into()
             }
         );
+    }
+
+    #[test]
+    fn unmatched_text_is_released_and_never_matched_later() {
+        let mut m = StopMatcher::new(vec!["ab".into()], false);
+        assert_eq!(m.push_unmatched("xa"), "xa");
+        // "a" + "b" would straddle the boundary: it is not a match.
+        assert_eq!(released(&m.push("b")), "b");
+        assert!(matches!(m.push("ab"), StopCheck::Stopped { .. }));
+    }
+
+    #[test]
+    fn include_stop_keeps_the_matched_string() {
+        let mut m = StopMatcher::new(vec!["END".into()], true);
+        match m.push("done END more") {
+            StopCheck::Stopped { release, matched } => {
+                assert_eq!((release.as_str(), matched.as_str()), ("done END", "END"));
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -7,12 +7,14 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
-use crate::model::{BatchEntry, Model, ModelInfo};
-use crate::scheduler::{self, RunningView, SchedulerConfig};
-use crate::sequence::{Sequence, SequenceEvent, SequenceRequest};
+use crate::model::{BatchEntry, Logits, Model, ModelInfo};
+use crate::running::{Followers, Sequence};
+use crate::scheduler::{self, RunningView, SchedulerConfig, WaitingView};
+use crate::sequence::{SequenceEvent, SequenceRequest};
 use crate::tokenizer::Tokenizer;
 use crate::EngineError;
 
@@ -35,6 +37,8 @@ pub struct EngineStats {
     generated_tokens: AtomicU64,
     finished: AtomicU64,
     abandoned: AtomicU64,
+    timed_out: AtomicU64,
+    draft_tokens_accepted: AtomicU64,
 }
 
 /// A copy of the engine's counters at one moment.
@@ -54,10 +58,48 @@ pub struct StatsSnapshot {
     pub finished: u64,
     /// Sequences dropped because their receiver went away.
     pub abandoned: u64,
+    /// Sequences ended by their deadline.
+    pub timed_out: u64,
+    /// Predicted tokens accepted as drafts (generated without a forward step of their own).
+    pub draft_tokens_accepted: u64,
+}
+
+/// A request waiting for admission: its first sequence and the choices that share its
+/// prompt.
+struct Pending {
+    request: Box<SequenceRequest>,
+    events: UnboundedSender<SequenceEvent>,
+    followers: Followers,
+}
+
+impl Pending {
+    fn view(&self) -> WaitingView {
+        let need = |r: &SequenceRequest| r.prompt.len() + r.max_tokens;
+        WaitingView {
+            need: need(&self.request) + self.followers.iter().map(|(r, _)| need(r)).sum::<usize>(),
+            sequences: 1 + self.followers.len(),
+        }
+    }
+
+    fn is_abandoned(&self) -> bool {
+        self.events.is_closed() && self.followers.iter().all(|(_, e)| e.is_closed())
+    }
+
+    fn is_late(&self, now: Instant) -> bool {
+        self.request.deadline.is_some_and(|d| now >= d)
+    }
+
+    /// Sends `event` to every sequence of the request.
+    fn end(self, event: SequenceEvent) {
+        for (_, events) in &self.followers {
+            let _ = events.send(event.clone());
+        }
+        let _ = self.events.send(event);
+    }
 }
 
 enum Command {
-    Submit(Box<SequenceRequest>, UnboundedSender<SequenceEvent>),
+    Submit(Pending),
     Shutdown,
 }
 
@@ -78,12 +120,43 @@ impl EngineHandle {
         &self,
         request: SequenceRequest,
     ) -> Result<UnboundedReceiver<SequenceEvent>, EngineError> {
-        self.check(&request)?;
-        let (tx, rx) = unbounded_channel();
+        Ok(self.submit_group(vec![request])?.remove(0))
+    }
+
+    /// Queues sequences that share one prompt (the choices of one prompt): the prompt is
+    /// computed once and every sequence starts from its cache. One receiver per request,
+    /// in order.
+    pub fn submit_group(
+        &self,
+        requests: Vec<SequenceRequest>,
+    ) -> Result<Vec<UnboundedReceiver<SequenceEvent>>, EngineError> {
+        let Some(first) = requests.first() else {
+            return Err(EngineError::InvalidRequest("no sequences to run".into()));
+        };
+        if requests.iter().any(|r| r.prompt != first.prompt) {
+            return Err(EngineError::InvalidRequest(
+                "the sequences of a group must share their prompt".into(),
+            ));
+        }
+        for request in &requests {
+            self.check(request)?;
+        }
+        let mut receivers = Vec::with_capacity(requests.len());
+        let mut members = requests.into_iter().map(|r| {
+            let (tx, rx) = unbounded_channel();
+            receivers.push(rx);
+            (r, tx)
+        });
+        let (request, events) = members.next().expect("one request at least");
+        let pending = Pending {
+            request: Box::new(request),
+            events,
+            followers: members.collect(),
+        };
         self.commands
-            .send(Command::Submit(Box::new(request), tx))
+            .send(Command::Submit(pending))
             .map_err(|_| EngineError::Stopped)?;
-        Ok(rx)
+        Ok(receivers)
     }
 
     fn check(&self, request: &SequenceRequest) -> Result<(), EngineError> {
@@ -103,10 +176,16 @@ impl EngineHandle {
                 self.config.context_length
             )));
         }
-        if request.max_tokens == 0 {
-            return Err(EngineError::InvalidRequest(
-                "max_tokens must be at least 1".into(),
-            ));
+        if let Some(bad) = request
+            .stop_token_ids
+            .iter()
+            .chain(request.prediction.iter())
+            .chain(request.sampling.logit_bias.iter().map(|(id, _)| id))
+            .find(|&&t| t >= vocab)
+        {
+            return Err(EngineError::InvalidRequest(format!(
+                "token id {bad} is out of the vocabulary (0..{vocab})"
+            )));
         }
         Ok(())
     }
@@ -137,6 +216,8 @@ impl EngineHandle {
             generated_tokens: s.generated_tokens.load(Ordering::Relaxed),
             finished: s.finished.load(Ordering::Relaxed),
             abandoned: s.abandoned.load(Ordering::Relaxed),
+            timed_out: s.timed_out.load(Ordering::Relaxed),
+            draft_tokens_accepted: s.draft_tokens_accepted.load(Ordering::Relaxed),
         }
     }
 }
@@ -198,7 +279,7 @@ struct Worker {
     tokenizer: Arc<Tokenizer>,
     config: EngineConfig,
     stats: Arc<EngineStats>,
-    waiting: VecDeque<(Box<SequenceRequest>, UnboundedSender<SequenceEvent>)>,
+    waiting: VecDeque<Pending>,
     running: Vec<Sequence>,
 }
 
@@ -232,6 +313,7 @@ impl Worker {
                 }
             }
             self.drop_abandoned();
+            self.drop_late();
             self.admit();
             self.step();
             self.publish_counts();
@@ -241,14 +323,13 @@ impl Worker {
     /// Handles one command; false means stop.
     fn handle(&mut self, cmd: Command) -> bool {
         match cmd {
-            Command::Submit(request, events) => {
-                self.waiting.push_back((request, events));
+            Command::Submit(pending) => {
+                self.waiting.push_back(pending);
                 true
             }
             Command::Shutdown => {
-                for (_, events) in self.waiting.drain(..) {
-                    let _ =
-                        events.send(SequenceEvent::Failed("the server is shutting down".into()));
+                for pending in self.waiting.drain(..) {
+                    pending.end(SequenceEvent::Failed("the server is shutting down".into()));
                 }
                 for seq in &mut self.running {
                     seq.fail("the server is shutting down".into());
@@ -263,7 +344,7 @@ impl Worker {
     fn drop_abandoned(&mut self) {
         let before = self.running.len() + self.waiting.len();
         self.running.retain(|s| !s.is_abandoned());
-        self.waiting.retain(|(_, events)| !events.is_closed());
+        self.waiting.retain(|p| !p.is_abandoned());
         let dropped = before - self.running.len() - self.waiting.len();
         if dropped > 0 {
             self.stats
@@ -273,19 +354,41 @@ impl Worker {
         }
     }
 
+    /// Ends the sequences, running or waiting, whose deadline has passed.
+    fn drop_late(&mut self) {
+        let now = Instant::now();
+        let mut late = 0;
+        self.running.retain_mut(|s| {
+            let is_late = s.is_late(now);
+            if is_late {
+                s.time_out();
+                late += 1;
+            }
+            !is_late
+        });
+        let (keep, gone): (VecDeque<Pending>, VecDeque<Pending>) =
+            self.waiting.drain(..).partition(|p| !p.is_late(now));
+        self.waiting = keep;
+        for pending in gone {
+            late += 1;
+            pending.end(SequenceEvent::TimedOut);
+        }
+        if late > 0 {
+            self.stats.timed_out.fetch_add(late, Ordering::Relaxed);
+        }
+    }
+
     fn admit(&mut self) {
         let reserved: usize = self.running.iter().map(Sequence::reservation).sum();
-        let needs: Vec<usize> = self
-            .waiting
-            .iter()
-            .map(|(r, _)| r.prompt.len() + r.max_tokens)
-            .collect();
-        let n = scheduler::admit(&self.config.scheduler, self.running.len(), reserved, &needs);
-        for (request, events) in self.waiting.drain(..n) {
-            let capacity =
-                (request.prompt.len() + request.max_tokens).min(self.config.context_length);
+        let views: Vec<WaitingView> = self.waiting.iter().map(Pending::view).collect();
+        let n = scheduler::admit(&self.config.scheduler, self.running.len(), reserved, &views);
+        for pending in self.waiting.drain(..n) {
+            let capacity = (pending.request.prompt.len() + pending.request.max_tokens)
+                .min(self.config.context_length);
             let cache = self.model.new_cache(capacity);
-            self.running.push(Sequence::new(*request, cache, events));
+            let mut seq = Sequence::new(*pending.request, cache, pending.events);
+            seq.followers = pending.followers;
+            self.running.push(seq);
         }
     }
 
@@ -328,35 +431,87 @@ impl Worker {
             .fetch_add(prefill_tokens as u64, Ordering::Relaxed);
     }
 
-    /// Runs one forward step with `plan[i]` tokens of running sequence i, samples where a
-    /// sequence has reached its last token, and returns which sequences finished.
+    /// Runs one forward step with `plan[i]` tokens of running sequence i (plus any draft
+    /// tokens), hands each sequence its logits rows, and returns which sequences finished.
+    /// Followers started this step join the running set.
     fn forward_and_sample(&mut self, plan: &[usize]) -> Result<Vec<bool>, EngineError> {
+        let inputs: Vec<Option<(Vec<u32>, Logits)>> = self
+            .running
+            .iter()
+            .zip(plan)
+            .map(|(seq, &n)| (n > 0).then(|| seq.step_input(n)))
+            .collect();
         let mut entries = Vec::new();
-        let mut sampled = Vec::new();
-        for (i, (seq, &n)) in self.running.iter_mut().zip(plan).enumerate() {
-            if n == 0 {
-                continue;
+        for (seq, input) in self.running.iter_mut().zip(&inputs) {
+            if let Some((tokens, logits)) = input {
+                entries.push(BatchEntry {
+                    tokens,
+                    cache: &mut seq.cache,
+                    logits: *logits,
+                    prompt_len: seq.prompt_len,
+                });
             }
-            let start = seq.cache.len();
-            let want_logits = start + n == seq.tokens.len();
-            if want_logits {
-                sampled.push(i);
-            }
-            entries.push(BatchEntry {
-                tokens: &seq.tokens[start..start + n],
-                cache: &mut seq.cache,
-                want_logits,
-                prompt_len: seq.prompt_len,
-            });
         }
-        let logits = self.model.forward(&mut entries)?;
+        let mut rows = self.model.forward(&mut entries)?.into_iter();
         drop(entries);
+        let context = self.config.context_length;
         let mut finished = vec![false; self.running.len()];
-        for (row, i) in logits.iter().zip(sampled) {
+        let mut started = Vec::new();
+        for (i, input) in inputs.iter().enumerate() {
+            let Some((tokens, logits)) = input else {
+                continue;
+            };
+            let count = match logits {
+                Logits::None => 0,
+                Logits::Last => 1,
+                Logits::All => tokens.len(),
+            };
+            let seq_rows: Vec<Vec<f32>> = rows.by_ref().take(count).collect();
             let seq = &mut self.running[i];
-            finished[i] = seq.accept_logits(row, &self.tokenizer, self.config.context_length);
-            self.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
+            let generated_before = seq.completion_tokens();
+            let was_prefill = seq.tokens.len() == seq.prompt_len;
+            if was_prefill {
+                if !seq.accept_prefill(&seq_rows, tokens.len()) {
+                    continue;
+                }
+                let last = seq_rows.last().expect("the prompt's last logits");
+                let scores = seq.prompt_scores();
+                for (request, events) in std::mem::take(&mut seq.followers) {
+                    if events.is_closed() {
+                        continue;
+                    }
+                    let (follower, done) = seq.fork(
+                        request,
+                        events,
+                        last,
+                        scores.as_deref(),
+                        &self.tokenizer,
+                        context,
+                    );
+                    self.stats
+                        .generated_tokens
+                        .fetch_add(follower.completion_tokens() as u64, Ordering::Relaxed);
+                    if done {
+                        self.stats.finished.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        started.push(follower);
+                    }
+                }
+                finished[i] = seq.complete_prompt(last, &self.tokenizer, context);
+            } else {
+                finished[i] = seq.verify(&seq_rows, tokens, &self.tokenizer, context);
+                let accepted = seq.completion_tokens() - generated_before;
+                self.stats
+                    .draft_tokens_accepted
+                    .fetch_add(accepted.saturating_sub(1) as u64, Ordering::Relaxed);
+            }
+            let generated = seq.completion_tokens() - generated_before;
+            self.stats
+                .generated_tokens
+                .fetch_add(generated as u64, Ordering::Relaxed);
         }
+        self.running.extend(started);
+        finished.resize(self.running.len(), false);
         Ok(finished)
     }
 

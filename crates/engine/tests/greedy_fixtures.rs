@@ -3,7 +3,7 @@
 
 mod common;
 
-use ferrite_engine::model::{self, BatchEntry, PromptBatching};
+use ferrite_engine::model::{self, BatchEntry, Logits, PromptBatching};
 use ferrite_engine::sampling::log_softmax;
 
 const MIN_MATCHING: usize = 8;
@@ -34,7 +34,7 @@ fn replay(name: &str, data: &serde_json::Value, batching: PromptBatching) -> Vec
                 .forward(&mut [BatchEntry {
                     tokens: &input,
                     cache: &mut cache,
-                    want_logits: true,
+                    logits: Logits::Last,
                     prompt_len: prompt.len(),
                 }])
                 .unwrap()

@@ -103,6 +103,48 @@ impl Stop {
     }
 }
 
+/// `logprobs`: a count of alternatives (legacy) or a switch (with `top_logprobs`).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum Logprobs {
+    /// `true` / `false`.
+    Switch(bool),
+    /// How many alternatives per token, 0..=20.
+    Count(i64),
+}
+
+/// One part of a predicted output given as a list.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PredictionPart {
+    /// Always `text`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text.
+    pub text: String,
+}
+
+/// The content of a prediction: text, or a list of text parts.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum PredictionContent {
+    /// Plain text.
+    Text(String),
+    /// Text parts, concatenated.
+    Parts(Vec<PredictionPart>),
+}
+
+/// `prediction`: the expected output.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Prediction {
+    /// Always `content`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The predicted text.
+    pub content: PredictionContent,
+}
+
 /// `stream_options`.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -122,22 +164,54 @@ pub struct CompletionRequest {
     pub model: String,
     /// The prompt(s).
     pub prompt: Prompt,
+    /// Text after the completion (fill-in-the-middle).
+    pub suffix: Option<String>,
     /// Most tokens to generate per choice.
     pub max_tokens: Option<i64>,
     /// Alias of `max_tokens`.
     pub max_completion_tokens: Option<i64>,
     /// Alias of `max_tokens`.
     pub max_new_tokens: Option<i64>,
+    /// `truncate` or `error` when prompt plus completion exceed the context.
+    pub context_length_exceeded_behavior: Option<String>,
+    /// Keep the end of a prompt that alone exceeds the context.
+    pub truncate_sequence: Option<bool>,
     /// Sampling temperature; 0 is greedy.
     pub temperature: Option<f64>,
     /// Nucleus sampling mass.
     pub top_p: Option<f64>,
     /// Keep the k most likely tokens; 0 or -1 is off.
     pub top_k: Option<i64>,
+    /// Drop tokens below `min_p` times the top probability.
+    pub min_p: Option<f64>,
+    /// Locally typical sampling mass.
+    pub typical_p: Option<f64>,
+    /// OpenAI frequency penalty.
+    pub frequency_penalty: Option<f64>,
+    /// OpenAI presence penalty.
+    pub presence_penalty: Option<f64>,
+    /// CTRL repetition penalty.
+    pub repetition_penalty: Option<f64>,
+    /// Token id (as a string) → bias added to its logit.
+    pub logit_bias: Option<BTreeMap<String, f64>>,
+    /// Mirostat 2.0 target surprise (turns it on).
+    pub mirostat_target: Option<f64>,
+    /// Mirostat 2.0 learning rate.
+    pub mirostat_lr: Option<f64>,
+    /// DRY penalty scale (0 is off).
+    pub dry_multiplier: Option<f64>,
+    /// DRY penalty growth.
+    pub dry_base: Option<f64>,
+    /// Longest repeat DRY lets pass.
+    pub dry_allowed_length: Option<i64>,
+    /// Strings that end a DRY repeat.
+    pub dry_sequence_breakers: Option<Vec<String>>,
     /// Seed for reproducible sampling.
     pub seed: Option<i64>,
     /// Choices per prompt.
     pub n: Option<i64>,
+    /// Candidates generated per prompt, of which the `n` best are returned.
+    pub best_of: Option<i64>,
     /// Stop strings.
     pub stop: Option<Stop>,
     /// Alias of `stop`.
@@ -148,13 +222,61 @@ pub struct CompletionRequest {
     pub stop_token_ids: Option<Vec<i64>>,
     /// Keep generating past end-of-sequence tokens.
     pub ignore_eos: Option<bool>,
+    /// Tokens to generate before an end can come.
+    pub min_tokens: Option<i64>,
+    /// Prepend the prompt to the text.
+    pub echo: Option<bool>,
+    /// Log-probabilities: a count of alternatives, or a switch.
+    pub logprobs: Option<Logprobs>,
+    /// Alternatives per token with `logprobs: true`.
+    pub top_logprobs: Option<i64>,
+    /// Same as `logprobs: 0`.
+    pub return_token_log_probs: Option<bool>,
+    /// Write tokens in logprobs as `token_id:<id>`.
+    pub return_tokens_as_token_ids: Option<bool>,
+    /// Leave special tokens out of the text.
+    pub skip_special_tokens: Option<bool>,
     /// Stream the answer as server-sent events.
     pub stream: Option<bool>,
     /// Streaming options.
     pub stream_options: Option<StreamOptions>,
+    /// Wall-clock limit in seconds.
+    pub inference_timeout: Option<f64>,
+    /// Expected output, verified as draft tokens.
+    pub prediction: Option<Prediction>,
+    /// Input images (data URIs).
+    pub images: Option<Vec<String>>,
+    /// Output modalities; only `text` is served.
+    pub modalities: Option<Vec<String>>,
+    /// Audio output settings; not served.
+    pub audio: Option<Value>,
     /// End user id, logged.
     pub user: Option<String>,
     /// Every other known field, unparsed.
     #[serde(flatten)]
     pub other: BTreeMap<String, Value>,
+}
+
+/// `POST /tokenize` (vLLM's shape).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizeRequest {
+    /// Model name (optional; checked when given).
+    pub model: Option<String>,
+    /// Text to tokenize.
+    pub prompt: String,
+    /// Add the model's BOS and parse special tokens, as for a prompt (default true).
+    pub add_special_tokens: Option<bool>,
+    /// Also return each token's text.
+    pub return_token_strs: Option<bool>,
+}
+
+/// `POST /detokenize` (vLLM's shape).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DetokenizeRequest {
+    /// Model name (optional; checked when given).
+    pub model: Option<String>,
+    /// Token ids.
+    pub tokens: Vec<i64>,
 }

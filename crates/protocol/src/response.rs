@@ -128,3 +128,24 @@ pub struct ErrorBody {
     /// The error.
     pub error: ErrorDetail,
 }
+
+/// The answer of `POST /tokenize`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenizeResponse {
+    /// Number of tokens.
+    pub count: usize,
+    /// The context length.
+    pub max_model_len: usize,
+    /// The token ids.
+    pub tokens: Vec<u32>,
+    /// Each token's text, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_strs: Option<Vec<String>>,
+}
+
+/// The answer of `POST /detokenize`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DetokenizeResponse {
+    /// The text.
+    pub prompt: String,
+}

@@ -26,6 +26,9 @@ pub enum ApiError {
     /// The model is still loading, or the server is shutting down.
     #[error("{0}")]
     Unavailable(String),
+    /// The request's `inference_timeout` passed before it finished.
+    #[error("the request did not finish within its inference_timeout of {0} seconds")]
+    Timeout(f64),
     /// A bug; the message says nothing internal.
     #[error("the server had an internal error while processing the request")]
     Internal,
@@ -54,6 +57,7 @@ impl ApiError {
             Self::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             Self::ModelNotFound(_) | Self::RouteNotFound(_) => StatusCode::NOT_FOUND,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -69,6 +73,11 @@ impl ApiError {
             ),
             Self::RouteNotFound(_) => ("invalid_request_error", None, None),
             Self::Unavailable(_) => ("server_error", None, Some("service_unavailable")),
+            Self::Timeout(_) => (
+                "timeout_error",
+                Some("inference_timeout".to_string()),
+                Some("timeout"),
+            ),
             Self::Internal => ("server_error", None, None),
         };
         ErrorBody {

@@ -179,21 +179,20 @@ fn load_engine(path: &Path, args: &ServeArgs, state: &AppState) -> Result<Engine
 /// Runs one short generation so the first real request does not pay for cold caches.
 fn warm_up(engine: &EngineHandle) -> Result<()> {
     let bos = engine.tokenizer().bos().unwrap_or(0);
-    let mut events = engine.submit(SequenceRequest {
-        prompt: vec![bos],
-        sampling: SamplingParams {
+    let mut events = engine.submit(SequenceRequest::new(
+        vec![bos],
+        SamplingParams {
             temperature: 0.0,
             ..Default::default()
         },
-        max_tokens: 1,
-        stop: Vec::new(),
-        ignore_eos: false,
-    })?;
+        1,
+    ))?;
     while let Some(event) = events.blocking_recv() {
         match event {
             SequenceEvent::Finished { .. } => return Ok(()),
             SequenceEvent::Failed(m) => anyhow::bail!("warm-up failed: {m}"),
-            SequenceEvent::Token { .. } => {}
+            SequenceEvent::TimedOut => anyhow::bail!("warm-up timed out"),
+            SequenceEvent::Token { .. } | SequenceEvent::PromptLogprobs(_) => {}
         }
     }
     anyhow::bail!("the engine stopped during warm-up")

@@ -181,7 +181,7 @@ impl Model for Gemma3 {
             if li + 1 == self.layers.len() {
                 // Only the rows whose logits are wanted need the last feed-forward.
                 x = gather_rows(&x, self.hidden, &layout.logit_rows);
-                ffn_kernels = layout.logit_kernels();
+                ffn_kernels = layout.logit_kernels.clone();
                 if ffn_kernels.is_empty() {
                     break;
                 }
@@ -202,7 +202,7 @@ impl Model for Gemma3 {
             return Ok(Vec::new());
         }
         ops::rms_norm(&mut x, &self.output_norm, self.eps);
-        let logits = ops::matmul(&self.output, &x, &layout.logit_kernels())?;
+        let logits = ops::matmul(&self.output, &x, &layout.logit_kernels)?;
         Ok(split_rows(logits, self.info.vocab_size))
     }
 

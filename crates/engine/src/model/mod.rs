@@ -43,11 +43,22 @@ pub struct BatchEntry<'a> {
     pub tokens: &'a [TokenId],
     /// The sequence's cache; the step appends the new tokens' keys and values.
     pub cache: &'a mut SequenceCache,
-    /// Whether to return the logits of the last new token.
-    pub want_logits: bool,
+    /// Which of the new tokens' logits to return.
+    pub logits: Logits,
     /// Length of the sequence's prompt: tokens at earlier positions are prompt tokens,
     /// the others were generated (this decides how their rows are rounded).
     pub prompt_len: usize,
+}
+
+/// Which logits rows a batch entry wants back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// None (a prefill chunk before the end of the prompt).
+    None,
+    /// The last new token's (to sample the next token).
+    Last,
+    /// Every new token's (prompt logprobs, draft verification).
+    All,
 }
 
 /// A loaded model that can run batched forward steps.
@@ -56,8 +67,8 @@ pub trait Model: Send {
     fn info(&self) -> &ModelInfo;
 
     /// Runs the batch's new tokens through the model, appends their keys and values to
-    /// each entry's cache, and returns one logits row per entry with `want_logits`, in
-    /// batch order.
+    /// each entry's cache, and returns the logits rows the entries asked for, in batch
+    /// order (an entry's rows in position order).
     fn forward(&self, batch: &mut [BatchEntry<'_>]) -> Result<Vec<Vec<f32>>, EngineError>;
 
     /// Rounds prompt rows as llama-server does with these batching parameters (the
@@ -101,6 +112,10 @@ struct StepLayout {
     logit_rows: Vec<usize>,
     /// The kernel each row's matrix products follow.
     kernels: Vec<RowKernel>,
+    /// The kernel of each logit row in the last layer's feed-forward, which runs on those
+    /// rows only: alone for a last-token row (llama.cpp picks the output rows out first),
+    /// as in the other layers when an entry wants every row.
+    logit_kernels: Vec<RowKernel>,
 }
 
 impl StepLayout {
@@ -110,14 +125,24 @@ impl StepLayout {
         let mut spans = Vec::with_capacity(batch.len());
         let mut logit_rows = Vec::new();
         let mut kernels = Vec::new();
+        let mut logit_kernels = Vec::new();
         for entry in batch {
             let start = positions.len();
             let new = entry.cache.len()..entry.cache.len() + entry.tokens.len();
             kernels.extend(batching.kernels(entry.prompt_len, sliding_window, new.clone()));
             positions.extend(new);
             spans.push(start..positions.len());
-            if entry.want_logits && !entry.tokens.is_empty() {
-                logit_rows.push(positions.len() - 1);
+            match entry.logits {
+                Logits::None => {}
+                Logits::Last if entry.tokens.is_empty() => {}
+                Logits::Last => {
+                    logit_rows.push(positions.len() - 1);
+                    logit_kernels.push(RowKernel::Gemv);
+                }
+                Logits::All => {
+                    logit_rows.extend(start..positions.len());
+                    logit_kernels.extend_from_slice(&kernels[start..]);
+                }
             }
         }
         Self {
@@ -125,13 +150,8 @@ impl StepLayout {
             spans,
             logit_rows,
             kernels,
+            logit_kernels,
         }
-    }
-
-    /// Keeps only the rows whose logits are wanted, each now alone: llama.cpp runs the
-    /// last layer's feed-forward on those rows only.
-    fn logit_kernels(&self) -> Vec<RowKernel> {
-        vec![RowKernel::Gemv; self.logit_rows.len()]
     }
 
     fn rows(&self) -> usize {

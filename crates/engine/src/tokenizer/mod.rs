@@ -71,7 +71,27 @@ pub struct Tokenizer {
     eos: Option<TokenId>,
     add_bos: bool,
     end_of_generation: Vec<TokenId>,
+    fim: Option<FimTokens>,
 }
+
+/// The tokens a fill-in-the-middle prompt is built with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FimTokens {
+    /// Starts the text before the gap.
+    pub prefix: TokenId,
+    /// Starts the text after the gap.
+    pub suffix: TokenId,
+    /// Asks for the gap.
+    pub middle: TokenId,
+}
+
+/// Spellings of the FIM tokens when the metadata does not name them (llama.cpp's list).
+const FIM_TEXTS: [(&str, &str, &str); 4] = [
+    ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
+    ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
+    ("<fim-prefix>", "<fim-suffix>", "<fim-middle>"),
+    ("<PRE>", "<SUF>", "<MID>"),
+];
 
 /// Texts of tokens that end a generation when the vocabulary has them as control tokens,
 /// the same list llama.cpp uses to build its end-of-generation set.
@@ -144,7 +164,26 @@ impl Tokenizer {
                 }
             }
         }
+        let fim = match (
+            token("tokenizer.ggml.fim_pre_token_id"),
+            token("tokenizer.ggml.fim_suf_token_id"),
+            token("tokenizer.ggml.fim_mid_token_id"),
+        ) {
+            (Some(prefix), Some(suffix), Some(middle)) => Some(FimTokens {
+                prefix,
+                suffix,
+                middle,
+            }),
+            _ => FIM_TEXTS.iter().find_map(|(p, s, m)| {
+                Some(FimTokens {
+                    prefix: *piece_to_id.get(*p)?,
+                    suffix: *piece_to_id.get(*s)?,
+                    middle: *piece_to_id.get(*m)?,
+                })
+            }),
+        };
         Ok(Self {
+            fim,
             pieces,
             kinds,
             piece_to_id,
@@ -155,6 +194,28 @@ impl Tokenizer {
             add_bos,
             end_of_generation,
         })
+    }
+
+    /// The fill-in-the-middle tokens, when the model has them.
+    pub fn fim(&self) -> Option<FimTokens> {
+        self.fim
+    }
+
+    /// A fill-in-the-middle prompt, as llama.cpp builds one: BOS (when the model adds
+    /// one), the prefix token and `prefix`, the suffix token and `suffix`, the middle
+    /// token. `None` when the model has no FIM tokens.
+    pub fn encode_fill_in_middle(&self, prefix: &str, suffix: &str) -> Option<Vec<TokenId>> {
+        let fim = self.fim?;
+        let mut ids = Vec::new();
+        if let (true, Some(bos)) = (self.add_bos, self.bos) {
+            ids.push(bos);
+        }
+        ids.push(fim.prefix);
+        ids.extend(self.encode(prefix, false));
+        ids.push(fim.suffix);
+        ids.extend(self.encode(suffix, false));
+        ids.push(fim.middle);
+        Some(ids)
     }
 
     /// Number of tokens in the vocabulary.

@@ -3,6 +3,7 @@
 mod completions;
 mod health;
 mod models;
+mod tokenize;
 
 use std::sync::Arc;
 
@@ -17,6 +18,9 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(models::list))
+        .route("/v1/models/{*id}", get(models::retrieve))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .route("/health", get(health::health))
         .route("/ready", get(health::ready))
         .route("/metrics", get(health::metrics))

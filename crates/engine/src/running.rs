@@ -1,0 +1,371 @@
+//! One sequence's life inside the engine: its tokens, cache, sampler, text, stop and
+//! draft state, and the events it sends back.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::kv_cache::SequenceCache;
+use crate::model::Logits;
+use crate::sampling::{log_sum_exp, top_k, Sampler};
+use crate::sequence::{FinishReason, PromptLogprob, SequenceEvent, SequenceRequest};
+use crate::stop::{StopCheck, StopMatcher};
+use crate::tokenizer::{IncrementalDecoder, TokenId, Tokenizer};
+
+/// Most draft tokens verified in one step.
+pub(crate) const MAX_DRAFT: usize = 8;
+
+/// Choices that share a sequence's prompt: they start from its cache once its prompt is
+/// in, instead of computing the prompt again.
+pub(crate) type Followers = Vec<(SequenceRequest, UnboundedSender<SequenceEvent>)>;
+
+/// A sequence inside the engine.
+pub(crate) struct Sequence {
+    pub(crate) tokens: Vec<TokenId>,
+    pub(crate) prompt_len: usize,
+    pub(crate) cache: SequenceCache,
+    pub(crate) max_tokens: usize,
+    sampler: Sampler,
+    decoder: IncrementalDecoder,
+    stop: StopMatcher,
+    stop_token_ids: Vec<TokenId>,
+    ignore_eos: bool,
+    min_tokens: usize,
+    top_logprobs: Option<usize>,
+    skip_special_tokens: bool,
+    prompt_logprobs: Option<usize>,
+    prompt_scores: Vec<PromptLogprob>,
+    draft: VecDeque<TokenId>,
+    deadline: Option<Instant>,
+    pub(crate) followers: Followers,
+    events: UnboundedSender<SequenceEvent>,
+}
+
+impl Sequence {
+    pub(crate) fn new(
+        request: SequenceRequest,
+        cache: SequenceCache,
+        events: UnboundedSender<SequenceEvent>,
+    ) -> Self {
+        let prompt_len = request.prompt.len();
+        let prompt_scores = match request.prompt_logprobs {
+            Some(_) => vec![PromptLogprob {
+                id: request.prompt[0],
+                logprob: None,
+                top: Vec::new(),
+            }],
+            None => Vec::new(),
+        };
+        Self {
+            sampler: Sampler::new(request.sampling, &request.prompt),
+            tokens: request.prompt,
+            prompt_len,
+            cache,
+            max_tokens: request.max_tokens,
+            decoder: IncrementalDecoder::new(),
+            stop: StopMatcher::new(request.stop, request.include_stop_str_in_output),
+            stop_token_ids: request.stop_token_ids,
+            ignore_eos: request.ignore_eos,
+            min_tokens: request.min_tokens,
+            top_logprobs: request.top_logprobs,
+            skip_special_tokens: request.skip_special_tokens,
+            prompt_logprobs: request.prompt_logprobs,
+            prompt_scores,
+            draft: request.prediction.into(),
+            deadline: request.deadline,
+            followers: Vec::new(),
+            events,
+        }
+    }
+
+    /// KV positions this sequence and its followers may need in all.
+    pub(crate) fn reservation(&self) -> usize {
+        (self.prompt_len + self.max_tokens)
+            + self
+                .followers
+                .iter()
+                .map(|(r, _)| r.prompt.len() + r.max_tokens)
+                .sum::<usize>()
+    }
+
+    /// Prompt tokens not yet in the cache.
+    pub(crate) fn pending_prefill(&self) -> usize {
+        self.prompt_len.saturating_sub(self.cache.len())
+    }
+
+    /// Whether nobody waits for this sequence any more: its client and those of the
+    /// followers it still carries went away.
+    pub(crate) fn is_abandoned(&self) -> bool {
+        self.events.is_closed() && self.followers.iter().all(|(_, e)| e.is_closed())
+    }
+
+    /// Whether the deadline has passed.
+    pub(crate) fn is_late(&self, now: Instant) -> bool {
+        self.deadline.is_some_and(|d| now >= d)
+    }
+
+    pub(crate) fn completion_tokens(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    /// The tokens this step feeds for a sequence given `n` by the plan: a prompt chunk,
+    /// or the last sampled token followed by draft tokens; and which logits it wants.
+    pub(crate) fn step_input(&self, n: usize) -> (Vec<TokenId>, Logits) {
+        let start = self.cache.len();
+        if self.pending_prefill() > 0 {
+            let end = start + n;
+            let logits = if self.prompt_logprobs.is_some() {
+                Logits::All
+            } else if end == self.prompt_len {
+                Logits::Last
+            } else {
+                Logits::None
+            };
+            return (self.tokens[start..end].to_vec(), logits);
+        }
+        let mut input = vec![self.tokens[start]];
+        // Drafts never run past max_tokens: the last row must still be a real step.
+        let room = self
+            .max_tokens
+            .saturating_sub(self.completion_tokens() + 1)
+            .min(MAX_DRAFT);
+        input.extend(self.draft.iter().take(room));
+        let logits = if input.len() > 1 {
+            Logits::All
+        } else {
+            Logits::Last
+        };
+        (input, logits)
+    }
+
+    /// Takes a prefill chunk's logits rows (as [`Self::step_input`] asked for them; `fed`
+    /// tokens went in) and says whether the prompt is now complete.
+    pub(crate) fn accept_prefill(&mut self, rows: &[Vec<f32>], fed: usize) -> bool {
+        // The forward step already appended the chunk to the cache.
+        let first = self.cache.len() - fed;
+        if self.prompt_logprobs.is_some() {
+            self.score_prompt(first, rows);
+        }
+        self.cache.len() >= self.prompt_len
+    }
+
+    /// Records the log-probability of each prompt token that a row of this chunk predicts.
+    fn score_prompt(&mut self, first: usize, rows: &[Vec<f32>]) {
+        let k = self.prompt_logprobs.unwrap_or(0);
+        for (r, logits) in rows.iter().enumerate() {
+            let next = first + r + 1;
+            if next >= self.prompt_len {
+                break;
+            }
+            let id = self.tokens[next];
+            let (logprob, top) = token_logprob(logits, id, k);
+            self.prompt_scores.push(PromptLogprob {
+                id,
+                logprob: Some(logprob),
+                top,
+            });
+        }
+    }
+
+    /// The prompt is in: sends the prompt logprobs and samples the first token from the
+    /// prompt's last logits, unless nothing is to be generated. Says whether it finished.
+    pub(crate) fn complete_prompt(
+        &mut self,
+        last: &[f32],
+        tokenizer: &Tokenizer,
+        context: usize,
+    ) -> bool {
+        if self.prompt_logprobs.is_some() {
+            let scores = std::mem::take(&mut self.prompt_scores);
+            self.send(SequenceEvent::PromptLogprobs(scores));
+        }
+        if self.max_tokens == 0 {
+            self.finish(FinishReason::Length);
+            return true;
+        }
+        self.accept_logits(last, tokenizer, context)
+    }
+
+    /// Starts a follower from this sequence's prompt: same cache, same prompt logprobs,
+    /// its first token sampled from the prompt's last logits. Returns it and whether it
+    /// already finished.
+    pub(crate) fn fork(
+        &self,
+        request: SequenceRequest,
+        events: UnboundedSender<SequenceEvent>,
+        last: &[f32],
+        prompt_scores: Option<&[PromptLogprob]>,
+        tokenizer: &Tokenizer,
+        context: usize,
+    ) -> (Sequence, bool) {
+        let capacity = (request.prompt.len() + request.max_tokens).min(context);
+        let cache = self.cache.fork(capacity);
+        let mut follower = Sequence::new(request, cache, events);
+        if let (Some(scores), Some(_)) = (prompt_scores, follower.prompt_logprobs) {
+            follower.prompt_scores = scores.to_vec();
+        }
+        let done = follower.complete_prompt(last, tokenizer, context);
+        (follower, done)
+    }
+
+    /// The prompt logprobs this sequence computed (before they are sent), for followers.
+    pub(crate) fn prompt_scores(&self) -> Option<Vec<PromptLogprob>> {
+        self.prompt_logprobs.map(|_| self.prompt_scores.clone())
+    }
+
+    /// Samples from each row in turn while the sampled token equals the draft token fed
+    /// after it (`input` is what the step fed); then drops the cache positions of
+    /// rejected drafts.
+    pub(crate) fn verify(
+        &mut self,
+        rows: &[Vec<f32>],
+        input: &[TokenId],
+        tokenizer: &Tokenizer,
+        context: usize,
+    ) -> bool {
+        for (r, logits) in rows.iter().enumerate() {
+            if self.accept_logits(logits, tokenizer, context) {
+                return true;
+            }
+            let sampled = *self.tokens.last().expect("a token was just sampled");
+            if input.get(r + 1) != Some(&sampled) {
+                break;
+            }
+        }
+        // Positions whose draft token was not the sampled one hold wrong keys and values.
+        self.cache.truncate(self.tokens.len() - 1);
+        false
+    }
+
+    /// Keeps the prediction in step with the output: a sampled token that is the next
+    /// predicted one consumes it; any other ends drafting (the output left the prediction).
+    fn follow_prediction(&mut self, sampled: TokenId) {
+        if self.draft.front() == Some(&sampled) {
+            self.draft.pop_front();
+        } else {
+            self.draft.clear();
+        }
+    }
+
+    /// Tokens that may not come yet: before `min_tokens`, the ones that would end the
+    /// sequence.
+    fn banned(&self, tokenizer: &Tokenizer) -> Vec<TokenId> {
+        if self.completion_tokens() >= self.min_tokens {
+            return Vec::new();
+        }
+        let mut banned = self.stop_token_ids.clone();
+        if !self.ignore_eos {
+            banned.extend_from_slice(tokenizer.end_of_generation());
+        }
+        banned
+    }
+
+    /// Samples the next token from `logits`, emits its event, and says whether the
+    /// sequence is finished. `context` is the model's context length.
+    pub(crate) fn accept_logits(
+        &mut self,
+        logits: &[f32],
+        tokenizer: &Tokenizer,
+        context: usize,
+    ) -> bool {
+        let banned = self.banned(tokenizer);
+        let id = self.sampler.sample(logits, &self.tokens, &banned);
+        let (logprob, top) = token_logprob(logits, id, self.top_logprobs.unwrap_or(0));
+        self.tokens.push(id);
+        self.follow_prediction(id);
+        let stops_allowed = self.completion_tokens() >= self.min_tokens;
+        let (mut text, mut finish) = if tokenizer.is_end_of_generation(id) && !self.ignore_eos {
+            (self.release_all(), Some(FinishReason::EndOfSequence(id)))
+        } else if self.stop_token_ids.contains(&id) {
+            (self.release_all(), Some(FinishReason::StopToken(id)))
+        } else {
+            let bytes = tokenizer.token_bytes(id, !self.skip_special_tokens);
+            let delta = self.decoder.push(&bytes);
+            if stops_allowed {
+                match self.stop.push(&delta) {
+                    StopCheck::Continue { release } => (release, None),
+                    StopCheck::Stopped { release, matched } => {
+                        (release, Some(FinishReason::StopString(matched)))
+                    }
+                }
+            } else {
+                (self.stop.push_unmatched(&delta), None)
+            }
+        };
+        let out_of_room =
+            self.completion_tokens() >= self.max_tokens || self.tokens.len() >= context;
+        if finish.is_none() && out_of_room {
+            text.push_str(&self.release_all());
+            finish = Some(FinishReason::Length);
+        }
+        self.send(SequenceEvent::Token {
+            id,
+            logprob,
+            text,
+            top,
+        });
+        match finish {
+            Some(reason) => {
+                self.finish(reason);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Releases everything held back: incomplete bytes and possible stop-string starts.
+    fn release_all(&mut self) -> String {
+        let tail = self.decoder.finish();
+        let mut text = match self.stop.push(&tail) {
+            StopCheck::Continue { release } | StopCheck::Stopped { release, .. } => release,
+        };
+        text.push_str(&self.stop.flush());
+        text
+    }
+
+    /// Sends the final event.
+    pub(crate) fn finish(&mut self, reason: FinishReason) {
+        let event = SequenceEvent::Finished {
+            reason,
+            prompt_tokens: self.prompt_len,
+            completion_tokens: self.completion_tokens(),
+        };
+        self.send(event);
+    }
+
+    /// Ends the sequence and its waiting followers with an error.
+    pub(crate) fn fail(&mut self, message: String) {
+        for (_, events) in self.followers.drain(..) {
+            let _ = events.send(SequenceEvent::Failed(message.clone()));
+        }
+        self.send(SequenceEvent::Failed(message));
+    }
+
+    /// Ends the sequence and its waiting followers: the deadline passed.
+    pub(crate) fn time_out(&mut self) {
+        for (_, events) in self.followers.drain(..) {
+            let _ = events.send(SequenceEvent::TimedOut);
+        }
+        self.send(SequenceEvent::TimedOut);
+    }
+
+    fn send(&self, event: SequenceEvent) {
+        // A closed receiver is noticed by `is_abandoned` on the next step.
+        let _ = self.events.send(event);
+    }
+}
+
+/// The log-probability of `id` under `logits`, and the `k` most likely tokens with theirs.
+fn token_logprob(logits: &[f32], id: TokenId, k: usize) -> (f32, Vec<(TokenId, f32)>) {
+    let log_norm = log_sum_exp(logits);
+    let top = if k > 0 {
+        top_k(logits, k)
+            .into_iter()
+            .map(|c| (c.id, c.value - log_norm))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    (logits[id as usize] - log_norm, top)
+}

@@ -1,0 +1,226 @@
+//! Truncation filters over candidates: each keeps part of the distribution and, where it
+//! works on probabilities, renormalises what it keeps. Pure functions.
+
+use super::Candidate;
+use crate::tokenizer::TokenId;
+
+/// All tokens of a logits row as candidates, in id order.
+pub fn candidates(logits: &[f32]) -> Vec<Candidate> {
+    logits
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| Candidate {
+            id: i as TokenId,
+            value: v,
+        })
+        .collect()
+}
+
+/// The `k` candidates with the highest logits, sorted best first.
+pub fn top_k(logits: &[f32], k: usize) -> Vec<Candidate> {
+    let mut c = candidates(logits);
+    let k = k.clamp(1, c.len());
+    if k < c.len() {
+        c.select_nth_unstable_by(k - 1, |a, b| b.value.total_cmp(&a.value));
+        c.truncate(k);
+    }
+    sort_best_first(&mut c);
+    c
+}
+
+/// Sorts by value, highest first (ties by id, so the order is deterministic).
+pub fn sort_best_first(candidates: &mut [Candidate]) {
+    candidates.sort_by(|a, b| b.value.total_cmp(&a.value).then(a.id.cmp(&b.id)));
+}
+
+/// Divides every logit by `temperature`.
+pub fn apply_temperature(candidates: &mut [Candidate], temperature: f32) {
+    for c in candidates {
+        c.value /= temperature;
+    }
+}
+
+/// Turns logits into probabilities that sum to 1. Tokens at -inf get probability 0.
+pub fn softmax_in_place(candidates: &mut [Candidate]) {
+    let max = candidates
+        .iter()
+        .map(|c| c.value)
+        .fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for c in candidates.iter_mut() {
+        c.value = (c.value - max).exp();
+        sum += c.value;
+    }
+    for c in candidates.iter_mut() {
+        c.value /= sum;
+    }
+}
+
+/// Divides the probabilities by their sum.
+fn renormalise(candidates: &mut [Candidate]) {
+    let total: f32 = candidates.iter().map(|c| c.value).sum();
+    if total > 0.0 {
+        for c in candidates.iter_mut() {
+            c.value /= total;
+        }
+    }
+}
+
+/// Nucleus: keeps the smallest best-first prefix of the (sorted) probabilities whose mass
+/// reaches `top_p`, and renormalises it.
+pub fn apply_top_p(candidates: &mut Vec<Candidate>, top_p: f32) {
+    if top_p >= 1.0 {
+        return;
+    }
+    let mut mass = 0.0;
+    let mut keep = candidates.len();
+    for (i, c) in candidates.iter().enumerate() {
+        mass += c.value;
+        if mass >= top_p {
+            keep = i + 1;
+            break;
+        }
+    }
+    candidates.truncate(keep.max(1));
+    renormalise(candidates);
+}
+
+/// Min-p: keeps the tokens whose probability is at least `min_p` times the largest one,
+/// and renormalises.
+pub fn apply_min_p(candidates: &mut Vec<Candidate>, min_p: f32) {
+    if min_p <= 0.0 || candidates.is_empty() {
+        return;
+    }
+    let max = candidates.iter().map(|c| c.value).fold(0.0, f32::max);
+    let threshold = min_p * max;
+    candidates.retain(|c| c.value >= threshold);
+    renormalise(candidates);
+}
+
+/// Locally typical sampling: orders tokens by how far their surprise `-ln p` is from the
+/// distribution's entropy, keeps the closest ones until their mass reaches `typical_p`,
+/// renormalises, and leaves them sorted best first.
+pub fn apply_typical_p(candidates: &mut Vec<Candidate>, typical_p: f32) {
+    if typical_p >= 1.0 || candidates.is_empty() {
+        return;
+    }
+    let entropy: f32 = candidates
+        .iter()
+        .filter(|c| c.value > 0.0)
+        .map(|c| -c.value * c.value.ln())
+        .sum();
+    let distance = |c: &Candidate| {
+        if c.value > 0.0 {
+            (-c.value.ln() - entropy).abs()
+        } else {
+            f32::INFINITY
+        }
+    };
+    candidates.sort_by(|a, b| distance(a).total_cmp(&distance(b)).then(a.id.cmp(&b.id)));
+    let mut mass = 0.0;
+    let mut keep = candidates.len();
+    for (i, c) in candidates.iter().enumerate() {
+        mass += c.value;
+        if mass >= typical_p {
+            keep = i + 1;
+            break;
+        }
+    }
+    candidates.truncate(keep.max(1));
+    renormalise(candidates);
+    sort_best_first(candidates);
+}
+
+/// Draws a token from probabilities with a uniform number `u` in [0, 1).
+pub fn draw(candidates: &[Candidate], u: f32) -> TokenId {
+    let mut acc = 0.0;
+    for c in candidates {
+        acc += c.value;
+        if u < acc {
+            return c.id;
+        }
+    }
+    candidates
+        .iter()
+        .rev()
+        .find(|c| c.value > 0.0)
+        .or(candidates.last())
+        .map_or(0, |c| c.id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn probs(values: &[f32]) -> Vec<Candidate> {
+        values
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| Candidate {
+                id: i as TokenId,
+                value: v,
+            })
+            .collect()
+    }
+
+    fn ids(c: &[Candidate]) -> Vec<TokenId> {
+        c.iter().map(|c| c.id).collect()
+    }
+
+    #[test]
+    fn top_k_keeps_the_best_sorted() {
+        let c = top_k(&[0.1, 3.0, 2.0, 5.0], 2);
+        assert_eq!(ids(&c), vec![3, 1]);
+    }
+
+    #[test]
+    fn top_p_keeps_the_smallest_prefix_reaching_the_mass() {
+        let mut c = probs(&[0.5, 0.3, 0.2]);
+        apply_top_p(&mut c, 0.75);
+        assert_eq!(c.len(), 2);
+        assert!((c[0].value - 0.625).abs() < 1e-6 && (c[1].value - 0.375).abs() < 1e-6);
+    }
+
+    #[test]
+    fn min_p_drops_tokens_below_the_scaled_maximum() {
+        // max 0.5, min_p 0.3 → threshold 0.15: 0.1 goes, the rest renormalise to 1.
+        let mut c = probs(&[0.5, 0.25, 0.15, 0.1]);
+        apply_min_p(&mut c, 0.3);
+        assert_eq!(ids(&c), vec![0, 1, 2]);
+        assert!((c[0].value - 0.5 / 0.9).abs() < 1e-6);
+    }
+
+    #[test]
+    fn typical_p_keeps_tokens_closest_to_the_entropy() {
+        // Entropy of [0.7, 0.2, 0.1] is 0.8018 nats; surprises are 0.357, 1.609, 2.303,
+        // so the distances order the tokens 0 (0.445), 1 (0.808), 2 (1.501).
+        let mut c = probs(&[0.7, 0.2, 0.1]);
+        apply_typical_p(&mut c, 0.8);
+        assert_eq!(ids(&c), vec![0, 1]);
+        assert!((c[0].value - 0.7 / 0.9).abs() < 1e-6);
+        // A mass already reached by the first keeps only it.
+        let mut c = probs(&[0.7, 0.2, 0.1]);
+        apply_typical_p(&mut c, 0.5);
+        assert_eq!(ids(&c), vec![0]);
+    }
+
+    #[test]
+    fn typical_p_can_drop_the_most_likely_token() {
+        // Entropy of [0.9, 0.05, 0.05] is 0.394; surprises 0.105, 2.996, 2.996: the top
+        // token is the closest. With [0.4, 0.3, 0.3] (entropy 1.089; surprises 0.916,
+        // 1.204, 1.204) the distances are 0.173, 0.115, 0.115: the two 0.3s come first.
+        let mut c = probs(&[0.4, 0.3, 0.3]);
+        apply_typical_p(&mut c, 0.5);
+        assert_eq!(ids(&c), vec![1, 2]);
+    }
+
+    #[test]
+    fn draw_walks_the_cumulative_mass() {
+        let c = probs(&[0.2, 0.5, 0.3]);
+        assert_eq!(draw(&c, 0.1), 0);
+        assert_eq!(draw(&c, 0.2), 1);
+        assert_eq!(draw(&c, 0.69), 1);
+        assert_eq!(draw(&c, 0.7), 2);
+        assert_eq!(draw(&c, 0.999_999_9), 2);
+    }
+}

@@ -1,0 +1,392 @@
+//! Turning a logits row into the next token.
+//!
+//! The order is fixed:
+//! 1. `logit_bias` is added;
+//! 2. tokens banned for now (end-of-generation and stop tokens before `min_tokens`) are
+//!    set to -inf;
+//! 3. the repetition penalty, over prompt and output tokens;
+//! 4. the frequency and presence penalties, over output tokens;
+//! 5. DRY, over the whole context.
+//!
+//! Then, from those processed logits: temperature 0 takes the argmax; with Mirostat,
+//! temperature, softmax and Mirostat's truncation and draw; otherwise top-k, temperature,
+//! softmax, typical-p, top-p, min-p and a draw. Every draw comes from the sequence's own
+//! seeded ChaCha generator, so a seeded sequence draws the same tokens whatever else runs.
+
+mod filters;
+mod mirostat;
+mod penalties;
+
+use std::collections::{HashMap, HashSet};
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::tokenizer::TokenId;
+
+pub use filters::{
+    apply_min_p, apply_temperature, apply_top_p, apply_typical_p, candidates, draw,
+    softmax_in_place, top_k,
+};
+pub use mirostat::{Mirostat, MirostatParams};
+pub use penalties::{
+    apply_dry, apply_frequency_presence, apply_logit_bias, apply_repetition_penalty, ban, DryParams,
+};
+
+/// How a sequence picks its tokens.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// Nucleus mass in (0, 1]; 1 keeps everything.
+    pub top_p: f32,
+    /// Keep only the k most likely tokens; `None` keeps all.
+    pub top_k: Option<usize>,
+    /// Drop tokens below `min_p` times the top probability; 0 is off.
+    pub min_p: f32,
+    /// Locally typical mass in (0, 1]; 1 is off.
+    pub typical_p: f32,
+    /// CTRL repetition penalty over prompt and output; 1 is off.
+    pub repetition_penalty: f32,
+    /// OpenAI frequency penalty over output tokens; 0 is off.
+    pub frequency_penalty: f32,
+    /// OpenAI presence penalty over output tokens; 0 is off.
+    pub presence_penalty: f32,
+    /// Added to the logits of these tokens.
+    pub logit_bias: Vec<(TokenId, f32)>,
+    /// DRY repetition penalty, when on.
+    pub dry: Option<DryParams>,
+    /// Mirostat 2.0, when on (it replaces top-k, typical-p, top-p and min-p).
+    pub mirostat: Option<MirostatParams>,
+    /// Seed of this sequence's generator.
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: None,
+            min_p: 0.0,
+            typical_p: 1.0,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            logit_bias: Vec::new(),
+            dry: None,
+            mirostat: None,
+            seed: 0,
+        }
+    }
+}
+
+/// `ln softmax(logits)`, computed stably.
+pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
+    let log_sum = log_sum_exp(logits);
+    logits.iter().map(|&l| l - log_sum).collect()
+}
+
+/// `ln Σ exp(logits)`, computed stably; `logit - log_sum_exp` is a log-probability.
+pub fn log_sum_exp(logits: &[f32]) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    max + logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln()
+}
+
+/// Index of the largest value (the first on ties).
+pub fn argmax(values: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in values.iter().enumerate() {
+        if v > values[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// A token and its (unnormalised) weight.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Candidate {
+    /// The token.
+    pub id: TokenId,
+    /// Its logit, or after [`softmax_in_place`] its probability.
+    pub value: f32,
+}
+
+/// Picks tokens for one sequence: its parameters, seeded generator, and the counts of
+/// tokens so far that the penalties need.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: SamplingParams,
+    rng: ChaCha8Rng,
+    mirostat: Option<Mirostat>,
+    /// Output tokens and how often each came.
+    counts: HashMap<TokenId, u32>,
+    /// Every token of the prompt and output.
+    seen: HashSet<TokenId>,
+}
+
+impl Sampler {
+    /// A sampler for a sequence starting with `prompt`, its generator seeded from
+    /// `params.seed`.
+    pub fn new(params: SamplingParams, prompt: &[TokenId]) -> Self {
+        Self {
+            rng: ChaCha8Rng::seed_from_u64(params.seed),
+            mirostat: params.mirostat.map(Mirostat::new),
+            counts: HashMap::new(),
+            seen: prompt.iter().copied().collect(),
+            params,
+        }
+    }
+
+    /// The logits after steps 1–5 of the module's order. `context` is every token so
+    /// far (prompt and output), `banned` the tokens not allowed now.
+    pub fn process(&self, logits: &[f32], context: &[TokenId], banned: &[TokenId]) -> Vec<f32> {
+        let p = &self.params;
+        let mut logits = logits.to_vec();
+        apply_logit_bias(&mut logits, &p.logit_bias);
+        ban(&mut logits, banned);
+        apply_repetition_penalty(&mut logits, self.seen.iter().copied(), p.repetition_penalty);
+        apply_frequency_presence(
+            &mut logits,
+            &self.counts,
+            p.frequency_penalty,
+            p.presence_penalty,
+        );
+        if let Some(dry) = &p.dry {
+            apply_dry(&mut logits, context, dry);
+        }
+        logits
+    }
+
+    /// Picks the next token from a logits row and records it as part of the output.
+    pub fn sample(&mut self, logits: &[f32], context: &[TokenId], banned: &[TokenId]) -> TokenId {
+        let logits = self.process(logits, context, banned);
+        let id = self.pick(&logits);
+        *self.counts.entry(id).or_default() += 1;
+        self.seen.insert(id);
+        id
+    }
+
+    /// Picks from processed logits.
+    fn pick(&mut self, logits: &[f32]) -> TokenId {
+        let p = &self.params;
+        if p.temperature <= 0.0 {
+            return argmax(logits) as TokenId;
+        }
+        if let Some(mirostat) = &mut self.mirostat {
+            let mut c = candidates(logits);
+            apply_temperature(&mut c, p.temperature);
+            softmax_in_place(&mut c);
+            let u: f32 = self.rng.random();
+            return mirostat.sample(c, u);
+        }
+        let k = p.top_k.unwrap_or(logits.len());
+        let filtered = p.top_p < 1.0 || p.min_p > 0.0 || p.typical_p < 1.0;
+        let mut c = if k >= logits.len() && !filtered {
+            // Nothing to cut: no need to sort the whole vocabulary.
+            candidates(logits)
+        } else {
+            top_k(logits, k)
+        };
+        apply_temperature(&mut c, p.temperature);
+        softmax_in_place(&mut c);
+        apply_typical_p(&mut c, p.typical_p);
+        apply_top_p(&mut c, p.top_p);
+        apply_min_p(&mut c, p.min_p);
+        let u: f32 = self.rng.random();
+        draw(&c, u)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn log_softmax_normalises() {
+        let lp = log_softmax(&[1.0, 2.0, 3.0]);
+        let total: f32 = lp.iter().map(|v| v.exp()).sum();
+        assert!((total - 1.0).abs() < 1e-6);
+        assert!((lp[2] - lp[1] - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn log_sum_exp_gives_the_log_normaliser() {
+        let expected = (1f32.exp() + 2f32.exp() + 3f32.exp()).ln();
+        assert!((log_sum_exp(&[1.0, 2.0, 3.0]) - expected).abs() < 1e-6);
+    }
+
+    fn greedy(params: SamplingParams) -> Sampler {
+        Sampler::new(
+            SamplingParams {
+                temperature: 0.0,
+                ..params
+            },
+            &[],
+        )
+    }
+
+    #[test]
+    fn greedy_is_argmax() {
+        let mut s = greedy(SamplingParams::default());
+        assert_eq!(s.sample(&[0.1, 3.0, 2.9, -1.0], &[], &[]), 1);
+    }
+
+    #[test]
+    fn processors_apply_in_order_before_the_pick() {
+        let logits = [0.1, 3.0, 2.9, -1.0];
+        // logit_bias forces a token.
+        let mut s = greedy(SamplingParams {
+            logit_bias: vec![(3, 100.0)],
+            ..Default::default()
+        });
+        assert_eq!(s.sample(&logits, &[], &[]), 3);
+        // A banned token cannot come, whatever its bias.
+        let mut s = greedy(SamplingParams {
+            logit_bias: vec![(3, 100.0)],
+            ..Default::default()
+        });
+        assert_eq!(s.sample(&logits, &[], &[3]), 1);
+        // Presence penalty after token 1 came once moves the pick to token 2.
+        let mut s = greedy(SamplingParams {
+            presence_penalty: 0.5,
+            ..Default::default()
+        });
+        assert_eq!(s.sample(&logits, &[], &[]), 1);
+        assert_eq!(s.sample(&logits, &[1], &[]), 2);
+        // The repetition penalty counts the prompt: 3.0 / 1.5 = 2.0 < 2.9.
+        let mut s = Sampler::new(
+            SamplingParams {
+                temperature: 0.0,
+                repetition_penalty: 1.5,
+                ..Default::default()
+            },
+            &[1],
+        );
+        assert_eq!(s.sample(&logits, &[1], &[]), 2);
+    }
+
+    #[test]
+    fn mirostat_replaces_the_filters_and_is_seeded() {
+        let params = SamplingParams {
+            mirostat: Some(MirostatParams {
+                target: 3.0,
+                learning_rate: 0.1,
+            }),
+            seed: 7,
+            ..Default::default()
+        };
+        let logits: Vec<f32> = (0..64).map(|i| (i as f32 * 0.7).cos() * 3.0).collect();
+        let run = || {
+            let mut s = Sampler::new(params.clone(), &[]);
+            (0..30)
+                .map(|_| s.sample(&logits, &[], &[]))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(), run());
+    }
+
+    fn logits_strategy() -> impl Strategy<Value = Vec<f32>> {
+        prop::collection::vec(-10.0f32..10.0, 2..60)
+    }
+
+    fn probabilities(logits: &[f32]) -> Vec<Candidate> {
+        let mut c = candidates(logits);
+        softmax_in_place(&mut c);
+        filters::sort_best_first(&mut c);
+        c
+    }
+
+    fn sums_to_one(c: &[Candidate]) -> bool {
+        (c.iter().map(|c| c.value).sum::<f32>() - 1.0).abs() < 1e-4
+    }
+
+    proptest! {
+        #[test]
+        fn top_k_keeps_the_k_largest(logits in logits_strategy(), k in 1usize..80) {
+            let kept = top_k(&logits, k);
+            prop_assert_eq!(kept.len(), k.min(logits.len()));
+            let smallest_kept = kept.iter().map(|c| c.value).fold(f32::INFINITY, f32::min);
+            let dropped = logits.len() - kept.len();
+            let larger_dropped = logits
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !kept.iter().any(|c| c.id as usize == *i))
+                .filter(|(_, &v)| v > smallest_kept)
+                .count();
+            prop_assert_eq!(larger_dropped, 0, "{} dropped", dropped);
+        }
+
+        #[test]
+        fn top_p_keeps_the_smallest_prefix_reaching_the_mass(
+            logits in logits_strategy(), top_p in 0.01f32..1.0
+        ) {
+            let full = probabilities(&logits);
+            let mut kept = full.clone();
+            apply_top_p(&mut kept, top_p);
+            prop_assert!(sums_to_one(&kept));
+            let mass: f32 = full[..kept.len()].iter().map(|c| c.value).sum();
+            let without_last: f32 = full[..kept.len() - 1].iter().map(|c| c.value).sum();
+            prop_assert!(mass >= top_p - 1e-5 || kept.len() == full.len());
+            prop_assert!(without_last < top_p + 1e-5);
+            for (a, b) in kept.iter().zip(&full) {
+                prop_assert_eq!(a.id, b.id);
+            }
+        }
+
+        #[test]
+        fn min_p_keeps_exactly_the_tokens_above_the_threshold(
+            logits in logits_strategy(), min_p in 0.0f32..1.0
+        ) {
+            let full = probabilities(&logits);
+            let threshold = min_p * full[0].value;
+            let mut kept = full.clone();
+            apply_min_p(&mut kept, min_p);
+            prop_assert!(sums_to_one(&kept));
+            let expected: Vec<TokenId> = full
+                .iter()
+                .filter(|c| min_p == 0.0 || c.value >= threshold)
+                .map(|c| c.id)
+                .collect();
+            prop_assert_eq!(kept.iter().map(|c| c.id).collect::<Vec<_>>(), expected);
+        }
+
+        #[test]
+        fn typical_p_keeps_a_renormalised_non_empty_subset(
+            logits in logits_strategy(), typical_p in 0.01f32..1.0
+        ) {
+            let full = probabilities(&logits);
+            let mut kept = full.clone();
+            apply_typical_p(&mut kept, typical_p);
+            prop_assert!(!kept.is_empty() && sums_to_one(&kept));
+            let kept_mass: f32 = kept
+                .iter()
+                .map(|k| full.iter().find(|c| c.id == k.id).unwrap().value)
+                .sum();
+            prop_assert!(kept_mass >= typical_p - 1e-4 || kept.len() == full.len());
+        }
+
+        #[test]
+        fn temperature_zero_is_argmax(logits in logits_strategy(), seed in any::<u64>()) {
+            let mut s = Sampler::new(SamplingParams { temperature: 0.0, seed, ..Default::default() }, &[]);
+            prop_assert_eq!(s.sample(&logits, &[], &[]) as usize, argmax(&logits));
+        }
+
+        #[test]
+        fn a_seed_fixes_the_output(
+            logits in logits_strategy(),
+            seed in any::<u64>(),
+            top_p in 0.1f32..1.0,
+            min_p in 0.0f32..0.5,
+        ) {
+            let params = SamplingParams { seed, top_p, min_p, top_k: Some(20), ..Default::default() };
+            let run = || {
+                let mut s = Sampler::new(params.clone(), &[]);
+                (0..10).map(|_| s.sample(&logits, &[], &[])).collect::<Vec<_>>()
+            };
+            prop_assert_eq!(run(), run());
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! The engine's request features on a real model: shared prefill for groups, prompt
+//! logprobs, predicted outputs as drafts, deadlines, stop tokens and `min_tokens`.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use ferrite_engine::gguf::GgufFile;
+use ferrite_engine::model;
+use ferrite_engine::sampling::SamplingParams;
+use ferrite_engine::scheduler::SchedulerConfig;
+use ferrite_engine::tokenizer::Tokenizer;
+use ferrite_engine::{
+    Engine, EngineConfig, EngineHandle, FinishReason, PromptLogprob, SequenceEvent, SequenceRequest,
+};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+fn start() -> Engine {
+    let mut gguf = GgufFile::open(&common::model_path("smollm2-135m")).unwrap();
+    let tokenizer = Tokenizer::from_gguf(&gguf.meta).unwrap();
+    let model = model::load(&mut gguf).unwrap();
+    Engine::start(
+        model,
+        tokenizer,
+        EngineConfig {
+            scheduler: SchedulerConfig {
+                max_running: 16,
+                max_step_tokens: 512,
+                kv_budget: 1 << 16,
+            },
+            context_length: 2048,
+        },
+    )
+}
+
+/// Everything one sequence sent, gathered.
+#[derive(Debug, Default)]
+struct Outcome {
+    tokens: Vec<u32>,
+    logprobs: Vec<f32>,
+    prompt: Option<Vec<PromptLogprob>>,
+    finish: Option<FinishReason>,
+    timed_out: bool,
+}
+
+/// Waits until the engine has finished its step and published its counters (a sequence's
+/// last event is sent during the step, before the step's counters are added).
+fn settle(h: &EngineHandle) {
+    let started = Instant::now();
+    while h.stats().running > 0 && started.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn collect(mut rx: UnboundedReceiver<SequenceEvent>) -> Outcome {
+    let mut out = Outcome::default();
+    while let Some(event) = rx.blocking_recv() {
+        match event {
+            SequenceEvent::Token { id, logprob, .. } => {
+                out.tokens.push(id);
+                out.logprobs.push(logprob);
+            }
+            SequenceEvent::PromptLogprobs(p) => out.prompt = Some(p),
+            SequenceEvent::Finished { reason, .. } => {
+                out.finish = Some(reason);
+                return out;
+            }
+            SequenceEvent::TimedOut => {
+                out.timed_out = true;
+                return out;
+            }
+            SequenceEvent::Failed(m) => panic!("sequence failed: {m}"),
+        }
+    }
+    panic!("the engine dropped the sequence");
+}
+
+fn prompt(engine: &EngineHandle, text: &str) -> Vec<u32> {
+    engine.tokenizer().encode_prompt(text)
+}
+
+fn greedy(prompt: Vec<u32>, max_tokens: usize) -> SequenceRequest {
+    let mut r = SequenceRequest::new(
+        prompt,
+        SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        },
+        max_tokens,
+    );
+    r.ignore_eos = true;
+    r
+}
+
+#[test]
+fn engine_features_on_smollm2() {
+    let engine = start();
+    let h = engine.handle();
+    a_group_computes_its_prompt_once_and_matches_separate_runs(&h);
+    prompt_logprobs_score_what_generation_produced(&h);
+    a_prediction_saves_steps_and_changes_nothing(&h);
+    a_passed_deadline_ends_the_sequence(&h);
+    stop_tokens_end_and_min_tokens_hold_them_back(&h);
+    engine.shutdown();
+}
+
+fn a_group_computes_its_prompt_once_and_matches_separate_runs(h: &EngineHandle) {
+    let p = prompt(h, "The weather today is");
+    let seeded = |seed| {
+        let mut r = greedy(p.clone(), 12);
+        r.sampling = SamplingParams {
+            temperature: 0.9,
+            seed,
+            ..Default::default()
+        };
+        r
+    };
+    let alone: Vec<Vec<u32>> = (1..=3)
+        .map(|s| collect(h.submit(seeded(s)).unwrap()).tokens)
+        .collect();
+    settle(h);
+    let before = h.stats().prompt_tokens;
+    let grouped: Vec<Vec<u32>> = h
+        .submit_group((1..=3).map(seeded).collect())
+        .unwrap()
+        .into_iter()
+        .map(|rx| collect(rx).tokens)
+        .collect();
+    settle(h);
+    assert_eq!(grouped, alone, "a follower samples as it would alone");
+    assert_eq!(
+        h.stats().prompt_tokens - before,
+        p.len() as u64,
+        "the prompt ran once for three choices"
+    );
+    assert!(alone[0] != alone[1] || alone[1] != alone[2]);
+}
+
+fn prompt_logprobs_score_what_generation_produced(h: &EngineHandle) {
+    let p = prompt(h, "One, two, three,");
+    let generated = collect(h.submit(greedy(p.clone(), 6)).unwrap());
+    let mut scored = greedy([p.clone(), generated.tokens.clone()].concat(), 0);
+    scored.prompt_logprobs = Some(3);
+    let out = collect(scored_request(h, scored));
+    assert_eq!(out.finish, Some(FinishReason::Length));
+    assert!(out.tokens.is_empty());
+    let scores = out.prompt.expect("prompt logprobs");
+    assert_eq!(scores.len(), p.len() + 6);
+    assert_eq!(scores[0].logprob, None, "nothing predicts the first token");
+    for (score, (&id, &lp)) in scores[p.len()..]
+        .iter()
+        .zip(generated.tokens.iter().zip(&generated.logprobs))
+    {
+        assert_eq!(score.id, id);
+        // Greedy tokens are each position's most likely one.
+        assert_eq!(score.top[0].0, id);
+        assert_eq!(score.top.len(), 3);
+        assert!(
+            (score.logprob.unwrap() - lp).abs() < 1e-3,
+            "{score:?} vs {lp}"
+        );
+    }
+}
+
+fn scored_request(h: &EngineHandle, r: SequenceRequest) -> UnboundedReceiver<SequenceEvent> {
+    h.submit(r).unwrap()
+}
+
+fn a_prediction_saves_steps_and_changes_nothing(h: &EngineHandle) {
+    let p = prompt(h, "def fibonacci(n):");
+    let steps = h.stats().steps;
+    let plain = collect(h.submit(greedy(p.clone(), 24)).unwrap());
+    settle(h);
+    let plain_steps = h.stats().steps - steps;
+    let mut predicted = greedy(p.clone(), 24);
+    predicted.prediction = plain.tokens.clone();
+    let steps = h.stats().steps;
+    let accepted = h.stats().draft_tokens_accepted;
+    let fast = collect(h.submit(predicted).unwrap());
+    settle(h);
+    let fast_steps = h.stats().steps - steps;
+    assert_eq!(fast.tokens, plain.tokens);
+    assert_eq!(fast.logprobs, plain.logprobs, "identical arithmetic");
+    assert!(
+        fast_steps * 3 < plain_steps,
+        "{fast_steps} steps with the prediction, {plain_steps} without"
+    );
+    assert!(h.stats().draft_tokens_accepted - accepted >= 20);
+    // A wrong prediction costs nothing in output either.
+    let mut wrong = greedy(p, 24);
+    wrong.prediction = vec![42; 10];
+    assert_eq!(collect(h.submit(wrong).unwrap()).tokens, plain.tokens);
+}
+
+fn a_passed_deadline_ends_the_sequence(h: &EngineHandle) {
+    let mut r = greedy(prompt(h, "Tell me a long story"), 2000);
+    r.deadline = Some(Instant::now() + Duration::from_millis(300));
+    let started = Instant::now();
+    let out = collect(h.submit(r).unwrap());
+    assert!(out.timed_out);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    settle(h);
+    assert!(h.stats().timed_out >= 1);
+}
+
+fn stop_tokens_end_and_min_tokens_hold_them_back(h: &EngineHandle) {
+    let p = prompt(h, "The capital of France is");
+    let free = collect(h.submit(greedy(p.clone(), 8)).unwrap());
+    let second = free.tokens[1];
+    let mut r = greedy(p.clone(), 8);
+    r.stop_token_ids = vec![second];
+    let out = collect(h.submit(r).unwrap());
+    assert_eq!(out.tokens, free.tokens[..2]);
+    assert_eq!(out.finish, Some(FinishReason::StopToken(second)));
+    // With min_tokens 4 the stop token cannot come before the fourth token.
+    let mut r = greedy(p, 8);
+    r.stop_token_ids = vec![second];
+    r.min_tokens = 4;
+    let out = collect(h.submit(r).unwrap());
+    assert!(out.tokens.len() >= 4);
+    assert_ne!(out.tokens[1], second);
+}

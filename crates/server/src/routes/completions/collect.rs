@@ -1,0 +1,144 @@
+//! The non-streaming answer: every choice collected, `best_of` ranked, echo and suffix
+//! applied, usage summed.
+
+use ferrite_engine::tokenizer::Tokenizer;
+use ferrite_engine::SequenceEvent;
+use ferrite_protocol::{Choice, CompletionResponse, Usage};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::logprobs::LogprobsBuilder;
+use super::{finish_fields, ResponseMeta, SubmittedPrompt};
+use crate::error::ApiError;
+use crate::validate::GenerateParams;
+
+/// One finished sequence.
+struct Collected {
+    choice: Choice,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    /// Mean log-probability of its tokens, the `best_of` ranking.
+    mean_logprob: f64,
+}
+
+/// Waits for every choice and builds the JSON body.
+pub(super) async fn respond(
+    meta: ResponseMeta,
+    params: &GenerateParams,
+    tokenizer: &Tokenizer,
+    appended_suffix: Option<String>,
+    submitted: Vec<SubmittedPrompt>,
+) -> Result<CompletionResponse, ApiError> {
+    let mut choices = Vec::new();
+    let mut usage = Usage::default();
+    for prompt in submitted {
+        let results = futures::future::join_all(
+            prompt
+                .events
+                .into_iter()
+                .map(|rx| collect_one(rx, params, tokenizer, &prompt.echo_text)),
+        )
+        .await;
+        let mut results = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+        usage.prompt_tokens += results.first().map_or(0, |r| r.prompt_tokens);
+        usage.completion_tokens += results.iter().map(|r| r.completion_tokens).sum::<usize>();
+        if params.best_of > params.n {
+            // Stable: equal means keep generation order.
+            results.sort_by(|a, b| b.mean_logprob.total_cmp(&a.mean_logprob));
+        }
+        for (j, mut r) in results.into_iter().take(params.n).enumerate() {
+            r.choice.index = prompt.prompt_index * params.n + j;
+            if let Some(suffix) = &appended_suffix {
+                r.choice.text.push_str(suffix);
+            }
+            choices.push(r.choice);
+        }
+    }
+    usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
+    Ok(CompletionResponse {
+        id: meta.id,
+        object: "text_completion".into(),
+        created: meta.created,
+        model: meta.model,
+        system_fingerprint: meta.fingerprint,
+        choices,
+        usage,
+    })
+}
+
+async fn collect_one(
+    mut events: UnboundedReceiver<SequenceEvent>,
+    params: &GenerateParams,
+    tokenizer: &Tokenizer,
+    echo_text: &str,
+) -> Result<Collected, ApiError> {
+    let echo = params.output.echo;
+    let mut text = if echo {
+        echo_text.to_string()
+    } else {
+        String::new()
+    };
+    let echo_chars = text.chars().count();
+    let mut builder = params
+        .output
+        .logprobs
+        .map(|_| LogprobsBuilder::new(params.output.tokens_as_ids, 0));
+    let (mut sum, mut count) = (0f64, 0usize);
+    while let Some(event) = events.recv().await {
+        match event {
+            SequenceEvent::PromptLogprobs(scores) => {
+                if let Some(b) = builder.as_mut() {
+                    b.push_prompt(tokenizer, &scores);
+                    b.set_offset(echo_chars);
+                }
+            }
+            SequenceEvent::Token {
+                id,
+                logprob,
+                text: piece,
+                top,
+            } => {
+                if let Some(b) = builder.as_mut() {
+                    if count == 0 && echo {
+                        b.set_offset(echo_chars);
+                    }
+                    b.push(tokenizer, id, Some(logprob), Some(&top));
+                }
+                text.push_str(&piece);
+                sum += f64::from(logprob);
+                count += 1;
+            }
+            SequenceEvent::Finished {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+            } => {
+                let (finish_reason, stop_reason) = finish_fields(&reason);
+                return Ok(Collected {
+                    choice: Choice {
+                        index: 0,
+                        text,
+                        logprobs: builder.as_mut().map(LogprobsBuilder::take),
+                        finish_reason: Some(finish_reason),
+                        stop_reason,
+                    },
+                    prompt_tokens,
+                    completion_tokens,
+                    mean_logprob: if count == 0 {
+                        f64::NEG_INFINITY
+                    } else {
+                        sum / count as f64
+                    },
+                });
+            }
+            SequenceEvent::Failed(message) => {
+                tracing::error!(message, "sequence failed");
+                return Err(ApiError::Internal);
+            }
+            SequenceEvent::TimedOut => {
+                return Err(ApiError::Timeout(params.inference_timeout.unwrap_or(0.0)));
+            }
+        }
+    }
+    tracing::error!("the engine dropped a sequence without finishing it");
+    Err(ApiError::Internal)
+}

@@ -1,0 +1,247 @@
+//! From validated parameters to engine requests: prompts tokenized (with the suffix as
+//! fill-in-the-middle when the model can), the context rules applied, token ids checked
+//! against the vocabulary, and one group of sequences per prompt.
+
+use std::time::{Duration, Instant};
+
+use ferrite_engine::sampling::{DryParams, SamplingParams};
+use ferrite_engine::tokenizer::{TokenId, Tokenizer};
+use ferrite_engine::SequenceRequest;
+
+use crate::error::ApiError;
+use crate::validate::{GenerateParams, Overflow, PromptInput, DEFAULT_MAX_TOKENS};
+
+/// One prompt ready to run: its tokens, what to echo, and its sequences.
+#[derive(Debug)]
+pub struct PreparedPrompt {
+    /// The text `echo` prepends.
+    pub echo_text: String,
+    /// Its length in tokens, after the context rules.
+    pub prompt_tokens: usize,
+    /// The sequences of its choices (`best_of` of them), sharing the prompt.
+    pub requests: Vec<SequenceRequest>,
+}
+
+/// Everything a request runs.
+#[derive(Debug)]
+pub struct Prepared {
+    /// One entry per prompt, in order.
+    pub prompts: Vec<PreparedPrompt>,
+    /// Text appended to every choice (a suffix the model cannot fill in the middle of).
+    pub appended_suffix: Option<String>,
+}
+
+/// Prepares every prompt of a request. Runs off the async workers: tokenizing long
+/// prompts takes a while.
+pub fn prepare(
+    params: &GenerateParams,
+    tokenizer: &Tokenizer,
+    context: usize,
+) -> Result<Prepared, ApiError> {
+    let vocab = tokenizer.vocab_size();
+    check_vocab(
+        "logit_bias",
+        params.sampling.logit_bias.iter().map(|(id, _)| *id),
+        vocab,
+    )?;
+    check_vocab(
+        "stop_token_ids",
+        params.stop_token_ids.iter().copied(),
+        vocab,
+    )?;
+    let fim = params.suffix.is_some() && tokenizer.fim().is_some();
+    let base_seed = params.seed.unwrap_or_else(rand::random);
+    let template = base_request(params, tokenizer);
+    let mut prompts = Vec::with_capacity(params.prompts.len());
+    for (p, input) in params.prompts.iter().enumerate() {
+        let (tokens, echo_text) = match input {
+            PromptInput::Text(text) => {
+                let tokens = match (&params.suffix, fim) {
+                    (Some(suffix), true) => tokenizer
+                        .encode_fill_in_middle(text, suffix)
+                        .expect("the model has FIM tokens"),
+                    _ => tokenizer.encode_prompt(text),
+                };
+                (tokens, text.clone())
+            }
+            PromptInput::Tokens(ids) => {
+                check_vocab("prompt", ids.iter().copied(), vocab)?;
+                (ids.clone(), tokenizer.decode(ids, false))
+            }
+        };
+        let (tokens, max_tokens) = fit_context(params, tokens, context)?;
+        let requests = (0..params.best_of)
+            .map(|j| {
+                let mut r = template.clone();
+                r.prompt = tokens.clone();
+                r.max_tokens = max_tokens;
+                r.min_tokens = params.min_tokens.min(max_tokens);
+                r.sampling.seed = choice_seed(base_seed, p * params.best_of + j);
+                r
+            })
+            .collect();
+        prompts.push(PreparedPrompt {
+            echo_text,
+            prompt_tokens: tokens.len(),
+            requests,
+        });
+    }
+    Ok(Prepared {
+        prompts,
+        appended_suffix: params.suffix.clone().filter(|_| !fim),
+    })
+}
+
+/// The parts of every sequence's request that do not depend on its prompt.
+fn base_request(params: &GenerateParams, tokenizer: &Tokenizer) -> SequenceRequest {
+    let s = &params.sampling;
+    let sampling = SamplingParams {
+        temperature: s.temperature,
+        top_p: s.top_p,
+        top_k: s.top_k,
+        min_p: s.min_p,
+        typical_p: s.typical_p,
+        repetition_penalty: s.repetition_penalty,
+        frequency_penalty: s.frequency_penalty,
+        presence_penalty: s.presence_penalty,
+        logit_bias: s.logit_bias.clone(),
+        dry: s.dry.as_ref().map(|d| DryParams {
+            multiplier: d.multiplier,
+            base: d.base,
+            allowed_length: d.allowed_length,
+            breakers: breaker_tokens(tokenizer, &d.breakers),
+        }),
+        mirostat: s.mirostat,
+        seed: 0,
+    };
+    let mut r = SequenceRequest::new(Vec::new(), sampling, 0);
+    r.stop = params.stop.clone();
+    r.include_stop_str_in_output = params.include_stop_str_in_output;
+    r.stop_token_ids = params.stop_token_ids.clone();
+    r.ignore_eos = params.ignore_eos;
+    r.top_logprobs = params.output.logprobs;
+    r.skip_special_tokens = params.output.skip_special_tokens;
+    // Prompt logprobs are only shown with echo; the ranking of best_of needs none.
+    r.prompt_logprobs = params.output.logprobs.filter(|_| params.output.echo);
+    r.prediction = params
+        .prediction
+        .as_deref()
+        .map(|text| tokenizer.encode(text, false))
+        .unwrap_or_default();
+    r.deadline = params
+        .inference_timeout
+        .map(|t| Instant::now() + Duration::from_secs_f64(t));
+    r
+}
+
+/// The tokens whose text contains a DRY sequence breaker.
+fn breaker_tokens(tokenizer: &Tokenizer, breakers: &[String]) -> Vec<TokenId> {
+    (0..tokenizer.vocab_size() as TokenId)
+        .filter(|&id| {
+            let text = String::from_utf8_lossy(&tokenizer.token_bytes(id, false)).into_owned();
+            breakers.iter().any(|b| text.contains(b.as_str()))
+        })
+        .collect()
+}
+
+/// Applies the context rules: a prompt that alone fills the context is a 400 unless
+/// `truncate_sequence` keeps its end; a completion that would overflow is shortened
+/// (`truncate`) or refused (`error`). Returns the prompt and its `max_tokens`.
+fn fit_context(
+    params: &GenerateParams,
+    mut tokens: Vec<TokenId>,
+    context: usize,
+) -> Result<(Vec<TokenId>, usize), ApiError> {
+    if tokens.is_empty() {
+        return Err(ApiError::invalid("prompt", "the prompt is empty"));
+    }
+    let wanted = params.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+    if tokens.len() >= context {
+        if !params.truncate_sequence {
+            return Err(ApiError::invalid(
+                "prompt",
+                format!(
+                    "This model's maximum context length is {context} tokens, but the prompt has {} tokens; shorten it or set `truncate_sequence`",
+                    tokens.len()
+                ),
+            ));
+        }
+        let keep = context.saturating_sub(wanted).max(1);
+        tokens.drain(..tokens.len() - keep);
+    }
+    let room = context - tokens.len();
+    if wanted > room && params.overflow == Overflow::Error {
+        return Err(ApiError::invalid(
+            "max_tokens",
+            format!(
+                "This model's maximum context length is {context} tokens; the prompt has {} tokens and {wanted} more were asked for",
+                tokens.len()
+            ),
+        ));
+    }
+    Ok((tokens, wanted.min(room)))
+}
+
+fn check_vocab(
+    field: &str,
+    mut ids: impl Iterator<Item = TokenId>,
+    vocab: usize,
+) -> Result<(), ApiError> {
+    match ids.find(|&id| id as usize >= vocab) {
+        Some(bad) => Err(ApiError::invalid(
+            field,
+            format!("token id {bad} is out of the vocabulary (0..{vocab})"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// A distinct, reproducible seed per choice (SplitMix64 of the request seed and index),
+/// so choice 0 of a seeded request is the same whatever `n` is.
+fn choice_seed(base: u64, index: usize) -> u64 {
+    let mut z = base.wrapping_add((index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validate::parse_body;
+
+    fn params(body: &str) -> GenerateParams {
+        GenerateParams::try_from(parse_body(body.as_bytes(), false).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn choice_seeds_differ_and_are_stable() {
+        assert_eq!(choice_seed(7, 0), choice_seed(7, 0));
+        assert_ne!(choice_seed(7, 0), choice_seed(7, 1));
+        assert_ne!(choice_seed(7, 0), choice_seed(8, 0));
+    }
+
+    #[test]
+    fn context_rules() {
+        let truncate = params(r#"{"model":"m","prompt":"x","max_tokens":50}"#);
+        let (t, max) = fit_context(&truncate, vec![1; 90], 100).unwrap();
+        assert_eq!((t.len(), max), (90, 10), "truncate lowers max_tokens");
+        let error = params(
+            r#"{"model":"m","prompt":"x","max_tokens":50,"context_length_exceeded_behavior":"error"}"#,
+        );
+        let err = fit_context(&error, vec![1; 90], 100).unwrap_err();
+        assert!(
+            matches!(err, ApiError::InvalidRequest { param: Some(p), .. } if p == "max_tokens")
+        );
+        assert!(fit_context(&truncate, vec![1; 100], 100).is_err());
+        let keep_end =
+            params(r#"{"model":"m","prompt":"x","max_tokens":10,"truncate_sequence":true}"#);
+        let long: Vec<u32> = (0..150).collect();
+        let (t, max) = fit_context(&keep_end, long, 100).unwrap();
+        assert_eq!(
+            (t.len(), max, t[0]),
+            (90, 10, 60),
+            "the end of the prompt is kept"
+        );
+    }
+}

@@ -1,0 +1,95 @@
+//! `POST /tokenize` and `POST /detokenize`, in vLLM's shapes.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::Json;
+use ferrite_protocol::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse};
+use serde::de::DeserializeOwned;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// Parses a JSON body, naming the field at fault.
+fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let param = path
+            .split(['.', '['])
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let message = format!("invalid request: {}", e.into_inner());
+        if param.is_empty() || param == "." {
+            ApiError::invalid_body(message)
+        } else {
+            ApiError::invalid(param, message)
+        }
+    })
+}
+
+/// Tokenizes text as a prompt would be (or without special tokens).
+pub async fn tokenize(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Json<TokenizeResponse>, ApiError> {
+    let engine = state.engine()?.clone();
+    let request: TokenizeRequest = parse(&body)?;
+    if let Some(model) = &request.model {
+        state.check_model(model)?;
+    }
+    let tokenizer = Arc::clone(engine.tokenizer());
+    let special = request.add_special_tokens.unwrap_or(true);
+    let with_strs = request.return_token_strs.unwrap_or(false);
+    let (tokens, strs) = tokio::task::spawn_blocking(move || {
+        let tokens = if special {
+            tokenizer.encode_prompt(&request.prompt)
+        } else {
+            tokenizer.encode(&request.prompt, false)
+        };
+        let strs = with_strs.then(|| {
+            tokens
+                .iter()
+                .map(|&t| String::from_utf8_lossy(&tokenizer.token_bytes(t, true)).into_owned())
+                .collect()
+        });
+        (tokens, strs)
+    })
+    .await
+    .map_err(|_| ApiError::Internal)?;
+    Ok(Json(TokenizeResponse {
+        count: tokens.len(),
+        max_model_len: engine.context_length(),
+        tokens,
+        token_strs: strs,
+    }))
+}
+
+/// Turns token ids back into text (special tokens included).
+pub async fn detokenize(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Json<DetokenizeResponse>, ApiError> {
+    let engine = state.engine()?.clone();
+    let request: DetokenizeRequest = parse(&body)?;
+    if let Some(model) = &request.model {
+        state.check_model(model)?;
+    }
+    let vocab = engine.tokenizer().vocab_size();
+    let ids = request
+        .tokens
+        .iter()
+        .map(|&t| match u32::try_from(t) {
+            Ok(id) if (id as usize) < vocab => Ok(id),
+            _ => Err(ApiError::invalid(
+                "tokens",
+                format!("token id {t} is out of the vocabulary (0..{vocab})"),
+            )),
+        })
+        .collect::<Result<Vec<u32>, _>>()?;
+    Ok(Json(DetokenizeResponse {
+        prompt: engine.tokenizer().decode(&ids, true),
+    }))
+}

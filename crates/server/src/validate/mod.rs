@@ -1,0 +1,656 @@
+//! Validation at the edge: a wire [`CompletionRequest`] becomes [`GenerateParams`], typed and
+//! with defaults resolved, or a 400 naming the field at fault. Checks that need the model
+//! (token ids against the vocabulary, lengths against the context) come later, in the
+//! route.
+
+mod checks;
+mod output;
+mod sampling;
+
+use ferrite_protocol::{CompletionRequest, PredictionContent, Prompt, KNOWN_FIELDS};
+use serde_json::Value;
+
+use crate::error::ApiError;
+use checks::{int_in_range, non_negative, token_ids};
+pub use output::OutputOptions;
+pub use sampling::SamplingOptions;
+
+/// Default `max_tokens`, as in OpenAI's legacy completions API.
+pub const DEFAULT_MAX_TOKENS: usize = 16;
+/// Most choices per prompt.
+pub const MAX_N: usize = 128;
+/// Most candidates per prompt for `best_of`.
+pub const MAX_BEST_OF: usize = 20;
+/// Most stop strings.
+pub const MAX_STOP: usize = 4;
+/// Most stop token ids.
+pub const MAX_STOP_TOKEN_IDS: usize = 64;
+/// Longest `inference_timeout`, in seconds (a day).
+pub const MAX_INFERENCE_TIMEOUT: f64 = 86_400.0;
+
+/// A prompt before tokenization.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptInput {
+    /// Text to tokenize.
+    Text(String),
+    /// Token ids as given.
+    Tokens(Vec<u32>),
+}
+
+/// What to do when prompt plus completion exceed the context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overflow {
+    /// Lower `max_tokens` to what fits.
+    Truncate,
+    /// Answer 400.
+    Error,
+}
+
+/// A validated completion request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateParams {
+    /// Requested model name.
+    pub model: String,
+    /// The prompts; each yields `n` choices.
+    pub prompts: Vec<PromptInput>,
+    /// Choices per prompt.
+    pub n: usize,
+    /// Candidates generated per prompt; the `n` with the best mean logprob are returned.
+    pub best_of: usize,
+    /// Requested `max_tokens` (`None`: the default, lowered to fit the context); 0 only
+    /// with `echo`, to score the prompt.
+    pub max_tokens: Option<usize>,
+    /// `context_length_exceeded_behavior`.
+    pub overflow: Overflow,
+    /// Keep the end of a prompt that alone exceeds the context.
+    pub truncate_sequence: bool,
+    /// How tokens are picked.
+    pub sampling: SamplingOptions,
+    /// Seed, `None` for a random one.
+    pub seed: Option<u64>,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// Extra tokens that end a choice.
+    pub stop_token_ids: Vec<u32>,
+    /// Keep a matched stop string in the text.
+    pub include_stop_str_in_output: bool,
+    /// Keep generating past end-of-sequence tokens.
+    pub ignore_eos: bool,
+    /// Tokens before an end may come.
+    pub min_tokens: usize,
+    /// Logprobs, echo and token spelling.
+    pub output: OutputOptions,
+    /// Text after the completion.
+    pub suffix: Option<String>,
+    /// Stream as server-sent events.
+    pub stream: bool,
+    /// Send a usage chunk at the end of a stream.
+    pub include_usage: bool,
+    /// Put usage on every chunk.
+    pub continuous_usage: bool,
+    /// Wall-clock limit in seconds.
+    pub inference_timeout: Option<f64>,
+    /// Predicted output text.
+    pub prediction: Option<String>,
+    /// End user, for the logs.
+    pub user: Option<String>,
+}
+
+/// Parses a request body: JSON syntax, unknown fields, then types, each error naming its
+/// field. With `ignore_unknown`, fields no vendor documents are dropped instead.
+pub fn parse_body(body: &[u8], ignore_unknown: bool) -> Result<CompletionRequest, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid_body(format!("the body is not valid JSON: {e}")))?;
+    let Value::Object(mut map) = value else {
+        return Err(ApiError::invalid_body("the body must be a JSON object"));
+    };
+    let unknown: Vec<String> = map
+        .keys()
+        .filter(|k| !KNOWN_FIELDS.contains(&k.as_str()))
+        .cloned()
+        .collect();
+    if let Some(first) = unknown.first() {
+        if !ignore_unknown {
+            return Err(ApiError::invalid(
+                first.clone(),
+                format!("Unrecognized request argument supplied: {first}"),
+            ));
+        }
+        for key in &unknown {
+            map.remove(key);
+        }
+    }
+    for required in ["model", "prompt"] {
+        if map.get(required).is_none_or(Value::is_null) {
+            return Err(ApiError::invalid(
+                required,
+                format!("`{required}` is required"),
+            ));
+        }
+    }
+    serde_path_to_error::deserialize(Value::Object(map)).map_err(|e| {
+        let path = e.path().to_string();
+        let param = path
+            .split(['.', '['])
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let message = match param.as_str() {
+            "prompt" => "`prompt` must be a string, an array of strings, an array of token ids \
+                         or an array of arrays of token ids"
+                .to_string(),
+            "stop" | "stop_sequences" => {
+                format!("`{param}` must be a string or an array of strings")
+            }
+            _ => format!("invalid value for `{path}`: {}", e.into_inner()),
+        };
+        ApiError::invalid(param, message)
+    })
+}
+
+/// A field this server does not implement yet (structured output) is accepted only while
+/// it asks for nothing: a non-neutral value is refused, never silently ignored.
+fn check_not_yet_supported(field: &str, value: &Value) -> Result<(), ApiError> {
+    let neutral = match field {
+        // Accepted with no effect on the output, by definition.
+        "inference_extra_params"
+        | "inference_extra_headers"
+        | "metadata"
+        | "priority"
+        | "parallel_tool_calls" => true,
+        "response_format" => {
+            value.is_null() || value.get("type").and_then(Value::as_str) == Some("text")
+        }
+        "tools" => value.is_null() || value.as_array().is_some_and(Vec::is_empty),
+        "tool_choice" => value.is_null() || value == "none" || value == "auto",
+        _ => value.is_null(),
+    };
+    if neutral {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
+            field,
+            format!("`{field}` is not supported by this server yet; leave it out or set it to its default"),
+        ))
+    }
+}
+
+/// The prompts in their typed forms.
+fn prompts(prompt: Prompt) -> Result<Vec<PromptInput>, ApiError> {
+    let prompts = match prompt {
+        Prompt::Text(t) => vec![PromptInput::Text(t)],
+        Prompt::Texts(ts) => ts.into_iter().map(PromptInput::Text).collect(),
+        Prompt::Tokens(ids) => vec![PromptInput::Tokens(token_ids("prompt", ids)?)],
+        Prompt::TokenLists(lists) => lists
+            .into_iter()
+            .map(|ids| token_ids("prompt", ids).map(PromptInput::Tokens))
+            .collect::<Result<_, _>>()?,
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::invalid(
+            "prompt",
+            "`prompt` must not be an empty list",
+        ));
+    }
+    if prompts
+        .iter()
+        .any(|p| matches!(p, PromptInput::Tokens(t) if t.is_empty()))
+    {
+        return Err(ApiError::invalid(
+            "prompt",
+            "a token-id prompt must not be empty",
+        ));
+    }
+    Ok(prompts)
+}
+
+/// `max_tokens` and its aliases: two that disagree are a 400. 0 is allowed only to score
+/// the prompt with `echo`.
+fn max_tokens(r: &CompletionRequest, echo: bool) -> Result<Option<usize>, ApiError> {
+    let mut max_tokens: Option<(&str, usize)> = None;
+    for (field, value) in [
+        ("max_tokens", r.max_tokens),
+        ("max_completion_tokens", r.max_completion_tokens),
+        ("max_new_tokens", r.max_new_tokens),
+    ] {
+        let Some(v) = non_negative(field, value)? else {
+            continue;
+        };
+        if v == 0 && !echo {
+            return Err(ApiError::invalid(
+                field,
+                format!("`{field}` must be at least 1 (0 is only allowed with `echo`, to score the prompt)"),
+            ));
+        }
+        if let Some((other, previous)) = max_tokens {
+            if previous != v {
+                return Err(ApiError::invalid(
+                    field,
+                    format!("`{field}` ({v}) conflicts with `{other}` ({previous})"),
+                ));
+            }
+        }
+        max_tokens = Some((field, v));
+    }
+    Ok(max_tokens.map(|(_, v)| v))
+}
+
+/// `stop` and its alias `stop_sequences`.
+fn stop_strings(r: &CompletionRequest) -> Result<Vec<String>, ApiError> {
+    if r.stop.is_some() && r.stop_sequences.is_some() && r.stop != r.stop_sequences {
+        return Err(ApiError::invalid(
+            "stop_sequences",
+            "`stop` and `stop_sequences` disagree",
+        ));
+    }
+    let stop = r
+        .stop
+        .clone()
+        .or(r.stop_sequences.clone())
+        .map(|s| s.into_vec())
+        .unwrap_or_default();
+    if stop.len() > MAX_STOP {
+        return Err(ApiError::invalid(
+            "stop",
+            format!("at most {MAX_STOP} stop strings are allowed"),
+        ));
+    }
+    Ok(stop)
+}
+
+/// `images`: this server's models read text only.
+fn check_images(r: &CompletionRequest, prompts: &[PromptInput]) -> Result<(), ApiError> {
+    let Some(images) = r.images.as_ref().filter(|i| !i.is_empty()) else {
+        return Ok(());
+    };
+    let markers: usize = prompts
+        .iter()
+        .map(|p| match p {
+            PromptInput::Text(t) => t.matches("<image>").count(),
+            PromptInput::Tokens(_) => 0,
+        })
+        .sum();
+    let message = if markers != images.len() {
+        format!(
+            "{} image(s) were given for {markers} `<image>` marker(s) in the prompt; the counts must be equal (and this model reads text only)",
+            images.len()
+        )
+    } else {
+        "this model reads text only: `images` cannot be used with it".to_string()
+    };
+    Err(ApiError::invalid("images", message))
+}
+
+/// `modalities` and `audio`: only text comes out.
+fn check_modalities(r: &CompletionRequest) -> Result<(), ApiError> {
+    if let Some(m) = &r.modalities {
+        if m.is_empty() || m.iter().any(|x| x != "text") {
+            return Err(ApiError::invalid(
+                "modalities",
+                format!(
+                    "this server produces text only; `modalities` must be [\"text\"], got {m:?}"
+                ),
+            ));
+        }
+    }
+    if r.audio.as_ref().is_some_and(|a| !a.is_null()) {
+        return Err(ApiError::invalid(
+            "audio",
+            "this server produces text only: `audio` output is not available",
+        ));
+    }
+    Ok(())
+}
+
+/// `prediction`: `{"type": "content", "content": text or text parts}`.
+fn prediction(r: &CompletionRequest) -> Result<Option<String>, ApiError> {
+    let Some(p) = &r.prediction else {
+        return Ok(None);
+    };
+    if p.kind != "content" {
+        return Err(ApiError::invalid(
+            "prediction",
+            format!("`prediction.type` must be \"content\", got {:?}", p.kind),
+        ));
+    }
+    match &p.content {
+        PredictionContent::Text(t) => Ok(Some(t.clone())),
+        PredictionContent::Parts(parts) => {
+            if let Some(bad) = parts.iter().find(|part| part.kind != "text") {
+                return Err(ApiError::invalid(
+                    "prediction",
+                    format!(
+                        "`prediction.content` parts must have type \"text\", got {:?}",
+                        bad.kind
+                    ),
+                ));
+            }
+            Ok(Some(parts.iter().map(|part| part.text.as_str()).collect()))
+        }
+    }
+}
+
+impl TryFrom<CompletionRequest> for GenerateParams {
+    type Error = ApiError;
+
+    fn try_from(r: CompletionRequest) -> Result<Self, ApiError> {
+        for (field, value) in &r.other {
+            check_not_yet_supported(field, value)?;
+        }
+        let n = non_negative("n", r.n)?.unwrap_or(1);
+        if !(1..=MAX_N).contains(&n) {
+            return Err(ApiError::invalid(
+                "n",
+                format!("`n` must be between 1 and {MAX_N}, got {n}"),
+            ));
+        }
+        let stream = r.stream.unwrap_or(false);
+        let best_of = int_in_range("best_of", r.best_of, 1, MAX_BEST_OF as i64)?.unwrap_or(n);
+        if best_of < n {
+            return Err(ApiError::invalid(
+                "best_of",
+                format!("`best_of` ({best_of}) must be at least `n` ({n})"),
+            ));
+        }
+        if best_of > n && stream {
+            return Err(ApiError::invalid(
+                "best_of",
+                "`best_of` cannot be used with `stream`: the best choices are known only at the end",
+            ));
+        }
+        let output = output::output_options(&r)?;
+        let max_tokens = max_tokens(&r, output.echo)?;
+        let overflow = match r.context_length_exceeded_behavior.as_deref() {
+            None | Some("truncate") => Overflow::Truncate,
+            Some("error") => Overflow::Error,
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    "context_length_exceeded_behavior",
+                    format!("`context_length_exceeded_behavior` must be \"truncate\" or \"error\", got {other:?}"),
+                ))
+            }
+        };
+        let sampling = sampling::sampling_options(&r)?;
+        let stop = stop_strings(&r)?;
+        let stop_token_ids = token_ids(
+            "stop_token_ids",
+            r.stop_token_ids.clone().unwrap_or_default(),
+        )?;
+        if stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
+            return Err(ApiError::invalid(
+                "stop_token_ids",
+                format!("at most {MAX_STOP_TOKEN_IDS} stop token ids are allowed"),
+            ));
+        }
+        let min_tokens = non_negative("min_tokens", r.min_tokens)?.unwrap_or(0);
+        if let Some(max) = max_tokens {
+            if min_tokens > max {
+                return Err(ApiError::invalid(
+                    "min_tokens",
+                    format!("`min_tokens` ({min_tokens}) must not exceed `max_tokens` ({max})"),
+                ));
+            }
+        }
+        let options = r.stream_options.clone().unwrap_or_default();
+        if !stream && (options.include_usage.is_some() || options.continuous_usage_stats.is_some())
+        {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "`stream_options` needs `stream: true`",
+            ));
+        }
+        let inference_timeout = match r.inference_timeout {
+            None => None,
+            Some(t) if t.is_finite() && t > 0.0 && t <= MAX_INFERENCE_TIMEOUT => Some(t),
+            Some(t) => {
+                return Err(ApiError::invalid(
+                    "inference_timeout",
+                    format!("`inference_timeout` must be a number of seconds in (0, {MAX_INFERENCE_TIMEOUT}], got {t}"),
+                ))
+            }
+        };
+        check_modalities(&r)?;
+        let prediction = prediction(&r)?;
+        let prompts = prompts(r.prompt.clone())?;
+        check_images(&r, &prompts)?;
+        Ok(Self {
+            model: r.model,
+            prompts,
+            n,
+            best_of,
+            max_tokens,
+            overflow,
+            truncate_sequence: r.truncate_sequence.unwrap_or(false),
+            sampling,
+            seed: r.seed.map(|s| s as u64),
+            stop,
+            stop_token_ids,
+            include_stop_str_in_output: r.include_stop_str_in_output.unwrap_or(false),
+            ignore_eos: r.ignore_eos.unwrap_or(false),
+            min_tokens,
+            output,
+            suffix: r.suffix.filter(|s| !s.is_empty()),
+            stream,
+            include_usage: options.include_usage == Some(true),
+            continuous_usage: options.continuous_usage_stats == Some(true),
+            inference_timeout,
+            prediction,
+            user: r.user,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(body: &str) -> Result<GenerateParams, ApiError> {
+        GenerateParams::try_from(parse_body(body.as_bytes(), false)?)
+    }
+
+    fn param_of(e: ApiError) -> Option<String> {
+        match e {
+            ApiError::InvalidRequest { param, .. } => param,
+            _ => None,
+        }
+    }
+
+    fn with(extra: &str) -> String {
+        format!(r#"{{"model":"m","prompt":"x",{extra}}}"#)
+    }
+
+    #[test]
+    fn defaults_resolve() {
+        let p = parse(r#"{"model":"m","prompt":"hi"}"#).unwrap();
+        assert_eq!((p.n, p.best_of), (1, 1));
+        assert_eq!(p.sampling.temperature, 1.0);
+        assert_eq!(p.sampling.repetition_penalty, 1.0);
+        assert_eq!(p.max_tokens, None);
+        assert_eq!(p.overflow, Overflow::Truncate);
+        assert!(p.output.skip_special_tokens && !p.output.echo);
+        assert_eq!(p.output.logprobs, None);
+        assert_eq!(p.prompts, vec![PromptInput::Text("hi".into())]);
+    }
+
+    #[test]
+    fn all_prompt_shapes_parse() {
+        assert_eq!(
+            parse(r#"{"model":"m","prompt":["a","b"]}"#)
+                .unwrap()
+                .prompts
+                .len(),
+            2
+        );
+        assert_eq!(
+            parse(r#"{"model":"m","prompt":[1,2]}"#).unwrap().prompts,
+            vec![PromptInput::Tokens(vec![1, 2])]
+        );
+        assert_eq!(
+            parse(r#"{"model":"m","prompt":[[1],[2,3]]}"#)
+                .unwrap()
+                .prompts
+                .len(),
+            2
+        );
+    }
+
+    /// Every field gives a 400 naming itself for a wrong type or a value out of range.
+    #[test]
+    fn errors_name_their_field() {
+        let cases = [
+            (r#""temperature":5"#, "temperature"),
+            (r#""temperature":"hot""#, "temperature"),
+            (r#""top_p":0"#, "top_p"),
+            (r#""top_k":-2"#, "top_k"),
+            (r#""top_k":1.5"#, "top_k"),
+            (r#""min_p":1.5"#, "min_p"),
+            (r#""typical_p":0"#, "typical_p"),
+            (r#""frequency_penalty":2.5"#, "frequency_penalty"),
+            (r#""presence_penalty":-3"#, "presence_penalty"),
+            (r#""repetition_penalty":0"#, "repetition_penalty"),
+            (r#""repetition_penalty":"x""#, "repetition_penalty"),
+            (r#""logit_bias":{"abc":1}"#, "logit_bias"),
+            (r#""logit_bias":{"5":101}"#, "logit_bias"),
+            (r#""logit_bias":[1]"#, "logit_bias"),
+            (r#""seed":"s""#, "seed"),
+            (r#""n":0"#, "n"),
+            (r#""n":129"#, "n"),
+            (r#""best_of":21"#, "best_of"),
+            (r#""n":3,"best_of":2"#, "best_of"),
+            (r#""best_of":3,"stream":true"#, "best_of"),
+            (r#""stop":["a","b","c","d","e"]"#, "stop"),
+            (r#""stop":5"#, "stop"),
+            (r#""stop":"a","stop_sequences":"b""#, "stop_sequences"),
+            (
+                r#""include_stop_str_in_output":1"#,
+                "include_stop_str_in_output",
+            ),
+            (r#""stop_token_ids":[-1]"#, "stop_token_ids"),
+            (r#""stop_token_ids":"x""#, "stop_token_ids"),
+            (r#""ignore_eos":"yes""#, "ignore_eos"),
+            (r#""min_tokens":-1"#, "min_tokens"),
+            (r#""min_tokens":5,"max_tokens":2"#, "min_tokens"),
+            (r#""echo":3"#, "echo"),
+            (r#""logprobs":21"#, "logprobs"),
+            (r#""logprobs":"x""#, "logprobs"),
+            (r#""logprobs":true,"top_logprobs":21"#, "top_logprobs"),
+            (r#""top_logprobs":2"#, "top_logprobs"),
+            (r#""logprobs":2,"top_logprobs":2"#, "top_logprobs"),
+            (r#""return_token_log_probs":"x""#, "return_token_log_probs"),
+            (
+                r#""return_tokens_as_token_ids":2"#,
+                "return_tokens_as_token_ids",
+            ),
+            (r#""skip_special_tokens":"no""#, "skip_special_tokens"),
+            (r#""mirostat_target":0"#, "mirostat_target"),
+            (r#""mirostat_lr":2"#, "mirostat_lr"),
+            (r#""dry_multiplier":-1"#, "dry_multiplier"),
+            (r#""dry_base":0.5"#, "dry_base"),
+            (r#""dry_allowed_length":-1"#, "dry_allowed_length"),
+            (r#""dry_sequence_breakers":[""]"#, "dry_sequence_breakers"),
+            (r#""dry_sequence_breakers":"x""#, "dry_sequence_breakers"),
+            (r#""max_tokens":0"#, "max_tokens"),
+            (r#""max_tokens":-1"#, "max_tokens"),
+            (r#""max_tokens":5,"max_new_tokens":6"#, "max_new_tokens"),
+            (r#""max_completion_tokens":"x""#, "max_completion_tokens"),
+            (
+                r#""context_length_exceeded_behavior":"drop""#,
+                "context_length_exceeded_behavior",
+            ),
+            (r#""truncate_sequence":"x""#, "truncate_sequence"),
+            (r#""suffix":5"#, "suffix"),
+            (r#""stream":"x""#, "stream"),
+            (
+                r#""stream_options":{"include_usage":true}"#,
+                "stream_options",
+            ),
+            (
+                r#""stream":true,"stream_options":{"bogus":true}"#,
+                "stream_options",
+            ),
+            (r#""inference_timeout":0"#, "inference_timeout"),
+            (r#""inference_timeout":"x""#, "inference_timeout"),
+            (r#""prediction":{"type":"x","content":"a"}"#, "prediction"),
+            (r#""prediction":"a""#, "prediction"),
+            (r#""images":["data:image/png;base64,AAAA"]"#, "images"),
+            (r#""modalities":["audio"]"#, "modalities"),
+            (r#""audio":{"voice":"x"}"#, "audio"),
+            (r#""user":5"#, "user"),
+            (
+                r#""response_format":{"type":"json_object"}"#,
+                "response_format",
+            ),
+            (r#""bogus":1"#, "bogus"),
+            (r#""prompt2":1"#, "prompt2"),
+        ];
+        for (extra, field) in cases {
+            let body = with(extra);
+            let err = parse(&body).expect_err(&body);
+            assert_eq!(param_of(err), Some(field.to_string()), "{body}");
+        }
+        for (body, field) in [
+            (r#"{"model":"m"}"#, "prompt"),
+            (r#"{"model":"m","prompt":[-1]}"#, "prompt"),
+            (r#"{"prompt":"x"}"#, "model"),
+        ] {
+            let err = parse(body).expect_err(body);
+            assert_eq!(param_of(err), Some(field.to_string()), "{body}");
+        }
+    }
+
+    #[test]
+    fn logprobs_spellings_resolve() {
+        let lp = |extra: &str| parse(&with(extra)).unwrap().output.logprobs;
+        assert_eq!(lp(r#""logprobs":3"#), Some(3));
+        assert_eq!(lp(r#""logprobs":0"#), Some(0));
+        assert_eq!(lp(r#""logprobs":true"#), Some(0));
+        assert_eq!(lp(r#""logprobs":true,"top_logprobs":5"#), Some(5));
+        assert_eq!(lp(r#""logprobs":false"#), None);
+        assert_eq!(lp(r#""return_token_log_probs":true"#), Some(0));
+    }
+
+    #[test]
+    fn fields_with_meaning_resolve() {
+        let p = parse(&with(
+            r#""logit_bias":{"7":100},"repetition_penalty":1.3,"dry_multiplier":0.8,"mirostat_target":4,"min_tokens":2,"stop_token_ids":[5],"echo":true,"max_tokens":5,"best_of":3,"n":2,"context_length_exceeded_behavior":"error","prediction":{"type":"content","content":[{"type":"text","text":"ab"},{"type":"text","text":"c"}]}"#,
+        ))
+        .unwrap();
+        assert_eq!(p.sampling.logit_bias, vec![(7, 100.0)]);
+        assert_eq!(p.sampling.dry.as_ref().unwrap().breakers.len(), 4);
+        assert_eq!(p.sampling.mirostat.unwrap().learning_rate, 0.1);
+        assert_eq!((p.min_tokens, p.max_tokens), (2, Some(5)));
+        let scoring = parse(&with(r#""echo":true,"max_tokens":0,"logprobs":1"#)).unwrap();
+        assert_eq!(scoring.max_tokens, Some(0));
+        assert_eq!((p.n, p.best_of), (2, 3));
+        assert_eq!(p.overflow, Overflow::Error);
+        assert_eq!(p.prediction.as_deref(), Some("abc"));
+        // DRY settings with a zero multiplier leave DRY off.
+        let p = parse(&with(r#""dry_multiplier":0,"dry_base":2"#)).unwrap();
+        assert_eq!(p.sampling.dry, None);
+    }
+
+    #[test]
+    fn structured_output_fields_are_accepted_only_when_neutral() {
+        let p = parse(&with(
+            r#""response_format":{"type":"text"},"tools":[],"tool_choice":"auto","metadata":{"a":1},"priority":3,"modalities":["text"],"images":[]"#,
+        ));
+        assert!(p.is_ok(), "{p:?}");
+    }
+
+    #[test]
+    fn shape_errors_say_what_shapes_are_allowed() {
+        let err = parse(r#"{"model":"m","prompt":{"a":1}}"#).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("must be a string, an array of strings"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn bad_json_is_a_400_without_param() {
+        let err = parse_body(b"{not json", false).unwrap_err();
+        assert_eq!(err.status(), axum::http::StatusCode::BAD_REQUEST);
+        assert_eq!(param_of(err), None);
+    }
+}

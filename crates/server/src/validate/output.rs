@@ -1,0 +1,60 @@
+//! The fields that shape what comes back: logprobs in their three spellings, echo, token
+//! spelling, special tokens.
+
+use ferrite_protocol::{CompletionRequest, Logprobs};
+
+use super::checks::int_in_range;
+use crate::error::ApiError;
+
+/// Most alternatives per token.
+pub const MAX_LOGPROBS: i64 = 20;
+
+/// What the answer carries besides the generated text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutputOptions {
+    /// `Some(k)`: logprobs with the `k` most likely alternatives per token.
+    pub logprobs: Option<usize>,
+    /// Prepend the prompt (and, with logprobs, its tokens' logprobs).
+    pub echo: bool,
+    /// Write tokens in logprobs as `token_id:<id>`.
+    pub tokens_as_ids: bool,
+    /// Leave special tokens out of the text.
+    pub skip_special_tokens: bool,
+}
+
+/// Validates the output fields. `logprobs` is an int (legacy, 0..=20 alternatives) or a
+/// bool with `top_logprobs`; `return_token_log_probs` is `logprobs: 0`.
+pub fn output_options(r: &CompletionRequest) -> Result<OutputOptions, ApiError> {
+    let top = int_in_range("top_logprobs", r.top_logprobs, 0, MAX_LOGPROBS)?;
+    let logprobs = match r.logprobs {
+        None | Some(Logprobs::Switch(false)) => {
+            if top.is_some_and(|k| k > 0) {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    "`top_logprobs` needs `logprobs: true`",
+                ));
+            }
+            None
+        }
+        Some(Logprobs::Switch(true)) => Some(top.unwrap_or(0)),
+        Some(Logprobs::Count(k)) => {
+            if top.is_some() {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    "`top_logprobs` goes with `logprobs: true`; with an integer `logprobs`, that integer is the number of alternatives",
+                ));
+            }
+            int_in_range("logprobs", Some(k), 0, MAX_LOGPROBS)?
+        }
+    };
+    let logprobs = match (logprobs, r.return_token_log_probs) {
+        (None, Some(true)) => Some(0),
+        (l, _) => l,
+    };
+    Ok(OutputOptions {
+        logprobs,
+        echo: r.echo.unwrap_or(false),
+        tokens_as_ids: r.return_tokens_as_token_ids.unwrap_or(false),
+        skip_special_tokens: r.skip_special_tokens.unwrap_or(true),
+    })
+}

@@ -1,0 +1,157 @@
+//! The sampling fields: temperature, truncation, penalties, logit bias, DRY, Mirostat.
+
+use ferrite_engine::sampling::MirostatParams;
+use ferrite_protocol::CompletionRequest;
+
+use super::checks::{in_half_open, in_range, int_in_range};
+use crate::error::ApiError;
+
+/// Most `logit_bias` entries.
+pub const MAX_LOGIT_BIAS: usize = 1024;
+/// Most DRY sequence breakers.
+pub const MAX_DRY_BREAKERS: usize = 32;
+/// DRY's default sequence breakers.
+pub const DEFAULT_DRY_BREAKERS: [&str; 4] = ["\n", ":", "\"", "*"];
+
+/// DRY settings as requested (breakers still as text).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DryOptions {
+    /// Penalty scale, > 0.
+    pub multiplier: f32,
+    /// Penalty growth per token of repeat.
+    pub base: f32,
+    /// Longest repeat let pass.
+    pub allowed_length: usize,
+    /// Strings that end a repeat.
+    pub breakers: Vec<String>,
+}
+
+/// How tokens are picked, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingOptions {
+    /// 0 is greedy.
+    pub temperature: f32,
+    /// Nucleus mass.
+    pub top_p: f32,
+    /// Top-k, `None` when off.
+    pub top_k: Option<usize>,
+    /// Min-p, 0 when off.
+    pub min_p: f32,
+    /// Typical-p, 1 when off.
+    pub typical_p: f32,
+    /// CTRL repetition penalty, 1 when off.
+    pub repetition_penalty: f32,
+    /// Frequency penalty.
+    pub frequency_penalty: f32,
+    /// Presence penalty.
+    pub presence_penalty: f32,
+    /// `(token id, bias)`, ids not yet checked against the vocabulary.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// DRY, when its multiplier is above 0.
+    pub dry: Option<DryOptions>,
+    /// Mirostat 2.0, when `mirostat_target` is given.
+    pub mirostat: Option<MirostatParams>,
+}
+
+/// Validates the sampling fields of a request.
+pub fn sampling_options(r: &CompletionRequest) -> Result<SamplingOptions, ApiError> {
+    let temperature = in_range("temperature", r.temperature, 0.0, 2.0, 1.0)?;
+    let top_p = in_half_open("top_p", r.top_p, 0.0, 1.0, 1.0)?;
+    let top_k = match r.top_k {
+        None | Some(0) | Some(-1) => None,
+        Some(k) if k > 0 => Some(k as usize),
+        Some(k) => {
+            return Err(ApiError::invalid(
+                "top_k",
+                format!("`top_k` must be positive, 0 or -1, got {k}"),
+            ))
+        }
+    };
+    Ok(SamplingOptions {
+        temperature,
+        top_p,
+        top_k,
+        min_p: in_range("min_p", r.min_p, 0.0, 1.0, 0.0)?,
+        typical_p: in_half_open("typical_p", r.typical_p, 0.0, 1.0, 1.0)?,
+        repetition_penalty: in_half_open(
+            "repetition_penalty",
+            r.repetition_penalty,
+            0.0,
+            2.0,
+            1.0,
+        )?,
+        frequency_penalty: in_range("frequency_penalty", r.frequency_penalty, -2.0, 2.0, 0.0)?,
+        presence_penalty: in_range("presence_penalty", r.presence_penalty, -2.0, 2.0, 0.0)?,
+        logit_bias: logit_bias(r)?,
+        dry: dry(r)?,
+        mirostat: mirostat(r)?,
+    })
+}
+
+fn logit_bias(r: &CompletionRequest) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(map) = &r.logit_bias else {
+        return Ok(Vec::new());
+    };
+    if map.len() > MAX_LOGIT_BIAS {
+        return Err(ApiError::invalid(
+            "logit_bias",
+            format!("`logit_bias` may hold at most {MAX_LOGIT_BIAS} entries"),
+        ));
+    }
+    map.iter()
+        .map(|(key, &bias)| {
+            let id: u32 = key.trim().parse().map_err(|_| {
+                ApiError::invalid(
+                    "logit_bias",
+                    format!("`logit_bias` keys must be token ids, got {key:?}"),
+                )
+            })?;
+            if !(bias.is_finite() && (-100.0..=100.0).contains(&bias)) {
+                return Err(ApiError::invalid(
+                    "logit_bias",
+                    format!("`logit_bias` values must be between -100 and 100, got {bias} for token {id}"),
+                ));
+            }
+            Ok((id, bias as f32))
+        })
+        .collect()
+}
+
+fn dry(r: &CompletionRequest) -> Result<Option<DryOptions>, ApiError> {
+    let multiplier = in_range("dry_multiplier", r.dry_multiplier, 0.0, 100.0, 0.0)?;
+    let base = in_range("dry_base", r.dry_base, 1.0, 16.0, 1.75)?;
+    let allowed_length =
+        int_in_range("dry_allowed_length", r.dry_allowed_length, 0, 1024)?.unwrap_or(2);
+    let breakers = match &r.dry_sequence_breakers {
+        None => DEFAULT_DRY_BREAKERS.iter().map(|s| s.to_string()).collect(),
+        Some(list) => {
+            if list.len() > MAX_DRY_BREAKERS || list.iter().any(|s| s.is_empty() || s.len() > 64) {
+                return Err(ApiError::invalid(
+                    "dry_sequence_breakers",
+                    format!("`dry_sequence_breakers` must be at most {MAX_DRY_BREAKERS} non-empty strings of at most 64 bytes"),
+                ));
+            }
+            list.clone()
+        }
+    };
+    // A multiplier of 0 turns DRY off; the other DRY fields then have nothing to act on.
+    Ok((multiplier > 0.0).then_some(DryOptions {
+        multiplier,
+        base,
+        allowed_length,
+        breakers,
+    }))
+}
+
+fn mirostat(r: &CompletionRequest) -> Result<Option<MirostatParams>, ApiError> {
+    let learning_rate = in_half_open("mirostat_lr", r.mirostat_lr, 0.0, 1.0, 0.1)?;
+    // Mirostat is on when a target is given; a learning rate alone has nothing to tune.
+    let Some(target) = r.mirostat_target else {
+        return Ok(None);
+    };
+    let target = in_half_open("mirostat_target", Some(target), 0.0, 64.0, 5.0)?;
+    Ok(Some(MirostatParams {
+        target,
+        learning_rate,
+    }))
+}
