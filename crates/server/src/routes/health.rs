@@ -86,6 +86,18 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
             "counter",
             s.abandoned,
         );
+        gauge(
+            "ferrite_sequences_timed_out_total",
+            "Sequences ended by their inference_timeout.",
+            "counter",
+            s.timed_out,
+        );
+        gauge(
+            "ferrite_draft_tokens_accepted_total",
+            "Predicted tokens accepted as drafts, generated without a forward step of their own.",
+            "counter",
+            s.draft_tokens_accepted,
+        );
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
 }
