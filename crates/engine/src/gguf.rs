@@ -81,6 +81,13 @@ pub struct GgufMetadata {
     values: HashMap<String, Value>,
 }
 
+impl From<HashMap<String, Value>> for GgufMetadata {
+    /// Metadata from key-value pairs (tests build small vocabularies this way).
+    fn from(values: HashMap<String, Value>) -> Self {
+        Self { values }
+    }
+}
+
 impl GgufMetadata {
     fn get(&self, key: &str) -> Result<&Value, EngineError> {
         self.values

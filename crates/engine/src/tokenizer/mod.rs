@@ -366,3 +366,78 @@ enum Fragment<'a> {
     Text(&'a str),
     Token(TokenId),
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use candle_core::quantized::gguf_file::Value;
+
+    use super::*;
+
+    /// A tiny SentencePiece vocabulary with FIM tokens, named or not in the metadata.
+    fn tokenizer(fim_in_metadata: bool) -> Tokenizer {
+        let pieces = [
+            "<unk>",
+            "<s>",
+            "</s>",
+            "<PRE>",
+            "<SUF>",
+            "<MID>",
+            "\u{2581}a",
+            "\u{2581}b",
+            "a",
+            "b",
+            "\u{2581}",
+        ];
+        let kinds = [2, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1];
+        let strings =
+            |v: &[&str]| Value::Array(v.iter().map(|s| Value::String(s.to_string())).collect());
+        let mut meta: HashMap<String, Value> = HashMap::from([
+            ("tokenizer.ggml.model".into(), Value::String("llama".into())),
+            ("tokenizer.ggml.tokens".into(), strings(&pieces)),
+            (
+                "tokenizer.ggml.scores".into(),
+                Value::Array((0..pieces.len()).map(|i| Value::F32(-(i as f32))).collect()),
+            ),
+            (
+                "tokenizer.ggml.token_type".into(),
+                Value::Array(kinds.iter().map(|&k| Value::I32(k)).collect()),
+            ),
+            ("tokenizer.ggml.bos_token_id".into(), Value::U32(1)),
+            ("tokenizer.ggml.eos_token_id".into(), Value::U32(2)),
+            ("tokenizer.ggml.add_bos_token".into(), Value::Bool(true)),
+        ]);
+        if fim_in_metadata {
+            // Named in the metadata, the ids win over the spellings.
+            meta.insert("tokenizer.ggml.fim_pre_token_id".into(), Value::U32(5));
+            meta.insert("tokenizer.ggml.fim_suf_token_id".into(), Value::U32(4));
+            meta.insert("tokenizer.ggml.fim_mid_token_id".into(), Value::U32(3));
+        }
+        Tokenizer::from_gguf(&GgufMetadata::from(meta)).unwrap()
+    }
+
+    #[test]
+    fn fim_tokens_come_from_the_spellings_or_the_metadata() {
+        let by_text = tokenizer(false);
+        assert_eq!(
+            by_text.fim(),
+            Some(FimTokens {
+                prefix: 3,
+                suffix: 4,
+                middle: 5
+            })
+        );
+        assert_eq!(tokenizer(true).fim().map(|f| f.prefix), Some(5));
+    }
+
+    #[test]
+    fn a_fill_in_the_middle_prompt_puts_prefix_and_suffix_around_the_gap() {
+        let t = tokenizer(false);
+        let ids = t.encode_fill_in_middle("a", "b").unwrap();
+        let a = t.encode("a", false);
+        let b = t.encode("b", false);
+        let want: Vec<TokenId> = [vec![1, 3], a, vec![4], b, vec![5]].concat();
+        assert_eq!(ids, want);
+    }
+}
