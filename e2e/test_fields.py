@@ -79,6 +79,19 @@ def test_typical_p_narrows_sampling_to_the_typical_tokens(client):
     assert len(first(typical_p=0.001)) <= 2
 
 
+def test_temperature_zero_is_greedy_and_high_temperature_varies(client):
+    want = greedy(client).choices[0].text
+    assert {complete(client, temperature=0, seed=s).choices[0].text for s in (1, 2)} == {want}
+    hot = {complete(client, temperature=2.0, seed=s, max_tokens=6).choices[0].text for s in (1, 2, 3)}
+    assert len(hot) > 1
+
+
+def test_top_p_tiny_keeps_only_the_top_token(client):
+    want = greedy(client).choices[0].text
+    for seed in (1, 2, 3):
+        assert complete(client, temperature=1.0, seed=seed, top_p=0.001).choices[0].text == want
+
+
 def test_top_k_one_is_greedy(client):
     want = greedy(client).choices[0].text
     assert complete(client, temperature=1.5, seed=9, top_k=1).choices[0].text == want
@@ -104,6 +117,23 @@ def test_penalties_change_a_repetitive_greedy_text(client, server, field, value,
     assert repetition_of(penalised, server) < repetition_of(plain, server)
 
 
+def test_dry_settings_shape_the_penalty(client):
+    plain = greedy(client, COUNTING, max_tokens=16).choices[0].text
+    dry = greedy(client, COUNTING, max_tokens=16, dry_multiplier=2.0).choices[0].text
+    assert dry != plain
+    # Repeats up to the allowed length go unpunished.
+    assert greedy(client, COUNTING, max_tokens=16, dry_multiplier=2.0, dry_allowed_length=64).choices[0].text == plain
+    # A breaker that every other token contains stops repeats from growing.
+    assert (
+        greedy(client, COUNTING, max_tokens=16, dry_multiplier=2.0, dry_sequence_breakers=[","]).choices[0].text
+        == plain
+    )
+    # A gentler base, a weaker penalty.
+    gentle = greedy(client, COUNTING, max_tokens=16, dry_multiplier=0.05, dry_base=1.0).choices[0].text
+    steep = greedy(client, COUNTING, max_tokens=16, dry_multiplier=0.05, dry_base=8.0).choices[0].text
+    assert gentle != steep
+
+
 def test_logit_bias_forces_a_token(client, server):
     (banana,) = tokenize(server, " banana")
     r = greedy(client, max_tokens=5, logit_bias={str(banana): 100}, logprobs=0)
@@ -126,6 +156,14 @@ def test_mirostat_with_a_tiny_target_is_greedy_and_seeded(client):
     a = complete(client, temperature=1.0, seed=5, mirostat_target=6.0, max_tokens=16).choices[0].text
     b = complete(client, temperature=1.0, seed=5, mirostat_target=6.0, max_tokens=16).choices[0].text
     assert a == b
+
+
+def test_mirostat_learning_rate_matters(client):
+    texts = {
+        complete(client, temperature=1.0, seed=11, mirostat_target=3.0, mirostat_lr=lr, max_tokens=32).choices[0].text
+        for lr in (0.01, 1.0)
+    }
+    assert len(texts) == 2
 
 
 def test_seed_fixes_the_output(client):
@@ -444,6 +482,7 @@ BAD_VALUES = [
     ("stream_options", {"include_usage": True}), ("inference_timeout", -1),
     ("prediction", {"type": "other", "content": "x"}), ("images", "x"),
     ("modalities", ["audio"]), ("audio", {"format": "wav"}), ("user", 5), ("stop_sequences", 1),
+    ("stream", "x"), ("prompt", {"a": 1}), ("model", 5),
 ]
 
 
