@@ -81,6 +81,56 @@ pub(super) fn scale_min_k4(j: usize, s: &[u8]) -> (i32, i32) {
     }
 }
 
+/// The floating-point side of a Q4_K dot product: the GEMV folds a super-block's integer
+/// sums into one fused multiply-add, the GEMM each pair of sub-blocks'. Shared by the
+/// portable and SIMD kernels so that both round alike.
+pub(super) struct Q4kSums {
+    per_pair: bool,
+    acc: f32,
+    acc_min: f32,
+    isum: i32,
+    imin: i32,
+}
+
+impl Q4kSums {
+    /// Empty sums for `kernel`.
+    pub(super) fn new(kernel: RowKernel) -> Self {
+        Self {
+            per_pair: kernel == RowKernel::Gemm4,
+            acc: 0.0,
+            acc_min: 0.0,
+            isum: 0,
+            imin: 0,
+        }
+    }
+
+    /// Adds a pair of sub-blocks' scaled dot product and scaled minimum term; `dd` and `dm`
+    /// are the super-block's `d` and `dmin` times the activations' scale.
+    pub(super) fn pair(&mut self, psum: i32, pmin: i32, dd: f32, dm: f32) {
+        if self.per_pair {
+            self.acc = (psum as f32).mul_add(dd, self.acc);
+            self.acc_min = (pmin as f32).mul_add(dm, self.acc_min);
+        } else {
+            self.isum += psum;
+            self.imin += pmin;
+        }
+    }
+
+    /// Ends a super-block.
+    pub(super) fn end_block(&mut self, dd: f32, dm: f32) {
+        if !self.per_pair {
+            self.acc = (self.isum as f32).mul_add(dd, self.acc);
+            self.acc_min = (self.imin as f32).mul_add(dm, self.acc_min);
+            (self.isum, self.imin) = (0, 0);
+        }
+    }
+
+    /// The dot product.
+    pub(super) fn result(&self) -> f32 {
+        self.acc - self.acc_min
+    }
+}
+
 /// Dot product of a Q4_K weight row with a Q8_K activation row, rounded as `kernel`.
 pub fn dot_q4k(w: &[u8], a: &Q8KRow, kernel: RowKernel) -> f32 {
     #[cfg(target_arch = "x86_64")]
@@ -103,8 +153,7 @@ pub fn dot_q6k(w: &[u8], a: &Q8KRow) -> f32 {
 
 /// [`dot_q4k`] in portable code.
 pub fn dot_q4k_portable(w: &[u8], a: &Q8KRow, kernel: RowKernel) -> f32 {
-    let per_pair = kernel == RowKernel::Gemm4;
-    let (mut acc, mut acc_min) = (0f32, 0f32);
+    let mut sums = Q4kSums::new(kernel);
     for (b, block) in w.chunks_exact(Q4_K).enumerate() {
         let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
         let scales = &block[4..16];
@@ -112,7 +161,6 @@ pub fn dot_q4k_portable(w: &[u8], a: &Q8KRow, kernel: RowKernel) -> f32 {
         let q8 = &a.qs[b * QK_K..(b + 1) * QK_K];
         let bsums = &a.bsums[b * 16..(b + 1) * 16];
         let (dd, dm) = (d * a.d[b], dmin * a.d[b]);
-        let (mut isum, mut imin) = (0i32, 0i32);
         for pair in 0..4 {
             let (mut psum, mut pmin) = (0i32, 0i32);
             for half in 0..2 {
@@ -127,20 +175,11 @@ pub fn dot_q4k_portable(w: &[u8], a: &Q8KRow, kernel: RowKernel) -> f32 {
                 psum += sc * dot;
                 pmin += m * (bsums[2 * j] + bsums[2 * j + 1]);
             }
-            if per_pair {
-                acc = (psum as f32).mul_add(dd, acc);
-                acc_min = (pmin as f32).mul_add(dm, acc_min);
-            } else {
-                isum += psum;
-                imin += pmin;
-            }
+            sums.pair(psum, pmin, dd, dm);
         }
-        if !per_pair {
-            acc = (isum as f32).mul_add(dd, acc);
-            acc_min = (imin as f32).mul_add(dm, acc_min);
-        }
+        sums.end_block(dd, dm);
     }
-    acc - acc_min
+    sums.result()
 }
 
 /// [`dot_q6k`] in portable code.

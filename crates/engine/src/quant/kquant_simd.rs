@@ -6,7 +6,7 @@
 use std::arch::x86_64::*;
 
 use super::dot::hsum8;
-use super::kquant::{scale_min_k4, Q8KRow, Q4_K, Q6_K, QK_K};
+use super::kquant::{scale_min_k4, Q4kSums, Q8KRow, Q4_K, Q6_K, QK_K};
 use super::simd::f16_at;
 use super::RowKernel;
 
@@ -25,12 +25,11 @@ unsafe fn hsum_i32(v: __m256i) -> i32 {
 /// AVX2, FMA and F16C must be available; `w` holds whole super-blocks and `a` as many.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q4k(w: &[u8], a: &Q8KRow, kernel: RowKernel) -> f32 {
-    let per_pair = kernel == RowKernel::Gemm4;
     let blocks = w.len() / Q4_K;
     assert!(a.d.len() >= blocks && a.qs.len() >= blocks * QK_K && a.bsums.len() >= blocks * 16);
     let ones = _mm256_set1_epi16(1);
     let low = _mm256_set1_epi8(0x0F);
-    let (mut acc, mut acc_min) = (0f32, 0f32);
+    let mut sums = Q4kSums::new(kernel);
     for b in 0..blocks {
         let block = w.as_ptr().add(b * Q4_K);
         let scales = std::slice::from_raw_parts(block.add(4), 12);
@@ -38,7 +37,6 @@ pub unsafe fn dot_q4k(w: &[u8], a: &Q8KRow, kernel: RowKernel) -> f32 {
         let bsums = &a.bsums[b * 16..(b + 1) * 16];
         let d = *a.d.get_unchecked(b);
         let (dd, dm) = (f16_at(block) * d, f16_at(block.add(2)) * d);
-        let (mut isum, mut imin) = (0i32, 0i32);
         for pair in 0..4 {
             let (mut psum, mut pmin) = (0i32, 0i32);
             let bytes = _mm256_loadu_si256(block.add(16 + pair * 32) as *const __m256i);
@@ -54,20 +52,11 @@ pub unsafe fn dot_q4k(w: &[u8], a: &Q8KRow, kernel: RowKernel) -> f32 {
                 psum += sc * dot;
                 pmin += m * (bsums[2 * j] + bsums[2 * j + 1]);
             }
-            if per_pair {
-                acc = (psum as f32).mul_add(dd, acc);
-                acc_min = (pmin as f32).mul_add(dm, acc_min);
-            } else {
-                isum += psum;
-                imin += pmin;
-            }
+            sums.pair(psum, pmin, dd, dm);
         }
-        if !per_pair {
-            acc = (isum as f32).mul_add(dd, acc);
-            acc_min = (imin as f32).mul_add(dm, acc_min);
-        }
+        sums.end_block(dd, dm);
     }
-    acc - acc_min
+    sums.result()
 }
 
 /// Q6_K · Q8_K, as [`super::kquant::dot_q6k`].

@@ -66,23 +66,28 @@ fn renormalise(candidates: &mut [Candidate]) {
     }
 }
 
-/// Nucleus: keeps the smallest best-first prefix of the (sorted) probabilities whose mass
-/// reaches `top_p`, and renormalises it.
-pub fn apply_top_p(candidates: &mut Vec<Candidate>, top_p: f32) {
-    if top_p >= 1.0 {
-        return;
-    }
-    let mut mass = 0.0;
+/// Keeps the shortest prefix (at least one) whose probabilities reach `mass`, and
+/// renormalises it.
+fn keep_prefix_with_mass(candidates: &mut Vec<Candidate>, mass: f32) {
+    let mut total = 0.0;
     let mut keep = candidates.len();
     for (i, c) in candidates.iter().enumerate() {
-        mass += c.value;
-        if mass >= top_p {
+        total += c.value;
+        if total >= mass {
             keep = i + 1;
             break;
         }
     }
     candidates.truncate(keep.max(1));
     renormalise(candidates);
+}
+
+/// Nucleus: keeps the smallest best-first prefix of the (sorted) probabilities whose mass
+/// reaches `top_p`, and renormalises it.
+pub fn apply_top_p(candidates: &mut Vec<Candidate>, top_p: f32) {
+    if top_p < 1.0 {
+        keep_prefix_with_mass(candidates, top_p);
+    }
 }
 
 /// Min-p: keeps the tokens whose probability is at least `min_p` times the largest one,
@@ -117,17 +122,7 @@ pub fn apply_typical_p(candidates: &mut Vec<Candidate>, typical_p: f32) {
         }
     };
     candidates.sort_by(|a, b| distance(a).total_cmp(&distance(b)).then(a.id.cmp(&b.id)));
-    let mut mass = 0.0;
-    let mut keep = candidates.len();
-    for (i, c) in candidates.iter().enumerate() {
-        mass += c.value;
-        if mass >= typical_p {
-            keep = i + 1;
-            break;
-        }
-    }
-    candidates.truncate(keep.max(1));
-    renormalise(candidates);
+    keep_prefix_with_mass(candidates, typical_p);
     sort_best_first(candidates);
 }
 
@@ -152,16 +147,8 @@ pub fn draw(candidates: &[Candidate], u: f32) -> TokenId {
 mod tests {
     use super::*;
 
-    fn probs(values: &[f32]) -> Vec<Candidate> {
-        values
-            .iter()
-            .enumerate()
-            .map(|(i, &v)| Candidate {
-                id: i as TokenId,
-                value: v,
-            })
-            .collect()
-    }
+    /// Probabilities given in id order.
+    use super::candidates as probs;
 
     fn ids(c: &[Candidate]) -> Vec<TokenId> {
         c.iter().map(|c| c.id).collect()

@@ -62,16 +62,8 @@ impl Mirostat {
 mod tests {
     use super::*;
 
-    fn probs(values: &[f32]) -> Vec<Candidate> {
-        values
-            .iter()
-            .enumerate()
-            .map(|(i, &v)| Candidate {
-                id: i as TokenId,
-                value: v,
-            })
-            .collect()
-    }
+    /// Probabilities given in id order.
+    use crate::sampling::candidates as probs;
 
     #[test]
     fn truncates_to_the_surprise_budget_and_learns() {

@@ -10,24 +10,13 @@ use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
 use crate::state::AppState;
+use crate::validate::deserialize_naming_the_field;
 
 /// Parses a JSON body, naming the field at fault.
 fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    let mut de = serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        let param = path
-            .split(['.', '['])
-            .next()
-            .unwrap_or_default()
-            .to_string();
-        let message = format!("invalid request: {}", e.into_inner());
-        if param.is_empty() || param == "." {
-            ApiError::invalid_body(message)
-        } else {
-            ApiError::invalid(param, message)
-        }
-    })
+    let value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid_body(format!("the body is not valid JSON: {e}")))?;
+    deserialize_naming_the_field(value)
 }
 
 /// Tokenizes text as a prompt would be (or without special tokens).

@@ -7,13 +7,13 @@ mod checks;
 mod output;
 mod sampling;
 
+use ferrite_engine::sampling::SamplingParams;
 use ferrite_protocol::{CompletionRequest, PredictionContent, Prompt, KNOWN_FIELDS};
 use serde_json::Value;
 
 use crate::error::ApiError;
 use checks::{int_in_range, non_negative, token_ids};
 pub use output::OutputOptions;
-pub use sampling::SamplingOptions;
 
 /// Default `max_tokens`, as in OpenAI's legacy completions API.
 pub const DEFAULT_MAX_TOKENS: usize = 16;
@@ -64,8 +64,11 @@ pub struct GenerateParams {
     pub overflow: Overflow,
     /// Keep the end of a prompt that alone exceeds the context.
     pub truncate_sequence: bool,
-    /// How tokens are picked.
-    pub sampling: SamplingOptions,
+    /// How tokens are picked (the seed is set per choice later, DRY's breaker tokens
+    /// found from `dry_breakers`).
+    pub sampling: SamplingParams,
+    /// DRY's sequence breakers, as text.
+    pub dry_breakers: Vec<String>,
     /// Seed, `None` for a random one.
     pub seed: Option<u64>,
     /// Stop strings.
@@ -128,7 +131,15 @@ pub fn parse_body(body: &[u8], ignore_unknown: bool) -> Result<CompletionRequest
             ));
         }
     }
-    serde_path_to_error::deserialize(Value::Object(map)).map_err(|e| {
+    deserialize_naming_the_field(Value::Object(map))
+}
+
+/// Deserializes a JSON value into `T`; a type error is a 400 whose `param` is the
+/// top-level field it sits in.
+pub fn deserialize_naming_the_field<T: serde::de::DeserializeOwned>(
+    value: Value,
+) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let param = path
             .split(['.', '['])
@@ -144,7 +155,11 @@ pub fn parse_body(body: &[u8], ignore_unknown: bool) -> Result<CompletionRequest
             }
             _ => format!("invalid value for `{path}`: {}", e.into_inner()),
         };
-        ApiError::invalid(param, message)
+        if param.is_empty() || param == "." {
+            ApiError::invalid_body(message)
+        } else {
+            ApiError::invalid(param, message)
+        }
     })
 }
 
@@ -370,7 +385,7 @@ impl TryFrom<CompletionRequest> for GenerateParams {
                 ))
             }
         };
-        let sampling = sampling::sampling_options(&r)?;
+        let (sampling, dry_breakers) = sampling::sampling_options(&r)?;
         let stop = stop_strings(&r)?;
         let stop_token_ids = token_ids(
             "stop_token_ids",
@@ -422,6 +437,7 @@ impl TryFrom<CompletionRequest> for GenerateParams {
             overflow,
             truncate_sequence: r.truncate_sequence.unwrap_or(false),
             sampling,
+            dry_breakers,
             seed: r.seed.map(|s| s as u64),
             stop,
             stop_token_ids,
@@ -616,7 +632,8 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(p.sampling.logit_bias, vec![(7, 100.0)]);
-        assert_eq!(p.sampling.dry.as_ref().unwrap().breakers.len(), 4);
+        assert!(p.sampling.dry.is_some());
+        assert_eq!(p.dry_breakers.len(), 4);
         assert_eq!(p.sampling.mirostat.unwrap().learning_rate, 0.1);
         assert_eq!((p.min_tokens, p.max_tokens), (2, Some(5)));
         let scoring = parse(&with(r#""echo":true,"max_tokens":0,"logprobs":1"#)).unwrap();

@@ -1,6 +1,6 @@
 //! The sampling fields: temperature, truncation, penalties, logit bias, DRY, Mirostat.
 
-use ferrite_engine::sampling::MirostatParams;
+use ferrite_engine::sampling::{DryParams, MirostatParams, SamplingParams};
 use ferrite_protocol::CompletionRequest;
 
 use super::checks::{in_half_open, in_range, int_in_range};
@@ -13,48 +13,9 @@ pub const MAX_DRY_BREAKERS: usize = 32;
 /// DRY's default sequence breakers.
 pub const DEFAULT_DRY_BREAKERS: [&str; 4] = ["\n", ":", "\"", "*"];
 
-/// DRY settings as requested (breakers still as text).
-#[derive(Debug, Clone, PartialEq)]
-pub struct DryOptions {
-    /// Penalty scale, > 0.
-    pub multiplier: f32,
-    /// Penalty growth per token of repeat.
-    pub base: f32,
-    /// Longest repeat let pass.
-    pub allowed_length: usize,
-    /// Strings that end a repeat.
-    pub breakers: Vec<String>,
-}
-
-/// How tokens are picked, validated.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SamplingOptions {
-    /// 0 is greedy.
-    pub temperature: f32,
-    /// Nucleus mass.
-    pub top_p: f32,
-    /// Top-k, `None` when off.
-    pub top_k: Option<usize>,
-    /// Min-p, 0 when off.
-    pub min_p: f32,
-    /// Typical-p, 1 when off.
-    pub typical_p: f32,
-    /// CTRL repetition penalty, 1 when off.
-    pub repetition_penalty: f32,
-    /// Frequency penalty.
-    pub frequency_penalty: f32,
-    /// Presence penalty.
-    pub presence_penalty: f32,
-    /// `(token id, bias)`, ids not yet checked against the vocabulary.
-    pub logit_bias: Vec<(u32, f32)>,
-    /// DRY, when its multiplier is above 0.
-    pub dry: Option<DryOptions>,
-    /// Mirostat 2.0, when `mirostat_target` is given.
-    pub mirostat: Option<MirostatParams>,
-}
-
-/// Validates the sampling fields of a request.
-pub fn sampling_options(r: &CompletionRequest) -> Result<SamplingOptions, ApiError> {
+/// Validates the sampling fields of a request: the engine's parameters (seed 0, DRY
+/// breaker tokens not yet known) and the DRY breakers as text.
+pub fn sampling_options(r: &CompletionRequest) -> Result<(SamplingParams, Vec<String>), ApiError> {
     let temperature = in_range("temperature", r.temperature, 0.0, 2.0, 1.0)?;
     let top_p = in_half_open("top_p", r.top_p, 0.0, 1.0, 1.0)?;
     let top_k = match r.top_k {
@@ -67,7 +28,8 @@ pub fn sampling_options(r: &CompletionRequest) -> Result<SamplingOptions, ApiErr
             ))
         }
     };
-    Ok(SamplingOptions {
+    let (dry, dry_breakers) = dry(r)?;
+    let params = SamplingParams {
         temperature,
         top_p,
         top_k,
@@ -83,9 +45,11 @@ pub fn sampling_options(r: &CompletionRequest) -> Result<SamplingOptions, ApiErr
         frequency_penalty: in_range("frequency_penalty", r.frequency_penalty, -2.0, 2.0, 0.0)?,
         presence_penalty: in_range("presence_penalty", r.presence_penalty, -2.0, 2.0, 0.0)?,
         logit_bias: logit_bias(r)?,
-        dry: dry(r)?,
+        dry,
         mirostat: mirostat(r)?,
-    })
+        seed: 0,
+    };
+    Ok((params, dry_breakers))
 }
 
 fn logit_bias(r: &CompletionRequest) -> Result<Vec<(u32, f32)>, ApiError> {
@@ -117,7 +81,9 @@ fn logit_bias(r: &CompletionRequest) -> Result<Vec<(u32, f32)>, ApiError> {
         .collect()
 }
 
-fn dry(r: &CompletionRequest) -> Result<Option<DryOptions>, ApiError> {
+/// DRY, when its multiplier is above 0 (breaker tokens left for the caller to find), and
+/// its breakers as text.
+fn dry(r: &CompletionRequest) -> Result<(Option<DryParams>, Vec<String>), ApiError> {
     let multiplier = in_range("dry_multiplier", r.dry_multiplier, 0.0, 100.0, 0.0)?;
     let base = in_range("dry_base", r.dry_base, 1.0, 16.0, 1.75)?;
     let allowed_length =
@@ -135,12 +101,13 @@ fn dry(r: &CompletionRequest) -> Result<Option<DryOptions>, ApiError> {
         }
     };
     // A multiplier of 0 turns DRY off; the other DRY fields then have nothing to act on.
-    Ok((multiplier > 0.0).then_some(DryOptions {
+    let params = (multiplier > 0.0).then_some(DryParams {
         multiplier,
         base,
         allowed_length,
-        breakers,
-    }))
+        breakers: Vec::new(),
+    });
+    Ok((params, breakers))
 }
 
 fn mirostat(r: &CompletionRequest) -> Result<Option<MirostatParams>, ApiError> {

@@ -4,7 +4,6 @@
 
 use std::time::{Duration, Instant};
 
-use ferrite_engine::sampling::{DryParams, SamplingParams};
 use ferrite_engine::tokenizer::{TokenId, Tokenizer};
 use ferrite_engine::SequenceRequest;
 
@@ -94,26 +93,10 @@ pub fn prepare(
 
 /// The parts of every sequence's request that do not depend on its prompt.
 fn base_request(params: &GenerateParams, tokenizer: &Tokenizer) -> SequenceRequest {
-    let s = &params.sampling;
-    let sampling = SamplingParams {
-        temperature: s.temperature,
-        top_p: s.top_p,
-        top_k: s.top_k,
-        min_p: s.min_p,
-        typical_p: s.typical_p,
-        repetition_penalty: s.repetition_penalty,
-        frequency_penalty: s.frequency_penalty,
-        presence_penalty: s.presence_penalty,
-        logit_bias: s.logit_bias.clone(),
-        dry: s.dry.as_ref().map(|d| DryParams {
-            multiplier: d.multiplier,
-            base: d.base,
-            allowed_length: d.allowed_length,
-            breakers: breaker_tokens(tokenizer, &d.breakers),
-        }),
-        mirostat: s.mirostat,
-        seed: 0,
-    };
+    let mut sampling = params.sampling.clone();
+    if let Some(dry) = &mut sampling.dry {
+        dry.breakers = breaker_tokens(tokenizer, &params.dry_breakers);
+    }
     let mut r = SequenceRequest::new(Vec::new(), sampling, 0);
     r.stop = params.stop.clone();
     r.include_stop_str_in_output = params.include_stop_str_in_output;
