@@ -1,6 +1,7 @@
 //! ferrite's inference engine: GGUF models, tokenizers, sampling and a continuous-batching
 //! worker thread. It knows nothing of HTTP or JSON.
 
+pub mod constrain;
 pub mod error;
 pub mod gguf;
 pub mod kv_cache;

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::constrain::Constraint;
 use crate::kv_cache::SequenceCache;
 use crate::model::Logits;
 use crate::sampling::{log_sum_exp, top_k, Sampler};
@@ -38,6 +39,7 @@ pub(crate) struct Sequence {
     prompt_scores: Vec<PromptLogprob>,
     draft: VecDeque<TokenId>,
     deadline: Option<Instant>,
+    constraint: Option<Constraint>,
     pub(crate) followers: Followers,
     events: UnboundedSender<SequenceEvent>,
 }
@@ -74,6 +76,7 @@ impl Sequence {
             prompt_scores,
             draft: request.prediction.into(),
             deadline: request.deadline,
+            constraint: request.constraint,
             followers: Vec::new(),
             events,
         }
@@ -270,10 +273,24 @@ impl Sequence {
         context: usize,
     ) -> bool {
         let banned = self.banned(tokenizer);
-        let id = self.sampler.sample(logits, &self.tokens, &banned);
+        let id = match self.constraint.as_mut() {
+            Some(constraint) => {
+                let mut masked = logits.to_vec();
+                if let Err(e) = constraint.mask(&mut masked) {
+                    return self.fail_grammar(e);
+                }
+                self.sampler.sample(&masked, &self.tokens, &banned)
+            }
+            None => self.sampler.sample(logits, &self.tokens, &banned),
+        };
         let (logprob, top) = token_logprob(logits, id, self.top_logprobs.unwrap_or(0));
         self.tokens.push(id);
         self.follow_prediction(id);
+        if let Some(constraint) = self.constraint.as_mut() {
+            if let Err(e) = constraint.consume(id) {
+                return self.fail_grammar(e);
+            }
+        }
         let stops_allowed = self.completion_tokens() >= self.min_tokens;
         let (mut text, mut finish) = if tokenizer.is_end_of_generation(id) && !self.ignore_eos {
             (self.release_all(), Some(FinishReason::EndOfSequence(id)))
@@ -293,6 +310,22 @@ impl Sequence {
                 (self.stop.push_unmatched(&delta), None)
             }
         };
+        if finish.is_none()
+            && self
+                .constraint
+                .as_ref()
+                .is_some_and(Constraint::is_complete)
+        {
+            text.push_str(&self.release_all());
+            finish = Some(FinishReason::GrammarComplete);
+        }
+        if let (None, Some(constraint)) = (&finish, self.constraint.as_mut()) {
+            // Tokens the grammar forces are verified as drafts in the next step.
+            let forced = constraint.forced_tokens();
+            if !forced.is_empty() {
+                self.draft = forced.into();
+            }
+        }
         let out_of_room =
             self.completion_tokens() >= self.max_tokens || self.tokens.len() >= context;
         if finish.is_none() && out_of_room {
@@ -312,6 +345,14 @@ impl Sequence {
             }
             None => false,
         }
+    }
+
+    /// Ends the sequence because its grammar failed; says it finished.
+    fn fail_grammar(&mut self, error: String) -> bool {
+        self.send(SequenceEvent::Failed(format!(
+            "the output grammar failed: {error}"
+        )));
+        true
     }
 
     /// Releases everything held back: incomplete bytes and possible stop-string starts.

@@ -3,6 +3,7 @@
 
 use std::time::Instant;
 
+use crate::constrain::Constraint;
 use crate::sampling::SamplingParams;
 use crate::tokenizer::TokenId;
 
@@ -38,6 +39,8 @@ pub struct SequenceRequest {
     pub prediction: Vec<TokenId>,
     /// When to give up ([`SequenceEvent::TimedOut`]).
     pub deadline: Option<Instant>,
+    /// A grammar the output must follow, compiled for this sequence.
+    pub constraint: Option<Constraint>,
 }
 
 impl SequenceRequest {
@@ -58,6 +61,7 @@ impl SequenceRequest {
             prompt_logprobs: None,
             prediction: Vec::new(),
             deadline: None,
+            constraint: None,
         }
     }
 }
@@ -69,6 +73,8 @@ pub enum FinishReason {
     EndOfSequence(TokenId),
     /// One of the request's `stop_token_ids`.
     StopToken(TokenId),
+    /// The grammar is complete.
+    GrammarComplete,
     /// A stop string matched.
     StopString(String),
     /// `max_tokens` reached, or the context is full.

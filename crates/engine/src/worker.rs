@@ -5,12 +5,13 @@ use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
+use crate::constrain::{Constraint, ConstraintFactory, Grammar};
 use crate::model::{BatchEntry, Logits, Model, ModelInfo};
 use crate::running::{Followers, Sequence};
 use crate::scheduler::{self, RunningView, SchedulerConfig, WaitingView};
@@ -111,9 +112,24 @@ pub struct EngineHandle {
     info: ModelInfo,
     config: EngineConfig,
     stats: Arc<EngineStats>,
+    constraints: Arc<OnceLock<Result<ConstraintFactory, String>>>,
 }
 
 impl EngineHandle {
+    /// Compiles a grammar for one sequence (clone the result for more). The error is the
+    /// grammar compiler's message. The vocabulary is indexed for grammars on first use.
+    pub fn compile_grammar(&self, grammar: &Grammar) -> Result<Constraint, String> {
+        let factory = self.constraints.get_or_init(|| {
+            ConstraintFactory::new(Arc::clone(&self.tokenizer)).map_err(|e| e.to_string())
+        });
+        match factory {
+            Ok(factory) => factory.compile(grammar),
+            Err(e) => Err(format!(
+                "structured output is unavailable for this model: {e}"
+            )),
+        }
+    }
+
     /// Queues one sequence; its events arrive on the returned receiver. Dropping the
     /// receiver cancels the sequence at the next step.
     pub fn submit(
@@ -253,6 +269,7 @@ impl Engine {
             info,
             config,
             stats,
+            constraints: Arc::new(OnceLock::new()),
         };
         Self {
             handle,

@@ -250,6 +250,24 @@ pub struct CompletionRequest {
     pub modalities: Option<Vec<String>>,
     /// Audio output settings; not served.
     pub audio: Option<Value>,
+    /// Output format: text, a JSON object (with a schema), a JSON schema, or a grammar.
+    pub response_format: Option<Value>,
+    /// A JSON schema (object or JSON text) the output must follow.
+    pub guided_json: Option<Value>,
+    /// A regular expression the output must match.
+    pub guided_regex: Option<String>,
+    /// The output is exactly one of these.
+    pub guided_choice: Option<Vec<String>>,
+    /// A grammar in llguidance's Lark dialect.
+    pub guided_grammar: Option<String>,
+    /// `{"type": "regex" | "json_schema" | "lark" | "llguidance", "value": …}`.
+    pub grammar: Option<Value>,
+    /// Functions the model may call.
+    pub tools: Option<Vec<Value>>,
+    /// `none`, `auto`, `required`, or a named function.
+    pub tool_choice: Option<Value>,
+    /// Whether several calls may come at once (accepted; one call is generated).
+    pub parallel_tool_calls: Option<bool>,
     /// End user id, logged.
     pub user: Option<String>,
     /// Every other known field, unparsed.

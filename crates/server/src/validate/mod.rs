@@ -4,6 +4,7 @@
 //! route.
 
 mod checks;
+mod constraint;
 mod output;
 mod sampling;
 
@@ -13,6 +14,7 @@ use serde_json::Value;
 
 use crate::error::ApiError;
 use checks::{int_in_range, non_negative, token_ids};
+pub use constraint::OutputConstraint;
 pub use output::OutputOptions;
 
 /// Default `max_tokens`, as in OpenAI's legacy completions API.
@@ -95,6 +97,8 @@ pub struct GenerateParams {
     pub inference_timeout: Option<f64>,
     /// Predicted output text.
     pub prediction: Option<String>,
+    /// The structured-output constraint, if a field asks for one.
+    pub constraint: Option<OutputConstraint>,
     /// End user, for the logs.
     pub user: Option<String>,
 }
@@ -163,30 +167,14 @@ pub fn deserialize_naming_the_field<T: serde::de::DeserializeOwned>(
     })
 }
 
-/// A field this server does not implement yet (structured output) is accepted only while
-/// it asks for nothing: a non-neutral value is refused, never silently ignored.
-fn check_not_yet_supported(field: &str, value: &Value) -> Result<(), ApiError> {
-    let neutral = match field {
-        // Accepted with no effect on the output, by definition.
-        "inference_extra_params"
-        | "inference_extra_headers"
-        | "metadata"
-        | "priority"
-        | "parallel_tool_calls" => true,
-        "response_format" => {
-            value.is_null() || value.get("type").and_then(Value::as_str) == Some("text")
-        }
-        "tools" => value.is_null() || value.as_array().is_some_and(Vec::is_empty),
-        "tool_choice" => value.is_null() || value == "none" || value == "auto",
-        _ => value.is_null(),
-    };
-    if neutral {
-        Ok(())
-    } else {
-        Err(ApiError::invalid(
+/// The untyped known fields: gateway extras, accepted with no effect on the output.
+fn check_extras(field: &str, _value: &Value) -> Result<(), ApiError> {
+    match field {
+        "inference_extra_params" | "inference_extra_headers" | "metadata" | "priority" => Ok(()),
+        _ => Err(ApiError::invalid(
             field,
-            format!("`{field}` is not supported by this server yet; leave it out or set it to its default"),
-        ))
+            format!("`{field}` is not supported by this server"),
+        )),
     }
 }
 
@@ -350,7 +338,7 @@ impl TryFrom<CompletionRequest> for GenerateParams {
 
     fn try_from(r: CompletionRequest) -> Result<Self, ApiError> {
         for (field, value) in &r.other {
-            check_not_yet_supported(field, value)?;
+            check_extras(field, value)?;
         }
         let n = non_negative("n", r.n)?.unwrap_or(1);
         if !(1..=MAX_N).contains(&n) {
@@ -426,6 +414,7 @@ impl TryFrom<CompletionRequest> for GenerateParams {
         };
         check_modalities(&r)?;
         let prediction = prediction(&r)?;
+        let constraint = constraint::output_constraint(&r)?;
         let prompts = prompts(r.prompt.clone())?;
         check_images(&r, &prompts)?;
         Ok(Self {
@@ -451,6 +440,7 @@ impl TryFrom<CompletionRequest> for GenerateParams {
             continuous_usage: options.continuous_usage_stats == Some(true),
             inference_timeout,
             prediction,
+            constraint,
             user: r.user,
         })
     }
@@ -593,9 +583,27 @@ mod tests {
             (r#""audio":{"voice":"x"}"#, "audio"),
             (r#""user":5"#, "user"),
             (
-                r#""response_format":{"type":"json_object"}"#,
+                r#""response_format":{"type":"json_schema"}"#,
                 "response_format",
             ),
+            (r#""response_format":{"type":"xml"}"#, "response_format"),
+            (r#""guided_json":"{not json""#, "guided_json"),
+            (r#""guided_regex":5"#, "guided_regex"),
+            (r#""guided_choice":[]"#, "guided_choice"),
+            (r#""guided_grammar":[1]"#, "guided_grammar"),
+            (r#""grammar":{"type":"ebnf","value":"x"}"#, "grammar"),
+            (
+                r#""guided_regex":"a","guided_choice":["b"]"#,
+                "guided_choice",
+            ),
+            (r#""tool_choice":"required""#, "tool_choice"),
+            (
+                r#""tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}"#,
+                "tool_choice",
+            ),
+            (r#""tools":[5],"tool_choice":"required""#, "tools"),
+            (r#""tools":5"#, "tools"),
+            (r#""parallel_tool_calls":"x""#, "parallel_tool_calls"),
             (r#""bogus":1"#, "bogus"),
             (r#""prompt2":1"#, "prompt2"),
         ];
@@ -647,11 +655,61 @@ mod tests {
     }
 
     #[test]
-    fn structured_output_fields_are_accepted_only_when_neutral() {
+    fn neutral_structured_output_fields_constrain_nothing() {
         let p = parse(&with(
-            r#""response_format":{"type":"text"},"tools":[],"tool_choice":"auto","metadata":{"a":1},"priority":3,"modalities":["text"],"images":[]"#,
-        ));
-        assert!(p.is_ok(), "{p:?}");
+            r#""response_format":{"type":"text"},"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"auto","metadata":{"a":1},"priority":3,"modalities":["text"],"images":[]"#,
+        ))
+        .unwrap();
+        assert_eq!(p.constraint, None);
+    }
+
+    #[test]
+    fn each_structured_output_field_becomes_a_grammar() {
+        use ferrite_engine::constrain::GrammarKind::*;
+        let cases = [
+            (
+                r#""response_format":{"type":"json_object"}"#,
+                "response_format",
+                JsonSchema,
+            ),
+            (
+                r#""response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"integer"},"strict":true}}"#,
+                "response_format",
+                JsonSchema,
+            ),
+            (
+                r#""response_format":{"type":"grammar","grammar":"start: \"a\""}"#,
+                "response_format",
+                Llguidance,
+            ),
+            (
+                r#""guided_json":"{\"type\":\"string\"}""#,
+                "guided_json",
+                JsonSchema,
+            ),
+            (r#""guided_regex":"\\d+""#, "guided_regex", Regex),
+            (r#""guided_choice":["a.b","c"]"#, "guided_choice", Regex),
+            (r#""guided_grammar":"start: \"x\"""#, "guided_grammar", Lark),
+            (
+                r#""grammar":{"type":"json_schema","value":{"type":"object"}}"#,
+                "grammar",
+                JsonSchema,
+            ),
+            (
+                r#""tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"tool_choice":"required""#,
+                "tool_choice",
+                JsonSchema,
+            ),
+        ];
+        for (extra, field, kind) in cases {
+            let c = parse(&with(extra)).unwrap().constraint.expect(extra);
+            assert_eq!((c.field, c.grammar.kind), (field, kind), "{extra}");
+        }
+        let choice = parse(&with(r#""guided_choice":["a.b","c"]"#))
+            .unwrap()
+            .constraint
+            .unwrap();
+        assert_eq!(choice.grammar.source, r"(a\.b)|(c)");
     }
 
     #[test]

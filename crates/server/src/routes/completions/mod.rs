@@ -54,11 +54,23 @@ pub async fn completions(
     }
     let params = Arc::new(params);
     let prepared = {
-        let (params, tokenizer) = (Arc::clone(&params), Arc::clone(engine.tokenizer()));
-        let context = engine.context_length();
-        tokio::task::spawn_blocking(move || prepare::prepare(&params, &tokenizer, context))
-            .await
-            .map_err(|_| ApiError::Internal)??
+        let (params, engine) = (Arc::clone(&params), engine.clone());
+        tokio::task::spawn_blocking(move || {
+            let constraint = match &params.constraint {
+                Some(c) => Some(engine.compile_grammar(&c.grammar).map_err(|e| {
+                    ApiError::invalid(c.field, format!("invalid `{}`: {e}", c.field))
+                })?),
+                None => None,
+            };
+            prepare::prepare(
+                &params,
+                engine.tokenizer(),
+                engine.context_length(),
+                constraint,
+            )
+        })
+        .await
+        .map_err(|_| ApiError::Internal)??
     };
     let Prepared {
         prompts,
@@ -93,6 +105,7 @@ fn finish_fields(reason: &FinishReason) -> (String, Option<Value>) {
     match reason {
         FinishReason::EndOfSequence(_) => ("stop".into(), None),
         FinishReason::StopToken(id) => ("stop".into(), Some(Value::from(*id))),
+        FinishReason::GrammarComplete => ("stop".into(), None),
         FinishReason::StopString(s) => ("stop".into(), Some(Value::String(s.clone()))),
         FinishReason::Length => ("length".into(), None),
     }

@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use ferrite_engine::constrain::Constraint;
 use ferrite_engine::tokenizer::{TokenId, Tokenizer};
 use ferrite_engine::SequenceRequest;
 
@@ -36,6 +37,7 @@ pub fn prepare(
     params: &GenerateParams,
     tokenizer: &Tokenizer,
     context: usize,
+    constraint: Option<Constraint>,
 ) -> Result<Prepared, ApiError> {
     let vocab = tokenizer.vocab_size();
     check_vocab(
@@ -50,7 +52,9 @@ pub fn prepare(
     )?;
     let fim = params.suffix.is_some() && tokenizer.fim().is_some();
     let base_seed = params.seed.unwrap_or_else(rand::random);
-    let template = base_request(params, tokenizer);
+    let mut template = base_request(params, tokenizer);
+    // Each choice gets its own copy of the compiled grammar.
+    template.constraint = constraint;
     let mut prompts = Vec::with_capacity(params.prompts.len());
     for (p, input) in params.prompts.iter().enumerate() {
         let (tokens, echo_text) = match input {

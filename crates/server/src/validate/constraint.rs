@@ -1,0 +1,261 @@
+//! The structured-output fields: `response_format`, `guided_json`, `guided_regex`,
+//! `guided_choice`, `guided_grammar`, `grammar`, and `tools` with a constraining
+//! `tool_choice`. At most one may constrain a request; the one that does becomes a
+//! [`Grammar`] for the engine, named by its field for error messages.
+
+use ferrite_engine::constrain::{Grammar, GrammarKind};
+use ferrite_protocol::CompletionRequest;
+use serde_json::{json, Value};
+
+use crate::error::ApiError;
+
+/// A request's constraint and the field it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutputConstraint {
+    /// The field that asked for it (for error messages).
+    pub field: &'static str,
+    /// What the output must follow.
+    pub grammar: Grammar,
+}
+
+/// How generated JSON is laid out unless the schema says otherwise (`x-guidance`): one
+/// space after `,` and `:` and no other whitespace, as Python's `json.dumps` writes it.
+/// Free whitespace lets small models wander into blank lines until `max_tokens`.
+fn layout() -> Value {
+    json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
+}
+
+fn schema_text(field: &str, schema: &Value) -> Result<String, ApiError> {
+    let mut schema = match schema {
+        Value::Object(_) | Value::Bool(_) => schema.clone(),
+        // A schema may come as JSON text.
+        Value::String(text) => serde_json::from_str::<Value>(text)
+            .map_err(|e| ApiError::invalid(field, format!("`{field}` is not valid JSON: {e}")))?,
+        _ => {
+            return Err(ApiError::invalid(
+                field,
+                format!("`{field}` must be a JSON schema (an object)"),
+            ))
+        }
+    };
+    if let Value::Object(map) = &mut schema {
+        map.entry("x-guidance").or_insert_with(layout);
+    }
+    Ok(schema.to_string())
+}
+
+fn json_schema(field: &'static str, schema: &Value) -> Result<OutputConstraint, ApiError> {
+    Ok(OutputConstraint {
+        field,
+        grammar: Grammar {
+            kind: GrammarKind::JsonSchema,
+            source: schema_text(field, schema)?,
+        },
+    })
+}
+
+fn text_grammar(field: &'static str, kind: GrammarKind, source: &str) -> OutputConstraint {
+    OutputConstraint {
+        field,
+        grammar: Grammar {
+            kind,
+            source: source.to_string(),
+        },
+    }
+}
+
+/// `response_format`: text (no constraint), `json_object` (any object, or the `schema`
+/// given beside it), `json_schema` (`json_schema.schema`), or `grammar`.
+fn response_format(v: &Value) -> Result<Option<OutputConstraint>, ApiError> {
+    const FIELD: &str = "response_format";
+    let kind = v
+        .get("type")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::invalid(FIELD, "`response_format.type` must be a string"))?;
+    match kind {
+        "text" => Ok(None),
+        "json_object" => match v.get("schema") {
+            Some(schema) if !schema.is_null() => json_schema(FIELD, schema).map(Some),
+            _ => json_schema(FIELD, &json!({"type": "object"})).map(Some),
+        },
+        "json_schema" => {
+            let schema = v
+                .get("json_schema")
+                .and_then(|j| j.get("schema"))
+                .filter(|s| !s.is_null())
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        FIELD,
+                        "`response_format` of type `json_schema` needs `json_schema.schema`",
+                    )
+                })?;
+            json_schema(FIELD, schema).map(Some)
+        }
+        "grammar" => {
+            let grammar = v.get("grammar").and_then(Value::as_str).ok_or_else(|| {
+                ApiError::invalid(FIELD, "`response_format.grammar` must be a string")
+            })?;
+            Ok(Some(text_grammar(FIELD, GrammarKind::Llguidance, grammar)))
+        }
+        other => Err(ApiError::invalid(
+            FIELD,
+            format!("`response_format.type` must be text, json_object, json_schema or grammar, got {other:?}"),
+        )),
+    }
+}
+
+/// `grammar`: `{"type": "regex" | "json_schema" | "lark" | "llguidance", "value": …}`.
+fn grammar(v: &Value) -> Result<OutputConstraint, ApiError> {
+    const FIELD: &str = "grammar";
+    let kind = v.get("type").and_then(Value::as_str).unwrap_or_default();
+    let value = v
+        .get("value")
+        .filter(|x| !x.is_null())
+        .ok_or_else(|| ApiError::invalid(FIELD, "`grammar` needs `type` and `value`"))?;
+    let text = |kind| match value.as_str() {
+        Some(s) => Ok(text_grammar(FIELD, kind, s)),
+        None => Err(ApiError::invalid(FIELD, "`grammar.value` must be a string")),
+    };
+    match kind {
+        "regex" => text(GrammarKind::Regex),
+        "lark" => text(GrammarKind::Lark),
+        "llguidance" => match value {
+            Value::String(_) => text(GrammarKind::Llguidance),
+            other => Ok(text_grammar(
+                FIELD,
+                GrammarKind::Llguidance,
+                &other.to_string(),
+            )),
+        },
+        "json_schema" => json_schema(FIELD, value),
+        other => Err(ApiError::invalid(
+            FIELD,
+            format!("`grammar.type` must be regex, json_schema, lark or llguidance, got {other:?}"),
+        )),
+    }
+}
+
+/// `guided_choice`: exactly one of the strings.
+fn choice(choices: &[String]) -> Result<OutputConstraint, ApiError> {
+    if choices.is_empty() {
+        return Err(ApiError::invalid(
+            "guided_choice",
+            "`guided_choice` must list at least one choice",
+        ));
+    }
+    let alternatives: Vec<String> = choices
+        .iter()
+        .map(|c| format!("({})", regex_syntax::escape(c)))
+        .collect();
+    Ok(text_grammar(
+        "guided_choice",
+        GrammarKind::Regex,
+        &alternatives.join("|"),
+    ))
+}
+
+/// `tools` with `tool_choice`: `required` constrains the output to a call of any tool, a
+/// named function to a call of that one: `{"name": …, "arguments": {…}}` valid for the
+/// tool's `parameters`. `auto`, `none` or no choice leave the output free.
+fn tool_call(
+    tools: &[Value],
+    tool_choice: Option<&Value>,
+) -> Result<Option<OutputConstraint>, ApiError> {
+    let wanted: Option<&str> = match tool_choice {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(s)) if s == "auto" || s == "none" => return Ok(None),
+        Some(Value::String(s)) if s == "required" => None,
+        Some(v) => match v.pointer("/function/name").and_then(Value::as_str) {
+            Some(name) if v.get("type").and_then(Value::as_str) == Some("function") => Some(name),
+            _ => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    "`tool_choice` must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}",
+                ))
+            }
+        },
+    };
+    let mut calls = Vec::new();
+    for tool in tools {
+        let function = tool
+            .get("function")
+            .filter(|_| tool.get("type").and_then(Value::as_str) == Some("function"))
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "tools",
+                    "each tool must be {\"type\": \"function\", \"function\": {…}}",
+                )
+            })?;
+        let name = function
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| ApiError::invalid("tools", "each tool's function needs a `name`"))?;
+        if wanted.is_some_and(|w| w != name) {
+            continue;
+        }
+        let parameters = function
+            .get("parameters")
+            .filter(|p| !p.is_null())
+            .cloned()
+            .unwrap_or_else(|| json!({"type": "object"}));
+        calls.push(json!({
+            "type": "object",
+            "properties": {"name": {"const": name}, "arguments": parameters},
+            "required": ["name", "arguments"],
+            "additionalProperties": false,
+        }));
+    }
+    if calls.is_empty() {
+        let message = match wanted {
+            Some(name) => format!("`tool_choice` names `{name}`, which is not among `tools`"),
+            None => "`tool_choice: \"required\"` needs at least one tool in `tools`".to_string(),
+        };
+        return Err(ApiError::invalid("tool_choice", message));
+    }
+    let schema = if calls.len() == 1 {
+        calls.remove(0)
+    } else {
+        json!({"anyOf": calls})
+    };
+    json_schema("tool_choice", &schema).map(Some)
+}
+
+/// The request's constraint, if any: a 400 naming both fields when two constrain it.
+pub fn output_constraint(r: &CompletionRequest) -> Result<Option<OutputConstraint>, ApiError> {
+    let mut found: Vec<OutputConstraint> = Vec::new();
+    if let Some(v) = r.response_format.as_ref().filter(|v| !v.is_null()) {
+        found.extend(response_format(v)?);
+    }
+    if let Some(v) = r.guided_json.as_ref().filter(|v| !v.is_null()) {
+        found.push(json_schema("guided_json", v)?);
+    }
+    if let Some(rx) = &r.guided_regex {
+        found.push(text_grammar("guided_regex", GrammarKind::Regex, rx));
+    }
+    if let Some(choices) = &r.guided_choice {
+        found.push(choice(choices)?);
+    }
+    if let Some(g) = &r.guided_grammar {
+        found.push(text_grammar("guided_grammar", GrammarKind::Lark, g));
+    }
+    if let Some(v) = r.grammar.as_ref().filter(|v| !v.is_null()) {
+        found.push(grammar(v)?);
+    }
+    if let Some(c) = tool_call(
+        r.tools.as_deref().unwrap_or_default(),
+        r.tool_choice.as_ref(),
+    )? {
+        found.push(c);
+    }
+    match found.len() {
+        0 => Ok(None),
+        1 => Ok(found.pop()),
+        _ => Err(ApiError::invalid(
+            found[1].field,
+            format!(
+                "`{}` and `{}` both constrain the output; use one",
+                found[0].field, found[1].field
+            ),
+        )),
+    }
+}
