@@ -26,7 +26,10 @@ fn main() {
     let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf.meta).unwrap());
     let started = Instant::now();
     let factory = ConstraintFactory::new(Arc::clone(&tokenizer)).unwrap();
-    println!("vocabulary indexed for grammars in {:.0} ms", started.elapsed().as_secs_f64() * 1e3);
+    println!(
+        "vocabulary indexed for grammars in {:.0} ms",
+        started.elapsed().as_secs_f64() * 1e3
+    );
     let grammar = Grammar {
         kind: GrammarKind::JsonSchema,
         source: SCHEMA.into(),
@@ -43,7 +46,10 @@ fn main() {
         let started = Instant::now();
         for &t in &tokens {
             constraint.mask(&mut logits).unwrap();
-            assert!(logits[t as usize].is_finite(), "the document leaves the grammar");
+            assert!(
+                logits[t as usize].is_finite(),
+                "the document leaves the grammar"
+            );
             constraint.consume(t).unwrap();
             logits.iter_mut().for_each(|l| *l = 0.0);
         }

@@ -1,6 +1,6 @@
 //! Turning a logits row into the next token.
 //!
-//! The order is fixed:
+//! The order is fixed (a constrained sequence masks the row with its grammar before all):
 //! 1. `logit_bias` is added;
 //! 2. tokens banned for now (end-of-generation and stop tokens before `min_tokens`) are
 //!    set to -inf;
