@@ -220,7 +220,8 @@ def test_include_stop_str_in_output(client, stream):
 
 def test_n_128_shares_one_prefill(client, server):
     before = server.metrics()["ferrite_prompt_tokens_total"]
-    r = complete(client, n=128, max_tokens=2, temperature=1.0, seed=3, ignore_eos=True)
+    # A prompt no earlier request started with, so that the prefix cache has nothing.
+    r = complete(client, prompt="Zanzibar n128 " + CAPITAL, n=128, max_tokens=2, temperature=1.0, seed=3, ignore_eos=True)
     assert sorted(c.index for c in r.choices) == list(range(128))
     prompt_tokens = r.usage.prompt_tokens
     assert server.metrics()["ferrite_prompt_tokens_total"] - before == prompt_tokens

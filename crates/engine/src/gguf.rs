@@ -20,6 +20,7 @@ pub struct GgufFile {
     reader: BufReader<File>,
     /// Typed view of the metadata.
     pub meta: GgufMetadata,
+    rounds_by_kernel: bool,
 }
 
 impl GgufFile {
@@ -40,6 +41,7 @@ impl GgufFile {
             content,
             reader,
             meta,
+            rounds_by_kernel: false,
         })
     }
 
@@ -65,7 +67,17 @@ impl GgufFile {
 
     /// Loads a weight matrix for matrix products.
     pub fn matmul(&mut self, name: &str) -> Result<QMatrix, EngineError> {
-        QMatrix::new(self.qtensor(name)?)
+        let m = QMatrix::new(self.qtensor(name)?)?;
+        self.rounds_by_kernel |= m.rounds_by_kernel();
+        Ok(m)
+    }
+
+    /// Whether a matrix loaded so far rounds a row differently by its [`RowKernel`]
+    /// (so a prompt row's result depends on how the prompt is batched).
+    ///
+    /// [`RowKernel`]: crate::quant::RowKernel
+    pub fn rounds_by_kernel(&self) -> bool {
+        self.rounds_by_kernel
     }
 
     /// Loads a small tensor (a norm weight, say) as plain `f32` values.

@@ -77,26 +77,32 @@ impl SequenceCache {
         self.len = len;
     }
 
-    /// A copy of this cache with room reserved for `capacity` positions: a sequence
-    /// that shares this one's prefix starts from it instead of recomputing it.
-    pub fn fork(&self, capacity: usize) -> Self {
-        let room = capacity.max(self.len) * self.kv_width;
+    /// A copy of this cache's first `len` positions with room for `capacity` positions.
+    pub fn fork_prefix(&self, len: usize, capacity: usize) -> Self {
+        let len = len.min(self.len);
+        let room = capacity.max(len) * self.kv_width;
         let layers = self
             .layers
             .iter()
             .map(|l| {
                 let mut keys = Vec::with_capacity(room);
-                keys.extend_from_slice(&l.keys);
+                keys.extend_from_slice(&l.keys[..len * self.kv_width]);
                 let mut values = Vec::with_capacity(room);
-                values.extend_from_slice(&l.values);
+                values.extend_from_slice(&l.values[..len * self.kv_width]);
                 LayerCache { keys, values }
             })
             .collect();
         Self {
             layers,
             kv_width: self.kv_width,
-            len: self.len,
+            len,
         }
+    }
+
+    /// A copy of this cache with room reserved for `capacity` positions: a sequence
+    /// that shares this one's prefix starts from it instead of recomputing it.
+    pub fn fork(&self, capacity: usize) -> Self {
+        self.fork_prefix(self.len, capacity)
     }
 
     /// Bytes held by this cache.

@@ -6,6 +6,7 @@ pub mod error;
 pub mod gguf;
 pub mod kv_cache;
 pub mod model;
+mod prefix_cache;
 pub mod quant;
 mod running;
 pub mod sampling;

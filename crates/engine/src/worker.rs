@@ -13,6 +13,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::constrain::{Constraint, ConstraintFactory, Grammar};
 use crate::model::{BatchEntry, Logits, Model, ModelInfo};
+use crate::prefix_cache::PrefixCache;
 use crate::running::{Followers, Sequence};
 use crate::scheduler::{self, RunningView, SchedulerConfig, WaitingView};
 use crate::sequence::{SequenceEvent, SequenceRequest};
@@ -26,6 +27,8 @@ pub struct EngineConfig {
     pub scheduler: SchedulerConfig,
     /// Longest sequence (prompt plus completion) in tokens.
     pub context_length: usize,
+    /// KV positions the prefix cache may keep from finished sequences (0: off).
+    pub prefix_cache_positions: usize,
 }
 
 /// Counters the engine keeps up to date, for metrics and tests.
@@ -40,6 +43,7 @@ pub struct EngineStats {
     abandoned: AtomicU64,
     timed_out: AtomicU64,
     draft_tokens_accepted: AtomicU64,
+    prefix_cache_hit_tokens: AtomicU64,
 }
 
 /// A copy of the engine's counters at one moment.
@@ -63,6 +67,8 @@ pub struct StatsSnapshot {
     pub timed_out: u64,
     /// Predicted tokens accepted as drafts (generated without a forward step of their own).
     pub draft_tokens_accepted: u64,
+    /// Prompt tokens whose keys and values came from the prefix cache.
+    pub prefix_cache_hit_tokens: u64,
 }
 
 /// A request waiting for admission: its first sequence and the choices that share its
@@ -234,6 +240,7 @@ impl EngineHandle {
             abandoned: s.abandoned.load(Ordering::Relaxed),
             timed_out: s.timed_out.load(Ordering::Relaxed),
             draft_tokens_accepted: s.draft_tokens_accepted.load(Ordering::Relaxed),
+            prefix_cache_hit_tokens: s.prefix_cache_hit_tokens.load(Ordering::Relaxed),
         }
     }
 }
@@ -258,6 +265,7 @@ impl Engine {
             stats: Arc::clone(&stats),
             waiting: VecDeque::new(),
             running: Vec::new(),
+            prefix_cache: PrefixCache::new(config.prefix_cache_positions),
         };
         let thread = std::thread::Builder::new()
             .name("ferrite-engine".into())
@@ -298,6 +306,7 @@ struct Worker {
     stats: Arc<EngineStats>,
     waiting: VecDeque<Pending>,
     running: Vec<Sequence>,
+    prefix_cache: PrefixCache,
 }
 
 impl Worker {
@@ -399,10 +408,31 @@ impl Worker {
         let reserved: usize = self.running.iter().map(Sequence::reservation).sum();
         let views: Vec<WaitingView> = self.waiting.iter().map(Pending::view).collect();
         let n = scheduler::admit(&self.config.scheduler, self.running.len(), reserved, &views);
-        for pending in self.waiting.drain(..n) {
-            let capacity = (pending.request.prompt.len() + pending.request.max_tokens)
-                .min(self.config.context_length);
-            let cache = self.model.new_cache(capacity);
+        let admitted: Vec<Pending> = self.waiting.drain(..n).collect();
+        for pending in admitted {
+            let prompt = &pending.request.prompt;
+            let capacity =
+                (prompt.len() + pending.request.max_tokens).min(self.config.context_length);
+            // Prompt logprobs need every prompt row computed.
+            let hit = match pending.request.prompt_logprobs {
+                Some(_) => None,
+                None => {
+                    let model = &self.model;
+                    self.prefix_cache
+                        .lookup(prompt, capacity, |old_len, common| {
+                            model.reusable_prefix(old_len, prompt.len(), common)
+                        })
+                }
+            };
+            let cache = match hit {
+                Some(hit) => {
+                    self.stats
+                        .prefix_cache_hit_tokens
+                        .fetch_add(hit.positions as u64, Ordering::Relaxed);
+                    hit.cache
+                }
+                None => self.model.new_cache(capacity),
+            };
             let mut seq = Sequence::new(*pending.request, cache, pending.events);
             seq.followers = pending.followers;
             self.running.push(seq);
@@ -430,14 +460,17 @@ impl Worker {
         let outcome = catch_unwind(AssertUnwindSafe(|| self.forward_and_sample(&plan)));
         match outcome {
             Ok(Ok(finished)) => {
-                let mut i = 0;
-                self.running.retain(|_| {
-                    let keep = !finished[i];
-                    i += 1;
-                    keep
-                });
-                let done = finished.iter().filter(|&&f| f).count() as u64;
-                self.stats.finished.fetch_add(done, Ordering::Relaxed);
+                let running = std::mem::take(&mut self.running);
+                for (seq, done) in running.into_iter().zip(finished) {
+                    if done {
+                        self.stats.finished.fetch_add(1, Ordering::Relaxed);
+                        // Its keys and values may start a later sequence.
+                        self.prefix_cache
+                            .insert(&seq.tokens, seq.prompt_len, seq.cache);
+                    } else {
+                        self.running.push(seq);
+                    }
+                }
             }
             Ok(Err(e)) => self.fail_all(&format!("inference failed: {e}")),
             Err(_) => self.fail_all("inference failed: internal error"),

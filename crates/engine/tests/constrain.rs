@@ -27,6 +27,7 @@ fn start() -> Engine {
                 kv_budget: 1 << 16,
             },
             context_length: 2048,
+            prefix_cache_positions: 0,
         },
     )
 }

@@ -74,6 +74,10 @@ struct ServeArgs {
     /// KV cache positions that running sequences may reserve together.
     #[arg(long, default_value_t = 131_072)]
     kv_budget: usize,
+    /// KV cache positions kept from finished sequences for prompts that start the same
+    /// way (0 turns the prefix cache off).
+    #[arg(long, default_value_t = 8192)]
+    prefix_cache_positions: usize,
     /// Drop request fields that no supported API documents instead of answering 400.
     #[arg(long)]
     ignore_unknown_fields: bool,
@@ -162,6 +166,7 @@ fn load_engine(path: &Path, args: &ServeArgs, state: &AppState) -> Result<Engine
             kv_budget: args.kv_budget,
         },
         context_length,
+        prefix_cache_positions: args.prefix_cache_positions,
     };
     let engine = Engine::start(model, tokenizer, config);
     warm_up(&engine.handle())?;

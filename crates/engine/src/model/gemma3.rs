@@ -122,6 +122,8 @@ impl Gemma3 {
                 kv_width: n_kv_head * head_dim,
                 vocab_size,
                 context_length,
+                sliding_window: true,
+                rounds_by_kernel: gguf.rounds_by_kernel(),
             },
             embedding,
             layers,
@@ -208,5 +210,9 @@ impl Model for Gemma3 {
 
     fn set_prompt_batching(&mut self, batching: PromptBatching) {
         self.batching = batching;
+    }
+
+    fn prompt_batching(&self) -> PromptBatching {
+        self.batching
     }
 }

@@ -87,6 +87,8 @@ impl Llama {
                 kv_width: n_kv_head * head_dim,
                 vocab_size,
                 context_length,
+                sliding_window: false,
+                rounds_by_kernel: gguf.rounds_by_kernel(),
             },
             embedding,
             layers,
@@ -168,5 +170,9 @@ impl Model for Llama {
 
     fn set_prompt_batching(&mut self, batching: PromptBatching) {
         self.batching = batching;
+    }
+
+    fn prompt_batching(&self) -> PromptBatching {
+        self.batching
     }
 }

@@ -35,6 +35,12 @@ pub struct ModelInfo {
     pub vocab_size: usize,
     /// Longest context the model was trained for.
     pub context_length: usize,
+    /// Whether some layers attend within a sliding window (llama-server then ends a
+    /// prompt's batch before its last tokens; see [`PromptBatching`]).
+    pub sliding_window: bool,
+    /// Whether a prompt row's result depends on how the prompt is batched (its matrices
+    /// round GEMV and GEMM rows differently).
+    pub rounds_by_kernel: bool,
 }
 
 /// One sequence's share of a forward step.
@@ -74,6 +80,28 @@ pub trait Model: Send {
     /// Rounds prompt rows as llama-server does with these batching parameters (the
     /// default is its default); see [`PromptBatching`].
     fn set_prompt_batching(&mut self, batching: PromptBatching);
+
+    /// The batching parameters prompt rows are rounded by.
+    fn prompt_batching(&self) -> PromptBatching;
+
+    /// How many of the first `common` positions of a cache computed for a sequence whose
+    /// prompt had `old_prompt_len` tokens a new sequence with `new_prompt_len` prompt
+    /// tokens can reuse and get exactly the keys and values it would compute itself.
+    fn reusable_prefix(
+        &self,
+        old_prompt_len: usize,
+        new_prompt_len: usize,
+        common: usize,
+    ) -> usize {
+        let info = self.info();
+        if !info.rounds_by_kernel {
+            return common;
+        }
+        let batching = self.prompt_batching();
+        let old = batching.kernels(old_prompt_len, info.sliding_window, 0..common);
+        let new = batching.kernels(new_prompt_len, info.sliding_window, 0..common);
+        old.iter().zip(&new).take_while(|(a, b)| a == b).count()
+    }
 
     /// An empty cache sized for this model with room for `capacity` positions.
     fn new_cache(&self, capacity: usize) -> SequenceCache {

@@ -135,6 +135,18 @@ impl QMatrix {
         }
     }
 
+    /// Whether a row's result depends on its [`RowKernel`] (only the Q4_K kernels round
+    /// differently as GEMV and GEMM).
+    pub fn rounds_by_kernel(&self) -> bool {
+        matches!(
+            self,
+            Self::Own {
+                format: OwnFormat::Q4K,
+                ..
+            }
+        )
+    }
+
     /// `x · Wᵀ` for the activation rows of `x` (row-major), one per entry of `kernels`,
     /// each rounded as its kernel says: an `n × rows` result. Every row is computed on its
     /// own, so its result never depends on the rest of the batch.

@@ -93,6 +93,12 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
             s.timed_out,
         );
         gauge(
+            "ferrite_prefix_cache_hit_tokens_total",
+            "Prompt tokens whose keys and values came from the prefix cache.",
+            "counter",
+            s.prefix_cache_hit_tokens,
+        );
+        gauge(
             "ferrite_draft_tokens_accepted_total",
             "Predicted tokens accepted as drafts, generated without a forward step of their own.",
             "counter",

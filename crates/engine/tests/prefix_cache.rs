@@ -1,0 +1,123 @@
+//! The prefix cache on real models: a long shared prefix re-sent with a new tail reaches
+//! its first token much sooner, and the output is exactly what a cold run gives (Gemma's
+//! prompt rows round by how llama-server batches them, so reuse must respect that).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use ferrite_engine::gguf::GgufFile;
+use ferrite_engine::model;
+use ferrite_engine::sampling::SamplingParams;
+use ferrite_engine::scheduler::SchedulerConfig;
+use ferrite_engine::tokenizer::Tokenizer;
+use ferrite_engine::{Engine, EngineConfig, EngineHandle, SequenceEvent, SequenceRequest};
+
+fn start(name: &str, prefix_cache_positions: usize) -> Engine {
+    let mut gguf = GgufFile::open(&common::model_path(name)).unwrap();
+    let tokenizer = Tokenizer::from_gguf(&gguf.meta).unwrap();
+    let model = model::load(&mut gguf).unwrap();
+    Engine::start(
+        model,
+        tokenizer,
+        EngineConfig {
+            scheduler: SchedulerConfig {
+                max_running: 8,
+                max_step_tokens: 512,
+                kv_budget: 1 << 16,
+            },
+            context_length: 4096,
+            prefix_cache_positions,
+        },
+    )
+}
+
+/// Greedy run: time to the first token, and every token with its logprob.
+fn run(h: &EngineHandle, prompt: &[u32]) -> (Duration, Vec<(u32, f32)>) {
+    let mut r = SequenceRequest::new(
+        prompt.to_vec(),
+        SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        },
+        6,
+    );
+    r.ignore_eos = true;
+    let started = Instant::now();
+    let mut rx = h.submit(r).unwrap();
+    let mut first = None;
+    let mut tokens = Vec::new();
+    while let Some(event) = rx.blocking_recv() {
+        match event {
+            SequenceEvent::Token { id, logprob, .. } => {
+                first.get_or_insert_with(|| started.elapsed());
+                tokens.push((id, logprob));
+            }
+            SequenceEvent::Finished { .. } => return (first.unwrap(), tokens),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    panic!("no finish");
+}
+
+fn prompts(h: &EngineHandle, prefix_words: usize) -> (Vec<u32>, Vec<u32>) {
+    let words = [
+        "river", "stone", "garden", "lamp", "window", "cloud", "paper", "orange",
+    ];
+    let text: String = (0..prefix_words)
+        .map(|i| format!("{} ", words[(i * 7 + i / 3) % words.len()]))
+        .collect();
+    let prefix = h.tokenizer().encode_prompt(&text);
+    let tail = |t: &str| [prefix.clone(), h.tokenizer().encode(t, false)].concat();
+    (
+        tail("and then the first question was answered by the people of the valley, who"),
+        tail("but the second story tells of a traveller who came from the north and said"),
+    )
+}
+
+#[test]
+fn smollm2_a_shared_prefix_comes_back_five_times_sooner_and_unchanged() {
+    let engine = start("smollm2-135m", 8192);
+    let h = engine.handle();
+    let (first, second) = prompts(&h, 1000);
+    assert!(first.len() > 1000, "{} tokens", first.len());
+    let (cold, _) = run(&h, &first);
+    let before = h.stats().prefix_cache_hit_tokens;
+    let (warm, cached_output) = run(&h, &second);
+    let reused = h.stats().prefix_cache_hit_tokens - before;
+    eprintln!(
+        "{} prompt tokens: first token after {cold:?} cold, {warm:?} with {reused} cached",
+        second.len()
+    );
+    assert!(reused >= 1000, "{reused} positions reused");
+    assert!(
+        warm * 5 <= cold,
+        "first token after {warm:?} warm, {cold:?} cold"
+    );
+    engine.shutdown();
+
+    let cold_engine = start("smollm2-135m", 0);
+    let (_, expected) = run(&cold_engine.handle(), &second);
+    assert_eq!(cached_output, expected, "reuse changes nothing");
+    cold_engine.shutdown();
+}
+
+#[test]
+fn gemma3_reuse_gives_exactly_the_cold_output() {
+    let engine = start("gemma3-270m", 8192);
+    let h = engine.handle();
+    let (first, second) = prompts(&h, 150);
+    run(&h, &first);
+    let before = h.stats().prefix_cache_hit_tokens;
+    let (_, cached_output) = run(&h, &second);
+    assert!(
+        h.stats().prefix_cache_hit_tokens > before,
+        "something was reused"
+    );
+    engine.shutdown();
+
+    let cold_engine = start("gemma3-270m", 0);
+    let (_, expected) = run(&cold_engine.handle(), &second);
+    assert_eq!(cached_output, expected, "reuse changes nothing");
+    cold_engine.shutdown();
+}
