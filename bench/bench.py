@@ -3,12 +3,16 @@
 model and load, in one run. Not a test: it measures and prints a Markdown table.
 
 For each model and server: prefill (TTFT of a ~500-token prompt, 1 new token), single-
-stream decode (128 tokens), and on SmolLM2 aggregate throughput at concurrency 1, 4, 16
-(103-token prompts, 128 new tokens, non-streaming). Every measurement runs under
-../shared/tools/quiet.py, which waits for an idle machine and reports foreign CPU use;
-only runs it calls clean are kept (it retries otherwise).
+stream decode (128 tokens), and streaming load at concurrency 1, 4 and 16 (103-token
+prompts, 128 new tokens each): aggregate decode throughput and TTFT p50, and the server's
+peak RSS after the 16-stream run. Every measurement runs under ../shared/tools/quiet.py,
+which waits for an idle machine and reports foreign CPU use; only runs it calls clean are
+kept (it retries otherwise). Prints issue 5's table (ratios ferrite / llama-server against
+their targets) and, with matplotlib installed, writes a plot of throughput and TTFT
+against concurrency.
 
     python3 bench/bench.py --llama-server /path/to/llama-server [--models smollm2-135m gemma3-270m]
+        [--json-out bench.json] [--plot BENCHMARKS.png]
 """
 
 import argparse
@@ -87,6 +91,53 @@ def loadgen(url, pid, out_dir, label, args):
     return summary
 
 
+LOAD_LEVELS = [(1, 2), (4, 4), (16, 16)]
+
+# Issue 5's targets: (figure, key, target, higher is better).
+TARGETS = [
+    ("prefill tok/s, ~512-token prompt", "prefill_tok_s", 1.2, True),
+    ("single-stream decode tok/s", "decode_tok_s", 1.1, True),
+    ("aggregate decode tok/s, 16 streams x 128 tokens", "load_c16_tok_s", 1.5, True),
+    ("TTFT p50 at 16 streams", "ttft_p50_c16_s", 0.8, False),
+    ("peak RSS at 16 streams", "peak_rss_mib", 1.0, False),
+]
+
+
+def peak_rss_mib(pid):
+    """The process's peak resident set (VmHWM), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def plot(table, models, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot", file=sys.stderr)
+        return
+    fig, axes = plt.subplots(len(models), 2, figsize=(10, 4 * len(models)), squeeze=False)
+    levels = [c for c, _ in LOAD_LEVELS]
+    for row, model in enumerate(models):
+        for kind, style in (("ferrite", "o-"), ("llama-server", "s--")):
+            r = table[(model, kind)]
+            axes[row][0].plot(levels, [r[f"load_c{c}_tok_s"] for c in levels], style, label=kind)
+            axes[row][1].plot(levels, [r[f"ttft_p50_c{c}_s"] for c in levels], style, label=kind)
+        axes[row][0].set(title=f"{model}: aggregate decode", xlabel="concurrent streams", ylabel="tokens/s")
+        axes[row][1].set(title=f"{model}: time to first token (p50)", xlabel="concurrent streams", ylabel="seconds")
+        for ax in axes[row]:
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(levels, [str(c) for c in levels])
+            ax.legend()
+            ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    print(f"plot written to {path}", file=sys.stderr)
+
+
 def measure(kind, model, llama_server, work, long_prompt, with_load):
     proc, url = start(kind, model, llama_server, work)
     try:
@@ -103,11 +154,13 @@ def measure(kind, model, llama_server, work, long_prompt, with_load):
         results["quiet"]["decode"] = dec["quiet"]
         results["decode_tok_s"] = dec["per_request_decode_tok_per_s_mean"]
         if with_load:
-            for c, n in [(1, 4), (4, 8), (16, 32)]:
+            for c, n in LOAD_LEVELS:
                 s = loadgen(url, proc.pid, work, f"{kind}-{model}-c{c}",
-                            ["-c", str(c), "-n", str(n), "--max-tokens", "128", "--vary-prompt"])
+                            ["-c", str(c), "-n", str(n), "--max-tokens", "128", "--vary-prompt", "--stream"])
                 results["quiet"][f"c{c}"] = s["quiet"]
                 results[f"load_c{c}_tok_s"] = s["aggregate_tok_per_s"]
+                results[f"ttft_p50_c{c}_s"] = s["ttft_p50_s"]
+            results["peak_rss_mib"] = peak_rss_mib(proc.pid)
         return results
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -122,6 +175,7 @@ def main():
     ap.add_argument("--llama-server", required=True, help="path to llama.cpp's llama-server")
     ap.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma3-270m"])
     ap.add_argument("--json-out", help="write all figures here")
+    ap.add_argument("--plot", help="write the throughput/TTFT plot (PNG) here")
     args = ap.parse_args()
     assert FERRITE.exists(), "build first: cargo build --release"
     work = Path(tempfile.mkdtemp(prefix="ferrite-bench-"))
@@ -135,15 +189,24 @@ def main():
         for kind in ("ferrite", "llama-server"):
             print(f"measuring {kind} on {model} ...", file=sys.stderr, flush=True)
             table[(model, kind)] = measure(kind, model, args.llama_server, work, long_prompt,
-                                           with_load=model == "smollm2-135m")
-    rows = ["| model | metric | ferrite | llama-server | ferrite / llama |", "|---|---|---|---|---|"]
+                                           with_load=True)
+    rows = ["| model | figure | ferrite | llama-server | ferrite / llama | target | met |",
+            "|---|---|---|---|---|---|---|"]
     for model in args.models:
         f, l = table[(model, "ferrite")], table[(model, "llama-server")]
-        for key in f:
-            if key.endswith("_tok_s"):
-                rows.append(f"| {model} | {key.replace('_tok_s', ' tok/s')} | {f[key]:.1f} | {l[key]:.1f} "
-                            f"| {f[key] / l[key]:.2f} |")
+        for label, key, target, higher in TARGETS:
+            ratio = f[key] / l[key]
+            met = ratio >= target if higher else ratio <= target
+            bound = ">=" if higher else "<="
+            rows.append(f"| {model} | {label} | {f[key]:.2f} | {l[key]:.2f} | {ratio:.2f} "
+                        f"| {bound} {target} | {'yes' if met else 'no'} |")
+        for c, _ in LOAD_LEVELS[:-1]:
+            key = f"load_c{c}_tok_s"
+            rows.append(f"| {model} | aggregate decode tok/s, {c} stream(s) | {f[key]:.2f} | {l[key]:.2f} "
+                        f"| {f[key] / l[key]:.2f} | | |")
     print("\n".join(rows))
+    if args.plot:
+        plot(table, args.models, args.plot)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({f"{m}/{k}": v for (m, k), v in table.items()}, indent=2))
     print(f"logs and raw loadgen summaries: {work}", file=sys.stderr)
