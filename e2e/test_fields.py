@@ -483,7 +483,11 @@ BAD_VALUES = [
     ("stream_options", {"include_usage": True}), ("inference_timeout", -1),
     ("prediction", {"type": "other", "content": "x"}), ("images", "x"),
     ("modalities", ["audio"]), ("audio", {"format": "wav"}), ("user", 5), ("stop_sequences", 1),
-    ("stream", "x"), ("prompt", {"a": 1}), ("model", 5),
+    ("stream", "x"), ("prompt", {"a": 1}), ("model", 5), ("metadata", "x"), ("priority", "high"),
+    ("inference_extra_params", [1]), ("inference_extra_headers", 5), ("tools", 5),
+    ("tool_choice", {"type": "x"}), ("parallel_tool_calls", "x"), ("response_format", {"type": "xml"}),
+    ("guided_json", 5), ("guided_regex", 5), ("guided_choice", "x"), ("guided_grammar", 5),
+    ("grammar", {"type": "ebnf", "value": "x"}),
 ]
 
 

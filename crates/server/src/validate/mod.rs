@@ -167,14 +167,31 @@ pub fn deserialize_naming_the_field<T: serde::de::DeserializeOwned>(
     })
 }
 
-/// The untyped known fields: gateway extras, accepted with no effect on the output.
-fn check_extras(field: &str, _value: &Value) -> Result<(), ApiError> {
-    match field {
-        "inference_extra_params" | "inference_extra_headers" | "metadata" | "priority" => Ok(()),
-        _ => Err(ApiError::invalid(
+/// The untyped known fields: gateway extras, accepted with no effect on the output once
+/// they have the documented shape (objects, and an integer `priority`).
+fn check_extras(field: &str, value: &Value) -> Result<(), ApiError> {
+    let (ok, shape) = match field {
+        "inference_extra_params" | "inference_extra_headers" | "metadata" => {
+            (value.is_null() || value.is_object(), "an object")
+        }
+        "priority" => (
+            value.is_null() || value.is_i64() || value.is_u64(),
+            "an integer",
+        ),
+        _ => {
+            return Err(ApiError::invalid(
+                field,
+                format!("`{field}` is not supported by this server"),
+            ))
+        }
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
             field,
-            format!("`{field}` is not supported by this server"),
-        )),
+            format!("`{field}` must be {shape}"),
+        ))
     }
 }
 
@@ -604,6 +621,10 @@ mod tests {
             (r#""tools":[5],"tool_choice":"required""#, "tools"),
             (r#""tools":5"#, "tools"),
             (r#""parallel_tool_calls":"x""#, "parallel_tool_calls"),
+            (r#""metadata":"x""#, "metadata"),
+            (r#""priority":"high""#, "priority"),
+            (r#""inference_extra_params":[1]"#, "inference_extra_params"),
+            (r#""inference_extra_headers":5"#, "inference_extra_headers"),
             (r#""bogus":1"#, "bogus"),
             (r#""prompt2":1"#, "prompt2"),
         ];
