@@ -4,22 +4,15 @@
 mod common;
 
 use ferrite_engine::constrain::{Grammar, GrammarKind};
-use ferrite_engine::gguf::GgufFile;
-use ferrite_engine::model;
 use ferrite_engine::sampling::SamplingParams;
 use ferrite_engine::scheduler::SchedulerConfig;
-use ferrite_engine::tokenizer::Tokenizer;
 use ferrite_engine::{
     Engine, EngineConfig, EngineHandle, FinishReason, SequenceEvent, SequenceRequest,
 };
 
 fn start() -> Engine {
-    let mut gguf = GgufFile::open(&common::model_path("smollm2-135m")).unwrap();
-    let tokenizer = Tokenizer::from_gguf(&gguf.meta).unwrap();
-    let model = model::load(&mut gguf).unwrap();
-    Engine::start(
-        model,
-        tokenizer,
+    common::start_engine(
+        "smollm2-135m",
         EngineConfig {
             scheduler: SchedulerConfig {
                 max_running: 16,

@@ -5,23 +5,16 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use ferrite_engine::gguf::GgufFile;
-use ferrite_engine::model;
 use ferrite_engine::sampling::SamplingParams;
 use ferrite_engine::scheduler::SchedulerConfig;
-use ferrite_engine::tokenizer::Tokenizer;
 use ferrite_engine::{
     Engine, EngineConfig, EngineHandle, FinishReason, PromptLogprob, SequenceEvent, SequenceRequest,
 };
 use tokio::sync::mpsc::UnboundedReceiver;
 
 fn start() -> Engine {
-    let mut gguf = GgufFile::open(&common::model_path("smollm2-135m")).unwrap();
-    let tokenizer = Tokenizer::from_gguf(&gguf.meta).unwrap();
-    let model = model::load(&mut gguf).unwrap();
-    Engine::start(
-        model,
-        tokenizer,
+    common::start_engine(
+        "smollm2-135m",
         EngineConfig {
             scheduler: SchedulerConfig {
                 max_running: 16,

@@ -6,20 +6,13 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use ferrite_engine::gguf::GgufFile;
-use ferrite_engine::model;
 use ferrite_engine::sampling::SamplingParams;
 use ferrite_engine::scheduler::SchedulerConfig;
-use ferrite_engine::tokenizer::Tokenizer;
 use ferrite_engine::{Engine, EngineConfig, EngineHandle, SequenceEvent, SequenceRequest};
 
 fn start(name: &str, prefix_cache_positions: usize) -> Engine {
-    let mut gguf = GgufFile::open(&common::model_path(name)).unwrap();
-    let tokenizer = Tokenizer::from_gguf(&gguf.meta).unwrap();
-    let model = model::load(&mut gguf).unwrap();
-    Engine::start(
-        model,
-        tokenizer,
+    common::start_engine(
+        name,
         EngineConfig {
             scheduler: SchedulerConfig {
                 max_running: 8,

@@ -5,6 +5,10 @@
 
 use std::path::PathBuf;
 
+use ferrite_engine::gguf::GgufFile;
+use ferrite_engine::tokenizer::Tokenizer;
+use ferrite_engine::{model, Engine, EngineConfig};
+
 /// The model cache, as `ferrite pull` fills it.
 pub fn model_path(name: &str) -> PathBuf {
     let home = std::env::var_os("FERRITE_HOME")
@@ -46,3 +50,11 @@ pub const MODELS: [(&str, &str); 2] = [
     ("smollm2-135m", "smollm2-135m-q4_1.llamacpp.json"),
     ("gemma3-270m", "gemma3-270m-q4_k_m.llamacpp.json"),
 ];
+
+/// Starts an engine on a pulled model.
+pub fn start_engine(name: &str, config: EngineConfig) -> Engine {
+    let mut gguf = GgufFile::open(&model_path(name)).unwrap();
+    let tokenizer = Tokenizer::from_gguf(&gguf.meta).unwrap();
+    let model = model::load(&mut gguf).unwrap();
+    Engine::start(model, tokenizer, config)
+}
