@@ -9,6 +9,8 @@ use super::q8::{quantize_row, Q8Row};
 /// The block formats with kernels of our own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlockFormat {
+    /// 4-bit with scale, values offset by 8 (18 bytes per 32 values).
+    Q4_0,
     /// 4-bit with scale and minimum (20 bytes per 32 values).
     Q4_1,
     /// 5-bit with scale (22 bytes per 32 values).
@@ -17,6 +19,8 @@ pub enum BlockFormat {
     Q8_0,
 }
 
+/// Q4_0 block size in bytes.
+pub const Q4_0: usize = 18;
 /// Q4_1 block size in bytes.
 pub const Q4_1: usize = 20;
 /// Q5_0 block size in bytes.
@@ -43,6 +47,7 @@ impl BlockFormat {
     /// Bytes per block of 32 values.
     pub fn block_bytes(self) -> usize {
         match self {
+            Self::Q4_0 => Q4_0,
             Self::Q4_1 => Q4_1,
             Self::Q5_0 => Q5_0,
             Self::Q8_0 => Q8_0,
@@ -72,16 +77,25 @@ impl BlockFormat {
         self.dot_portable(w, a)
     }
 
-    /// Dot products of a weight row with four activation rows, each exactly as [`Self::dot`].
-    pub fn dot4(self, w: &[u8], a: [&Q8Row; 4]) -> [f32; 4] {
+    /// Dot products of up to four weight rows with up to four activation rows:
+    /// `out[i][r]` = `w[i]` · `a[r]`, each exactly as [`Self::dot`], entries past the given
+    /// rows zero. The SIMD kernels decode each weight block once for all activation rows.
+    pub fn dot_tile(self, w: &[&[u8]], a: &[&Q8Row]) -> [[f32; 4]; 4] {
+        assert!(w.len() <= 4 && a.len() <= 4);
         #[cfg(target_arch = "x86_64")]
         {
             if super::simd::available() {
                 // SAFETY: the CPU supports AVX2, FMA and F16C, checked just above.
-                return unsafe { super::simd::dot_rows::<4>(self, w, a) };
+                return unsafe { super::simd::tile_dyn(self, w, a) };
             }
         }
-        a.map(|row| self.dot_portable(w, row))
+        let mut out = [[0f32; 4]; 4];
+        for (i, w) in w.iter().enumerate() {
+            for (r, a) in a.iter().enumerate() {
+                out[i][r] = self.dot_portable(w, a);
+            }
+        }
+        out
     }
 
     /// The dot product in portable code.
@@ -91,6 +105,13 @@ impl BlockFormat {
         let mut vals = [0i32; 32];
         for (b, block) in w.chunks_exact(self.block_bytes()).enumerate() {
             let scale = match self {
+                Self::Q4_0 => {
+                    for j in 0..16 {
+                        vals[j] = (block[2 + j] & 0x0F) as i32 - 8;
+                        vals[j + 16] = (block[2 + j] >> 4) as i32 - 8;
+                    }
+                    f16_at(block, 0)
+                }
                 Self::Q4_1 => {
                     let (d, m) = (f16_at(block, 0), f16_at(block, 2));
                     for j in 0..16 {

@@ -131,27 +131,75 @@ impl Q4kSums {
     }
 }
 
-/// Dot product of a Q4_K weight row with a Q8_K activation row, rounded as `kernel`.
-pub fn dot_q4k(w: &[u8], a: &Q8KRow, kernel: RowKernel) -> f32 {
+/// Q4_K dot products of one weight row with up to four activation rows, each rounded as
+/// its kernel says (entries past the given rows are zero): the SIMD kernel decodes each
+/// super-block once for all rows.
+pub fn dot_q4k_tile(w: &[u8], a: &[&Q8KRow], kernels: &[RowKernel]) -> [f32; 4] {
+    assert!(a.len() <= 4 && kernels.len() == a.len());
+    let mut out = [0f32; 4];
     #[cfg(target_arch = "x86_64")]
     if super::simd::available() {
-        // SAFETY: the CPU features were checked.
-        return unsafe { super::kquant_simd::dot_q4k(w, a, kernel) };
+        macro_rules! rows {
+            ($n:literal) => {{
+                // SAFETY: the CPU features were checked.
+                let got = unsafe {
+                    super::kquant_simd::dot_q4k_rows::<$n>(
+                        w,
+                        std::array::from_fn(|r| a[r]),
+                        std::array::from_fn(|r| kernels[r]),
+                    )
+                };
+                out[..$n].copy_from_slice(&got);
+            }};
+        }
+        match a.len() {
+            1 => rows!(1),
+            2 => rows!(2),
+            3 => rows!(3),
+            4 => rows!(4),
+            _ => {}
+        }
+        return out;
     }
-    dot_q4k_portable(w, a, kernel)
+    for (r, (a, &kernel)) in a.iter().zip(kernels).enumerate() {
+        out[r] = dot_q4k_portable(w, a, kernel);
+    }
+    out
 }
 
-/// Dot product of a Q6_K weight row with a Q8_K activation row.
-pub fn dot_q6k(w: &[u8], a: &Q8KRow) -> f32 {
+/// Q6_K dot products of one weight row with up to four activation rows (entries past the
+/// given rows are zero): the SIMD kernel decodes each super-block once for all rows.
+pub fn dot_q6k_tile(w: &[u8], a: &[&Q8KRow]) -> [f32; 4] {
+    assert!(a.len() <= 4);
+    let mut out = [0f32; 4];
     #[cfg(target_arch = "x86_64")]
     if super::simd::available() {
-        // SAFETY: the CPU features were checked.
-        return unsafe { super::kquant_simd::dot_q6k(w, a) };
+        macro_rules! rows {
+            ($n:literal) => {{
+                // SAFETY: the CPU features were checked.
+                let got = unsafe {
+                    super::kquant_simd::dot_q6k_rows::<$n>(w, std::array::from_fn(|r| a[r]))
+                };
+                out[..$n].copy_from_slice(&got);
+            }};
+        }
+        match a.len() {
+            1 => rows!(1),
+            2 => rows!(2),
+            3 => rows!(3),
+            4 => rows!(4),
+            _ => {}
+        }
+        return out;
     }
-    dot_q6k_portable(w, a)
+    for (r, a) in a.iter().enumerate() {
+        out[r] = dot_q6k_portable(w, a);
+    }
+    out
 }
 
-/// [`dot_q4k`] in portable code.
+/// The dot product of a Q4_K weight row with a Q8_K activation row, rounded as `kernel`, in
+/// portable code.
 pub fn dot_q4k_portable(w: &[u8], a: &Q8KRow, kernel: RowKernel) -> f32 {
     let mut sums = Q4kSums::new(kernel);
     for (b, block) in w.chunks_exact(Q4_K).enumerate() {
@@ -182,7 +230,7 @@ pub fn dot_q4k_portable(w: &[u8], a: &Q8KRow, kernel: RowKernel) -> f32 {
     sums.result()
 }
 
-/// [`dot_q6k`] in portable code.
+/// The dot product of a Q6_K weight row with a Q8_K activation row, in portable code.
 pub fn dot_q6k_portable(w: &[u8], a: &Q8KRow) -> f32 {
     let mut acc = [0f32; 8];
     for (b, block) in w.chunks_exact(Q6_K).enumerate() {
@@ -256,7 +304,7 @@ mod tests {
         let w = dequant_q4k(&block);
         let exact: f32 = (0..QK_K).map(|i| w[i] * a.d[0] * a.qs[i] as f32).sum();
         for kernel in [RowKernel::Gemv, RowKernel::Gemm4] {
-            let got = dot_q4k(&block, &a, kernel);
+            let got = dot_q4k_tile(&block, &[&a], &[kernel])[0];
             assert!(
                 (got - exact).abs() < 1e-3 * exact.abs().max(1.0),
                 "{kernel:?}: {got} vs {exact}"
@@ -293,7 +341,7 @@ mod tests {
                 }
             }
         }
-        let got = dot_q6k(&block, &a);
+        let got = dot_q6k_tile(&block, &[&a])[0];
         assert!(
             (got - exact).abs() < 1e-3 * exact.abs().max(1.0),
             "{got} vs {exact}"

@@ -10,154 +10,225 @@ use super::kquant::{scale_min_k4, Q4kSums, Q8KRow, Q4_K, Q6_K, QK_K};
 use super::simd::f16_at;
 use super::RowKernel;
 
-/// Sum of the eight i32 lanes (exact).
-#[target_feature(enable = "avx2")]
-unsafe fn hsum_i32(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_extracti128_si256::<1>(v), _mm256_castsi256_si128(v));
-    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<1>(s));
-    _mm_cvtsi128_si32(s)
+/// The four `i32` sums of four vectors of eight lanes each (exact).
+#[inline(always)]
+unsafe fn hsum4_i32(v: [__m256i; 4]) -> [i32; 4] {
+    let t = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    let s = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t));
+    let mut out = [0i32; 4];
+    _mm_storeu_si128(out.as_mut_ptr() as *mut __m128i, s);
+    out
 }
 
-/// Q4_K · Q8_K, as [`super::kquant::dot_q4k`].
+/// Q4_K · Q8_K for one weight row and `N` activation rows, each rounded as its kernel
+/// says: every super-block's nibbles and scales are decoded once for all rows.
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be available; `w` holds whole super-blocks and `a` as many.
+/// AVX2, FMA and F16C must be available; `w` holds whole super-blocks and every row of `a`
+/// as many.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q4k(w: &[u8], a: &Q8KRow, kernel: RowKernel) -> f32 {
+pub unsafe fn dot_q4k_rows<const N: usize>(
+    w: &[u8],
+    a: [&Q8KRow; N],
+    kernels: [RowKernel; N],
+) -> [f32; N] {
     let blocks = w.len() / Q4_K;
-    assert!(a.d.len() >= blocks && a.qs.len() >= blocks * QK_K && a.bsums.len() >= blocks * 16);
-    let ones = _mm256_set1_epi16(1);
+    for row in &a {
+        assert!(
+            row.d.len() >= blocks
+                && row.qs.len() >= blocks * QK_K
+                && row.bsums.len() >= blocks * 16
+        );
+    }
     let low = _mm256_set1_epi8(0x0F);
-    let mut sums = Q4kSums::new(kernel);
+    let mut sums = kernels.map(Q4kSums::new);
     for b in 0..blocks {
         let block = w.as_ptr().add(b * Q4_K);
         let scales = std::slice::from_raw_parts(block.add(4), 12);
-        let q8 = a.qs.as_ptr().add(b * QK_K);
-        let bsums = &a.bsums[b * 16..(b + 1) * 16];
-        let d = *a.d.get_unchecked(b);
-        let (dd, dm) = (f16_at(block) * d, f16_at(block.add(2)) * d);
+        let (d, dmin) = (f16_at(block), f16_at(block.add(2)));
+        // Sub-block j: nibbles, its scale broadcast to 16-bit lanes, its minimum.
+        let mut x = [_mm256_setzero_si256(); 8];
+        let mut sc = [_mm256_setzero_si256(); 8];
+        let mut mins = [0i32; 8];
         for pair in 0..4 {
-            let (mut psum, mut pmin) = (0i32, 0i32);
             let bytes = _mm256_loadu_si256(block.add(16 + pair * 32) as *const __m256i);
-            let halves = [
-                _mm256_and_si256(bytes, low),
-                _mm256_and_si256(_mm256_srli_epi16::<4>(bytes), low),
-            ];
-            for (half, x) in halves.into_iter().enumerate() {
-                let j = pair * 2 + half;
-                let y = _mm256_loadu_si256(q8.add(j * 32) as *const __m256i);
-                let dot = hsum_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(x, y), ones));
-                let (sc, m) = scale_min_k4(j, scales);
-                psum += sc * dot;
-                pmin += m * (bsums[2 * j] + bsums[2 * j + 1]);
-            }
-            sums.pair(psum, pmin, dd, dm);
+            x[2 * pair] = _mm256_and_si256(bytes, low);
+            x[2 * pair + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(bytes), low);
         }
-        sums.end_block(dd, dm);
+        for j in 0..8 {
+            let (s, m) = scale_min_k4(j, scales);
+            sc[j] = _mm256_set1_epi16(s as i16);
+            mins[j] = m;
+        }
+        let mins = _mm256_loadu_si256(mins.as_ptr() as *const __m256i);
+        for r in 0..N {
+            let q8 = a[r].qs.as_ptr().add(b * QK_K);
+            // Per pair of sub-blocks: Σ scale · (nibbles · activations), as eight lanes.
+            let mut pairs = [_mm256_setzero_si256(); 4];
+            for (pair, lanes) in pairs.iter_mut().enumerate() {
+                for j in [2 * pair, 2 * pair + 1] {
+                    let y = _mm256_loadu_si256(q8.add(j * 32) as *const __m256i);
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(x[j], y), sc[j]);
+                    *lanes = _mm256_add_epi32(*lanes, p);
+                }
+            }
+            let psum = hsum4_i32(pairs);
+            // Per pair: Σ minimum · (sum of the sub-block's activations).
+            let bsums = a[r].bsums.as_ptr().add(b * 16) as *const __m256i;
+            let sub =
+                _mm256_hadd_epi32(_mm256_loadu_si256(bsums), _mm256_loadu_si256(bsums.add(1)));
+            let sub = _mm256_permute4x64_epi64::<0b11_01_10_00>(sub);
+            let m = _mm256_mullo_epi32(mins, sub);
+            let m = _mm256_hadd_epi32(m, m);
+            let pmin = [
+                _mm256_extract_epi32::<0>(m),
+                _mm256_extract_epi32::<1>(m),
+                _mm256_extract_epi32::<4>(m),
+                _mm256_extract_epi32::<5>(m),
+            ];
+            let da = *a[r].d.get_unchecked(b);
+            let (dd, dm) = (d * da, dmin * da);
+            for pair in 0..4 {
+                sums[r].pair(psum[pair], pmin[pair], dd, dm);
+            }
+            sums[r].end_block(dd, dm);
+        }
     }
-    sums.result()
+    sums.map(|s| s.result())
 }
 
-/// Q6_K · Q8_K, as [`super::kquant::dot_q6k`].
+/// Q6_K · Q8_K for one weight row and `N` activation rows: every super-block's 6-bit
+/// values and scales are decoded once for all rows, each row accumulating as
+/// the portable [`super::kquant::dot_q6k_portable`] does.
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be available; `w` holds whole super-blocks and `a` as many.
+/// AVX2, FMA and F16C must be available; `w` holds whole super-blocks and every row of `a`
+/// as many.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q6k(w: &[u8], a: &Q8KRow) -> f32 {
+pub unsafe fn dot_q6k_rows<const N: usize>(w: &[u8], a: [&Q8KRow; N]) -> [f32; N] {
     let blocks = w.len() / Q6_K;
-    assert!(a.d.len() >= blocks && a.qs.len() >= blocks * QK_K && a.bsums.len() >= blocks * 16);
+    for row in &a {
+        assert!(
+            row.d.len() >= blocks
+                && row.qs.len() >= blocks * QK_K
+                && row.bsums.len() >= blocks * 16
+        );
+    }
     let m3 = _mm256_set1_epi8(3);
     let m15 = _mm256_set1_epi8(15);
-    let mut acc = _mm256_setzero_ps();
+    let mut acc = [_mm256_setzero_ps(); N];
     for b in 0..blocks {
         let block = w.as_ptr().add(b * Q6_K);
         let (ql, qh, sc) = (block, block.add(128), block.add(192) as *const i8);
-        let q8 = a.qs.as_ptr().add(b * QK_K);
-        let d = *a.d.get_unchecked(b) * f16_at(block.add(208));
+        let dw = f16_at(block.add(208));
         let scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc as *const __m128i));
-        let bsums = _mm256_loadu_si256(a.bsums.as_ptr().add(b * 16) as *const __m256i);
-        // bsums are i32 here; pack them to i16 in order for the multiply-add.
-        let bsums_hi = _mm256_loadu_si256(a.bsums.as_ptr().add(b * 16 + 8) as *const __m256i);
-        let bsums16 =
-            _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(bsums, bsums_hi));
-        let correction = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums16, scales));
-        let mut lanes = _mm256_setzero_si256();
+        // The 256 values as unsigned 6-bit bytes (32 per vector), and each vector's two
+        // 16-value scales.
+        let mut u = [_mm256_setzero_si256(); 8];
+        let mut scale = [_mm256_setzero_si256(); 8];
         for j in 0..2 {
             let bits1 = _mm256_loadu_si256(ql.add(64 * j) as *const __m256i);
             let bits2 = _mm256_loadu_si256(ql.add(64 * j + 32) as *const __m256i);
             let high = _mm256_loadu_si256(qh.add(32 * j) as *const __m256i);
-            let u = [
-                _mm256_or_si256(
-                    _mm256_and_si256(bits1, m15),
-                    _mm256_slli_epi16::<4>(_mm256_and_si256(high, m3)),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(bits2, m15),
-                    _mm256_slli_epi16::<2>(_mm256_and_si256(high, _mm256_set1_epi8(12))),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(bits1), m15),
-                    _mm256_and_si256(high, _mm256_set1_epi8(48)),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(bits2), m15),
-                    _mm256_srli_epi16::<2>(_mm256_and_si256(high, _mm256_set1_epi8(-64))),
-                ),
-            ];
-            for (v, u) in u.into_iter().enumerate() {
-                let y = _mm256_loadu_si256(q8.add(128 * j + 32 * v) as *const __m256i);
+            u[4 * j] = _mm256_or_si256(
+                _mm256_and_si256(bits1, m15),
+                _mm256_slli_epi16::<4>(_mm256_and_si256(high, m3)),
+            );
+            u[4 * j + 1] = _mm256_or_si256(
+                _mm256_and_si256(bits2, m15),
+                _mm256_slli_epi16::<2>(_mm256_and_si256(high, _mm256_set1_epi8(12))),
+            );
+            u[4 * j + 2] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(bits1), m15),
+                _mm256_and_si256(high, _mm256_set1_epi8(48)),
+            );
+            u[4 * j + 3] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(bits2), m15),
+                _mm256_srli_epi16::<2>(_mm256_and_si256(high, _mm256_set1_epi8(-64))),
+            );
+            for v in 0..4 {
                 let s0 = *sc.add(8 * j + 2 * v) as i16;
                 let s1 = *sc.add(8 * j + 2 * v + 1) as i16;
-                let scale = _mm256_set_m128i(_mm_set1_epi16(s1), _mm_set1_epi16(s0));
-                lanes =
-                    _mm256_add_epi32(lanes, _mm256_madd_epi16(scale, _mm256_maddubs_epi16(u, y)));
+                scale[4 * j + v] = _mm256_set_m128i(_mm_set1_epi16(s1), _mm_set1_epi16(s0));
             }
         }
-        lanes = _mm256_sub_epi32(lanes, correction);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc);
+        for r in 0..N {
+            let q8 = a[r].qs.as_ptr().add(b * QK_K);
+            let d = *a[r].d.get_unchecked(b) * dw;
+            // bsums are i32 here; pack them to i16 in order for the multiply-add.
+            let bsums = a[r].bsums.as_ptr().add(b * 16) as *const __m256i;
+            let bsums16 = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(
+                _mm256_loadu_si256(bsums),
+                _mm256_loadu_si256(bsums.add(1)),
+            ));
+            // The values are stored +32: subtract 32 · Σ scale · (sum of 16 activations).
+            let correction = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums16, scales));
+            let mut lanes = _mm256_setzero_si256();
+            for k in 0..8 {
+                let y = _mm256_loadu_si256(q8.add(32 * k) as *const __m256i);
+                lanes = _mm256_add_epi32(
+                    lanes,
+                    _mm256_madd_epi16(scale[k], _mm256_maddubs_epi16(u[k], y)),
+                );
+            }
+            lanes = _mm256_sub_epi32(lanes, correction);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc[r]);
+        }
     }
-    let mut out = [0f32; 8];
-    _mm256_storeu_ps(out.as_mut_ptr(), acc);
-    hsum8(&out)
+    acc.map(|acc| {
+        let mut out = [0f32; 8];
+        _mm256_storeu_ps(out.as_mut_ptr(), acc);
+        hsum8(&out)
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::quant::kquant::{self, quantize_row_q8k};
+    use crate::quant::sample::{self, Xorshift};
     use crate::quant::simd::available;
+    use crate::quant::OwnFormat;
+
+    /// Every row count and kernel against the portable dot products, bit for bit, on random
+    /// weights and activations.
+    fn check<const N: usize>(rng: &mut Xorshift) {
+        let cols = 3 * QK_K;
+        let w4 = sample::weights(OwnFormat::Q4K, 1, cols, rng);
+        let w6 = sample::weights(OwnFormat::Q6K, 1, cols, rng);
+        let kernels: [RowKernel; N] = std::array::from_fn(|r| {
+            if rng.next_u64().is_multiple_of(2) || r == 0 {
+                RowKernel::Gemv
+            } else {
+                RowKernel::Gemm4
+            }
+        });
+        let acts: Vec<Q8KRow> = kernels
+            .iter()
+            .map(|&k| quantize_row_q8k(&sample::activations(1, cols, 4.0, rng), k))
+            .collect();
+        let a: [&Q8KRow; N] = std::array::from_fn(|r| &acts[r]);
+        let got4 = unsafe { dot_q4k_rows(&w4, a, kernels) };
+        let got6 = unsafe { dot_q6k_rows(&w6, a) };
+        for r in 0..N {
+            let want4 = kquant::dot_q4k_portable(&w4, a[r], kernels[r]);
+            assert_eq!(want4.to_bits(), got4[r].to_bits(), "Q4_K {N} rows, row {r}");
+            let want6 = kquant::dot_q6k_portable(&w6, a[r]);
+            assert_eq!(want6.to_bits(), got6[r].to_bits(), "Q6_K {N} rows, row {r}");
+        }
+    }
 
     #[test]
     fn avx2_k_quants_are_bit_identical_to_the_portable_ones() {
         if !available() {
             return;
         }
-        let cols = 512;
-        let x: Vec<f32> = (0..cols)
-            .map(|i| (i * 7919 % 1013) as f32 / 300.0 - 1.7)
-            .collect();
-        let a = quantize_row_q8k(&x, RowKernel::Gemv);
-        let mut w4 = vec![0u8; cols / QK_K * Q4_K];
-        let mut w6 = vec![0u8; cols / QK_K * Q6_K];
-        for (i, b) in w4.iter_mut().chain(w6.iter_mut()).enumerate() {
-            *b = (i * 131 % 251) as u8;
+        let mut rng = Xorshift::new(3);
+        for _ in 0..50 {
+            check::<1>(&mut rng);
+            check::<2>(&mut rng);
+            check::<3>(&mut rng);
+            check::<4>(&mut rng);
         }
-        for block in w4.chunks_exact_mut(Q4_K) {
-            block[0..4].copy_from_slice(&[0x00, 0x20, 0x00, 0x1c]);
-        }
-        for block in w6.chunks_exact_mut(Q6_K) {
-            block[208..210].copy_from_slice(&[0x00, 0x1c]);
-        }
-        for kernel in [RowKernel::Gemv, RowKernel::Gemm4] {
-            let (p4, f4) = (kquant::dot_q4k_portable(&w4, &a, kernel), unsafe {
-                dot_q4k(&w4, &a, kernel)
-            });
-            assert_eq!(p4.to_bits(), f4.to_bits(), "Q4_K {kernel:?}: {p4} vs {f4}");
-        }
-        let (p6, f6) = (kquant::dot_q6k_portable(&w6, &a), unsafe {
-            dot_q6k(&w6, &a)
-        });
-        assert_eq!(p6.to_bits(), f6.to_bits(), "Q6_K {p6} vs {f6}");
     }
 }

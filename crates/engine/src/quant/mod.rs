@@ -1,6 +1,6 @@
 //! Quantized weight matrices and their products with f32 activations.
 //!
-//! For the block formats whose kernels we own (Q4_1, Q5_0, Q8_0) the arithmetic follows
+//! For the block formats whose kernels we own (Q4_0, Q4_1, Q5_0, Q8_0) the arithmetic follows
 //! ggml's x86 kernels step for step: activations are quantized to Q8 blocks the same way
 //! (scale `127/amax`, round half to even), each block's integer dot product is split into
 //! the same eight lanes, lanes are accumulated with fused multiply-adds and summed in the
@@ -15,6 +15,7 @@ mod dot;
 mod kquant;
 mod kquant_simd;
 mod q8;
+pub mod sample;
 pub(crate) mod simd;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
@@ -23,7 +24,7 @@ use rayon::prelude::*;
 use crate::model::ops;
 use crate::EngineError;
 
-pub use dot::{BlockFormat, Q4_1, Q5_0, Q8_0};
+pub use dot::{BlockFormat, Q4_0, Q4_1, Q5_0, Q8_0};
 
 /// Which of llama.cpp's kernels a row's arithmetic follows. They compute the same sums and
 /// differ only in rounding: llama.cpp multiplies a prompt's rows four at a time (GEMM) and
@@ -49,7 +50,8 @@ pub enum OwnFormat {
 }
 
 impl OwnFormat {
-    fn row_bytes(self, cols: usize) -> usize {
+    /// Bytes per row of `cols` values.
+    pub fn row_bytes(self, cols: usize) -> usize {
         match self {
             Self::Blocks(f) => f.row_bytes(cols),
             Self::Q4K => cols / kquant::QK_K * kquant::Q4_K,
@@ -57,7 +59,8 @@ impl OwnFormat {
         }
     }
 
-    fn block_len(self) -> usize {
+    /// Values per block.
+    pub fn block_len(self) -> usize {
         match self {
             Self::Blocks(_) => 32,
             Self::Q4K | Self::Q6K => kquant::QK_K,
@@ -65,20 +68,32 @@ impl OwnFormat {
     }
 }
 
-/// Quantized activations of one row, in the form a format's dot product takes.
+/// Quantized activation rows, in the form a format's dot products take.
 enum Activations {
-    Q8(q8::Q8Row),
-    Q8K(kquant::Q8KRow),
+    Q8(Vec<q8::Q8Row>),
+    Q8K(Vec<kquant::Q8KRow>),
 }
 
-/// The Q8 rows, when the activations are of that kind.
-fn q8_rows(acts: &[Activations]) -> Option<Vec<&q8::Q8Row>> {
-    acts.iter()
-        .map(|a| match a {
-            Activations::Q8(r) => Some(r),
-            Activations::Q8K(_) => None,
-        })
-        .collect()
+impl Activations {
+    /// The rows of `x` (`cols` wide), quantized for `format` (in parallel), each as its
+    /// kernel says.
+    fn quantize(format: OwnFormat, x: &[f32], cols: usize, kernels: &[RowKernel]) -> Self {
+        let rows = x.par_chunks_exact(cols).zip(kernels);
+        match format {
+            OwnFormat::Blocks(f) => {
+                Self::Q8(rows.map(|(r, _)| f.quantize_activations(r)).collect())
+            }
+            // Only the repacked Q4_K GEMM quantizes its rows differently.
+            OwnFormat::Q4K => Self::Q8K(
+                rows.map(|(r, &kernel)| kquant::quantize_row_q8k(r, kernel))
+                    .collect(),
+            ),
+            OwnFormat::Q6K => Self::Q8K(
+                rows.map(|(r, _)| kquant::quantize_row_q8k(r, RowKernel::Gemv))
+                    .collect(),
+            ),
+        }
+    }
 }
 
 /// A weight matrix of `rows` output features by `cols` inputs.
@@ -102,6 +117,7 @@ impl QMatrix {
     /// Wraps a GGUF tensor (`[rows, cols]`).
     pub fn new(tensor: QTensor) -> Result<Self, EngineError> {
         let format = match tensor.dtype() {
+            GgmlDType::Q4_0 => Some(OwnFormat::Blocks(BlockFormat::Q4_0)),
             GgmlDType::Q4_1 => Some(OwnFormat::Blocks(BlockFormat::Q4_1)),
             GgmlDType::Q5_0 => Some(OwnFormat::Blocks(BlockFormat::Q5_0)),
             GgmlDType::Q8_0 => Some(OwnFormat::Blocks(BlockFormat::Q8_0)),
@@ -112,27 +128,36 @@ impl QMatrix {
         match format {
             Some(format) => {
                 let (rows, cols) = tensor.shape().dims2()?;
-                if cols % format.block_len() != 0 {
-                    return Err(EngineError::InvalidModel(format!(
-                        "row width {cols} is not a multiple of {}",
-                        format.block_len()
-                    )));
-                }
-                let data = tensor.data()?.into_owned();
-                if data.len() != rows * format.row_bytes(cols) {
-                    return Err(EngineError::InvalidModel(
-                        "quantized tensor has the wrong size".into(),
-                    ));
-                }
-                Ok(Self::Own {
-                    format,
-                    data,
-                    rows,
-                    cols,
-                })
+                Self::from_blocks(format, tensor.data()?.into_owned(), rows, cols)
             }
             None => Ok(Self::Candle(QMatMul::from_qtensor(tensor)?)),
         }
+    }
+
+    /// A `rows × cols` matrix of `format` from its raw blocks, row after row.
+    pub fn from_blocks(
+        format: OwnFormat,
+        data: Vec<u8>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self, EngineError> {
+        if !cols.is_multiple_of(format.block_len()) {
+            return Err(EngineError::InvalidModel(format!(
+                "row width {cols} is not a multiple of {}",
+                format.block_len()
+            )));
+        }
+        if data.len() != rows * format.row_bytes(cols) {
+            return Err(EngineError::InvalidModel(
+                "quantized tensor has the wrong size".into(),
+            ));
+        }
+        Ok(Self::Own {
+            format,
+            data,
+            rows,
+            cols,
+        })
     }
 
     /// Whether a row's result depends on its [`RowKernel`] (only the Q4_K kernels round
@@ -161,31 +186,46 @@ impl QMatrix {
                 cols,
             } => {
                 let (format, rows, cols) = (*format, *rows, *cols);
-                // Rows are quantized independently, in parallel.
-                let acts: Vec<Activations> = x
-                    .par_chunks_exact(cols)
-                    .zip(kernels)
-                    .map(|(r, &kernel)| match format {
-                        OwnFormat::Blocks(f) => Activations::Q8(f.quantize_activations(r)),
-                        // Only the repacked Q4_K GEMM quantizes its rows differently.
-                        OwnFormat::Q4K => Activations::Q8K(kquant::quantize_row_q8k(r, kernel)),
-                        OwnFormat::Q6K => {
-                            Activations::Q8K(kquant::quantize_row_q8k(r, RowKernel::Gemv))
-                        }
-                    })
-                    .collect();
-                let dot = |w: &[u8], t: usize| match (&acts[t], format) {
-                    (Activations::Q8(a), OwnFormat::Blocks(f)) => f.dot(w, a),
-                    (Activations::Q8K(a), OwnFormat::Q4K) => kquant::dot_q4k(w, a, kernels[t]),
-                    (Activations::Q8K(a), OwnFormat::Q6K) => kquant::dot_q6k(w, a),
-                    _ => unreachable!("activations are quantized for the matrix's format"),
-                };
+                let acts = Activations::quantize(format, x, cols, kernels);
                 let row_bytes = format.row_bytes(cols);
-                let q8 = q8_rows(&acts);
+                let weight_row = |r: usize| &data[r * row_bytes..(r + 1) * row_bytes];
+                let (q8, q8k): (Vec<&q8::Q8Row>, Vec<&kquant::Q8KRow>) = match &acts {
+                    Activations::Q8(a) => (a.iter().collect(), Vec::new()),
+                    Activations::Q8K(a) => (Vec::new(), a.iter().collect()),
+                };
+                // Products of up to four weight rows with up to four activation rows.
+                let tile = |w: &[&[u8]], g: std::ops::Range<usize>| -> [[f32; 4]; 4] {
+                    let mut out = [[0f32; 4]; 4];
+                    match format {
+                        OwnFormat::Blocks(f) => out = f.dot_tile(w, &q8[g]),
+                        OwnFormat::Q4K => {
+                            for (out, w) in out.iter_mut().zip(w) {
+                                *out =
+                                    kquant::dot_q4k_tile(w, &q8k[g.clone()], &kernels[g.clone()]);
+                            }
+                        }
+                        OwnFormat::Q6K => {
+                            for (out, w) in out.iter_mut().zip(w) {
+                                *out = kquant::dot_q6k_tile(w, &q8k[g.clone()]);
+                            }
+                        }
+                    }
+                    out
+                };
+                // Weight rows per pass: decoding a block-of-32 format (few activation rows)
+                // favours four; prompts two, so that eight accumulators stay in registers.
+                // A K-quant super-block is decoded once per weight row for four rows.
+                let step = match format {
+                    OwnFormat::Blocks(_) if n < 4 => 4,
+                    OwnFormat::Blocks(_) => 2,
+                    _ => 1,
+                };
                 let mut out = vec![0f32; n * rows];
-                // Split the output features into chunks; every chunk computes all
-                // activation rows, so each weight row is read once per step.
-                const CHUNK: usize = 64;
+                // Output features in chunks, one task each; within a chunk, activation rows
+                // in tiles that stay in the first-level cache while the chunk's weight rows
+                // pass over them.
+                const CHUNK: usize = 32;
+                const ACT_TILE: usize = 16;
                 let chunks: Vec<(usize, Vec<f32>)> = (0..rows.div_ceil(CHUNK))
                     .into_par_iter()
                     .map(|c| {
@@ -193,21 +233,23 @@ impl QMatrix {
                         let end = (start + CHUNK).min(rows);
                         let width = end - start;
                         let mut part = vec![0f32; n * width];
-                        for r in start..end {
-                            let w = &data[r * row_bytes..(r + 1) * row_bytes];
-                            let mut t = 0;
-                            if let (OwnFormat::Blocks(f), Some(q8)) = (format, &q8) {
-                                // Four activation rows per pass over the weight row.
-                                while t + 4 <= n {
-                                    let rows4 = [q8[t], q8[t + 1], q8[t + 2], q8[t + 3]];
-                                    for (i, v) in f.dot4(w, rows4).into_iter().enumerate() {
-                                        part[(t + i) * width + (r - start)] = v;
-                                    }
-                                    t += 4;
+                        for t0 in (0..n).step_by(ACT_TILE) {
+                            let t1 = (t0 + ACT_TILE).min(n);
+                            for r0 in (start..end).step_by(step) {
+                                let m = step.min(end - r0);
+                                let mut w: [&[u8]; 4] = [&[]; 4];
+                                for (i, w) in w.iter_mut().enumerate().take(m) {
+                                    *w = weight_row(r0 + i);
                                 }
-                            }
-                            for t in t..n {
-                                part[t * width + (r - start)] = dot(w, t);
+                                for g in (t0..t1).step_by(4) {
+                                    let g = g..(g + 4).min(t1);
+                                    let got = tile(&w[..m], g.clone());
+                                    for (i, got) in got.iter().enumerate().take(m) {
+                                        for (k, &v) in got.iter().enumerate().take(g.len()) {
+                                            part[(g.start + k) * width + (r0 + i - start)] = v;
+                                        }
+                                    }
+                                }
                             }
                         }
                         (start, part)

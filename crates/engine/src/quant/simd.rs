@@ -61,110 +61,253 @@ unsafe fn hsum(acc: __m256) -> f32 {
     hsum8(&lanes)
 }
 
+/// Whether this CPU also has AVX-512 VNNI (with VL): one instruction for the four-product
+/// integer lanes that AVX2 computes in two.
+pub fn vnni_available() -> bool {
+    available() && is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
+}
+
 /// The dot product of a weight row with a quantized activation row.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C ([`available`]); `w` holds whole blocks and
 /// `a` at least as many.
-#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot(format: BlockFormat, w: &[u8], a: &Q8Row) -> f32 {
-    dot_rows::<1>(format, w, [a])[0]
+    tile::<1, 1>(format, [w], [a])[0][0]
 }
 
-/// Dot products of one weight row with `N` activation rows: each weight block is decoded
-/// once for all of them. Every row accumulates exactly as [`dot`] would.
+/// Dot products of `M` weight rows with `N` activation rows (`out[i][r]` = weight row `i`
+/// · activation row `r`), with VNNI where the CPU has it. Each weight block is decoded once
+/// for the `N` rows and each activation block loaded once for the `M` rows; every pair
+/// accumulates exactly as [`dot`] would.
 ///
 /// # Safety
-/// As for [`dot`], for every row.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_rows<const N: usize>(format: BlockFormat, w: &[u8], a: [&Q8Row; N]) -> [f32; N] {
-    let bytes = format.block_bytes();
-    let blocks = w.len() / bytes;
+/// As for [`dot`], for every pair; all weight rows have the same length.
+pub unsafe fn tile<const M: usize, const N: usize>(
+    format: BlockFormat,
+    w: [&[u8]; M],
+    a: [&Q8Row; N],
+) -> [[f32; N]; M] {
+    let blocks = w[0].len() / format.block_bytes();
+    for row in &w {
+        assert_eq!(row.len(), w[0].len());
+    }
     for row in &a {
         assert!(row.d.len() >= blocks && row.s.len() >= blocks && row.qs.len() >= blocks * 32);
     }
-    let wp = w.as_ptr();
-    let qs = a.map(|row| row.qs.as_ptr());
-    let ds = a.map(|row| row.d.as_ptr());
-    let ss = a.map(|row| row.s.as_ptr());
-    let mut acc = [_mm256_setzero_ps(); N];
-    let mut extra = [0f32; N];
-    let high_mask = _mm256_set1_epi8(0xF0u8 as i8);
-    for b in 0..blocks {
-        let block = wp.add(b * bytes);
-        let d = f16_at(block);
-        // The weights as bytes, and whether they are signed (then the sign trick applies).
-        let (x, signed) = match format {
-            BlockFormat::Q4_1 => {
-                let m = f16_at(block.add(2));
-                for r in 0..N {
-                    extra[r] = m.mul_add(*ss[r].add(b), extra[r]);
-                }
-                (nibbles(block.add(4)), false)
-            }
-            BlockFormat::Q5_0 => {
-                let qh = u32::from_le_bytes([
-                    *block.add(2),
-                    *block.add(3),
-                    *block.add(4),
-                    *block.add(5),
-                ]);
-                let high = _mm256_andnot_si256(bit_bytes(qh), high_mask);
-                (_mm256_or_si256(nibbles(block.add(6)), high), true)
-            }
-            BlockFormat::Q8_0 => (_mm256_loadu_si256(block.add(2) as *const __m256i), true),
-        };
-        let ux = if signed { _mm256_sign_epi8(x, x) } else { x };
-        for r in 0..N {
-            let y = _mm256_loadu_si256(qs[r].add(b * 32) as *const __m256i);
-            let y = if signed { _mm256_sign_epi8(y, x) } else { y };
-            let lanes = lanes_unsigned(ux, y);
-            let dd = _mm256_set1_ps(d * *ds[r].add(b));
-            acc[r] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lanes), acc[r]);
-        }
+    if vnni_available() {
+        tile_vnni(format, w, a)
+    } else {
+        tile_avx2(format, w, a)
     }
-    let mut out = [0f32; N];
-    for r in 0..N {
-        out[r] = hsum(acc[r]) + extra[r];
-    }
-    out
 }
+
+/// [`tile`] for up to four weight rows and four activation rows given as slices; entries
+/// of the result past the given rows are zero.
+///
+/// # Safety
+/// As for [`tile`].
+pub unsafe fn tile_dyn(format: BlockFormat, w: &[&[u8]], a: &[&Q8Row]) -> [[f32; 4]; 4] {
+    macro_rules! dispatch {
+        ($(($m:literal, $n:literal)),*) => {
+            match (w.len(), a.len()) {
+                $(($m, $n) => {
+                    let got = tile::<$m, $n>(
+                        format,
+                        std::array::from_fn(|i| w[i]),
+                        std::array::from_fn(|r| a[r]),
+                    );
+                    let mut out = [[0f32; 4]; 4];
+                    for i in 0..$m {
+                        out[i][..$n].copy_from_slice(&got[i]);
+                    }
+                    out
+                })*
+                _ => panic!("tile of {}x{} rows", w.len(), a.len()),
+            }
+        };
+    }
+    dispatch!(
+        (1, 1),
+        (1, 2),
+        (1, 3),
+        (1, 4),
+        (2, 1),
+        (2, 2),
+        (2, 3),
+        (2, 4),
+        (3, 1),
+        (3, 2),
+        (3, 3),
+        (3, 4),
+        (4, 1),
+        (4, 2),
+        (4, 3),
+        (4, 4)
+    )
+}
+
+/// The four-product integer lanes of unsigned `x` (≤ 128) and signed `y`, with AVX2.
+#[target_feature(enable = "avx2")]
+unsafe fn lanes_avx2(x: __m256i, y: __m256i) -> __m256i {
+    lanes_unsigned(x, y)
+}
+
+/// The same lanes with AVX-512 VNNI (exact: no pair of products saturates 16 bits here).
+#[target_feature(enable = "avx2,avx512vnni,avx512vl")]
+unsafe fn lanes_vnni(x: __m256i, y: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(_mm256_setzero_si256(), x, y)
+}
+
+/// One weight block, decoded: its values as unsigned bytes (the absolute values for a
+/// signed format, whose signs then go onto the activations), the raw signed values, the
+/// scale, and Q4_1's minimum.
+struct Decoded {
+    unsigned: __m256i,
+    signed: Option<__m256i>,
+    d: f32,
+    m: f32,
+}
+
+// Always inlined (into kernels that enable AVX2 and F16C), so that the format's branch
+// and the returned registers fold into the caller's loop.
+#[inline(always)]
+unsafe fn decode(format: BlockFormat, block: *const u8) -> Decoded {
+    let d = f16_at(block);
+    let signed = |x: __m256i| Decoded {
+        unsigned: _mm256_sign_epi8(x, x),
+        signed: Some(x),
+        d,
+        m: 0.0,
+    };
+    match format {
+        BlockFormat::Q4_0 => signed(_mm256_sub_epi8(nibbles(block.add(2)), _mm256_set1_epi8(8))),
+        BlockFormat::Q4_1 => Decoded {
+            unsigned: nibbles(block.add(4)),
+            signed: None,
+            d,
+            m: f16_at(block.add(2)),
+        },
+        BlockFormat::Q5_0 => {
+            let qh =
+                u32::from_le_bytes([*block.add(2), *block.add(3), *block.add(4), *block.add(5)]);
+            let high = _mm256_andnot_si256(bit_bytes(qh), _mm256_set1_epi8(0xF0u8 as i8));
+            signed(_mm256_or_si256(nibbles(block.add(6)), high))
+        }
+        BlockFormat::Q8_0 => signed(_mm256_loadu_si256(block.add(2) as *const __m256i)),
+    }
+}
+
+/// The tile kernel's body, instantiated once per instruction set so that the lane
+/// function inlines.
+macro_rules! tile_kernel {
+    ($name:ident, $features:literal, $lanes:ident) => {
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const M: usize, const N: usize>(
+            format: BlockFormat,
+            w: [&[u8]; M],
+            a: [&Q8Row; N],
+        ) -> [[f32; N]; M] {
+            let bytes = format.block_bytes();
+            let blocks = w[0].len() / bytes;
+            let wp = w.map(|row| row.as_ptr());
+            let qs = a.map(|row| row.qs.as_ptr());
+            let ds = a.map(|row| row.d.as_ptr());
+            let ss = a.map(|row| row.s.as_ptr());
+            let mut acc = [[_mm256_setzero_ps(); N]; M];
+            let mut extra = [[0f32; N]; M];
+            for b in 0..blocks {
+                let x: [Decoded; M] = std::array::from_fn(|i| decode(format, wp[i].add(b * bytes)));
+                for r in 0..N {
+                    let y = _mm256_loadu_si256(qs[r].add(b * 32) as *const __m256i);
+                    let da = *ds[r].add(b);
+                    for i in 0..M {
+                        let y = match x[i].signed {
+                            Some(sx) => _mm256_sign_epi8(y, sx),
+                            None => y,
+                        };
+                        let lanes = $lanes(x[i].unsigned, y);
+                        let dd = _mm256_set1_ps(x[i].d * da);
+                        acc[i][r] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lanes), acc[i][r]);
+                        if format == BlockFormat::Q4_1 {
+                            extra[i][r] = x[i].m.mul_add(*ss[r].add(b), extra[i][r]);
+                        }
+                    }
+                }
+            }
+            let mut out = [[0f32; N]; M];
+            for i in 0..M {
+                for r in 0..N {
+                    out[i][r] = hsum(acc[i][r]) + extra[i][r];
+                }
+            }
+            out
+        }
+    };
+}
+
+tile_kernel!(tile_avx2, "avx2,fma,f16c", lanes_avx2);
+tile_kernel!(tile_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", lanes_vnni);
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::quant::q8::quantize_row;
-    use half::f16;
+    use crate::quant::sample::{self, Xorshift};
+    use crate::quant::OwnFormat;
+
+    const FORMATS: [BlockFormat; 4] = [
+        BlockFormat::Q4_0,
+        BlockFormat::Q4_1,
+        BlockFormat::Q5_0,
+        BlockFormat::Q8_0,
+    ];
+
+    /// Every tile shape and both instruction sets against the portable dot product, bit
+    /// for bit, on random weights and activations.
+    fn check_tile<const M: usize, const N: usize>(rng: &mut Xorshift) {
+        let cols = 32 * 11;
+        for format in FORMATS {
+            let data = sample::weights(OwnFormat::Blocks(format), M, cols, rng);
+            let w: [&[u8]; M] = std::array::from_fn(|i| {
+                &data[i * format.row_bytes(cols)..][..format.row_bytes(cols)]
+            });
+            let acts: Vec<Q8Row> = (0..N)
+                .map(|_| quantize_row(&sample::activations(1, cols, 3.0, rng)))
+                .collect();
+            let a: [&Q8Row; N] = std::array::from_fn(|r| &acts[r]);
+            let mut results = vec![unsafe { tile_avx2(format, w, a) }];
+            if vnni_available() {
+                results.push(unsafe { tile_vnni(format, w, a) });
+            }
+            for got in results {
+                for i in 0..M {
+                    for r in 0..N {
+                        let want = format.dot_portable(w[i], a[r]);
+                        assert_eq!(
+                            want.to_bits(),
+                            got[i][r].to_bits(),
+                            "{format:?} {M}x{N} [{i}][{r}]: {want} vs {}",
+                            got[i][r]
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
-    fn avx2_matches_the_portable_kernels_bit_for_bit() {
+    fn simd_tiles_match_the_portable_kernels_bit_for_bit() {
         if !available() {
             return;
         }
-        let cols = 256;
-        let x: Vec<f32> = (0..cols)
-            .map(|i| (i * 7919 % 1013) as f32 / 300.0 - 1.7)
-            .collect();
-        let a = quantize_row(&x);
-        for format in [BlockFormat::Q4_1, BlockFormat::Q5_0, BlockFormat::Q8_0] {
-            let mut w = vec![0u8; format.row_bytes(cols)];
-            for (i, byte) in w.iter_mut().enumerate() {
-                *byte = (i * 131 % 251) as u8;
-            }
-            // Keep the f16 scales finite and small.
-            for block in w.chunks_exact_mut(format.block_bytes()) {
-                block[0..2].copy_from_slice(&f16::from_f32(0.013).to_le_bytes());
-                if format == BlockFormat::Q4_1 {
-                    block[2..4].copy_from_slice(&f16::from_f32(-0.1).to_le_bytes());
-                }
-            }
-            let portable = format.dot_portable(&w, &a);
-            let fast = unsafe { dot(format, &w, &a) };
-            assert_eq!(
-                portable.to_bits(),
-                fast.to_bits(),
-                "{format:?}: {portable} vs {fast}"
-            );
+        let mut rng = Xorshift::new(7);
+        for _ in 0..20 {
+            check_tile::<1, 1>(&mut rng);
+            check_tile::<1, 4>(&mut rng);
+            check_tile::<2, 3>(&mut rng);
+            check_tile::<2, 4>(&mut rng);
+            check_tile::<4, 1>(&mut rng);
         }
     }
 }

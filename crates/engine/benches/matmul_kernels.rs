@@ -1,0 +1,80 @@
+//! Throughput of the quantized matrix kernels, per weight format and number of activation
+//! rows: 1 is single-stream decode (matrix × vector), 4 and 16 batched decode, 128 and 512
+//! prompt processing. Random weights and activations; the matrix is 2048 × 1024 (a
+//! feed-forward matrix of the served models' size class). Prints giga multiply-adds per
+//! second, the fastest of about half a second of runs, on one thread (steadier on a shared
+//! machine; `--threads N` for more).
+//!
+//!     cargo bench -p ferrite-engine --bench matmul_kernels
+
+use std::time::Instant;
+
+use ferrite_engine::quant::sample::{self, Xorshift};
+use ferrite_engine::quant::{BlockFormat, OwnFormat, QMatrix, RowKernel};
+
+const ROWS: usize = 2048;
+const COLS: usize = 1024;
+
+/// The fastest of the runs: on a shared machine interference only ever adds time.
+fn fastest(v: Vec<f64>) -> f64 {
+    v.into_iter().fold(f64::INFINITY, f64::min)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let threads = args
+        .iter()
+        .position(|a| a == "--threads")
+        .and_then(|i| args.get(i + 1)?.parse().ok())
+        .unwrap_or(1);
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+        .install(run);
+    println!("\n(giga multiply-adds per second on {threads} thread(s), fastest run)");
+}
+
+fn run() {
+    let formats = [
+        ("Q4_0", OwnFormat::Blocks(BlockFormat::Q4_0)),
+        ("Q4_1", OwnFormat::Blocks(BlockFormat::Q4_1)),
+        ("Q5_0", OwnFormat::Blocks(BlockFormat::Q5_0)),
+        ("Q8_0", OwnFormat::Blocks(BlockFormat::Q8_0)),
+        ("Q4_K", OwnFormat::Q4K),
+        ("Q6_K", OwnFormat::Q6K),
+    ];
+    let batches = [1usize, 4, 16, 128, 512];
+    let mut rng = Xorshift::new(1);
+    print!("| format |");
+    for n in batches {
+        print!(" {n} row{} |", if n == 1 { "" } else { "s" });
+    }
+    println!("\n|---|{}", "---|".repeat(batches.len()));
+    for (name, format) in formats {
+        let data = sample::weights(format, ROWS, COLS, &mut rng);
+        let matrix = QMatrix::from_blocks(format, data, ROWS, COLS).unwrap();
+        print!("| {name} |");
+        for n in batches {
+            let x = sample::activations(n, COLS, 2.0, &mut rng);
+            // Prompt rows take the kernel llama.cpp's batching would give them.
+            let kernel = if n >= 4 {
+                RowKernel::Gemm4
+            } else {
+                RowKernel::Gemv
+            };
+            let kernels = vec![kernel; n];
+            // Runs for about half a second (at least five), keeping the fastest.
+            let mut times = Vec::new();
+            let budget = Instant::now();
+            while times.len() < 5 || budget.elapsed().as_secs_f64() < 0.5 {
+                let started = Instant::now();
+                std::hint::black_box(matrix.matmul(&x, &kernels).unwrap());
+                times.push(started.elapsed().as_secs_f64());
+            }
+            let gmacs = (ROWS * COLS * n) as f64 / fastest(times) / 1e9;
+            print!(" {gmacs:.1} |");
+        }
+        println!();
+    }
+}
