@@ -162,9 +162,7 @@ impl Model for Gemma3 {
             let kv_width = layer.shape.n_kv_head * layer.shape.head_dim;
             let mut h = x.clone();
             ops::rms_norm(&mut h, &layer.attn_norm, self.eps);
-            let mut q = ops::matmul(&layer.wq, &h, all)?;
-            let mut k = ops::matmul(&layer.wk, &h, all)?;
-            let v = ops::matmul(&layer.wv, &h, all)?;
+            let [mut q, mut k, v] = ops::matmul_many([&layer.wq, &layer.wk, &layer.wv], &h, all)?;
             ops::rms_norm(&mut q, &layer.q_norm, self.eps);
             ops::rms_norm(&mut k, &layer.k_norm, self.eps);
             for (r, &pos) in layout.positions.iter().enumerate() {
@@ -190,8 +188,7 @@ impl Model for Gemma3 {
             }
             let mut h = x.clone();
             ops::rms_norm(&mut h, &layer.ffn_norm, self.eps);
-            let mut gate = ops::matmul(&layer.gate, &h, &ffn_kernels)?;
-            let up = ops::matmul(&layer.up, &h, &ffn_kernels)?;
+            let [mut gate, up] = ops::matmul_many([&layer.gate, &layer.up], &h, &ffn_kernels)?;
             ops::gelu_mul(&mut gate, &up);
             let mut down = ops::matmul(&layer.down, &gate, &ffn_kernels)?;
             ops::rms_norm(&mut down, &layer.post_ffn_norm, self.eps);

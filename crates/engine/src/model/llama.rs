@@ -132,9 +132,7 @@ impl Model for Llama {
         for (li, layer) in self.layers.iter().enumerate() {
             let mut h = x.clone();
             ops::rms_norm(&mut h, &layer.attn_norm, self.eps);
-            let mut q = ops::matmul(&layer.wq, &h, all)?;
-            let mut k = ops::matmul(&layer.wk, &h, all)?;
-            let v = ops::matmul(&layer.wv, &h, all)?;
+            let [mut q, mut k, v] = ops::matmul_many([&layer.wq, &layer.wk, &layer.wv], &h, all)?;
             for (r, &pos) in layout.positions.iter().enumerate() {
                 self.rope.apply(&mut q[r * q_width..(r + 1) * q_width], pos);
                 self.rope
@@ -152,8 +150,7 @@ impl Model for Llama {
             }
             let mut h = x.clone();
             ops::rms_norm(&mut h, &layer.ffn_norm, self.eps);
-            let mut gate = ops::matmul(&layer.gate, &h, &ffn_kernels)?;
-            let up = ops::matmul(&layer.up, &h, &ffn_kernels)?;
+            let [mut gate, up] = ops::matmul_many([&layer.gate, &layer.up], &h, &ffn_kernels)?;
             ops::silu_mul(&mut gate, &up);
             ops::add_assign(&mut x, &ops::matmul(&layer.down, &gate, &ffn_kernels)?);
         }

@@ -16,6 +16,16 @@ pub fn matmul(
     w.matmul(x, kernels)
 }
 
+/// [`matmul`] of several matrices with the same input, in one parallel pass.
+pub fn matmul_many<const N: usize>(
+    ws: [&crate::quant::QMatrix; N],
+    x: &[f32],
+    kernels: &[crate::quant::RowKernel],
+) -> Result<[Vec<f32>; N], EngineError> {
+    let outs = crate::quant::QMatrix::matmul_many(&ws, x, kernels)?;
+    Ok(outs.try_into().expect("one product per matrix"))
+}
+
 /// Multiplies each of the `rows` rows of `x` (row-major, `x.len() / rows` wide) by `w`ᵀ.
 pub fn linear(w: &QMatMul, x: &[f32], rows: usize) -> Result<Vec<f32>, EngineError> {
     let cols = x.len() / rows;
@@ -92,8 +102,22 @@ impl Rope {
     }
 }
 
-/// SiLU-gated unit: `gate = silu(gate) * up`, in place, with ggml's vector `expf`.
+/// SiLU-gated unit: `gate = silu(gate) * up`, in place, with ggml's vector `expf`; eight
+/// at a time with AVX2 where the CPU has it (bit-identical).
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    let len = gate.len().min(up.len());
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if crate::quant::simd::available() {
+        done = len / 8 * 8;
+        // SAFETY: AVX2 and FMA are available, and both slices hold `done` values.
+        unsafe { avx2::silu_mul(&mut gate[..done], &up[..done]) };
+    }
+    silu_mul_portable(&mut gate[done..len], &up[done..len]);
+}
+
+/// [`silu_mul`] one value at a time.
+fn silu_mul_portable(gate: &mut [f32], up: &[f32]) {
     for (g, u) in gate.iter_mut().zip(up) {
         let x = *g;
         *g = x / (1.0 + fast_exp(0.0 - x)) * u;
@@ -122,14 +146,10 @@ pub fn fast_exp(x: f32) -> f32 {
 }
 
 /// GELU (tanh approximation) gated unit: `gate = gelu(gate) * up`, in place. Like ggml's
-/// table-driven GELU, the input and result are rounded to f16 inside (-10, 10).
+/// table-driven GELU, the input and result are rounded to f16 inside (-10, 10): the
+/// result is looked up in a table of every f16 input, built once.
 pub fn gelu_mul(gate: &mut [f32], up: &[f32]) {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    // `1 + c·x·x` fused, as ggml's compiled table builder computes it.
-    let gelu = |x: f32| {
-        let inner = SQRT_2_OVER_PI * x * (0.044_715 * x).mul_add(x, 1.0);
-        0.5 * x * (1.0 + inner.tanh())
-    };
+    let table = gelu_table();
     for (g, u) in gate.iter_mut().zip(up) {
         let x = *g;
         let y = if x <= -10.0 {
@@ -137,11 +157,31 @@ pub fn gelu_mul(gate: &mut [f32], up: &[f32]) {
         } else if x >= 10.0 {
             x
         } else {
-            let x16 = f16::from_f32(x).to_f32();
-            f16::from_f32(gelu(x16)).to_f32()
+            table[f16::from_f32(x).to_bits() as usize]
         };
         *g = y * u;
     }
+}
+
+/// GELU of every f16 value, rounded to f16, indexed by the input's bits.
+fn gelu_table() -> &'static [f32] {
+    static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|bits| {
+                let x = f16::from_bits(bits).to_f32();
+                f16::from_f32(gelu(x)).to_f32()
+            })
+            .collect()
+    })
+}
+
+/// GELU with the tanh approximation, `1 + c·x·x` fused as ggml's compiled table builder
+/// computes it.
+fn gelu(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    let inner = SQRT_2_OVER_PI * x * (0.044_715 * x).mul_add(x, 1.0);
+    0.5 * x * (1.0 + inner.tanh())
 }
 
 /// Adds `b` to `a` element-wise.
@@ -151,9 +191,91 @@ pub fn add_assign(a: &mut [f32], b: &[f32]) {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// [`super::fast_exp`] of eight values, step for step.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn fast_exp(x: __m256) -> __m256 {
+        let c = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));
+        let shift = c(0x4b40_0000);
+        let z = _mm256_fmadd_ps(x, c(0x3fb8_aa3b), shift);
+        let n = _mm256_sub_ps(z, shift);
+        let b = _mm256_fnmadd_ps(n, c(0x35bf_be8e), _mm256_fnmadd_ps(n, c(0x3f31_7200), x));
+        let u = _mm256_mul_ps(b, b);
+        let j = _mm256_fmadd_ps(
+            _mm256_fmadd_ps(
+                _mm256_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+                u,
+                _mm256_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+            ),
+            u,
+            _mm256_fmadd_ps(c(0x3f7f_fff6), b, _mm256_set1_ps(1.0)),
+        );
+        // j · 2^half · 2^(n - half), the powers of two built from their exponent bits
+        // (|half| ≤ 96 wherever the result is used).
+        let half = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+            n,
+            _mm256_set1_ps(0.5),
+        ));
+        let pow2 = |k: __m256| {
+            let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+                _mm256_cvtps_epi32(k),
+                _mm256_set1_epi32(127),
+            ));
+            _mm256_castsi256_ps(bits)
+        };
+        let scaled = _mm256_mul_ps(_mm256_mul_ps(j, pow2(half)), pow2(_mm256_sub_ps(n, half)));
+        // |n| > 192: zero below, infinity above.
+        let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+        let out_of_range = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(192.0));
+        let limit = _mm256_blendv_ps(
+            _mm256_set1_ps(f32::INFINITY),
+            _mm256_setzero_ps(),
+            _mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps()),
+        );
+        _mm256_blendv_ps(scaled, limit, out_of_range)
+    }
+
+    /// [`super::silu_mul_portable`] eight values at a time.
+    ///
+    /// # Safety
+    /// AVX2 and FMA must be available; the lengths are equal multiples of 8.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
+        assert!(gate.len() == up.len() && gate.len().is_multiple_of(8));
+        for (g, u) in gate.chunks_exact_mut(8).zip(up.chunks_exact(8)) {
+            let x = _mm256_loadu_ps(g.as_ptr());
+            let e = fast_exp(_mm256_sub_ps(_mm256_setzero_ps(), x));
+            let y = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e));
+            _mm256_storeu_ps(
+                g.as_mut_ptr(),
+                _mm256_mul_ps(y, _mm256_loadu_ps(u.as_ptr())),
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn simd_silu_matches_the_portable_one_bit_for_bit() {
+        let mut rng = crate::quant::sample::Xorshift::new(5);
+        // Ordinary values, large ones (exp over- and underflow) and exact zeros.
+        let mut gate: Vec<f32> = (0..4096).map(|_| rng.next_f32() * 12.0).collect();
+        gate.extend((0..64).map(|i| (i as f32 - 32.0) * 7.0));
+        gate.extend([0.0, -0.0, 88.5, -88.5, 103.0, -103.0, 150.0, -150.0]);
+        let up: Vec<f32> = (0..gate.len()).map(|_| rng.next_f32() * 3.0).collect();
+        let mut fast = gate.clone();
+        silu_mul(&mut fast, &up);
+        silu_mul_portable(&mut gate, &up);
+        for (i, (a, b)) in fast.iter().zip(&gate).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "value {i}: {a} vs {b}");
+        }
+    }
 
     #[test]
     fn fast_exp_is_close_to_exp() {

@@ -4,7 +4,9 @@
 
 use half::f16;
 
-use super::q8::{quantize_row, Q8Row};
+#[cfg(test)]
+use super::q8::quantize_row;
+use super::q8::Q8Row;
 
 /// The block formats with kernels of our own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,11 +59,6 @@ impl BlockFormat {
     /// Bytes per row of `cols` values.
     pub fn row_bytes(self, cols: usize) -> usize {
         cols / 32 * self.block_bytes()
-    }
-
-    /// Quantizes an activation row for this format's dot product.
-    pub fn quantize_activations(self, x: &[f32]) -> Q8Row {
-        quantize_row(x)
     }
 
     /// The dot product of a weight row with a quantized activation row, with the AVX2

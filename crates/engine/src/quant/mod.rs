@@ -68,6 +68,27 @@ impl OwnFormat {
     }
 }
 
+/// The kinds of quantized activations the formats' dot products take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ActivationKind {
+    /// Q8 blocks of 32 (every block-of-32 format).
+    Q8,
+    /// Q8_K super-blocks, each row quantized as its kernel says (Q4_K).
+    Q8KByKernel,
+    /// Q8_K super-blocks quantized as the GEMV does (Q6_K, whichever the kernel).
+    Q8KGemv,
+}
+
+impl ActivationKind {
+    fn of(format: OwnFormat) -> Self {
+        match format {
+            OwnFormat::Blocks(_) => Self::Q8,
+            OwnFormat::Q4K => Self::Q8KByKernel,
+            OwnFormat::Q6K => Self::Q8KGemv,
+        }
+    }
+}
+
 /// Quantized activation rows, in the form a format's dot products take.
 enum Activations {
     Q8(Vec<q8::Q8Row>),
@@ -75,20 +96,17 @@ enum Activations {
 }
 
 impl Activations {
-    /// The rows of `x` (`cols` wide), quantized for `format` (in parallel), each as its
-    /// kernel says.
-    fn quantize(format: OwnFormat, x: &[f32], cols: usize, kernels: &[RowKernel]) -> Self {
+    /// The rows of `x` (`cols` wide), quantized as `kind` says (in parallel).
+    fn quantize(kind: ActivationKind, x: &[f32], cols: usize, kernels: &[RowKernel]) -> Self {
         let rows = x.par_chunks_exact(cols).zip(kernels);
-        match format {
-            OwnFormat::Blocks(f) => {
-                Self::Q8(rows.map(|(r, _)| f.quantize_activations(r)).collect())
-            }
+        match kind {
+            ActivationKind::Q8 => Self::Q8(rows.map(|(r, _)| q8::quantize_row(r)).collect()),
             // Only the repacked Q4_K GEMM quantizes its rows differently.
-            OwnFormat::Q4K => Self::Q8K(
+            ActivationKind::Q8KByKernel => Self::Q8K(
                 rows.map(|(r, &kernel)| kquant::quantize_row_q8k(r, kernel))
                     .collect(),
             ),
-            OwnFormat::Q6K => Self::Q8K(
+            ActivationKind::Q8KGemv => Self::Q8K(
                 rows.map(|(r, _)| kquant::quantize_row_q8k(r, RowKernel::Gemv))
                     .collect(),
             ),
@@ -176,94 +194,148 @@ impl QMatrix {
     /// each rounded as its kernel says: an `n × rows` result. Every row is computed on its
     /// own, so its result never depends on the rest of the batch.
     pub fn matmul(&self, x: &[f32], kernels: &[RowKernel]) -> Result<Vec<f32>, EngineError> {
+        let mut out = Self::matmul_many(&[self], x, kernels)?;
+        Ok(out.pop().expect("one product per matrix"))
+    }
+
+    /// [`Self::matmul`] of several matrices with the same input (a layer's query, key and
+    /// value projections, say): the input is quantized once per kind of activations the
+    /// matrices take, and all products share one parallel pass, so that the threads
+    /// synchronise once rather than once per matrix. The results are those of
+    /// [`Self::matmul`], in the order of `matrices`.
+    pub fn matmul_many(
+        matrices: &[&QMatrix],
+        x: &[f32],
+        kernels: &[RowKernel],
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
         let n = kernels.len();
-        match self {
-            Self::Candle(m) => ops::linear(m, x, n),
-            Self::Own {
-                format,
-                data,
-                rows,
-                cols,
-            } => {
-                let (format, rows, cols) = (*format, *rows, *cols);
-                let acts = Activations::quantize(format, x, cols, kernels);
-                let row_bytes = format.row_bytes(cols);
-                let weight_row = |r: usize| &data[r * row_bytes..(r + 1) * row_bytes];
-                let (q8, q8k): (Vec<&q8::Q8Row>, Vec<&kquant::Q8KRow>) = match &acts {
-                    Activations::Q8(a) => (a.iter().collect(), Vec::new()),
-                    Activations::Q8K(a) => (Vec::new(), a.iter().collect()),
-                };
-                // Products of up to four weight rows with up to four activation rows.
-                let tile = |w: &[&[u8]], g: std::ops::Range<usize>| -> [[f32; 4]; 4] {
-                    let mut out = [[0f32; 4]; 4];
-                    match format {
-                        OwnFormat::Blocks(f) => out = f.dot_tile(w, &q8[g]),
-                        OwnFormat::Q4K => {
-                            for (out, w) in out.iter_mut().zip(w) {
-                                *out =
-                                    kquant::dot_q4k_tile(w, &q8k[g.clone()], &kernels[g.clone()]);
-                            }
-                        }
-                        OwnFormat::Q6K => {
-                            for (out, w) in out.iter_mut().zip(w) {
-                                *out = kquant::dot_q6k_tile(w, &q8k[g.clone()]);
-                            }
-                        }
-                    }
-                    out
-                };
-                // Weight rows per pass: decoding a block-of-32 format (few activation rows)
-                // favours four; prompts two, so that eight accumulators stay in registers.
-                // A K-quant super-block is decoded once per weight row for four rows.
-                let step = match format {
-                    OwnFormat::Blocks(_) if n < 4 => 4,
-                    OwnFormat::Blocks(_) => 2,
-                    _ => 1,
-                };
-                let mut out = vec![0f32; n * rows];
-                // Output features in chunks, one task each; within a chunk, activation rows
-                // in tiles that stay in the first-level cache while the chunk's weight rows
-                // pass over them.
-                const CHUNK: usize = 32;
-                const ACT_TILE: usize = 16;
-                let chunks: Vec<(usize, Vec<f32>)> = (0..rows.div_ceil(CHUNK))
-                    .into_par_iter()
-                    .map(|c| {
-                        let start = c * CHUNK;
-                        let end = (start + CHUNK).min(rows);
-                        let width = end - start;
-                        let mut part = vec![0f32; n * width];
-                        for t0 in (0..n).step_by(ACT_TILE) {
-                            let t1 = (t0 + ACT_TILE).min(n);
-                            for r0 in (start..end).step_by(step) {
-                                let m = step.min(end - r0);
-                                let mut w: [&[u8]; 4] = [&[]; 4];
-                                for (i, w) in w.iter_mut().enumerate().take(m) {
-                                    *w = weight_row(r0 + i);
-                                }
-                                for g in (t0..t1).step_by(4) {
-                                    let g = g..(g + 4).min(t1);
-                                    let got = tile(&w[..m], g.clone());
-                                    for (i, got) in got.iter().enumerate().take(m) {
-                                        for (k, &v) in got.iter().enumerate().take(g.len()) {
-                                            part[(g.start + k) * width + (r0 + i - start)] = v;
-                                        }
-                                    }
-                                }
-                            }
-                        }
-                        (start, part)
-                    })
-                    .collect();
-                for (start, part) in chunks {
-                    let width = part.len() / n;
-                    for t in 0..n {
-                        out[t * rows + start..t * rows + start + width]
-                            .copy_from_slice(&part[t * width..(t + 1) * width]);
-                    }
+        // Quantized inputs, shared by the matrices that take the same kind.
+        let mut acts: Vec<(ActivationKind, Activations)> = Vec::new();
+        let mut inputs = Vec::with_capacity(matrices.len());
+        for m in matrices {
+            let Self::Own { format, cols, .. } = m else {
+                inputs.push(None);
+                continue;
+            };
+            let kind = ActivationKind::of(*format);
+            let i = match acts.iter().position(|(k, _)| *k == kind) {
+                Some(i) => i,
+                None => {
+                    acts.push((kind, Activations::quantize(kind, x, *cols, kernels)));
+                    acts.len() - 1
                 }
-                Ok(out)
+            };
+            inputs.push(Some(i));
+        }
+        // One task per chunk of output features of every matrix.
+        let tasks: Vec<(usize, usize)> = matrices
+            .iter()
+            .enumerate()
+            .flat_map(|(mi, m)| match m {
+                Self::Own { rows, .. } => (0..rows.div_ceil(CHUNK)).map(|c| (mi, c)).collect(),
+                Self::Candle(_) => Vec::new(),
+            })
+            .collect();
+        let parts: Vec<(usize, usize, Vec<f32>)> = tasks
+            .into_par_iter()
+            .map(|(mi, c)| {
+                let acts = &acts[inputs[mi].expect("own matrices have inputs")].1;
+                let (start, part) = matrices[mi].chunk(acts, kernels, c);
+                (mi, start, part)
+            })
+            .collect();
+        let mut outs: Vec<Vec<f32>> = Vec::with_capacity(matrices.len());
+        for m in matrices {
+            outs.push(match m {
+                Self::Candle(c) => ops::linear(c, x, n)?,
+                Self::Own { rows, .. } => vec![0f32; n * rows],
+            });
+        }
+        for (mi, start, part) in parts {
+            let (out, width) = (&mut outs[mi], part.len() / n.max(1));
+            let rows = out.len() / n.max(1);
+            for t in 0..n {
+                out[t * rows + start..][..width].copy_from_slice(&part[t * width..][..width]);
             }
         }
+        Ok(outs)
+    }
+
+    /// Output features `c·CHUNK..` (up to [`CHUNK`] of them) for every activation row: the
+    /// chunk's first feature and its `n × width` products.
+    fn chunk(&self, acts: &Activations, kernels: &[RowKernel], c: usize) -> (usize, Vec<f32>) {
+        let Self::Own {
+            format,
+            data,
+            rows,
+            cols,
+        } = self
+        else {
+            unreachable!("only own formats are chunked");
+        };
+        let (format, n) = (*format, kernels.len());
+        let row_bytes = format.row_bytes(*cols);
+        let weight_row = |r: usize| &data[r * row_bytes..(r + 1) * row_bytes];
+        let (q8, q8k): (Vec<&q8::Q8Row>, Vec<&kquant::Q8KRow>) = match acts {
+            Activations::Q8(a) => (a.iter().collect(), Vec::new()),
+            Activations::Q8K(a) => (Vec::new(), a.iter().collect()),
+        };
+        // Products of up to four weight rows with up to four activation rows.
+        let tile = |w: &[&[u8]], g: std::ops::Range<usize>| -> [[f32; 4]; 4] {
+            let mut out = [[0f32; 4]; 4];
+            match format {
+                OwnFormat::Blocks(f) => out = f.dot_tile(w, &q8[g]),
+                OwnFormat::Q4K => {
+                    for (out, w) in out.iter_mut().zip(w) {
+                        *out = kquant::dot_q4k_tile(w, &q8k[g.clone()], &kernels[g.clone()]);
+                    }
+                }
+                OwnFormat::Q6K => {
+                    for (out, w) in out.iter_mut().zip(w) {
+                        *out = kquant::dot_q6k_tile(w, &q8k[g.clone()]);
+                    }
+                }
+            }
+            out
+        };
+        // Weight rows per pass: decoding a block-of-32 format (few activation rows) favours
+        // four; prompts two, so that eight accumulators stay in registers. A K-quant
+        // super-block is decoded once per weight row for four activation rows.
+        let step = match format {
+            OwnFormat::Blocks(_) if n < 4 => 4,
+            OwnFormat::Blocks(_) => 2,
+            _ => 1,
+        };
+        let start = c * CHUNK;
+        let end = (start + CHUNK).min(*rows);
+        let width = end - start;
+        let mut part = vec![0f32; n * width];
+        // Activation rows in tiles that stay in the first-level cache while the chunk's
+        // weight rows pass over them.
+        for t0 in (0..n).step_by(ACT_TILE) {
+            let t1 = (t0 + ACT_TILE).min(n);
+            for r0 in (start..end).step_by(step) {
+                let m = step.min(end - r0);
+                let mut w: [&[u8]; 4] = [&[]; 4];
+                for (i, w) in w.iter_mut().enumerate().take(m) {
+                    *w = weight_row(r0 + i);
+                }
+                for g in (t0..t1).step_by(4) {
+                    let g = g..(g + 4).min(t1);
+                    let got = tile(&w[..m], g.clone());
+                    for (i, got) in got.iter().enumerate().take(m) {
+                        for (k, &v) in got.iter().enumerate().take(g.len()) {
+                            part[(g.start + k) * width + (r0 + i - start)] = v;
+                        }
+                    }
+                }
+            }
+        }
+        (start, part)
     }
 }
+
+/// Output features per parallel task.
+const CHUNK: usize = 32;
+/// Activation rows per pass over a chunk's weight rows.
+const ACT_TILE: usize = 16;

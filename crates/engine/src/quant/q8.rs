@@ -15,6 +15,16 @@ pub struct Q8Row {
 /// Quantizes a row (length a multiple of 32): per block `d = amax/127`, values
 /// `round_half_even(x · 127/amax)`, and `s = f16(d · Σq)` for Q8_1 dot products.
 pub fn quantize_row(x: &[f32]) -> Q8Row {
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::available() {
+        // SAFETY: AVX2, FMA and F16C are available.
+        return unsafe { super::simd::quantize_row(x) };
+    }
+    quantize_row_portable(x)
+}
+
+/// [`quantize_row`] in portable code.
+pub fn quantize_row_portable(x: &[f32]) -> Q8Row {
     let blocks = x.len() / 32;
     let mut row = Q8Row {
         d: Vec::with_capacity(blocks),
@@ -51,5 +61,17 @@ mod tests {
         assert_eq!(q.d, vec![1.0]);
         assert_eq!(&q.qs[..3], &[127, 2, -4]);
         assert_eq!(q.s, vec![125.0]);
+    }
+
+    #[test]
+    fn simd_quantization_matches_the_portable_one() {
+        let mut rng = crate::quant::sample::Xorshift::new(11);
+        let mut x: Vec<f32> = (0..32 * 40).map(|_| rng.next_f32() * 5.0).collect();
+        x[64..96].fill(0.0); // an all-zero block
+        x[100] = 1e-30; // a tiny maximum
+        let (fast, portable) = (quantize_row(&x), quantize_row_portable(&x));
+        assert_eq!(fast.qs, portable.qs);
+        assert_eq!(fast.d, portable.d);
+        assert_eq!(fast.s, portable.s);
     }
 }
