@@ -1,36 +1,54 @@
 //! The key/value cache, owned by the engine: one [`SequenceCache`] per sequence, never
 //! inside a model. Keys and values are stored as f16, as llama.cpp stores them by default:
 //! half the memory, and the same rounding as the reference implementation.
+//!
+//! A sequence's cache is paged: fixed-size [`BLOCK_POSITIONS`]-position blocks, each holding
+//! every layer's keys and values for its positions, reference-counted and shared read-only
+//! between sequences that start the same way (the choices of one prompt with `n > 1` or
+//! `best_of`, and prompts that start from the prefix cache). Forking a cache copies no keys;
+//! a shared block is copied only when a sequence writes into it (its last, partly filled
+//! block), and a block is freed when its last holder drops it.
+
+use std::sync::Arc;
 
 use half::f16;
 
-/// Cached keys and values of one layer of one sequence, laid out `[position][kv head][dim]`.
-#[derive(Debug, Default, Clone)]
-pub struct LayerCache {
-    /// Keys, `kv_width` values per position.
-    pub keys: Vec<f16>,
-    /// Values, `kv_width` values per position.
-    pub values: Vec<f16>,
+/// Positions per block.
+pub const BLOCK_POSITIONS: usize = 16;
+
+/// Every layer's keys and values for [`BLOCK_POSITIONS`] positions, laid out
+/// `[layer][keys, values][position][kv head][dim]`.
+#[derive(Debug, Clone)]
+struct Block {
+    data: Box<[f16]>,
 }
 
 /// The cache of one sequence: every layer's keys and values for positions `0..len()`.
 #[derive(Debug, Clone)]
 pub struct SequenceCache {
-    layers: Vec<LayerCache>,
+    blocks: Vec<Arc<Block>>,
+    n_layers: usize,
     kv_width: usize,
     len: usize,
 }
 
+/// One layer's keys and values for positions `0..positions()` of a sequence.
+#[derive(Debug, Clone, Copy)]
+pub struct LayerView<'a> {
+    blocks: &'a [Arc<Block>],
+    layer: usize,
+    kv_width: usize,
+    positions: usize,
+}
+
 impl SequenceCache {
     /// An empty cache for a model with `n_layers` layers and `kv_width` (= kv heads × head
-    /// size) floats per position per layer, with room reserved for `capacity` positions.
+    /// size) floats per position per layer, expecting up to `capacity` positions (blocks
+    /// are allocated as positions are written, not in advance).
     pub fn new(n_layers: usize, kv_width: usize, capacity: usize) -> Self {
-        let layer = LayerCache {
-            keys: Vec::with_capacity(capacity * kv_width),
-            values: Vec::with_capacity(capacity * kv_width),
-        };
         Self {
-            layers: vec![layer; n_layers],
+            blocks: Vec::with_capacity(capacity.div_ceil(BLOCK_POSITIONS)),
+            n_layers,
             kv_width,
             len: 0,
         }
@@ -51,18 +69,59 @@ impl SequenceCache {
         self.kv_width
     }
 
-    /// One layer's storage.
-    pub fn layer_mut(&mut self, layer: usize) -> &mut LayerCache {
-        &mut self.layers[layer]
+    /// Where `layer`'s keys (`values` false) or values start within a block.
+    fn layer_offset(&self, layer: usize, values: bool) -> usize {
+        (layer * 2 + values as usize) * BLOCK_POSITIONS * self.kv_width
     }
 
-    /// Marks `n` more positions as stored once every layer has appended them.
+    /// Stores `layer`'s keys and values (rounded to f16) for the positions after the
+    /// committed ones: `keys` and `values` hold `n × kv_width` floats. Every layer writes
+    /// the same `n` positions, then [`Self::commit`] marks them stored.
+    pub fn write(&mut self, layer: usize, keys: &[f32], values: &[f32]) {
+        assert!(layer < self.n_layers && keys.len() == values.len());
+        let n = keys.len() / self.kv_width;
+        let block_len = 2 * self.n_layers * BLOCK_POSITIONS * self.kv_width;
+        while self.blocks.len() * BLOCK_POSITIONS < self.len + n {
+            self.blocks.push(Arc::new(Block {
+                data: vec![f16::ZERO; block_len].into_boxed_slice(),
+            }));
+        }
+        let width = self.kv_width;
+        let (key_at, value_at) = (
+            self.layer_offset(layer, false),
+            self.layer_offset(layer, true),
+        );
+        for i in 0..n {
+            let pos = self.len + i;
+            // A block shared with another sequence is copied before it is written.
+            let block = Arc::make_mut(&mut self.blocks[pos / BLOCK_POSITIONS]);
+            let slot = (pos % BLOCK_POSITIONS) * width;
+            let rows = [(key_at, keys), (value_at, values)];
+            for (at, src) in rows {
+                let dst = &mut block.data[at + slot..at + slot + width];
+                for (d, s) in dst.iter_mut().zip(&src[i * width..(i + 1) * width]) {
+                    *d = f16::from_f32(*s);
+                }
+            }
+        }
+    }
+
+    /// Marks `n` more positions as stored once every layer has written them.
     pub fn commit(&mut self, n: usize) {
         self.len += n;
-        debug_assert!(self
-            .layers
-            .iter()
-            .all(|l| l.keys.len() == self.len * self.kv_width && l.values.len() == l.keys.len()));
+        debug_assert!(self.blocks.len() * BLOCK_POSITIONS >= self.len);
+    }
+
+    /// `layer`'s keys and values for positions `0..positions` (committed ones and those
+    /// written since).
+    pub fn layer(&self, layer: usize, positions: usize) -> LayerView<'_> {
+        assert!(layer < self.n_layers && positions <= self.blocks.len() * BLOCK_POSITIONS);
+        LayerView {
+            blocks: &self.blocks,
+            layer,
+            kv_width: self.kv_width,
+            positions,
+        }
     }
 
     /// Forgets every position from `len` on (rejected draft tokens).
@@ -70,47 +129,106 @@ impl SequenceCache {
         if len >= self.len {
             return;
         }
-        for layer in &mut self.layers {
-            layer.keys.truncate(len * self.kv_width);
-            layer.values.truncate(len * self.kv_width);
-        }
+        self.blocks.truncate(len.div_ceil(BLOCK_POSITIONS));
         self.len = len;
     }
 
-    /// A copy of this cache's first `len` positions with room for `capacity` positions.
+    /// This cache's first `len` positions, sharing their blocks, expecting up to
+    /// `capacity` positions.
     pub fn fork_prefix(&self, len: usize, capacity: usize) -> Self {
         let len = len.min(self.len);
-        let room = capacity.max(len) * self.kv_width;
-        let layers = self
-            .layers
-            .iter()
-            .map(|l| {
-                let mut keys = Vec::with_capacity(room);
-                keys.extend_from_slice(&l.keys[..len * self.kv_width]);
-                let mut values = Vec::with_capacity(room);
-                values.extend_from_slice(&l.values[..len * self.kv_width]);
-                LayerCache { keys, values }
-            })
-            .collect();
+        let mut blocks = Vec::with_capacity(capacity.max(len).div_ceil(BLOCK_POSITIONS));
+        blocks.extend(self.blocks[..len.div_ceil(BLOCK_POSITIONS)].iter().cloned());
         Self {
-            layers,
+            blocks,
+            n_layers: self.n_layers,
             kv_width: self.kv_width,
             len,
         }
     }
 
-    /// A copy of this cache with room reserved for `capacity` positions: a sequence
+    /// This cache, sharing its blocks, expecting up to `capacity` positions: a sequence
     /// that shares this one's prefix starts from it instead of recomputing it.
     pub fn fork(&self, capacity: usize) -> Self {
         self.fork_prefix(self.len, capacity)
     }
 
-    /// Bytes held by this cache.
-    pub fn bytes(&self) -> usize {
-        self.layers
+    /// Blocks this cache holds (some perhaps shared).
+    pub fn blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Blocks this cache shares with other holders.
+    pub fn shared_blocks(&self) -> usize {
+        self.blocks
             .iter()
-            .map(|l| (l.keys.capacity() + l.values.capacity()) * 2)
-            .sum()
+            .filter(|b| Arc::strong_count(b) > 1)
+            .count()
+    }
+}
+
+impl<'a> LayerView<'a> {
+    /// Positions in view.
+    pub fn positions(&self) -> usize {
+        self.positions
+    }
+
+    /// Floats per position.
+    pub fn kv_width(&self) -> usize {
+        self.kv_width
+    }
+
+    /// The keys of position `pos` (every KV head).
+    pub fn keys(&self, pos: usize) -> &'a [f16] {
+        self.run(pos..pos + 1, false)
+    }
+
+    /// The values of position `pos` (every KV head).
+    pub fn values(&self, pos: usize) -> &'a [f16] {
+        self.run(pos..pos + 1, true)
+    }
+
+    /// The keys of positions `range`, which must lie within one block, contiguous:
+    /// `range.len() × kv_width` values.
+    pub fn key_run(&self, range: std::ops::Range<usize>) -> &'a [f16] {
+        self.run(range, false)
+    }
+
+    /// The values of positions `range` within one block, as [`Self::key_run`].
+    pub fn value_run(&self, range: std::ops::Range<usize>) -> &'a [f16] {
+        self.run(range, true)
+    }
+
+    fn run(&self, range: std::ops::Range<usize>, values: bool) -> &'a [f16] {
+        assert!(range.start < range.end && range.end <= self.positions);
+        let block = range.start / BLOCK_POSITIONS;
+        assert_eq!(
+            block,
+            (range.end - 1) / BLOCK_POSITIONS,
+            "a run within one block"
+        );
+        let at = (self.layer * 2 + values as usize) * BLOCK_POSITIONS * self.kv_width
+            + (range.start % BLOCK_POSITIONS) * self.kv_width;
+        let data: &'a [f16] = &self.blocks[block].data;
+        &data[at..at + range.len() * self.kv_width]
+    }
+
+    /// Positions `range` split at block boundaries: each piece lies within one block.
+    pub fn runs(
+        &self,
+        range: std::ops::Range<usize>,
+    ) -> impl Iterator<Item = std::ops::Range<usize>> {
+        let end = range.end;
+        let mut start = range.start;
+        std::iter::from_fn(move || {
+            if start >= end {
+                return None;
+            }
+            let stop = ((start / BLOCK_POSITIONS + 1) * BLOCK_POSITIONS).min(end);
+            let run = start..stop;
+            start = stop;
+            Some(run)
+        })
     }
 }
 
@@ -118,37 +236,65 @@ impl SequenceCache {
 mod tests {
     use super::*;
 
+    /// A cache of `n` positions over 2 layers, 3 floats wide: keys `i`, values `-i` (plus
+    /// 100 per layer).
     fn filled(n: usize) -> SequenceCache {
         let mut c = SequenceCache::new(2, 3, 8);
         for l in 0..2 {
-            let layer = c.layer_mut(l);
-            layer
-                .keys
-                .extend((0..n * 3).map(|i| f16::from_f32(i as f32)));
-            layer
-                .values
-                .extend((0..n * 3).map(|i| f16::from_f32(-(i as f32))));
+            let keys: Vec<f32> = (0..n * 3).map(|i| (i + 100 * l) as f32).collect();
+            let values: Vec<f32> = keys.iter().map(|k| -k).collect();
+            c.write(l, &keys, &values);
         }
         c.commit(n);
         c
     }
 
+    fn key(c: &SequenceCache, layer: usize, pos: usize) -> Vec<f32> {
+        c.layer(layer, c.len())
+            .keys(pos)
+            .iter()
+            .map(|k| k.to_f32())
+            .collect()
+    }
+
+    #[test]
+    fn positions_read_back_across_blocks_and_layers() {
+        let c = filled(40);
+        assert_eq!(c.blocks(), 3);
+        assert_eq!(key(&c, 0, 0), vec![0.0, 1.0, 2.0]);
+        assert_eq!(key(&c, 1, 17), vec![151.0, 152.0, 153.0]);
+        assert_eq!(
+            c.layer(1, 40).values(39)[2].to_f32(),
+            -(39.0 * 3.0 + 2.0 + 100.0)
+        );
+        let run = c.layer(0, 40).key_run(16..19);
+        assert_eq!(run.len(), 9);
+        assert_eq!(run[3].to_f32(), 51.0);
+    }
+
     #[test]
     fn truncate_forgets_the_tail() {
-        let mut c = filled(4);
+        let mut c = filled(20);
         c.truncate(2);
-        assert_eq!(c.len(), 2);
-        assert_eq!(c.layer_mut(1).keys.len(), 6);
+        assert_eq!((c.len(), c.blocks()), (2, 1));
         c.truncate(5);
         assert_eq!(c.len(), 2, "truncating past the end changes nothing");
     }
 
     #[test]
-    fn a_fork_has_the_same_content_and_its_own_room() {
-        let c = filled(3);
-        let mut f = c.fork(10);
-        assert_eq!(f.len(), 3);
-        assert!(f.layer_mut(0).keys.capacity() >= 30);
-        assert_eq!(f.layer_mut(0).keys, filled(3).layer_mut(0).keys);
+    fn forks_share_blocks_until_written() {
+        let c = filled(20);
+        let mut f = c.fork(40);
+        assert_eq!((f.len(), f.shared_blocks()), (20, 2));
+        // Writing position 20 copies the partly filled second block, not the first.
+        f.write(0, &[7.0; 3], &[7.0; 3]);
+        f.write(1, &[8.0; 3], &[8.0; 3]);
+        f.commit(1);
+        assert_eq!(f.shared_blocks(), 1);
+        assert_eq!(key(&f, 1, 20), vec![8.0; 3]);
+        assert_eq!(key(&f, 0, 19), key(&c, 0, 19));
+        assert_eq!(c.len(), 20, "the original is untouched");
+        let p = c.fork_prefix(5, 10);
+        assert_eq!((p.len(), p.blocks()), (5, 1));
     }
 }

@@ -120,19 +120,12 @@ impl PrefixCache {
 
 #[cfg(test)]
 mod tests {
-    use half::f16;
-
     use super::*;
 
     fn cache(n: usize) -> SequenceCache {
         let mut c = SequenceCache::new(1, 2, n);
-        let layer = c.layer_mut(0);
-        layer
-            .keys
-            .extend((0..2 * n).map(|i| f16::from_f32(i as f32)));
-        layer
-            .values
-            .extend((0..2 * n).map(|i| f16::from_f32(i as f32)));
+        let kv: Vec<f32> = (0..2 * n).map(|i| i as f32).collect();
+        c.write(0, &kv, &kv);
         c.commit(n);
         c
     }

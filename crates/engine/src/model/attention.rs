@@ -1,11 +1,14 @@
-//! Causal attention against a sequence's f16 KV cache, with the numerics of llama.cpp's
-//! CPU flash attention (one query row at a time): the query is rounded to f16, key dot
-//! products accumulate in f32 over 4 × 16 lanes, and the weighted sum of values
-//! accumulates in f16 with an online softmax. The models are sensitive enough to these
-//! roundings that matching them is what makes greedy output agree with llama.cpp. An
-//! AVX2 version gives bit-identical results faster.
+//! Causal attention against a sequence's paged f16 KV cache, with the numerics of
+//! llama.cpp's CPU flash attention (one query row at a time): the query is rounded to
+//! f16, key dot products accumulate in f32 over 4 × 16 lanes, and the weighted sum of
+//! values accumulates in f16 with an online softmax. The models are sensitive enough to
+//! these roundings that matching them is what makes greedy output agree with llama.cpp.
+//! An AVX2 version gives bit-identical results faster.
 
 use half::f16;
+use rayon::prelude::*;
+
+use crate::kv_cache::LayerView;
 
 /// The geometry of one attention layer.
 #[derive(Debug, Clone, Copy)]
@@ -22,58 +25,64 @@ pub struct AttentionShape {
     pub window: Option<usize>,
 }
 
-/// The keys and values one query row attends to: positions `range` of one KV head.
+/// The new rows of one sequence: their queries, and the cache they attend to, whose last
+/// `n` positions are theirs.
+#[derive(Clone, Copy)]
+pub struct AttentionInput<'a> {
+    /// `n × n_head × head_dim` queries.
+    pub q: &'a [f32],
+    /// The sequence's keys and values for this layer, the new rows' included.
+    pub kv: LayerView<'a>,
+    /// New rows.
+    pub n: usize,
+}
+
+/// The keys and values one query row attends to: positions `first..=last` of one KV head.
 #[derive(Clone, Copy)]
 struct KvRows<'a> {
-    keys: &'a [f16],
-    values: &'a [f16],
-    /// Values per position (all KV heads).
-    stride: usize,
+    view: LayerView<'a>,
     /// Where this KV head starts within a position.
     offset: usize,
     first: usize,
     last: usize,
 }
 
-/// Causal attention of `n` new tokens of one sequence, whose keys and values were already
-/// appended to `keys`/`values` (`[position][kv head][dim]`, the new ones last).
-/// `q` is `n × n_head × head_dim`; the result has the same shape. Query rows are
-/// independent and run in parallel.
-pub fn attend(
-    shape: &AttentionShape,
-    q: &[f32],
-    keys: &[f16],
-    values: &[f16],
-    n: usize,
-) -> Vec<f32> {
+impl<'a> KvRows<'a> {
+    /// The attended positions in block-contiguous runs: the run's keys and values (every
+    /// KV head, `kv_width` per position) and its length.
+    fn runs(&self) -> impl Iterator<Item = (&'a [f16], &'a [f16], usize)> + '_ {
+        self.view.runs(self.first..self.last + 1).map(|r| {
+            (
+                self.view.key_run(r.clone()),
+                self.view.value_run(r.clone()),
+                r.len(),
+            )
+        })
+    }
+}
+
+/// Causal attention of the new rows of several sequences (in order; each one's keys and
+/// values already written to its cache). Returns every row's `n_head × head_dim` output,
+/// in input order. Query rows are independent and all run in one parallel pass.
+pub fn attend_many(shape: &AttentionShape, inputs: &[AttentionInput<'_>]) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
     let fast = shape.head_dim.is_multiple_of(64) && crate::quant::simd::available();
     #[cfg(not(target_arch = "x86_64"))]
     let fast = false;
-    attend_with(shape, q, keys, values, n, fast)
+    attend_with(shape, inputs, fast)
+}
+
+/// [`attend_many`] for one sequence.
+pub fn attend(shape: &AttentionShape, input: AttentionInput<'_>) -> Vec<f32> {
+    attend_many(shape, &[input])
 }
 
 /// [`attend`] in portable code.
-pub fn attend_portable(
-    shape: &AttentionShape,
-    q: &[f32],
-    keys: &[f16],
-    values: &[f16],
-    n: usize,
-) -> Vec<f32> {
-    attend_with(shape, q, keys, values, n, false)
+pub fn attend_portable(shape: &AttentionShape, input: AttentionInput<'_>) -> Vec<f32> {
+    attend_with(shape, &[input], false)
 }
 
-fn attend_with(
-    shape: &AttentionShape,
-    q: &[f32],
-    keys: &[f16],
-    values: &[f16],
-    n: usize,
-    fast: bool,
-) -> Vec<f32> {
-    use rayon::prelude::*;
-
+fn attend_with(shape: &AttentionShape, inputs: &[AttentionInput<'_>], fast: bool) -> Vec<f32> {
     let AttentionShape {
         n_head,
         n_kv_head,
@@ -81,26 +90,34 @@ fn attend_with(
         scale,
         window,
     } = *shape;
-    let stride = n_kv_head * head_dim;
-    let total = keys.len() / stride;
-    assert!(values.len() == keys.len() && total >= n && q.len() >= n * n_head * head_dim);
-    let first_new = total - n;
     let group = n_head / n_kv_head;
-    let mut out = vec![0.0f32; n * n_head * head_dim];
+    // Each new row: its input and its index within it.
+    let rows: Vec<(usize, usize)> = inputs
+        .iter()
+        .enumerate()
+        .flat_map(|(i, input)| (0..input.n).map(move |t| (i, t)))
+        .collect();
+    for input in inputs {
+        assert!(
+            input.kv.kv_width() == n_kv_head * head_dim
+                && input.kv.positions() >= input.n
+                && input.q.len() >= input.n * n_head * head_dim
+        );
+    }
+    let mut out = vec![0.0f32; rows.len() * n_head * head_dim];
     out.par_chunks_mut(head_dim)
         .enumerate()
         .for_each(|(row, o)| {
-            let (t, h) = (row / n_head, row % n_head);
-            let pos = first_new + t;
+            let ((i, t), h) = (rows[row / n_head], row % n_head);
+            let input = &inputs[i];
+            let pos = input.kv.positions() - input.n + t;
             let kv = KvRows {
-                keys,
-                values,
-                stride,
+                view: input.kv,
                 offset: (h / group) * head_dim,
                 first: window.map_or(0, |w| (pos + 1).saturating_sub(w)),
                 last: pos,
             };
-            let q = &q[row * head_dim..][..head_dim];
+            let q = &input.q[(t * n_head + h) * head_dim..][..head_dim];
             #[cfg(target_arch = "x86_64")]
             if fast {
                 // SAFETY: `fast` is only set when AVX2, FMA and F16C are available and the
@@ -117,27 +134,30 @@ fn attend_with(
 /// One query row in portable code.
 fn attend_row(q: &[f32], kv: &KvRows<'_>, scale: f32, out: &mut [f32]) {
     let head_dim = q.len();
+    let stride = kv.view.kv_width();
     let q16: Vec<f16> = q.iter().map(|&x| f16::from_f32(x)).collect();
     let mut acc = vec![f16::ZERO; head_dim];
     let mut max = f32::NEG_INFINITY;
     let mut sum = 0.0f32;
-    for j in kv.first..=kv.last {
-        let at = j * kv.stride + kv.offset;
-        let s = dot_f16(&q16, &kv.keys[at..at + head_dim]) * scale;
-        let (mut rescale, mut weight) = (1.0f32, 1.0f32);
-        if s > max {
-            rescale = (max - s).exp();
-            max = s;
-            for a in acc.iter_mut() {
-                *a = f16::from_f32(a.to_f32() * rescale);
+    for (keys, values, len) in kv.runs() {
+        for j in 0..len {
+            let at = j * stride + kv.offset;
+            let s = dot_f16(&q16, &keys[at..at + head_dim]) * scale;
+            let (mut rescale, mut weight) = (1.0f32, 1.0f32);
+            if s > max {
+                rescale = (max - s).exp();
+                max = s;
+                for a in acc.iter_mut() {
+                    *a = f16::from_f32(a.to_f32() * rescale);
+                }
+            } else {
+                weight = (s - max).exp();
             }
-        } else {
-            weight = (s - max).exp();
+            for (a, v) in acc.iter_mut().zip(&values[at..at + head_dim]) {
+                *a = f16::from_f32(v.to_f32().mul_add(weight, a.to_f32()));
+            }
+            sum = sum.mul_add(rescale, weight);
         }
-        for (a, v) in acc.iter_mut().zip(&kv.values[at..at + head_dim]) {
-            *a = f16::from_f32(v.to_f32().mul_add(weight, a.to_f32()));
-        }
-        sum = sum.mul_add(rescale, weight);
     }
     let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
     for (o, a) in out.iter_mut().zip(&acc) {
@@ -246,7 +266,7 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn attend_row(q: &[f32], kv: &KvRows<'_>, scale: f32, out: &mut [f32]) {
         let head_dim = q.len();
-        assert!(out.len() == head_dim && (kv.last + 1) * kv.stride <= kv.keys.len());
+        assert!(out.len() == head_dim);
         let mut q16 = vec![f16::ZERO; head_dim];
         let mut acc = vec![f16::ZERO; head_dim];
         for i in (0..head_dim).step_by(8) {
@@ -254,28 +274,32 @@ mod avx2 {
         }
         let mut max = f32::NEG_INFINITY;
         let mut sum = 0.0f32;
-        for j in kv.first..=kv.last {
-            let at = j * kv.stride + kv.offset;
-            let s = dot(q16.as_ptr(), kv.keys.as_ptr().add(at), head_dim) * scale;
-            let (mut rescale, mut weight) = (1.0f32, 1.0f32);
-            if s > max {
-                rescale = (max - s).exp();
-                max = s;
-                let r = _mm256_set1_ps(rescale);
+        let stride = kv.view.kv_width();
+        for (keys, values, len) in kv.runs() {
+            assert!(len * stride <= keys.len() && kv.offset + head_dim <= stride);
+            for j in 0..len {
+                let at = j * stride + kv.offset;
+                let s = dot(q16.as_ptr(), keys.as_ptr().add(at), head_dim) * scale;
+                let (mut rescale, mut weight) = (1.0f32, 1.0f32);
+                if s > max {
+                    rescale = (max - s).exp();
+                    max = s;
+                    let r = _mm256_set1_ps(rescale);
+                    for i in (0..head_dim).step_by(8) {
+                        let p = acc.as_mut_ptr().add(i);
+                        store8(p, _mm256_mul_ps(load8(p), r));
+                    }
+                } else {
+                    weight = (s - max).exp();
+                }
+                let w = _mm256_set1_ps(weight);
+                let v = values.as_ptr().add(at);
                 for i in (0..head_dim).step_by(8) {
                     let p = acc.as_mut_ptr().add(i);
-                    store8(p, _mm256_mul_ps(load8(p), r));
+                    store8(p, _mm256_fmadd_ps(load8(v.add(i)), w, load8(p)));
                 }
-            } else {
-                weight = (s - max).exp();
+                sum = sum.mul_add(rescale, weight);
             }
-            let w = _mm256_set1_ps(weight);
-            let v = kv.values.as_ptr().add(at);
-            for i in (0..head_dim).step_by(8) {
-                let p = acc.as_mut_ptr().add(i);
-                store8(p, _mm256_fmadd_ps(load8(v.add(i)), w, load8(p)));
-            }
-            sum = sum.mul_add(rescale, weight);
         }
         let inv = _mm256_set1_ps(if sum == 0.0 { 0.0 } else { 1.0 / sum });
         for i in (0..head_dim).step_by(8) {
@@ -290,9 +314,22 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv_cache::SequenceCache;
 
-    fn h(v: &[f32]) -> Vec<f16> {
-        v.iter().map(|&x| f16::from_f32(x)).collect()
+    /// A one-layer cache holding `keys` and `values` (`kv_width` per position).
+    fn cache(kv_width: usize, keys: &[f32], values: &[f32]) -> SequenceCache {
+        let mut c = SequenceCache::new(1, kv_width, keys.len() / kv_width);
+        c.write(0, keys, values);
+        c.commit(keys.len() / kv_width);
+        c
+    }
+
+    fn input<'a>(c: &'a SequenceCache, q: &'a [f32], n: usize) -> AttentionInput<'a> {
+        AttentionInput {
+            q,
+            kv: c.layer(0, c.len()),
+            n,
+        }
     }
 
     #[test]
@@ -304,13 +341,8 @@ mod tests {
             scale: 1.0,
             window: None,
         };
-        let out = attend(
-            &shape,
-            &[1.0, 0.0, 0.0, 1.0],
-            &h(&[0.5, 0.5]),
-            &h(&[2.0, 3.0]),
-            1,
-        );
+        let c = cache(2, &[0.5, 0.5], &[2.0, 3.0]);
+        let out = attend(&shape, input(&c, &[1.0, 0.0, 0.0, 1.0], 1));
         assert_eq!(out, vec![2.0, 3.0, 2.0, 3.0]);
     }
 
@@ -323,13 +355,13 @@ mod tests {
             scale: 1.0,
             window: Some(1),
         };
-        let out = attend(&shape, &[1.0], &h(&[1.0, 1.0]), &h(&[5.0, 7.0]), 1);
-        assert_eq!(out, vec![7.0]);
+        let c = cache(1, &[1.0, 1.0], &[5.0, 7.0]);
+        assert_eq!(attend(&shape, input(&c, &[1.0], 1)), vec![7.0]);
     }
 
     #[test]
     fn fast_path_is_bit_identical_to_the_portable_one() {
-        for (head_dim, n_head, n_kv_head, window) in [(64, 9, 3, None), (256, 4, 1, Some(3))] {
+        for (head_dim, n_head, n_kv_head, window) in [(64, 9, 3, None), (256, 4, 1, Some(21))] {
             let shape = AttentionShape {
                 n_head,
                 n_kv_head,
@@ -337,20 +369,23 @@ mod tests {
                 scale: 0.125,
                 window,
             };
-            let positions = 7;
-            let n = 3;
-            let kv: Vec<f32> = (0..positions * n_kv_head * head_dim)
-                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 9.0)
+            // Enough positions to span several cache blocks.
+            let positions = 40;
+            let n = 5;
+            let mut rng = crate::quant::sample::Xorshift::new(head_dim as u64);
+            let width = n_kv_head * head_dim;
+            let keys: Vec<f32> = (0..positions * width)
+                .map(|_| rng.next_f32() * 4.0)
                 .collect();
-            let vals: Vec<f32> = (0..positions * n_kv_head * head_dim)
-                .map(|i| ((i * 53 % 97) as f32 - 48.0) / 7.0)
+            let values: Vec<f32> = (0..positions * width)
+                .map(|_| rng.next_f32() * 6.0)
                 .collect();
             let q: Vec<f32> = (0..n * n_head * head_dim)
-                .map(|i| ((i * 29 % 89) as f32 - 44.0) / 11.0)
+                .map(|_| rng.next_f32() * 4.0)
                 .collect();
-            let (k, v) = (h(&kv), h(&vals));
-            let slow = attend_portable(&shape, &q, &k, &v, n);
-            let fast = attend(&shape, &q, &k, &v, n);
+            let c = cache(width, &keys, &values);
+            let slow = attend_portable(&shape, input(&c, &q, n));
+            let fast = attend(&shape, input(&c, &q, n));
             assert!(
                 slow.iter()
                     .zip(&fast)
@@ -358,5 +393,27 @@ mod tests {
                 "head_dim {head_dim}"
             );
         }
+    }
+
+    #[test]
+    fn several_sequences_attend_as_each_alone() {
+        let shape = AttentionShape {
+            n_head: 2,
+            n_kv_head: 1,
+            head_dim: 64,
+            scale: 0.125,
+            window: None,
+        };
+        let mut rng = crate::quant::sample::Xorshift::new(9);
+        let mut r = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.next_f32()).collect() };
+        let (a, b) = (
+            cache(64, &r(64 * 20), &r(64 * 20)),
+            cache(64, &r(64 * 3), &r(64 * 3)),
+        );
+        let (qa, qb) = (r(2 * 128), r(128));
+        let together = attend_many(&shape, &[input(&a, &qa, 2), input(&b, &qb, 1)]);
+        let mut alone = attend(&shape, input(&a, &qa, 2));
+        alone.extend(attend(&shape, input(&b, &qb, 1)));
+        assert_eq!(together, alone);
     }
 }

@@ -194,8 +194,8 @@ impl StepLayout {
     }
 }
 
-/// Appends each entry's new keys and values to its cache at `layer` and attends.
-/// `q`, `k`, `v` hold the step's rows in batch order.
+/// Writes each entry's new keys and values to its cache at `layer`, then attends for all
+/// entries in one parallel pass. `q`, `k`, `v` hold the step's rows in batch order.
 fn attend_batch(
     shape: &attention::AttentionShape,
     layer: usize,
@@ -207,30 +207,20 @@ fn attend_batch(
 ) -> Vec<f32> {
     let q_width = shape.n_head * shape.head_dim;
     let kv_width = shape.n_kv_head * shape.head_dim;
-    let mut out = Vec::with_capacity(q.len());
     for (entry, span) in batch.iter_mut().zip(&layout.spans) {
-        let cache = entry.cache.layer_mut(layer);
-        let to_f16 = |x: &f32| half::f16::from_f32(*x);
-        cache.keys.extend(
-            k[span.start * kv_width..span.end * kv_width]
-                .iter()
-                .map(to_f16),
-        );
-        cache.values.extend(
-            v[span.start * kv_width..span.end * kv_width]
-                .iter()
-                .map(to_f16),
-        );
-        let q = &q[span.start * q_width..span.end * q_width];
-        out.extend(attention::attend(
-            shape,
-            q,
-            &cache.keys,
-            &cache.values,
-            span.len(),
-        ));
+        let rows = span.start * kv_width..span.end * kv_width;
+        entry.cache.write(layer, &k[rows.clone()], &v[rows]);
     }
-    out
+    let inputs: Vec<attention::AttentionInput<'_>> = batch
+        .iter()
+        .zip(&layout.spans)
+        .map(|(entry, span)| attention::AttentionInput {
+            q: &q[span.start * q_width..span.end * q_width],
+            kv: entry.cache.layer(layer, entry.cache.len() + span.len()),
+            n: span.len(),
+        })
+        .collect();
+    attention::attend_many(shape, &inputs)
 }
 
 /// Copies the rows of `x` (each `width` wide) listed in `rows`.
