@@ -74,11 +74,12 @@ impl BlockFormat {
         self.dot_portable(w, a)
     }
 
-    /// Dot products of up to four weight rows with up to four activation rows:
-    /// `out[i][r]` = `w[i]` · `a[r]`, each exactly as [`Self::dot`], entries past the given
-    /// rows zero. The SIMD kernels decode each weight block once for all activation rows.
-    pub fn dot_tile(self, w: &[&[u8]], a: &[&Q8Row]) -> [[f32; 4]; 4] {
-        assert!(w.len() <= 4 && a.len() <= 4);
+    /// Dot products of up to four weight rows with up to four activation rows (or of up
+    /// to two with eight): `out[i][r]` = `w[i]` · `a[r]`, each exactly as [`Self::dot`],
+    /// entries past the given rows zero. The SIMD kernels decode each weight block once
+    /// for all activation rows.
+    pub fn dot_tile(self, w: &[&[u8]], a: &[&Q8Row]) -> [[f32; 8]; 4] {
+        assert!(w.len() <= 4 && (a.len() <= 4 || (a.len() == 8 && w.len() <= 2)));
         #[cfg(target_arch = "x86_64")]
         {
             if super::simd::available() {
@@ -86,7 +87,7 @@ impl BlockFormat {
                 return unsafe { super::simd::tile_dyn(self, w, a) };
             }
         }
-        let mut out = [[0f32; 4]; 4];
+        let mut out = [[0f32; 8]; 4];
         for (i, w) in w.iter().enumerate() {
             for (r, a) in a.iter().enumerate() {
                 out[i][r] = self.dot_portable(w, a);

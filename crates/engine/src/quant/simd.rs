@@ -102,12 +102,13 @@ pub unsafe fn tile<const M: usize, const N: usize>(
     }
 }
 
-/// [`tile`] for up to four weight rows and four activation rows given as slices; entries
-/// of the result past the given rows are zero.
+/// [`tile`] for up to four weight rows and four activation rows, or one or two weight rows
+/// and eight activation rows, given as slices; entries of the result past the given rows
+/// are zero.
 ///
 /// # Safety
 /// As for [`tile`].
-pub unsafe fn tile_dyn(format: BlockFormat, w: &[&[u8]], a: &[&Q8Row]) -> [[f32; 4]; 4] {
+pub unsafe fn tile_dyn(format: BlockFormat, w: &[&[u8]], a: &[&Q8Row]) -> [[f32; 8]; 4] {
     macro_rules! dispatch {
         ($(($m:literal, $n:literal)),*) => {
             match (w.len(), a.len()) {
@@ -117,7 +118,7 @@ pub unsafe fn tile_dyn(format: BlockFormat, w: &[&[u8]], a: &[&Q8Row]) -> [[f32;
                         std::array::from_fn(|i| w[i]),
                         std::array::from_fn(|r| a[r]),
                     );
-                    let mut out = [[0f32; 4]; 4];
+                    let mut out = [[0f32; 8]; 4];
                     for i in 0..$m {
                         out[i][..$n].copy_from_slice(&got[i]);
                     }
@@ -143,7 +144,9 @@ pub unsafe fn tile_dyn(format: BlockFormat, w: &[&[u8]], a: &[&Q8Row]) -> [[f32;
         (4, 1),
         (4, 2),
         (4, 3),
-        (4, 4)
+        (4, 4),
+        (1, 8),
+        (2, 8)
     )
 }
 
@@ -353,6 +356,8 @@ mod tests {
             check_tile::<2, 3>(&mut rng);
             check_tile::<2, 4>(&mut rng);
             check_tile::<4, 1>(&mut rng);
+            check_tile::<1, 8>(&mut rng);
+            check_tile::<2, 8>(&mut rng);
         }
     }
 }
