@@ -502,7 +502,11 @@ impl Worker {
                 });
             }
         }
-        let mut rows = self.model.forward(&mut entries)?.into_iter();
+        // The whole step runs on the compute pool: its parallel regions then split work
+        // among threads already awake, rather than waking them (and parking this thread)
+        // once per matrix product.
+        let model = &self.model;
+        let mut rows = rayon::scope(|_| model.forward(&mut entries))?.into_iter();
         drop(entries);
         let context = self.config.context_length;
         let mut finished = vec![false; self.running.len()];

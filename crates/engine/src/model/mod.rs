@@ -68,7 +68,7 @@ pub enum Logits {
 }
 
 /// A loaded model that can run batched forward steps.
-pub trait Model: Send {
+pub trait Model: Send + Sync {
     /// Facts about the model.
     fn info(&self) -> &ModelInfo;
 
