@@ -61,41 +61,6 @@ impl BlockFormat {
         cols / 32 * self.block_bytes()
     }
 
-    /// The dot product of a weight row with a quantized activation row, with the AVX2
-    /// kernel where the CPU has it (the results are identical).
-    pub fn dot(self, w: &[u8], a: &Q8Row) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if super::simd::available() {
-                // SAFETY: the CPU supports AVX2 and FMA, checked just above.
-                return unsafe { super::simd::dot(self, w, a) };
-            }
-        }
-        self.dot_portable(w, a)
-    }
-
-    /// Dot products of up to four weight rows with up to four activation rows (or of up
-    /// to two with eight): `out[i][r]` = `w[i]` · `a[r]`, each exactly as [`Self::dot`],
-    /// entries past the given rows zero. The SIMD kernels decode each weight block once
-    /// for all activation rows.
-    pub fn dot_tile(self, w: &[&[u8]], a: &[&Q8Row]) -> [[f32; 8]; 4] {
-        assert!(w.len() <= 4 && (a.len() <= 4 || (a.len() == 8 && w.len() <= 2)));
-        #[cfg(target_arch = "x86_64")]
-        {
-            if super::simd::available() {
-                // SAFETY: the CPU supports AVX2, FMA and F16C, checked just above.
-                return unsafe { super::simd::tile_dyn(self, w, a) };
-            }
-        }
-        let mut out = [[0f32; 8]; 4];
-        for (i, w) in w.iter().enumerate() {
-            for (r, a) in a.iter().enumerate() {
-                out[i][r] = self.dot_portable(w, a);
-            }
-        }
-        out
-    }
-
     /// The dot product in portable code.
     pub fn dot_portable(self, w: &[u8], a: &Q8Row) -> f32 {
         let mut acc = [0f32; 8];
@@ -173,7 +138,7 @@ mod tests {
         let exact: f32 = (0..32)
             .map(|i| 0.5 * qs[i] as f32 * a.d[0] * a.qs[i] as f32)
             .sum();
-        assert!((BlockFormat::Q8_0.dot(&w, &a) - exact).abs() < 1e-3);
+        assert!((BlockFormat::Q8_0.dot_portable(&w, &a) - exact).abs() < 1e-3);
     }
 
     #[test]
@@ -184,7 +149,7 @@ mod tests {
         w.extend([0x11u8; 16]);
         let a = quantize_row(&[1.0f32; 32]);
         // The activation scale 1/127 is stored as f16, hence the tolerance.
-        assert!((BlockFormat::Q4_1.dot(&w, &a) + 32.0).abs() < 1e-2);
+        assert!((BlockFormat::Q4_1.dot_portable(&w, &a) + 32.0).abs() < 1e-2);
     }
 
     #[test]
@@ -194,8 +159,8 @@ mod tests {
         w.extend(u32::MAX.to_le_bytes());
         w.extend([0u8; 16]);
         let a = quantize_row(&[1.0f32; 32]);
-        assert_eq!(BlockFormat::Q5_0.dot(&w, &a), 0.0);
+        assert_eq!(BlockFormat::Q5_0.dot_portable(&w, &a), 0.0);
         w[2..6].copy_from_slice(&0u32.to_le_bytes());
-        assert!((BlockFormat::Q5_0.dot(&w, &a) + 16.0 * 32.0).abs() < 0.2);
+        assert!((BlockFormat::Q5_0.dot_portable(&w, &a) + 16.0 * 32.0).abs() < 0.2);
     }
 }

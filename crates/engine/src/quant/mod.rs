@@ -23,6 +23,8 @@
 mod dot;
 mod kquant;
 mod kquant_simd;
+pub mod packed;
+mod packed_simd;
 mod q8;
 pub mod sample;
 pub(crate) mod simd;
@@ -32,6 +34,7 @@ use rayon::prelude::*;
 
 use crate::model::ops;
 use crate::EngineError;
+use packed::{PackedRows, GROUP};
 
 pub use dot::{BlockFormat, Q4_0, Q4_1, Q5_0, Q8_0};
 
@@ -126,12 +129,12 @@ impl Activations {
 
 /// A weight matrix of `rows` output features by `cols` inputs.
 pub enum QMatrix {
-    /// A format with our own kernels: raw blocks, `row_bytes` per row.
+    /// A format with our own kernels.
     Own {
         /// Block format of the rows.
         format: OwnFormat,
-        /// The blocks, row after row.
-        data: Vec<u8>,
+        /// The blocks.
+        data: Weights,
         /// Output features.
         rows: usize,
         /// Input features.
@@ -180,6 +183,10 @@ impl QMatrix {
                 "quantized tensor has the wrong size".into(),
             ));
         }
+        let data = match format {
+            OwnFormat::Blocks(f) => Weights::Packed(PackedRows::new(f, &data, rows, cols)),
+            OwnFormat::Q4K | OwnFormat::Q6K => Weights::Rows(data),
+        };
         Ok(Self::Own {
             format,
             data,
@@ -283,79 +290,90 @@ impl QMatrix {
         else {
             unreachable!("only own formats are chunked");
         };
-        let (format, n) = (*format, kernels.len());
-        let row_bytes = format.row_bytes(*cols);
-        let weight_row = |r: usize| &data[r * row_bytes..(r + 1) * row_bytes];
-        let (q8, q8k): (Vec<&q8::Q8Row>, Vec<&kquant::Q8KRow>) = match acts {
-            Activations::Q8(a) => (a.iter().collect(), Vec::new()),
-            Activations::Q8K(a) => (Vec::new(), a.iter().collect()),
-        };
-        // Products of up to four weight rows with up to four activation rows (eight with
-        // wide tiles).
-        let tile = |w: &[&[u8]], g: std::ops::Range<usize>| -> [[f32; 8]; 4] {
-            let mut out = [[0f32; 8]; 4];
-            match format {
-                OwnFormat::Blocks(f) => out = f.dot_tile(w, &q8[g]),
-                OwnFormat::Q4K => {
-                    for (out, w) in out.iter_mut().zip(w) {
-                        out[..4].copy_from_slice(&kquant::dot_q4k_tile(
-                            w,
-                            &q8k[g.clone()],
-                            &kernels[g.clone()],
-                        ));
-                    }
-                }
-                OwnFormat::Q6K => {
-                    for (out, w) in out.iter_mut().zip(w) {
-                        out[..4].copy_from_slice(&kquant::dot_q6k_tile(w, &q8k[g.clone()]));
-                    }
-                }
-            }
-            out
-        };
-        // Weight rows per pass: decoding a block-of-32 format (few activation rows) favours
-        // four; prompts two, so that eight accumulators stay in registers. A K-quant
-        // super-block is decoded once per weight row for four activation rows.
-        let step = match format {
-            OwnFormat::Blocks(_) if n < 4 => 4,
-            OwnFormat::Blocks(_) => 2,
-            _ => 1,
-        };
-        // With AVX-512's 32 vector registers, two weight rows take eight activation rows.
-        let wide = matches!(format, OwnFormat::Blocks(_)) && simd_wide_tiles();
+        let n = kernels.len();
         let start = c * CHUNK;
         let end = (start + CHUNK).min(*rows);
         let width = end - start;
         let mut part = vec![0f32; n * width];
-        // Activation rows in tiles that stay in the first-level cache while the chunk's
-        // weight rows pass over them.
-        for t0 in (0..n).step_by(ACT_TILE) {
-            let t1 = (t0 + ACT_TILE).min(n);
-            for r0 in (start..end).step_by(step) {
-                let m = step.min(end - r0);
-                let mut w: [&[u8]; 4] = [&[]; 4];
-                for (i, w) in w.iter_mut().enumerate().take(m) {
-                    *w = weight_row(r0 + i);
-                }
-                let mut g0 = t0;
-                while g0 < t1 {
-                    let size = if wide && t1 - g0 >= 8 && m <= 2 { 8 } else { 4 };
-                    let g = g0..(g0 + size).min(t1);
-                    g0 = g.end;
-                    let got = tile(&w[..m], g.clone());
-                    for (i, got) in got.iter().enumerate().take(m) {
-                        for (k, &v) in got.iter().enumerate().take(g.len()) {
-                            part[(g.start + k) * width + (r0 + i - start)] = v;
+        match (data, acts) {
+            (Weights::Packed(packed), Activations::Q8(a)) => {
+                let a: Vec<&q8::Q8Row> = a.iter().collect();
+                let mut put = |t: usize, r: usize, v: f32| {
+                    if r < end {
+                        part[t * width + (r - start)] = v;
+                    }
+                };
+                if n < 4 {
+                    // Decoding: each group's eight weight rows against every activation row.
+                    for g in start / GROUP..end.div_ceil(GROUP) {
+                        for (i, got) in packed.dot_group(g, &a).iter().enumerate() {
+                            for (t, &v) in got.iter().enumerate().take(n) {
+                                put(t, g * GROUP + i, v);
+                            }
+                        }
+                    }
+                } else {
+                    // A prompt: two weight rows by eight (or four) activation rows at a
+                    // time, over activation tiles that stay in the first-level cache.
+                    let size = if simd_wide_tiles() { 8 } else { 4 };
+                    for t0 in (0..n).step_by(ACT_TILE) {
+                        let t1 = (t0 + ACT_TILE).min(n);
+                        for g in start / GROUP..end.div_ceil(GROUP) {
+                            for first in (0..GROUP).step_by(2) {
+                                for t in (t0..t1).step_by(size) {
+                                    let rows = &a[t..(t + size).min(t1)];
+                                    let got = packed.dot_pair(g, first, rows);
+                                    for (i, got) in got.iter().enumerate() {
+                                        for (k, &v) in got.iter().enumerate().take(rows.len()) {
+                                            put(t + k, g * GROUP + first + i, v);
+                                        }
+                                    }
+                                }
+                            }
                         }
                     }
                 }
             }
+            (Weights::Rows(data), Activations::Q8K(a)) => {
+                // One weight row by up to four activation rows: each super-block is
+                // decoded once for the four.
+                let a: Vec<&kquant::Q8KRow> = a.iter().collect();
+                let row_bytes = format.row_bytes(*cols);
+                for t0 in (0..n).step_by(ACT_TILE) {
+                    let t1 = (t0 + ACT_TILE).min(n);
+                    for r in start..end {
+                        let w = &data[r * row_bytes..(r + 1) * row_bytes];
+                        for t in (t0..t1).step_by(4) {
+                            let g = t..(t + 4).min(t1);
+                            let got = match format {
+                                OwnFormat::Q4K => {
+                                    kquant::dot_q4k_tile(w, &a[g.clone()], &kernels[g.clone()])
+                                }
+                                _ => kquant::dot_q6k_tile(w, &a[g.clone()]),
+                            };
+                            for (k, &v) in got.iter().enumerate().take(g.len()) {
+                                part[(t + k) * width + (r - start)] = v;
+                            }
+                        }
+                    }
+                }
+            }
+            _ => unreachable!("activations are quantized for the matrix's format"),
         }
         (start, part)
     }
 }
 
-/// Whether the block-of-32 kernels take eight activation rows at a time (AVX-512 VNNI).
+/// How a matrix with kernels of our own holds its blocks.
+pub enum Weights {
+    /// A block-of-32 format, repacked eight rows at a time.
+    Packed(PackedRows),
+    /// K-quant super-blocks, row after row.
+    Rows(Vec<u8>),
+}
+
+/// Whether prompts' block-of-32 products take eight activation rows at a time (with
+/// AVX-512 VNNI, and so AVX-512VL's 32 vector registers) rather than four.
 fn simd_wide_tiles() -> bool {
     #[cfg(target_arch = "x86_64")]
     {

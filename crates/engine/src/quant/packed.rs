@@ -1,0 +1,287 @@
+//! Block-of-32 weights repacked eight rows at a time, so that one instruction converts the
+//! eight rows' scales of a block and their quantized values sit side by side.
+//!
+//! For each group of eight rows (the last one padded with zero blocks) and each block
+//! column, the eight rows' blocks are stored field by field: their f16 scales `d`, then
+//! Q4_1's minimums `m` or Q5_0's high bits, then their quantized values. The layout does
+//! not change any row's arithmetic: every (weight row, activation row) pair still takes one
+//! fused multiply-add per block in eight lanes, then `hsum_float_8`, exactly as
+//! [`BlockFormat::dot_portable`] does, so results are bit-identical to it.
+
+use super::dot::BlockFormat;
+use super::q8::Q8Row;
+
+/// Rows per group.
+pub const GROUP: usize = 8;
+
+/// Bytes of a format's block before its quantized values (scale, minimum, high bits).
+fn header(format: BlockFormat) -> usize {
+    match format {
+        BlockFormat::Q4_0 | BlockFormat::Q8_0 => 2,
+        BlockFormat::Q4_1 => 4,
+        BlockFormat::Q5_0 => 6,
+    }
+}
+
+/// A `rows × cols` matrix of a block-of-32 format in the eight-row layout.
+pub struct PackedRows {
+    format: BlockFormat,
+    data: Vec<u8>,
+    rows: usize,
+    blocks: usize,
+}
+
+impl PackedRows {
+    /// Repacks row-major GGUF blocks (`rows` rows of `cols / 32` blocks).
+    pub fn new(format: BlockFormat, raw: &[u8], rows: usize, cols: usize) -> Self {
+        let bytes = format.block_bytes();
+        let blocks = cols / 32;
+        let groups = rows.div_ceil(GROUP);
+        let head = header(format);
+        let mut data = vec![0u8; groups * blocks * GROUP * bytes];
+        for r in 0..rows {
+            let (g, i) = (r / GROUP, r % GROUP);
+            for b in 0..blocks {
+                let src = &raw[(r * blocks + b) * bytes..][..bytes];
+                let column = (g * blocks + b) * GROUP * bytes;
+                // The scale, the second header field (if any), then the values.
+                data[column + i * 2..][..2].copy_from_slice(&src[..2]);
+                let second = head - 2;
+                if second > 0 {
+                    data[column + GROUP * 2 + i * second..][..second]
+                        .copy_from_slice(&src[2..head]);
+                }
+                let values = bytes - head;
+                data[column + GROUP * head + i * values..][..values].copy_from_slice(&src[head..]);
+            }
+        }
+        Self {
+            format,
+            data,
+            rows,
+            blocks,
+        }
+    }
+
+    /// The format of the blocks.
+    pub fn format(&self) -> BlockFormat {
+        self.format
+    }
+
+    /// Rows of the matrix (without padding).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Group `g`'s bytes: its block columns one after another.
+    fn group(&self, g: usize) -> &[u8] {
+        let len = self.blocks * GROUP * self.format.block_bytes();
+        &self.data[g * len..(g + 1) * len]
+    }
+
+    /// Row `r` in the original GGUF layout (for the portable path and tests).
+    pub fn row(&self, r: usize) -> Vec<u8> {
+        let bytes = self.format.block_bytes();
+        let head = header(self.format);
+        let (g, i) = (r / GROUP, r % GROUP);
+        let group = self.group(g);
+        let mut out = Vec::with_capacity(self.blocks * bytes);
+        for b in 0..self.blocks {
+            let column = &group[b * GROUP * bytes..][..GROUP * bytes];
+            out.extend_from_slice(&column[i * 2..i * 2 + 2]);
+            let second = head - 2;
+            out.extend_from_slice(&column[GROUP * 2 + i * second..][..second]);
+            let values = bytes - head;
+            out.extend_from_slice(&column[GROUP * head + i * values..][..values]);
+        }
+        out
+    }
+
+    /// Products of group `g`'s eight rows with up to four activation rows:
+    /// `out[i][r]` = row `8g + i` · `a[r]` (rows past the matrix give zero). One or two
+    /// activation rows go against all eight weight rows at once; three or four against
+    /// four weight rows at a time, so that the accumulators stay in registers.
+    pub fn dot_group(&self, g: usize, a: &[&Q8Row]) -> [[f32; 4]; GROUP] {
+        assert!(!a.is_empty() && a.len() <= 4);
+        for row in a {
+            assert!(row.d.len() >= self.blocks && row.qs.len() >= self.blocks * 32);
+        }
+        let mut out = [[0f32; 4]; GROUP];
+        #[cfg(target_arch = "x86_64")]
+        if super::simd::available() {
+            let group = self.group(g);
+            macro_rules! rows {
+                ($n:literal, $r:literal) => {
+                    for first in (0..GROUP).step_by($r) {
+                        // SAFETY: the CPU features were checked; the group holds `blocks`
+                        // columns and every activation row as many blocks.
+                        let got = unsafe {
+                            super::packed_simd::dot_group::<$n, $r>(
+                                self.format,
+                                group,
+                                self.blocks,
+                                first,
+                                std::array::from_fn(|r| a[r]),
+                            )
+                        };
+                        for (out, got) in out[first..first + $r].iter_mut().zip(got) {
+                            out[..$n].copy_from_slice(&got);
+                        }
+                    }
+                };
+            }
+            match a.len() {
+                1 => rows!(1, 8),
+                2 => rows!(2, 8),
+                3 => rows!(3, 4),
+                _ => rows!(4, 4),
+            }
+            return out;
+        }
+        for (i, out) in out.iter_mut().enumerate() {
+            if g * GROUP + i < self.rows {
+                let w = self.row(g * GROUP + i);
+                for (o, a) in out.iter_mut().zip(a) {
+                    *o = self.format.dot_portable(&w, a);
+                }
+            }
+        }
+        out
+    }
+
+    /// Products of rows `8g + first` and `8g + first + 1` with four or eight activation
+    /// rows (`out[i][r]`), for prompts: each weight block decoded once for all of them.
+    /// Eight only where the CPU has AVX-512 (whose 32 registers hold the accumulators).
+    pub fn dot_pair(&self, g: usize, first: usize, a: &[&Q8Row]) -> [[f32; 8]; 2] {
+        assert!(first + 2 <= GROUP && (1..=8).contains(&a.len()));
+        for row in a {
+            assert!(row.d.len() >= self.blocks && row.qs.len() >= self.blocks * 32);
+        }
+        let mut out = [[0f32; 8]; 2];
+        #[cfg(target_arch = "x86_64")]
+        if super::simd::available() {
+            let group = self.group(g);
+            macro_rules! rows {
+                ($n:literal) => {{
+                    // SAFETY: the CPU features were checked; the group holds `blocks`
+                    // columns and every activation row as many blocks.
+                    let got = unsafe {
+                        super::packed_simd::dot_rows::<2, $n>(
+                            self.format,
+                            group,
+                            self.blocks,
+                            first,
+                            std::array::from_fn(|r| a[r]),
+                        )
+                    };
+                    for (out, got) in out.iter_mut().zip(got) {
+                        out[..$n].copy_from_slice(&got);
+                    }
+                }};
+            }
+            match a.len() {
+                1 => rows!(1),
+                2 => rows!(2),
+                3 => rows!(3),
+                4 => rows!(4),
+                8 => rows!(8),
+                n => {
+                    // Split as four and the rest.
+                    let (head, tail) = (
+                        self.dot_pair(g, first, &a[..4]),
+                        self.dot_pair(g, first, &a[4..]),
+                    );
+                    for i in 0..2 {
+                        out[i][..4].copy_from_slice(&head[i][..4]);
+                        out[i][4..n].copy_from_slice(&tail[i][..n - 4]);
+                    }
+                }
+            }
+            return out;
+        }
+        for (i, out) in out.iter_mut().enumerate() {
+            if g * GROUP + first + i < self.rows {
+                let w = self.row(g * GROUP + first + i);
+                for (o, a) in out.iter_mut().zip(a) {
+                    *o = self.format.dot_portable(&w, a);
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::q8::quantize_row;
+    use crate::quant::sample::{self, Xorshift};
+    use crate::quant::OwnFormat;
+
+    #[test]
+    fn repacking_keeps_every_row_and_every_product() {
+        let mut rng = Xorshift::new(17);
+        let (rows, cols) = (19, 32 * 9);
+        for format in [
+            BlockFormat::Q4_0,
+            BlockFormat::Q4_1,
+            BlockFormat::Q5_0,
+            BlockFormat::Q8_0,
+        ] {
+            let raw = sample::weights(OwnFormat::Blocks(format), rows, cols, &mut rng);
+            let packed = PackedRows::new(format, &raw, rows, cols);
+            let row_bytes = format.row_bytes(cols);
+            let acts: Vec<Q8Row> = (0..4)
+                .map(|_| quantize_row(&sample::activations(1, cols, 3.0, &mut rng)))
+                .collect();
+            for r in 0..rows {
+                assert_eq!(packed.row(r), raw[r * row_bytes..(r + 1) * row_bytes]);
+            }
+            let wide: Vec<Q8Row> = (0..8)
+                .map(|_| quantize_row(&sample::activations(1, cols, 3.0, &mut rng)))
+                .collect();
+            for g in 0..rows.div_ceil(GROUP) {
+                for n in 1..=8 {
+                    let a: Vec<&Q8Row> = wide[..n].iter().collect();
+                    for first in (0..GROUP).step_by(2) {
+                        let got = packed.dot_pair(g, first, &a);
+                        for (i, got) in got.iter().enumerate() {
+                            let r = g * GROUP + first + i;
+                            for (k, a) in a.iter().enumerate() {
+                                let want = if r < rows {
+                                    format.dot_portable(&raw[r * row_bytes..][..row_bytes], a)
+                                } else {
+                                    0.0
+                                };
+                                assert_eq!(
+                                    want.to_bits(),
+                                    got[k].to_bits(),
+                                    "{format:?} pair row {r}"
+                                );
+                            }
+                        }
+                    }
+                }
+                for n in 1..=4 {
+                    let a: Vec<&Q8Row> = acts[..n].iter().collect();
+                    let got = packed.dot_group(g, &a);
+                    for (i, got) in got.iter().enumerate() {
+                        let r = g * GROUP + i;
+                        for (k, a) in a.iter().enumerate() {
+                            let want = if r < rows {
+                                format.dot_portable(&raw[r * row_bytes..][..row_bytes], a)
+                            } else {
+                                0.0
+                            };
+                            assert_eq!(
+                                want.to_bits(),
+                                got[k].to_bits(),
+                                "{format:?} row {r}, activation row {k} of {n}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! AVX2 (and AVX-512 VNNI) kernels for weights in the eight-row layout of
+//! [`super::packed`]: per block column, one conversion gives the eight rows' scales (and
+//! Q4_1's minimums), one multiplication their products with an activation row's scale,
+//! and one fused multiply-add Q4_1's minimum terms; each (weight row, activation row) pair
+//! then accumulates exactly as [`super::dot::BlockFormat::dot_portable`] does.
+
+#![cfg(target_arch = "x86_64")]
+
+use std::arch::x86_64::*;
+
+use super::dot::BlockFormat;
+use super::packed::GROUP;
+use super::q8::Q8Row;
+use super::simd::{bit_bytes, hsum, lanes_avx2, lanes_vnni, nibbles, vnni_available};
+
+/// Products of `R` of one group's rows, from row `first` on (`blocks` block columns at
+/// `group`), with `N` activation rows, with VNNI where the CPU has it.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; `group` holds `blocks` columns, every activation
+/// row at least `blocks` blocks, and `first + R <= GROUP`.
+pub unsafe fn dot_group<const N: usize, const R: usize>(
+    format: BlockFormat,
+    group: &[u8],
+    blocks: usize,
+    first: usize,
+    a: [&Q8Row; N],
+) -> [[f32; N]; R] {
+    assert!(group.len() >= blocks * GROUP * format.block_bytes() && first + R <= GROUP);
+    if vnni_available() {
+        group_vnni(format, group, blocks, first, a)
+    } else {
+        group_avx2(format, group, blocks, first, a)
+    }
+}
+
+/// Row `i`'s 32 values of one block column: as unsigned bytes (absolute values for a
+/// signed format) and, for a signed format, the values themselves.
+#[inline(always)]
+unsafe fn values(format: BlockFormat, column: *const u8, i: usize) -> (__m256i, Option<__m256i>) {
+    let signed = |x: __m256i| (_mm256_sign_epi8(x, x), Some(x));
+    match format {
+        BlockFormat::Q4_0 => signed(_mm256_sub_epi8(
+            nibbles(column.add(GROUP * 2 + i * 16)),
+            _mm256_set1_epi8(8),
+        )),
+        BlockFormat::Q4_1 => (nibbles(column.add(GROUP * 4 + i * 16)), None),
+        BlockFormat::Q5_0 => {
+            let qh = (column.add(GROUP * 2 + i * 4) as *const u32).read_unaligned();
+            let high =
+                _mm256_andnot_si256(bit_bytes(u32::from_le(qh)), _mm256_set1_epi8(0xF0u8 as i8));
+            signed(_mm256_or_si256(
+                nibbles(column.add(GROUP * 6 + i * 16)),
+                high,
+            ))
+        }
+        BlockFormat::Q8_0 => signed(_mm256_loadu_si256(
+            column.add(GROUP * 2 + i * 32) as *const __m256i
+        )),
+    }
+}
+
+macro_rules! group_kernel {
+    ($name:ident, $features:literal, $lanes:ident) => {
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const N: usize, const R: usize>(
+            format: BlockFormat,
+            group: &[u8],
+            blocks: usize,
+            first: usize,
+            a: [&Q8Row; N],
+        ) -> [[f32; N]; R] {
+            let stride = GROUP * format.block_bytes();
+            let minimums = format == BlockFormat::Q4_1;
+            let mut acc = [[_mm256_setzero_ps(); N]; R];
+            // Q4_1's Σ m·s, one lane per weight row.
+            let mut extra = [_mm256_setzero_ps(); N];
+            for b in 0..blocks {
+                let column = group.as_ptr().add(b * stride);
+                let d = _mm256_cvtph_ps(_mm_loadu_si128(column as *const __m128i));
+                let m = if minimums {
+                    _mm256_cvtph_ps(_mm_loadu_si128(column.add(GROUP * 2) as *const __m128i))
+                } else {
+                    _mm256_setzero_ps()
+                };
+                let mut dd = [_mm256_setzero_ps(); N];
+                let mut y = [_mm256_setzero_si256(); N];
+                for r in 0..N {
+                    dd[r] = _mm256_mul_ps(d, _mm256_set1_ps(*a[r].d.get_unchecked(b)));
+                    y[r] = _mm256_loadu_si256(a[r].qs.as_ptr().add(b * 32) as *const __m256i);
+                    if minimums {
+                        let s = _mm256_set1_ps(*a[r].s.get_unchecked(b));
+                        extra[r] = _mm256_fmadd_ps(m, s, extra[r]);
+                    }
+                }
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    let (x, sign) = values(format, column, first + i);
+                    let lane = _mm256_set1_epi32((first + i) as i32);
+                    for r in 0..N {
+                        let y = match sign {
+                            Some(s) => _mm256_sign_epi8(y[r], s),
+                            None => y[r],
+                        };
+                        let scale = _mm256_permutevar8x32_ps(dd[r], lane);
+                        acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps($lanes(x, y)), acc[r]);
+                    }
+                }
+            }
+            let mut out = [[0f32; N]; R];
+            for r in 0..N {
+                let mut minimum = [0f32; GROUP];
+                _mm256_storeu_ps(minimum.as_mut_ptr(), extra[r]);
+                for i in 0..R {
+                    out[i][r] = hsum(acc[i][r]) + minimum[first + i];
+                }
+            }
+            out
+        }
+    };
+}
+
+group_kernel!(group_avx2, "avx2,fma,f16c", lanes_avx2);
+group_kernel!(group_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", lanes_vnni);
+
+/// Products of weight rows `first..first + M` of one group with `N` activation rows, for
+/// prompts: each weight block is decoded once for the `N` rows and each activation block
+/// loaded once for the `M`, with VNNI where the CPU has it.
+///
+/// # Safety
+/// As for [`dot_group`], with `first + M <= GROUP`.
+pub unsafe fn dot_rows<const M: usize, const N: usize>(
+    format: BlockFormat,
+    group: &[u8],
+    blocks: usize,
+    first: usize,
+    a: [&Q8Row; N],
+) -> [[f32; N]; M] {
+    assert!(group.len() >= blocks * GROUP * format.block_bytes() && first + M <= GROUP);
+    if vnni_available() {
+        rows_vnni(format, group, blocks, first, a)
+    } else {
+        rows_avx2(format, group, blocks, first, a)
+    }
+}
+
+/// An f16 (little-endian bytes at `p`) as f32.
+#[inline(always)]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    let bits = u16::from_le_bytes([*p, *p.add(1)]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+macro_rules! rows_kernel {
+    ($name:ident, $features:literal, $lanes:ident) => {
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const M: usize, const N: usize>(
+            format: BlockFormat,
+            group: &[u8],
+            blocks: usize,
+            first: usize,
+            a: [&Q8Row; N],
+        ) -> [[f32; N]; M] {
+            let stride = GROUP * format.block_bytes();
+            let minimums = format == BlockFormat::Q4_1;
+            let mut acc = [[_mm256_setzero_ps(); N]; M];
+            let mut extra = [[0f32; N]; M];
+            for b in 0..blocks {
+                let column = group.as_ptr().add(b * stride);
+                let x: [(__m256i, Option<__m256i>); M] =
+                    std::array::from_fn(|i| values(format, column, first + i));
+                let d: [f32; M] = std::array::from_fn(|i| f16_at(column.add((first + i) * 2)));
+                let m: [f32; M] = std::array::from_fn(|i| {
+                    if minimums {
+                        f16_at(column.add(GROUP * 2 + (first + i) * 2))
+                    } else {
+                        0.0
+                    }
+                });
+                for r in 0..N {
+                    let y = _mm256_loadu_si256(a[r].qs.as_ptr().add(b * 32) as *const __m256i);
+                    let da = *a[r].d.get_unchecked(b);
+                    for i in 0..M {
+                        let y = match x[i].1 {
+                            Some(s) => _mm256_sign_epi8(y, s),
+                            None => y,
+                        };
+                        let dd = _mm256_set1_ps(d[i] * da);
+                        acc[i][r] =
+                            _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps($lanes(x[i].0, y)), acc[i][r]);
+                        if minimums {
+                            extra[i][r] = m[i].mul_add(*a[r].s.get_unchecked(b), extra[i][r]);
+                        }
+                    }
+                }
+            }
+            let mut out = [[0f32; N]; M];
+            for i in 0..M {
+                for r in 0..N {
+                    out[i][r] = hsum(acc[i][r]) + extra[i][r];
+                }
+            }
+            out
+        }
+    };
+}
+
+rows_kernel!(rows_avx2, "avx2,fma,f16c", lanes_avx2);
+rows_kernel!(rows_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", lanes_vnni);
