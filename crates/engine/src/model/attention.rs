@@ -105,28 +105,31 @@ fn attend_with(shape: &AttentionShape, inputs: &[AttentionInput<'_>], fast: bool
         );
     }
     let mut out = vec![0.0f32; rows.len() * n_head * head_dim];
-    out.par_chunks_mut(head_dim)
+    // One task per new row and KV head: the `group` query heads that share it.
+    out.par_chunks_mut(group * head_dim)
         .enumerate()
-        .for_each(|(row, o)| {
-            let ((i, t), h) = (rows[row / n_head], row % n_head);
+        .for_each(|(task, o)| {
+            let ((i, t), kv_head) = (rows[task / n_kv_head], task % n_kv_head);
             let input = &inputs[i];
             let pos = input.kv.positions() - input.n + t;
             let kv = KvRows {
                 view: input.kv,
-                offset: (h / group) * head_dim,
+                offset: kv_head * head_dim,
                 first: window.map_or(0, |w| (pos + 1).saturating_sub(w)),
                 last: pos,
             };
-            let q = &input.q[(t * n_head + h) * head_dim..][..head_dim];
+            let q = &input.q[(t * n_head + kv_head * group) * head_dim..][..group * head_dim];
             #[cfg(target_arch = "x86_64")]
             if fast {
                 // SAFETY: `fast` is only set when AVX2, FMA and F16C are available and the
                 // head size is a multiple of 64.
-                unsafe { avx2::attend_row(q, &kv, scale, o) };
+                unsafe { avx2::attend_rows(q, &kv, head_dim, scale, o) };
                 return;
             }
             let _ = fast;
-            attend_row(q, &kv, scale, o);
+            for (q, o) in q.chunks_exact(head_dim).zip(o.chunks_exact_mut(head_dim)) {
+                attend_row(q, &kv, scale, o);
+            }
         });
     out
 }
@@ -259,54 +262,69 @@ mod avx2 {
         hsum(_mm256_add_ps(v[0], v[1]))
     }
 
-    /// One query row, as [`super::attend_row`].
+    /// The query rows of one group of heads sharing a KV head (`q` and `out` hold them one
+    /// after another), each as [`super::attend_row`]: the rows walk the keys together, so
+    /// each key and value is fetched once for the group and the rows' dependency chains
+    /// overlap.
     ///
     /// # Safety
     /// AVX2, FMA and F16C must be available; the head size is a multiple of 64.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn attend_row(q: &[f32], kv: &KvRows<'_>, scale: f32, out: &mut [f32]) {
-        let head_dim = q.len();
-        assert!(out.len() == head_dim);
-        let mut q16 = vec![f16::ZERO; head_dim];
-        let mut acc = vec![f16::ZERO; head_dim];
-        for i in (0..head_dim).step_by(8) {
+    pub unsafe fn attend_rows(
+        q: &[f32],
+        kv: &KvRows<'_>,
+        head_dim: usize,
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        let rows = q.len() / head_dim;
+        assert!(out.len() == q.len() && rows * head_dim == q.len());
+        let mut q16 = vec![f16::ZERO; q.len()];
+        let mut acc = vec![f16::ZERO; q.len()];
+        for i in (0..q.len()).step_by(8) {
             store8(q16.as_mut_ptr().add(i), _mm256_loadu_ps(q.as_ptr().add(i)));
         }
-        let mut max = f32::NEG_INFINITY;
-        let mut sum = 0.0f32;
+        let mut max = vec![f32::NEG_INFINITY; rows];
+        let mut sum = vec![0.0f32; rows];
         let stride = kv.view.kv_width();
         for (keys, values, len) in kv.runs() {
             assert!(len * stride <= keys.len() && kv.offset + head_dim <= stride);
             for j in 0..len {
                 let at = j * stride + kv.offset;
-                let s = dot(q16.as_ptr(), keys.as_ptr().add(at), head_dim) * scale;
-                let (mut rescale, mut weight) = (1.0f32, 1.0f32);
-                if s > max {
-                    rescale = (max - s).exp();
-                    max = s;
-                    let r = _mm256_set1_ps(rescale);
-                    for i in (0..head_dim).step_by(8) {
-                        let p = acc.as_mut_ptr().add(i);
-                        store8(p, _mm256_mul_ps(load8(p), r));
-                    }
-                } else {
-                    weight = (s - max).exp();
-                }
-                let w = _mm256_set1_ps(weight);
                 let v = values.as_ptr().add(at);
-                for i in (0..head_dim).step_by(8) {
-                    let p = acc.as_mut_ptr().add(i);
-                    store8(p, _mm256_fmadd_ps(load8(v.add(i)), w, load8(p)));
+                for g in 0..rows {
+                    let q16 = q16.as_ptr().add(g * head_dim);
+                    let acc = acc.as_mut_ptr().add(g * head_dim);
+                    let s = dot(q16, keys.as_ptr().add(at), head_dim) * scale;
+                    let (mut rescale, mut weight) = (1.0f32, 1.0f32);
+                    if s > max[g] {
+                        rescale = (max[g] - s).exp();
+                        max[g] = s;
+                        let r = _mm256_set1_ps(rescale);
+                        for i in (0..head_dim).step_by(8) {
+                            let p = acc.add(i);
+                            store8(p, _mm256_mul_ps(load8(p), r));
+                        }
+                    } else {
+                        weight = (s - max[g]).exp();
+                    }
+                    let w = _mm256_set1_ps(weight);
+                    for i in (0..head_dim).step_by(8) {
+                        let p = acc.add(i);
+                        store8(p, _mm256_fmadd_ps(load8(v.add(i)), w, load8(p)));
+                    }
+                    sum[g] = sum[g].mul_add(rescale, weight);
                 }
-                sum = sum.mul_add(rescale, weight);
             }
         }
-        let inv = _mm256_set1_ps(if sum == 0.0 { 0.0 } else { 1.0 / sum });
-        for i in (0..head_dim).step_by(8) {
-            _mm256_storeu_ps(
-                out.as_mut_ptr().add(i),
-                _mm256_mul_ps(load8(acc.as_ptr().add(i)), inv),
-            );
+        for (g, &sum) in sum.iter().enumerate() {
+            let inv = _mm256_set1_ps(if sum == 0.0 { 0.0 } else { 1.0 / sum });
+            for i in (g * head_dim..(g + 1) * head_dim).step_by(8) {
+                _mm256_storeu_ps(
+                    out.as_mut_ptr().add(i),
+                    _mm256_mul_ps(load8(acc.as_ptr().add(i)), inv),
+                );
+            }
         }
     }
 }
