@@ -159,7 +159,7 @@ impl QMatrix {
         match format {
             Some(format) => {
                 let (rows, cols) = tensor.shape().dims2()?;
-                Self::from_blocks(format, tensor.data()?.into_owned(), rows, cols)
+                Self::from_slice(format, &tensor.data()?, rows, cols)
             }
             None => Ok(Self::Candle(QMatMul::from_qtensor(tensor)?)),
         }
@@ -169,6 +169,17 @@ impl QMatrix {
     pub fn from_blocks(
         format: OwnFormat,
         data: Vec<u8>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self, EngineError> {
+        Self::from_slice(format, &data, rows, cols)
+    }
+
+    /// [`Self::from_blocks`] from borrowed blocks: a block-of-32 format is repacked
+    /// straight from them, so loading never holds a second full copy of the matrix.
+    fn from_slice(
+        format: OwnFormat,
+        data: &[u8],
         rows: usize,
         cols: usize,
     ) -> Result<Self, EngineError> {
@@ -184,8 +195,8 @@ impl QMatrix {
             ));
         }
         let data = match format {
-            OwnFormat::Blocks(f) => Weights::Packed(PackedRows::new(f, &data, rows, cols)),
-            OwnFormat::Q4K | OwnFormat::Q6K => Weights::Rows(data),
+            OwnFormat::Blocks(f) => Weights::Packed(PackedRows::new(f, data, rows, cols)),
+            OwnFormat::Q4K | OwnFormat::Q6K => Weights::Rows(data.to_vec()),
         };
         Ok(Self::Own {
             format,
