@@ -131,6 +131,33 @@ impl Q4kSums {
     }
 }
 
+/// Evaluates `$call` with the constant `$N` set to `$n` (zero to four) and copies its
+/// `$N` results into the front of `$out`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! with_row_count {
+    ($n:expr, $out:ident, $N:ident => $call:expr) => {
+        match $n {
+            0 => {}
+            1 => {
+                const $N: usize = 1;
+                $out[..$N].copy_from_slice(&$call);
+            }
+            2 => {
+                const $N: usize = 2;
+                $out[..$N].copy_from_slice(&$call);
+            }
+            3 => {
+                const $N: usize = 3;
+                $out[..$N].copy_from_slice(&$call);
+            }
+            _ => {
+                const $N: usize = 4;
+                $out[..$N].copy_from_slice(&$call);
+            }
+        }
+    };
+}
+
 /// Q4_K dot products of one weight row with up to four activation rows, each rounded as
 /// its kernel says (entries past the given rows are zero): the SIMD kernel decodes each
 /// super-block once for all rows.
@@ -139,26 +166,14 @@ pub fn dot_q4k_tile(w: &[u8], a: &[&Q8KRow], kernels: &[RowKernel]) -> [f32; 4] 
     let mut out = [0f32; 4];
     #[cfg(target_arch = "x86_64")]
     if super::simd::available() {
-        macro_rules! rows {
-            ($n:literal) => {{
-                // SAFETY: the CPU features were checked.
-                let got = unsafe {
-                    super::kquant_simd::dot_q4k_rows::<$n>(
-                        w,
-                        std::array::from_fn(|r| a[r]),
-                        std::array::from_fn(|r| kernels[r]),
-                    )
-                };
-                out[..$n].copy_from_slice(&got);
-            }};
-        }
-        match a.len() {
-            1 => rows!(1),
-            2 => rows!(2),
-            3 => rows!(3),
-            4 => rows!(4),
-            _ => {}
-        }
+        // SAFETY: the CPU features were checked.
+        with_row_count!(a.len(), out, N => unsafe {
+            super::kquant_simd::dot_q4k_rows::<N>(
+                w,
+                std::array::from_fn(|r| a[r]),
+                std::array::from_fn(|r| kernels[r]),
+            )
+        });
         return out;
     }
     for (r, (a, &kernel)) in a.iter().zip(kernels).enumerate() {
@@ -174,22 +189,10 @@ pub fn dot_q6k_tile(w: &[u8], a: &[&Q8KRow]) -> [f32; 4] {
     let mut out = [0f32; 4];
     #[cfg(target_arch = "x86_64")]
     if super::simd::available() {
-        macro_rules! rows {
-            ($n:literal) => {{
-                // SAFETY: the CPU features were checked.
-                let got = unsafe {
-                    super::kquant_simd::dot_q6k_rows::<$n>(w, std::array::from_fn(|r| a[r]))
-                };
-                out[..$n].copy_from_slice(&got);
-            }};
-        }
-        match a.len() {
-            1 => rows!(1),
-            2 => rows!(2),
-            3 => rows!(3),
-            4 => rows!(4),
-            _ => {}
-        }
+        // SAFETY: the CPU features were checked.
+        with_row_count!(a.len(), out, N => unsafe {
+            super::kquant_simd::dot_q6k_rows::<N>(w, std::array::from_fn(|r| a[r]))
+        });
         return out;
     }
     for (r, a) in a.iter().enumerate() {
