@@ -26,12 +26,37 @@ unsafe fn hsum4_i32(v: [__m256i; 4]) -> [i32; 4] {
 /// # Safety
 /// AVX2, FMA and F16C must be available; `w` holds whole super-blocks and every row of `a`
 /// as many.
-#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q4k_rows<const N: usize>(
     w: &[u8],
     a: [&Q8KRow; N],
     kernels: [RowKernel; N],
 ) -> [f32; N] {
+    if super::simd::vnni_available() {
+        q4k_wide(w, a, kernels)
+    } else {
+        q4k_narrow(w, a, kernels)
+    }
+}
+
+/// [`dot_q4k_rows`] with AVX-512VL's 32 vector registers.
+#[target_feature(enable = "avx2,fma,f16c,avx512vl")]
+unsafe fn q4k_wide<const N: usize>(w: &[u8], a: [&Q8KRow; N], kernels: [RowKernel; N]) -> [f32; N] {
+    q4k_body(w, a, kernels)
+}
+
+/// [`dot_q4k_rows`] with AVX2's 16.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4k_narrow<const N: usize>(
+    w: &[u8],
+    a: [&Q8KRow; N],
+    kernels: [RowKernel; N],
+) -> [f32; N] {
+    q4k_body(w, a, kernels)
+}
+
+// Always inlined into a function that enables AVX2, FMA and F16C.
+#[inline(always)]
+unsafe fn q4k_body<const N: usize>(w: &[u8], a: [&Q8KRow; N], kernels: [RowKernel; N]) -> [f32; N] {
     let blocks = w.len() / Q4_K;
     for row in &a {
         assert!(
@@ -104,8 +129,29 @@ pub unsafe fn dot_q4k_rows<const N: usize>(
 /// # Safety
 /// AVX2, FMA and F16C must be available; `w` holds whole super-blocks and every row of `a`
 /// as many.
-#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q6k_rows<const N: usize>(w: &[u8], a: [&Q8KRow; N]) -> [f32; N] {
+    if super::simd::vnni_available() {
+        q6k_wide(w, a)
+    } else {
+        q6k_narrow(w, a)
+    }
+}
+
+/// [`dot_q6k_rows`] with AVX-512VL's 32 vector registers.
+#[target_feature(enable = "avx2,fma,f16c,avx512vl")]
+unsafe fn q6k_wide<const N: usize>(w: &[u8], a: [&Q8KRow; N]) -> [f32; N] {
+    q6k_body(w, a)
+}
+
+/// [`dot_q6k_rows`] with AVX2's 16.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6k_narrow<const N: usize>(w: &[u8], a: [&Q8KRow; N]) -> [f32; N] {
+    q6k_body(w, a)
+}
+
+// Always inlined into a function that enables AVX2, FMA and F16C.
+#[inline(always)]
+unsafe fn q6k_body<const N: usize>(w: &[u8], a: [&Q8KRow; N]) -> [f32; N] {
     let blocks = w.len() / Q6_K;
     for row in &a {
         assert!(
@@ -229,6 +275,7 @@ mod tests {
             check::<2>(&mut rng);
             check::<3>(&mut rng);
             check::<4>(&mut rng);
+            check::<8>(&mut rng);
         }
     }
 }

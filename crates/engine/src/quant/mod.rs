@@ -346,16 +346,19 @@ impl QMatrix {
                 }
             }
             (Weights::Rows(data), Activations::Q8K(a)) => {
-                // One weight row by up to four activation rows: each super-block is
-                // decoded once for the four.
+                // One weight row by up to four activation rows (eight with AVX-512's
+                // registers): each super-block is decoded once for all of them.
+                let wide = simd_wide_tiles();
                 let a: Vec<&kquant::Q8KRow> = a.iter().collect();
                 let row_bytes = format.row_bytes(*cols);
                 for t0 in (0..n).step_by(ACT_TILE) {
                     let t1 = (t0 + ACT_TILE).min(n);
                     for r in start..end {
                         let w = &data[r * row_bytes..(r + 1) * row_bytes];
-                        for t in (t0..t1).step_by(4) {
-                            let g = t..(t + 4).min(t1);
+                        let mut t = t0;
+                        while t < t1 {
+                            let step = if t1 - t >= 8 && wide { 8 } else { 4 };
+                            let g = t..(t + step).min(t1);
                             let got = match format {
                                 OwnFormat::Q4K => {
                                     kquant::dot_q4k_tile(w, &a[g.clone()], &kernels[g.clone()])
@@ -365,6 +368,7 @@ impl QMatrix {
                             for (k, &v) in got.iter().enumerate().take(g.len()) {
                                 part[(t + k) * width + (r - start)] = v;
                             }
+                            t = g.end;
                         }
                     }
                 }
@@ -383,8 +387,8 @@ pub enum Weights {
     Rows(Vec<u8>),
 }
 
-/// Whether prompts' block-of-32 products take eight activation rows at a time (with
-/// AVX-512 VNNI, and so AVX-512VL's 32 vector registers) rather than four.
+/// Whether prompts' products take eight activation rows at a time (with AVX-512 VNNI, and
+/// so AVX-512VL's 32 vector registers) rather than four.
 fn simd_wide_tiles() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
