@@ -23,6 +23,12 @@ struct Block {
     data: Box<[f16]>,
 }
 
+/// Where `layer`'s keys (`values` false) or values start within a block, for `kv_width`
+/// floats per position.
+fn layer_offset(layer: usize, values: bool, kv_width: usize) -> usize {
+    (layer * 2 + values as usize) * BLOCK_POSITIONS * kv_width
+}
+
 /// The cache of one sequence: every layer's keys and values for positions `0..len()`.
 #[derive(Debug, Clone)]
 pub struct SequenceCache {
@@ -69,11 +75,6 @@ impl SequenceCache {
         self.kv_width
     }
 
-    /// Where `layer`'s keys (`values` false) or values start within a block.
-    fn layer_offset(&self, layer: usize, values: bool) -> usize {
-        (layer * 2 + values as usize) * BLOCK_POSITIONS * self.kv_width
-    }
-
     /// Stores `layer`'s keys and values (rounded to f16) for the positions after the
     /// committed ones: `keys` and `values` hold `n × kv_width` floats. Every layer writes
     /// the same `n` positions, then [`Self::commit`] marks them stored.
@@ -88,8 +89,8 @@ impl SequenceCache {
         }
         let width = self.kv_width;
         let (key_at, value_at) = (
-            self.layer_offset(layer, false),
-            self.layer_offset(layer, true),
+            layer_offset(layer, false, width),
+            layer_offset(layer, true, width),
         );
         for i in 0..n {
             let pos = self.len + i;
@@ -207,7 +208,7 @@ impl<'a> LayerView<'a> {
             (range.end - 1) / BLOCK_POSITIONS,
             "a run within one block"
         );
-        let at = (self.layer * 2 + values as usize) * BLOCK_POSITIONS * self.kv_width
+        let at = layer_offset(self.layer, values, self.kv_width)
             + (range.start % BLOCK_POSITIONS) * self.kv_width;
         let data: &'a [f16] = &self.blocks[block].data;
         &data[at..at + range.len() * self.kv_width]

@@ -11,7 +11,7 @@ use std::arch::x86_64::*;
 use super::dot::BlockFormat;
 use super::packed::GROUP;
 use super::q8::Q8Row;
-use super::simd::{bit_bytes, hsum, lanes_avx2, lanes_vnni, nibbles, vnni_available};
+use super::simd::{bit_bytes, f16_at, hsum, lanes_avx2, lanes_vnni, nibbles, vnni_available};
 
 /// Products of `R` of one group's rows, from row `first` on (`blocks` block columns at
 /// `group`), with `N` activation rows, with VNNI where the CPU has it.
@@ -141,13 +141,6 @@ pub unsafe fn dot_rows<const M: usize, const N: usize>(
     } else {
         rows_avx2(format, group, blocks, first, a)
     }
-}
-
-/// An f16 (little-endian bytes at `p`) as f32.
-#[inline(always)]
-unsafe fn f16_at(p: *const u8) -> f32 {
-    let bits = u16::from_le_bytes([*p, *p.add(1)]);
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }
 
 macro_rules! rows_kernel {

@@ -1,6 +1,7 @@
-//! AVX2 versions of the block-of-32 dot products. Integer lane sums are exact, and the
-//! floating-point steps (one fused multiply-add per lane per block, then `hsum8`) are the
-//! same as in the portable code, so both give bit-identical results.
+//! The AVX2 (and AVX-512 VNNI) pieces the block-of-32 kernels share: CPU feature checks,
+//! decoding nibbles and high bits, the four-product integer lanes, `hsum_float_8`, and
+//! activation quantization. Integer lane sums are exact, and the floating-point steps are
+//! those of the portable code, so the kernels built on them give bit-identical results.
 
 #![cfg(target_arch = "x86_64")]
 
@@ -38,12 +39,6 @@ pub(super) unsafe fn bit_bytes(bits: u32) -> __m256i {
     );
     let select = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
     _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select)
-}
-
-/// Eight lanes of four products each, for unsigned `x` (≤ 128) and signed `y`.
-#[target_feature(enable = "avx2")]
-unsafe fn lanes_unsigned(x: __m256i, y: __m256i) -> __m256i {
-    _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1))
 }
 
 /// An f16 (little-endian bytes at `p`) as f32, with the F16C instruction.
@@ -112,10 +107,10 @@ pub unsafe fn quantize_row(x: &[f32]) -> Q8Row {
     row
 }
 
-/// The four-product integer lanes of unsigned `x` (≤ 128) and signed `y`, with AVX2.
+/// Eight lanes of four products each, for unsigned `x` (≤ 128) and signed `y`, with AVX2.
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn lanes_avx2(x: __m256i, y: __m256i) -> __m256i {
-    lanes_unsigned(x, y)
+    _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1))
 }
 
 /// The same lanes with AVX-512 VNNI (exact: no pair of products saturates 16 bits here).
