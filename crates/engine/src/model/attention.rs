@@ -3,7 +3,8 @@
 //! f16, key dot products accumulate in f32 over 4 × 16 lanes, and the weighted sum of
 //! values accumulates in f16 with an online softmax. The models are sensitive enough to
 //! these roundings that matching them is what makes greedy output agree with llama.cpp.
-//! An AVX2 version gives bit-identical results faster.
+//! The AVX2 and AVX-512 versions in [`super::attention_simd`] give bit-identical results
+//! faster.
 
 use half::f16;
 use rayon::prelude::*;
@@ -39,10 +40,10 @@ pub struct AttentionInput<'a> {
 
 /// The keys and values one query row attends to: positions `first..=last` of one KV head.
 #[derive(Clone, Copy)]
-struct KvRows<'a> {
-    view: LayerView<'a>,
+pub(super) struct KvRows<'a> {
+    pub(super) view: LayerView<'a>,
     /// Where this KV head starts within a position.
-    offset: usize,
+    pub(super) offset: usize,
     first: usize,
     last: usize,
 }
@@ -50,7 +51,7 @@ struct KvRows<'a> {
 impl<'a> KvRows<'a> {
     /// The attended positions in block-contiguous runs: the run's keys and values (every
     /// KV head, `kv_width` per position) and its length.
-    fn runs(&self) -> impl Iterator<Item = (&'a [f16], &'a [f16], usize)> + '_ {
+    pub(super) fn runs(&self) -> impl Iterator<Item = (&'a [f16], &'a [f16], usize)> + '_ {
         self.view.runs(self.first..self.last + 1).map(|r| {
             (
                 self.view.key_run(r.clone()),
@@ -66,10 +67,11 @@ impl<'a> KvRows<'a> {
 /// in input order. Query rows are independent and all run in one parallel pass.
 pub fn attend_many(shape: &AttentionShape, inputs: &[AttentionInput<'_>]) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
-    let fast = shape.head_dim.is_multiple_of(64) && crate::quant::simd::available();
-    #[cfg(not(target_arch = "x86_64"))]
-    let fast = false;
-    attend_with(shape, inputs, fast)
+    if shape.head_dim.is_multiple_of(64) && crate::quant::simd::available() {
+        // SAFETY: AVX2, FMA and F16C are available and the head size is a multiple of 64.
+        return unsafe { attend_with(shape, inputs, super::attention_simd::attend_rows) };
+    }
+    attend_portable_many(shape, inputs)
 }
 
 /// [`attend_many`] for one sequence.
@@ -79,10 +81,33 @@ pub fn attend(shape: &AttentionShape, input: AttentionInput<'_>) -> Vec<f32> {
 
 /// [`attend`] in portable code.
 pub fn attend_portable(shape: &AttentionShape, input: AttentionInput<'_>) -> Vec<f32> {
-    attend_with(shape, &[input], false)
+    attend_portable_many(shape, &[input])
 }
 
-fn attend_with(shape: &AttentionShape, inputs: &[AttentionInput<'_>], fast: bool) -> Vec<f32> {
+fn attend_portable_many(shape: &AttentionShape, inputs: &[AttentionInput<'_>]) -> Vec<f32> {
+    let portable: GroupKernel = |q, kv, head_dim, scale, out| {
+        for (q, o) in q.chunks_exact(head_dim).zip(out.chunks_exact_mut(head_dim)) {
+            attend_row(q, kv, scale, o);
+        }
+    };
+    // SAFETY: the portable kernel has no requirements.
+    unsafe { attend_with(shape, inputs, portable) }
+}
+
+/// Attention for the query rows of one group of heads sharing a KV head (`q` and `out`
+/// hold them one after another, `head_dim` each), with the given scale.
+pub(super) type GroupKernel =
+    unsafe fn(q: &[f32], kv: &KvRows<'_>, head_dim: usize, scale: f32, out: &mut [f32]);
+
+/// Attention with `kernel` for every row and KV head, in one parallel pass.
+///
+/// # Safety
+/// `kernel`'s requirements must hold for `shape`.
+unsafe fn attend_with(
+    shape: &AttentionShape,
+    inputs: &[AttentionInput<'_>],
+    kernel: GroupKernel,
+) -> Vec<f32> {
     let AttentionShape {
         n_head,
         n_kv_head,
@@ -119,17 +144,8 @@ fn attend_with(shape: &AttentionShape, inputs: &[AttentionInput<'_>], fast: bool
                 last: pos,
             };
             let q = &input.q[(t * n_head + kv_head * group) * head_dim..][..group * head_dim];
-            #[cfg(target_arch = "x86_64")]
-            if fast {
-                // SAFETY: `fast` is only set when AVX2, FMA and F16C are available and the
-                // head size is a multiple of 64.
-                unsafe { avx2::attend_rows(q, &kv, head_dim, scale, o) };
-                return;
-            }
-            let _ = fast;
-            for (q, o) in q.chunks_exact(head_dim).zip(o.chunks_exact_mut(head_dim)) {
-                attend_row(q, &kv, scale, o);
-            }
+            // SAFETY: the caller guarantees `kernel`'s requirements.
+            unsafe { kernel(q, &kv, head_dim, scale, o) };
         });
     out
 }
@@ -209,126 +225,6 @@ fn reduce_add_16(v: &[f32; 16]) -> f32 {
     p[0] + p[1]
 }
 
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use std::arch::x86_64::*;
-
-    use half::f16;
-
-    use super::KvRows;
-
-    const ROUND: i32 = _MM_FROUND_TO_NEAREST_INT;
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load8(p: *const f16) -> __m256 {
-        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn store8(p: *mut f16, v: __m256) {
-        _mm_storeu_si128(p as *mut __m128i, _mm256_cvtps_ph::<ROUND>(v));
-    }
-
-    /// `hsum_float_8` order.
-    #[target_feature(enable = "avx2")]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let r = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
-        let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-        _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
-    }
-
-    /// f16 dot product over 4 accumulators of 16 lanes (each kept as two halves), as
-    /// ggml's AVX-512 `ggml_vec_dot_f16`; `len` is a multiple of 64.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot(a: *const f16, b: *const f16, len: usize) -> f32 {
-        let mut acc = [[_mm256_setzero_ps(); 2]; 4];
-        for step in (0..len).step_by(64) {
-            for (c, pair) in acc.iter_mut().enumerate() {
-                for (half, lane) in pair.iter_mut().enumerate() {
-                    let i = step + c * 16 + half * 8;
-                    *lane = _mm256_fmadd_ps(load8(a.add(i)), load8(b.add(i)), *lane);
-                }
-            }
-        }
-        let x0 = [
-            _mm256_add_ps(acc[0][0], acc[2][0]),
-            _mm256_add_ps(acc[0][1], acc[2][1]),
-        ];
-        let x1 = [
-            _mm256_add_ps(acc[1][0], acc[3][0]),
-            _mm256_add_ps(acc[1][1], acc[3][1]),
-        ];
-        let v = [_mm256_add_ps(x0[0], x1[0]), _mm256_add_ps(x0[1], x1[1])];
-        hsum(_mm256_add_ps(v[0], v[1]))
-    }
-
-    /// The query rows of one group of heads sharing a KV head (`q` and `out` hold them one
-    /// after another), each as [`super::attend_row`]: the rows walk the keys together, so
-    /// each key and value is fetched once for the group and the rows' dependency chains
-    /// overlap.
-    ///
-    /// # Safety
-    /// AVX2, FMA and F16C must be available; the head size is a multiple of 64.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn attend_rows(
-        q: &[f32],
-        kv: &KvRows<'_>,
-        head_dim: usize,
-        scale: f32,
-        out: &mut [f32],
-    ) {
-        let rows = q.len() / head_dim;
-        assert!(out.len() == q.len() && rows * head_dim == q.len());
-        let mut q16 = vec![f16::ZERO; q.len()];
-        let mut acc = vec![f16::ZERO; q.len()];
-        for i in (0..q.len()).step_by(8) {
-            store8(q16.as_mut_ptr().add(i), _mm256_loadu_ps(q.as_ptr().add(i)));
-        }
-        let mut max = vec![f32::NEG_INFINITY; rows];
-        let mut sum = vec![0.0f32; rows];
-        let stride = kv.view.kv_width();
-        for (keys, values, len) in kv.runs() {
-            assert!(len * stride <= keys.len() && kv.offset + head_dim <= stride);
-            for j in 0..len {
-                let at = j * stride + kv.offset;
-                let v = values.as_ptr().add(at);
-                for g in 0..rows {
-                    let q16 = q16.as_ptr().add(g * head_dim);
-                    let acc = acc.as_mut_ptr().add(g * head_dim);
-                    let s = dot(q16, keys.as_ptr().add(at), head_dim) * scale;
-                    let (mut rescale, mut weight) = (1.0f32, 1.0f32);
-                    if s > max[g] {
-                        rescale = (max[g] - s).exp();
-                        max[g] = s;
-                        let r = _mm256_set1_ps(rescale);
-                        for i in (0..head_dim).step_by(8) {
-                            let p = acc.add(i);
-                            store8(p, _mm256_mul_ps(load8(p), r));
-                        }
-                    } else {
-                        weight = (s - max[g]).exp();
-                    }
-                    let w = _mm256_set1_ps(weight);
-                    for i in (0..head_dim).step_by(8) {
-                        let p = acc.add(i);
-                        store8(p, _mm256_fmadd_ps(load8(v.add(i)), w, load8(p)));
-                    }
-                    sum[g] = sum[g].mul_add(rescale, weight);
-                }
-            }
-        }
-        for (g, &sum) in sum.iter().enumerate() {
-            let inv = _mm256_set1_ps(if sum == 0.0 { 0.0 } else { 1.0 / sum });
-            for i in (g * head_dim..(g + 1) * head_dim).step_by(8) {
-                _mm256_storeu_ps(
-                    out.as_mut_ptr().add(i),
-                    _mm256_mul_ps(load8(acc.as_ptr().add(i)), inv),
-                );
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -377,9 +273,32 @@ mod tests {
         assert_eq!(attend(&shape, input(&c, &[1.0], 1)), vec![7.0]);
     }
 
+    /// The SIMD kernels, each with whether this CPU can run it.
+    fn simd_kernels() -> Vec<(&'static str, GroupKernel, bool)> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use super::super::attention_simd as simd;
+            let avx2 = crate::quant::simd::available();
+            vec![
+                ("AVX2", simd::attend_avx2 as GroupKernel, avx2),
+                (
+                    "AVX-512",
+                    simd::attend_avx512 as GroupKernel,
+                    avx2 && simd::avx512_available(),
+                ),
+            ]
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Vec::new()
+    }
+
     #[test]
-    fn fast_path_is_bit_identical_to_the_portable_one() {
-        for (head_dim, n_head, n_kv_head, window) in [(64, 9, 3, None), (256, 4, 1, Some(21))] {
+    fn simd_kernels_are_bit_identical_to_the_portable_one() {
+        for (head_dim, n_head, n_kv_head, window) in [
+            (64, 9, 3, None),
+            (256, 4, 1, Some(21)),
+            (128, 14, 2, Some(30)),
+        ] {
             let shape = AttentionShape {
                 n_head,
                 n_kv_head,
@@ -403,13 +322,20 @@ mod tests {
                 .collect();
             let c = cache(width, &keys, &values);
             let slow = attend_portable(&shape, input(&c, &q, n));
-            let fast = attend(&shape, input(&c, &q, n));
-            assert!(
-                slow.iter()
-                    .zip(&fast)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "head_dim {head_dim}"
-            );
+            for (name, kernel, usable) in simd_kernels() {
+                if !usable {
+                    continue;
+                }
+                // SAFETY: the kernel's CPU features are present; head sizes are multiples
+                // of 64.
+                let fast = unsafe { attend_with(&shape, &[input(&c, &q, n)], kernel) };
+                assert!(
+                    slow.iter()
+                        .zip(&fast)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{name}, head_dim {head_dim}"
+                );
+            }
         }
     }
 

@@ -5,6 +5,7 @@
 //! the weight matrices together, attention runs per sequence against its own cache.
 
 pub mod attention;
+mod attention_simd;
 mod gemma3;
 mod llama;
 pub mod ops;

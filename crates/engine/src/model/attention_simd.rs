@@ -1,0 +1,380 @@
+//! Attention for one group of query heads sharing a KV head, in AVX2 (eight lanes) or
+//! AVX-512 (sixteen lanes), bit-identical to the portable [`super::attention`] row code.
+//!
+//! Per KV cache block, every row's scores come first (independent dot products, each key
+//! converted once per pair of rows), then the online softmax's bookkeeping in scalar
+//! code, then the values, added into accumulators held in registers across the block
+//! (each value converted once per four rows). The accumulators stay f32 holding f16
+//! values: rounding to f16 and back after every step is what storing to llama.cpp's f16
+//! accumulator and loading it again does.
+
+#![cfg(target_arch = "x86_64")]
+
+use std::arch::x86_64::*;
+
+use half::f16;
+
+use super::attention::KvRows;
+
+/// Keys scored before their values are added: one KV cache block's positions.
+const KEYS: usize = crate::kv_cache::BLOCK_POSITIONS;
+
+/// Query rows whose accumulators are updated together.
+const ROW_TILE: usize = 4;
+
+/// The vector operations the kernel needs, at one width. Every method is always inlined
+/// into a function that enables the width's instructions.
+trait Lanes {
+    /// A vector of `WIDTH` f32 lanes.
+    type V: Copy;
+    /// Lanes per vector.
+    const WIDTH: usize;
+    /// Vectors per row updated together while adding values (bounded by the registers).
+    const VALUE_VECTORS: usize;
+    unsafe fn zero() -> Self::V;
+    unsafe fn splat(x: f32) -> Self::V;
+    unsafe fn load(p: *const f32) -> Self::V;
+    unsafe fn store(p: *mut f32, v: Self::V);
+    unsafe fn load_f16(p: *const f16) -> Self::V;
+    /// Rounds every lane to f16 (nearest, ties to even) and back.
+    unsafe fn round16(v: Self::V) -> Self::V;
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn fmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// The sum of ggml's four 16-lane dot product accumulators (`64 / WIDTH` vectors
+    /// each, one after another) in `ggml_vec_dot_f16`'s order: accumulators 0 + 2 and
+    /// 1 + 3, those two, then `_mm512_reduce_add_ps` (halves, quarters, pairs, neighbours).
+    unsafe fn reduce64(acc: &[Self::V]) -> f32;
+}
+
+/// `hsum_float_8` order: halves, pairs, neighbours.
+#[inline(always)]
+unsafe fn hsum8(v: __m256) -> f32 {
+    let r = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
+    let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
+}
+
+const ROUND: i32 = _MM_FROUND_TO_NEAREST_INT;
+
+/// AVX2, FMA and F16C.
+struct Avx2;
+
+impl Lanes for Avx2 {
+    type V = __m256;
+    const WIDTH: usize = 8;
+    const VALUE_VECTORS: usize = 2;
+    #[inline(always)]
+    unsafe fn zero() -> __m256 {
+        _mm256_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> __m256 {
+        _mm256_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m256 {
+        _mm256_loadu_ps(p)
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m256) {
+        _mm256_storeu_ps(p, v)
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const f16) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+    #[inline(always)]
+    unsafe fn round16(v: __m256) -> __m256 {
+        _mm256_cvtph_ps(_mm256_cvtps_ph::<ROUND>(v))
+    }
+    #[inline(always)]
+    unsafe fn mul(a: __m256, b: __m256) -> __m256 {
+        _mm256_mul_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
+        _mm256_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn reduce64(a: &[__m256]) -> f32 {
+        // Accumulator c's halves are vectors 2c and 2c + 1.
+        let lo = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
+        let hi = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
+        hsum8(_mm256_add_ps(lo, hi))
+    }
+}
+
+/// AVX-512F (with F16C and FMA).
+struct Avx512;
+
+impl Lanes for Avx512 {
+    type V = __m512;
+    const WIDTH: usize = 16;
+    const VALUE_VECTORS: usize = 4;
+    #[inline(always)]
+    unsafe fn zero() -> __m512 {
+        _mm512_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> __m512 {
+        _mm512_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m512 {
+        _mm512_loadu_ps(p)
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m512) {
+        _mm512_storeu_ps(p, v)
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const f16) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+    #[inline(always)]
+    unsafe fn round16(v: __m512) -> __m512 {
+        _mm512_cvtph_ps(_mm512_cvtps_ph::<ROUND>(v))
+    }
+    #[inline(always)]
+    unsafe fn mul(a: __m512, b: __m512) -> __m512 {
+        _mm512_mul_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
+        _mm512_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn reduce64(a: &[__m512]) -> f32 {
+        let v = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
+        let lo = _mm512_castps512_ps256(v);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+        hsum8(_mm256_add_ps(lo, hi))
+    }
+}
+
+/// Whether this CPU has the AVX-512 instructions [`attend_rows`] uses when it can.
+pub(super) fn avx512_available() -> bool {
+    is_x86_feature_detected!("avx512f")
+}
+
+/// The query rows of one group of heads sharing a KV head (`q` and `out` hold them one
+/// after another), each bit-identical to [`super::attention`]'s portable row code, with
+/// AVX-512 where the CPU has it.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; the head size is a multiple of 64.
+pub unsafe fn attend_rows(
+    q: &[f32],
+    kv: &KvRows<'_>,
+    head_dim: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    if avx512_available() {
+        attend_avx512(q, kv, head_dim, scale, out)
+    } else {
+        attend_avx2(q, kv, head_dim, scale, out)
+    }
+}
+
+/// [`attend_rows`] with AVX-512.
+///
+/// # Safety
+/// As for [`attend_rows`], and AVX-512F must be available.
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+pub(super) unsafe fn attend_avx512(
+    q: &[f32],
+    kv: &KvRows<'_>,
+    head_dim: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    attend_body::<Avx512>(q, kv, head_dim, scale, out)
+}
+
+/// [`attend_rows`] with AVX2 alone.
+///
+/// # Safety
+/// As for [`attend_rows`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn attend_avx2(
+    q: &[f32],
+    kv: &KvRows<'_>,
+    head_dim: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    attend_body::<Avx2>(q, kv, head_dim, scale, out)
+}
+
+/// The dot products of `R` query rows (f32 holding f16 values, `head_dim` apart) with
+/// one f16 key, each summed as ggml's AVX-512 `ggml_vec_dot_f16` (four accumulators of
+/// 16 lanes over steps of 64). The key is converted once for the `R` rows.
+#[inline(always)]
+unsafe fn dots<L: Lanes, const R: usize>(
+    q: *const f32,
+    head_dim: usize,
+    key: *const f16,
+) -> [f32; R] {
+    // Sized for the narrowest width; `64 / WIDTH` of them are used.
+    let mut acc = [[L::zero(); 8]; R];
+    let per_step = 64 / L::WIDTH;
+    for step in (0..head_dim).step_by(64) {
+        for (i, at) in (step..step + 64).step_by(L::WIDTH).enumerate() {
+            let k = L::load_f16(key.add(at));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                acc[i] = L::fmadd(L::load(q.add(r * head_dim + at)), k, acc[i]);
+            }
+        }
+    }
+    acc.map(|a| L::reduce64(&a[..per_step]))
+}
+
+/// One key's step of a query row's online softmax.
+#[derive(Clone, Copy)]
+struct Step {
+    /// The dot product of query and key.
+    score: f32,
+    /// Whether the key raises the maximum, rescaling the accumulator.
+    raised: bool,
+    /// The factor the accumulator is rescaled by (when raised).
+    rescale: f32,
+    /// The weight of the key's value.
+    weight: f32,
+}
+
+/// One query row's steps over a KV block.
+type Steps = [Step; KEYS];
+
+/// Adds `len` keys' values (`stride` apart from `values`) into `R` rows' accumulators
+/// (`head_dim` apart from `acc`), in key order with an f16 rounding after every step.
+/// Each value is converted once for the `R` rows.
+// The key index addresses the cache as well as the steps.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn add_values<L: Lanes, const R: usize>(
+    acc: *mut f32,
+    head_dim: usize,
+    values: *const f16,
+    stride: usize,
+    len: usize,
+    steps: &[Steps],
+) {
+    let steps: &[Steps; R] = steps[..R].try_into().unwrap();
+    let n = L::VALUE_VECTORS;
+    for d in (0..head_dim).step_by(n * L::WIDTH) {
+        // Sized for the widest choice; `VALUE_VECTORS` of them are used.
+        let mut a = [[L::zero(); 4]; R];
+        for (r, a) in a.iter_mut().enumerate() {
+            for (h, a) in a.iter_mut().take(n).enumerate() {
+                *a = L::load(acc.add(r * head_dim + d + h * L::WIDTH));
+            }
+        }
+        for j in 0..len {
+            let at = values.add(j * stride + d);
+            let mut v = [L::zero(); 4];
+            for (h, v) in v.iter_mut().take(n).enumerate() {
+                *v = L::load_f16(at.add(h * L::WIDTH));
+            }
+            for r in 0..R {
+                let step = steps[r][j];
+                if step.raised {
+                    let s = L::splat(step.rescale);
+                    for a in a[r].iter_mut().take(n) {
+                        *a = L::round16(L::mul(*a, s));
+                    }
+                }
+                let w = L::splat(step.weight);
+                for (a, v) in a[r].iter_mut().zip(&v).take(n) {
+                    *a = L::round16(L::fmadd(*v, w, *a));
+                }
+            }
+        }
+        for (r, a) in a.iter().enumerate() {
+            for (h, a) in a.iter().take(n).enumerate() {
+                L::store(acc.add(r * head_dim + d + h * L::WIDTH), *a);
+            }
+        }
+    }
+}
+
+// The key index addresses the cache as well as the steps.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn attend_body<L: Lanes>(
+    q: &[f32],
+    kv: &KvRows<'_>,
+    head_dim: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let rows = q.len() / head_dim;
+    assert!(out.len() == q.len() && rows * head_dim == q.len() && head_dim.is_multiple_of(64));
+    // The queries rounded to f16, held as f32.
+    let mut q16 = vec![0f32; q.len()];
+    for i in (0..q.len()).step_by(L::WIDTH) {
+        L::store(
+            q16.as_mut_ptr().add(i),
+            L::round16(L::load(q.as_ptr().add(i))),
+        );
+    }
+    let mut acc = vec![0f32; q.len()];
+    let mut max = vec![f32::NEG_INFINITY; rows];
+    let mut sum = vec![0.0f32; rows];
+    let step = Step {
+        score: 0.0,
+        raised: false,
+        rescale: 1.0,
+        weight: 0.0,
+    };
+    let mut steps: Vec<Steps> = vec![[step; KEYS]; rows];
+    let stride = kv.view.kv_width();
+    let q16 = q16.as_ptr();
+    for (keys, values, len) in kv.runs() {
+        assert!(len <= KEYS && len * stride <= keys.len() && kv.offset + head_dim <= stride);
+        for j in 0..len {
+            let key = keys.as_ptr().add(j * stride + kv.offset);
+            let mut g = 0;
+            while g + 2 <= rows {
+                let [a, b] = dots::<L, 2>(q16.add(g * head_dim), head_dim, key);
+                (steps[g][j].score, steps[g + 1][j].score) = (a, b);
+                g += 2;
+            }
+            if g < rows {
+                steps[g][j].score = dots::<L, 1>(q16.add(g * head_dim), head_dim, key)[0];
+            }
+        }
+        for ((steps, max), sum) in steps.iter_mut().zip(&mut max).zip(&mut sum) {
+            for step in &mut steps[..len] {
+                let s = step.score * scale;
+                step.raised = s > *max;
+                (step.rescale, step.weight) = if step.raised {
+                    let rescale = (*max - s).exp();
+                    *max = s;
+                    (rescale, 1.0)
+                } else {
+                    (1.0, (s - *max).exp())
+                };
+                *sum = sum.mul_add(step.rescale, step.weight);
+            }
+        }
+        let v = values.as_ptr().add(kv.offset);
+        for g in (0..rows).step_by(ROW_TILE) {
+            let a = acc.as_mut_ptr().add(g * head_dim);
+            let st = &steps[g..];
+            match rows - g {
+                1 => add_values::<L, 1>(a, head_dim, v, stride, len, st),
+                2 => add_values::<L, 2>(a, head_dim, v, stride, len, st),
+                3 => add_values::<L, 3>(a, head_dim, v, stride, len, st),
+                _ => add_values::<L, ROW_TILE>(a, head_dim, v, stride, len, st),
+            }
+        }
+    }
+    for (g, &sum) in sum.iter().enumerate() {
+        let inv = L::splat(if sum == 0.0 { 0.0 } else { 1.0 / sum });
+        for i in (g * head_dim..(g + 1) * head_dim).step_by(L::WIDTH) {
+            let a = L::load(acc.as_ptr().add(i));
+            L::store(out.as_mut_ptr().add(i), L::mul(a, inv));
+        }
+    }
+}
