@@ -38,26 +38,11 @@ pub unsafe fn dot_group<const N: usize, const R: usize>(
 /// signed format) and, for a signed format, the values themselves.
 #[inline(always)]
 unsafe fn values(format: BlockFormat, column: *const u8, i: usize) -> (__m256i, Option<__m256i>) {
-    let signed = |x: __m256i| (_mm256_sign_epi8(x, x), Some(x));
-    match format {
-        BlockFormat::Q4_0 => signed(_mm256_sub_epi8(
-            nibbles(column.add(GROUP * 2 + i * 16)),
-            _mm256_set1_epi8(8),
-        )),
-        BlockFormat::Q4_1 => (nibbles(column.add(GROUP * 4 + i * 16)), None),
-        BlockFormat::Q5_0 => {
-            let qh = (column.add(GROUP * 2 + i * 4) as *const u32).read_unaligned();
-            let high =
-                _mm256_andnot_si256(bit_bytes(u32::from_le(qh)), _mm256_set1_epi8(0xF0u8 as i8));
-            signed(_mm256_or_si256(
-                nibbles(column.add(GROUP * 6 + i * 16)),
-                high,
-            ))
-        }
-        BlockFormat::Q8_0 => signed(_mm256_loadu_si256(
-            column.add(GROUP * 2 + i * 32) as *const __m256i
-        )),
+    if format == BlockFormat::Q4_1 {
+        return (nibbles(column.add(GROUP * 4 + i * 16)), None);
     }
+    let x = signed_values(format, column, i);
+    (_mm256_sign_epi8(x, x), Some(x))
 }
 
 macro_rules! group_kernel {
@@ -198,4 +183,107 @@ macro_rules! rows_kernel {
 }
 
 rows_kernel!(rows_avx2, "avx2,fma,f16c", lanes_avx2);
-rows_kernel!(rows_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", lanes_vnni);
+
+/// Row `i`'s 32 values of one block column as signed bytes.
+#[inline(always)]
+unsafe fn signed_values(format: BlockFormat, column: *const u8, i: usize) -> __m256i {
+    match format {
+        BlockFormat::Q4_0 => {
+            _mm256_sub_epi8(nibbles(column.add(GROUP * 2 + i * 16)), _mm256_set1_epi8(8))
+        }
+        BlockFormat::Q5_0 => {
+            let qh = (column.add(GROUP * 2 + i * 4) as *const u32).read_unaligned();
+            let high =
+                _mm256_andnot_si256(bit_bytes(u32::from_le(qh)), _mm256_set1_epi8(0xF0u8 as i8));
+            _mm256_or_si256(nibbles(column.add(GROUP * 6 + i * 16)), high)
+        }
+        BlockFormat::Q8_0 => _mm256_loadu_si256(column.add(GROUP * 2 + i * 32) as *const __m256i),
+        BlockFormat::Q4_1 => unreachable!("Q4_1's values are unsigned"),
+    }
+}
+
+/// [`dot_rows`] with AVX-512 VNNI, one compiled loop per format.
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+unsafe fn rows_vnni<const M: usize, const N: usize>(
+    format: BlockFormat,
+    group: &[u8],
+    blocks: usize,
+    first: usize,
+    a: [&Q8Row; N],
+) -> [[f32; N]; M] {
+    match format {
+        BlockFormat::Q4_0 => rows_vnni_signed::<M, N, Q4_0>(group, blocks, first, a),
+        BlockFormat::Q5_0 => rows_vnni_signed::<M, N, Q5_0>(group, blocks, first, a),
+        BlockFormat::Q8_0 => rows_vnni_signed::<M, N, Q8_0>(group, blocks, first, a),
+        BlockFormat::Q4_1 => rows_vnni_q4_1(format, group, blocks, first, a),
+    }
+}
+
+/// Signed block formats as constants, for loops compiled once per format.
+const Q4_0: u8 = 0;
+const Q5_0: u8 = 1;
+const Q8_0: u8 = 2;
+
+/// [`rows_vnni`] for a signed format `F`. The activations go in as unsigned bytes
+/// (`y + 128`) and the weights as they are, each lane starting from `-128 · Σ x` of its
+/// four weights, so one instruction gives the exact `Σ x·y` without sign tricks. The
+/// scales' products for the tile come from one multiplication per weight row and block.
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+unsafe fn rows_vnni_signed<const M: usize, const N: usize, const F: u8>(
+    group: &[u8],
+    blocks: usize,
+    first: usize,
+    a: [&Q8Row; N],
+) -> [[f32; N]; M] {
+    assert!(N <= 8);
+    let format = match F {
+        Q4_0 => BlockFormat::Q4_0,
+        Q5_0 => BlockFormat::Q5_0,
+        _ => BlockFormat::Q8_0,
+    };
+    let stride = GROUP * format.block_bytes();
+    let flip = _mm256_set1_epi8(-128);
+    let qs: [*const i8; N] = std::array::from_fn(|r| a[r].qs.as_ptr());
+    let ds: [*const f32; N] = std::array::from_fn(|r| a[r].d.as_ptr());
+    let mut acc = [[_mm256_setzero_ps(); N]; M];
+    for b in 0..blocks {
+        let column = group.as_ptr().add(b * stride);
+        let mut da = [0f32; 8];
+        let mut y = [_mm256_setzero_si256(); N];
+        for r in 0..N {
+            da[r] = *ds[r].add(b);
+            let q = _mm256_loadu_si256(qs[r].add(b * 32) as *const __m256i);
+            y[r] = _mm256_xor_si256(q, flip);
+        }
+        let da = _mm256_loadu_ps(da.as_ptr());
+        for (i, acc) in acc.iter_mut().enumerate() {
+            let x = signed_values(format, column, first + i);
+            let start = _mm256_sub_epi32(
+                _mm256_setzero_si256(),
+                _mm256_dpbusd_epi32(_mm256_setzero_si256(), flip, x),
+            );
+            let mut dd = [0f32; 8];
+            let d = _mm256_set1_ps(f16_at(column.add((first + i) * 2)));
+            _mm256_storeu_ps(dd.as_mut_ptr(), _mm256_mul_ps(d, da));
+            for r in 0..N {
+                let lanes = _mm256_dpbusd_epi32(start, y[r], x);
+                let scale = _mm256_broadcast_ss(&dd[r]);
+                acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(lanes), acc[r]);
+            }
+        }
+    }
+    let mut out = [[0f32; N]; M];
+    for i in 0..M {
+        for r in 0..N {
+            out[i][r] = hsum(acc[i][r]);
+        }
+    }
+    out
+}
+
+// Q4_1's values are unsigned already: the shared kernel with VNNI lanes.
+rows_kernel!(
+    rows_vnni_q4_1,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    lanes_vnni
+);
