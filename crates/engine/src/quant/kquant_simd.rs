@@ -10,16 +10,6 @@ use super::kquant::{scale_min_k4, Q4kSums, Q8KRow, Q4_K, Q6_K, QK_K};
 use super::simd::f16_at;
 use super::RowKernel;
 
-/// The four `i32` sums of four vectors of eight lanes each (exact).
-#[inline(always)]
-unsafe fn hsum4_i32(v: [__m256i; 4]) -> [i32; 4] {
-    let t = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-    let s = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t));
-    let mut out = [0i32; 4];
-    _mm_storeu_si128(out.as_mut_ptr() as *mut __m128i, s);
-    out
-}
-
 /// Q4_K · Q8_K for one weight row and `N` activation rows, each rounded as its kernel
 /// says: every super-block's nibbles and scales are decoded once for all rows.
 ///
@@ -41,6 +31,10 @@ pub unsafe fn dot_q4k_rows<const N: usize>(
 /// [`dot_q4k_rows`] with AVX-512VL's 32 vector registers.
 #[target_feature(enable = "avx2,fma,f16c,avx512vl")]
 unsafe fn q4k_wide<const N: usize>(w: &[u8], a: [&Q8KRow; N], kernels: [RowKernel; N]) -> [f32; N] {
+    if N == 8 && kernels.iter().all(|&k| k == RowKernel::Gemm4) {
+        let got = q4k_gemm8_body(w, std::array::from_fn(|r| a[r]));
+        return std::array::from_fn(|r| got[r]);
+    }
     q4k_body(w, a, kernels)
 }
 
@@ -54,57 +48,93 @@ unsafe fn q4k_narrow<const N: usize>(
     q4k_body(w, a, kernels)
 }
 
-// Always inlined into a function that enables AVX2, FMA and F16C.
+/// One Q4_K super-block decoded for the SIMD kernels: per sub-block its nibbles and its
+/// scale broadcast to 16-bit lanes, the eight minimums, and `d`, `dmin`.
+struct Q4kBlock {
+    x: [__m256i; 8],
+    sc: [__m256i; 8],
+    mins: __m256i,
+    d: f32,
+    dmin: f32,
+}
+
+/// Decodes the super-block at `block`.
 #[inline(always)]
-unsafe fn q4k_body<const N: usize>(w: &[u8], a: [&Q8KRow; N], kernels: [RowKernel; N]) -> [f32; N] {
+unsafe fn decode_q4k(block: *const u8) -> Q4kBlock {
+    let low = _mm256_set1_epi8(0x0F);
+    let scales = std::slice::from_raw_parts(block.add(4), 12);
+    let mut x = [_mm256_setzero_si256(); 8];
+    let mut sc = [_mm256_setzero_si256(); 8];
+    let mut mins = [0i32; 8];
+    for pair in 0..4 {
+        let bytes = _mm256_loadu_si256(block.add(16 + pair * 32) as *const __m256i);
+        x[2 * pair] = _mm256_and_si256(bytes, low);
+        x[2 * pair + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(bytes), low);
+    }
+    for j in 0..8 {
+        let (s, m) = scale_min_k4(j, scales);
+        sc[j] = _mm256_set1_epi16(s as i16);
+        mins[j] = m;
+    }
+    Q4kBlock {
+        x,
+        sc,
+        mins: _mm256_loadu_si256(mins.as_ptr() as *const __m256i),
+        d: f16_at(block),
+        dmin: f16_at(block.add(2)),
+    }
+}
+
+/// One activation row's exact integer sums against super-block `b`, per pair of
+/// sub-blocks: `Σ scale · (nibbles · activations)` as four lanes, and in lanes 0, 1, 4
+/// and 5 of the second vector `Σ minimum · (sum of the sub-block's activations)`.
+#[inline(always)]
+unsafe fn q4k_pair_sums(w: &Q4kBlock, a: &Q8KRow, b: usize) -> (__m128i, __m256i) {
+    let q8 = a.qs.as_ptr().add(b * QK_K);
+    let mut pairs = [_mm256_setzero_si256(); 4];
+    for (pair, lanes) in pairs.iter_mut().enumerate() {
+        for j in [2 * pair, 2 * pair + 1] {
+            let y = _mm256_loadu_si256(q8.add(j * 32) as *const __m256i);
+            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(w.x[j], y), w.sc[j]);
+            *lanes = _mm256_add_epi32(*lanes, p);
+        }
+    }
+    let t = _mm256_hadd_epi32(
+        _mm256_hadd_epi32(pairs[0], pairs[1]),
+        _mm256_hadd_epi32(pairs[2], pairs[3]),
+    );
+    let psum = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t));
+    let bsums = a.bsums.as_ptr().add(b * 16) as *const __m256i;
+    let sub = _mm256_hadd_epi32(_mm256_loadu_si256(bsums), _mm256_loadu_si256(bsums.add(1)));
+    let sub = _mm256_permute4x64_epi64::<0b11_01_10_00>(sub);
+    let m = _mm256_mullo_epi32(w.mins, sub);
+    (psum, _mm256_hadd_epi32(m, m))
+}
+
+/// Checks that every activation row has the super-blocks `w` has; returns their count.
+fn check_q4k_rows(w: &[u8], a: &[&Q8KRow]) -> usize {
     let blocks = w.len() / Q4_K;
-    for row in &a {
+    for row in a {
         assert!(
             row.d.len() >= blocks
                 && row.qs.len() >= blocks * QK_K
                 && row.bsums.len() >= blocks * 16
         );
     }
-    let low = _mm256_set1_epi8(0x0F);
+    blocks
+}
+
+// Always inlined into a function that enables AVX2, FMA and F16C.
+#[inline(always)]
+unsafe fn q4k_body<const N: usize>(w: &[u8], a: [&Q8KRow; N], kernels: [RowKernel; N]) -> [f32; N] {
+    let blocks = check_q4k_rows(w, &a);
     let mut sums = kernels.map(Q4kSums::new);
     for b in 0..blocks {
-        let block = w.as_ptr().add(b * Q4_K);
-        let scales = std::slice::from_raw_parts(block.add(4), 12);
-        let (d, dmin) = (f16_at(block), f16_at(block.add(2)));
-        // Sub-block j: nibbles, its scale broadcast to 16-bit lanes, its minimum.
-        let mut x = [_mm256_setzero_si256(); 8];
-        let mut sc = [_mm256_setzero_si256(); 8];
-        let mut mins = [0i32; 8];
-        for pair in 0..4 {
-            let bytes = _mm256_loadu_si256(block.add(16 + pair * 32) as *const __m256i);
-            x[2 * pair] = _mm256_and_si256(bytes, low);
-            x[2 * pair + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(bytes), low);
-        }
-        for j in 0..8 {
-            let (s, m) = scale_min_k4(j, scales);
-            sc[j] = _mm256_set1_epi16(s as i16);
-            mins[j] = m;
-        }
-        let mins = _mm256_loadu_si256(mins.as_ptr() as *const __m256i);
+        let block = decode_q4k(w.as_ptr().add(b * Q4_K));
         for r in 0..N {
-            let q8 = a[r].qs.as_ptr().add(b * QK_K);
-            // Per pair of sub-blocks: Σ scale · (nibbles · activations), as eight lanes.
-            let mut pairs = [_mm256_setzero_si256(); 4];
-            for (pair, lanes) in pairs.iter_mut().enumerate() {
-                for j in [2 * pair, 2 * pair + 1] {
-                    let y = _mm256_loadu_si256(q8.add(j * 32) as *const __m256i);
-                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(x[j], y), sc[j]);
-                    *lanes = _mm256_add_epi32(*lanes, p);
-                }
-            }
-            let psum = hsum4_i32(pairs);
-            // Per pair: Σ minimum · (sum of the sub-block's activations).
-            let bsums = a[r].bsums.as_ptr().add(b * 16) as *const __m256i;
-            let sub =
-                _mm256_hadd_epi32(_mm256_loadu_si256(bsums), _mm256_loadu_si256(bsums.add(1)));
-            let sub = _mm256_permute4x64_epi64::<0b11_01_10_00>(sub);
-            let m = _mm256_mullo_epi32(mins, sub);
-            let m = _mm256_hadd_epi32(m, m);
+            let (psum, m) = q4k_pair_sums(&block, a[r], b);
+            let mut psum_lanes = [0i32; 4];
+            _mm_storeu_si128(psum_lanes.as_mut_ptr() as *mut __m128i, psum);
             let pmin = [
                 _mm256_extract_epi32::<0>(m),
                 _mm256_extract_epi32::<1>(m),
@@ -112,14 +142,70 @@ unsafe fn q4k_body<const N: usize>(w: &[u8], a: [&Q8KRow; N], kernels: [RowKerne
                 _mm256_extract_epi32::<5>(m),
             ];
             let da = *a[r].d.get_unchecked(b);
-            let (dd, dm) = (d * da, dmin * da);
+            let (dd, dm) = (block.d * da, block.dmin * da);
             for pair in 0..4 {
-                sums[r].pair(psum[pair], pmin[pair], dd, dm);
+                sums[r].pair(psum_lanes[pair], pmin[pair], dd, dm);
             }
             sums[r].end_block(dd, dm);
         }
     }
     sums.map(|s| s.result())
+}
+
+/// Eight rows' four values each (rows `r` and `r + 4` in one vector's halves) turned into
+/// four vectors, one per value, whose lanes are the rows 0..8 in order.
+#[inline(always)]
+unsafe fn transpose_4x8(v: [__m256i; 4]) -> [__m256i; 4] {
+    let a = _mm256_unpacklo_epi32(v[0], v[1]);
+    let b = _mm256_unpacklo_epi32(v[2], v[3]);
+    let c = _mm256_unpackhi_epi32(v[0], v[1]);
+    let d = _mm256_unpackhi_epi32(v[2], v[3]);
+    [
+        _mm256_unpacklo_epi64(a, b),
+        _mm256_unpackhi_epi64(a, b),
+        _mm256_unpacklo_epi64(c, d),
+        _mm256_unpackhi_epi64(c, d),
+    ]
+}
+
+/// [`q4k_body`] for eight activation rows that all follow the GEMM kernel: the integer
+/// sums are those of the general body, and each row's floating-point steps (one fused
+/// multiply-add per pair of sub-blocks for the products and for the minimums, in pair
+/// order) run in one lane of eight, instead of as scalar code per row.
+#[inline(always)]
+unsafe fn q4k_gemm8_body(w: &[u8], a: [&Q8KRow; 8]) -> [f32; 8] {
+    let blocks = check_q4k_rows(w, &a);
+    // Lanes 0, 1, 4 and 5 of a pairwise sum hold the four pairs' values.
+    let pick = _mm256_setr_epi32(0, 1, 4, 5, 0, 1, 4, 5);
+    let (mut acc, mut acc_min) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for b in 0..blocks {
+        let block = decode_q4k(w.as_ptr().add(b * Q4_K));
+        // Per row: its four pair sums and four pair minimum terms (128 bits each).
+        let mut psum = [_mm_setzero_si128(); 8];
+        let mut pmin = [_mm_setzero_si128(); 8];
+        let mut da = [0f32; 8];
+        for r in 0..8 {
+            let (p, m) = q4k_pair_sums(&block, a[r], b);
+            psum[r] = p;
+            pmin[r] = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(m, pick));
+            da[r] = *a[r].d.get_unchecked(b);
+        }
+        let join = |v: &[__m128i; 8]| -> [__m256i; 4] {
+            std::array::from_fn(|r| _mm256_set_m128i(v[r + 4], v[r]))
+        };
+        let psum = transpose_4x8(join(&psum));
+        let pmin = transpose_4x8(join(&pmin));
+        let da = _mm256_loadu_ps(da.as_ptr());
+        let dd = _mm256_mul_ps(_mm256_set1_ps(block.d), da);
+        let dm = _mm256_mul_ps(_mm256_set1_ps(block.dmin), da);
+        for pair in 0..4 {
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(psum[pair]), dd, acc);
+            acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pmin[pair]), dm, acc_min);
+        }
+    }
+    let mut out = [0f32; 8];
+    _mm256_storeu_ps(out.as_mut_ptr(), _mm256_sub_ps(acc, acc_min));
+    out
 }
 
 /// Q6_K · Q8_K for one weight row and `N` activation rows: every super-block's 6-bit
@@ -238,12 +324,12 @@ mod tests {
 
     /// Every row count and kernel against the portable dot products, bit for bit, on random
     /// weights and activations.
-    fn check<const N: usize>(rng: &mut Xorshift) {
+    fn check<const N: usize>(rng: &mut Xorshift, all_gemm: bool) {
         let cols = 3 * QK_K;
         let w4 = sample::weights(OwnFormat::Q4K, 1, cols, rng);
         let w6 = sample::weights(OwnFormat::Q6K, 1, cols, rng);
         let kernels: [RowKernel; N] = std::array::from_fn(|r| {
-            if rng.next_u64().is_multiple_of(2) || r == 0 {
+            if !all_gemm && (rng.next_u64().is_multiple_of(2) || r == 0) {
                 RowKernel::Gemv
             } else {
                 RowKernel::Gemm4
@@ -271,11 +357,13 @@ mod tests {
         }
         let mut rng = Xorshift::new(3);
         for _ in 0..50 {
-            check::<1>(&mut rng);
-            check::<2>(&mut rng);
-            check::<3>(&mut rng);
-            check::<4>(&mut rng);
-            check::<8>(&mut rng);
+            for all_gemm in [false, true] {
+                check::<1>(&mut rng, all_gemm);
+                check::<2>(&mut rng, all_gemm);
+                check::<3>(&mut rng, all_gemm);
+                check::<4>(&mut rng, all_gemm);
+                check::<8>(&mut rng, all_gemm);
+            }
         }
     }
 }
