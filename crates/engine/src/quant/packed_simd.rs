@@ -128,61 +128,56 @@ pub unsafe fn dot_rows<const M: usize, const N: usize>(
     }
 }
 
-macro_rules! rows_kernel {
-    ($name:ident, $features:literal, $lanes:ident) => {
-        #[target_feature(enable = $features)]
-        unsafe fn $name<const M: usize, const N: usize>(
-            format: BlockFormat,
-            group: &[u8],
-            blocks: usize,
-            first: usize,
-            a: [&Q8Row; N],
-        ) -> [[f32; N]; M] {
-            let stride = GROUP * format.block_bytes();
-            let minimums = format == BlockFormat::Q4_1;
-            let mut acc = [[_mm256_setzero_ps(); N]; M];
-            let mut extra = [[0f32; N]; M];
-            for b in 0..blocks {
-                let column = group.as_ptr().add(b * stride);
-                let x: [(__m256i, Option<__m256i>); M] =
-                    std::array::from_fn(|i| values(format, column, first + i));
-                let d: [f32; M] = std::array::from_fn(|i| f16_at(column.add((first + i) * 2)));
-                let m: [f32; M] = std::array::from_fn(|i| {
-                    if minimums {
-                        f16_at(column.add(GROUP * 2 + (first + i) * 2))
-                    } else {
-                        0.0
-                    }
-                });
-                for r in 0..N {
-                    let y = _mm256_loadu_si256(a[r].qs.as_ptr().add(b * 32) as *const __m256i);
-                    let da = *a[r].d.get_unchecked(b);
-                    for i in 0..M {
-                        let y = match x[i].1 {
-                            Some(s) => _mm256_sign_epi8(y, s),
-                            None => y,
-                        };
-                        let dd = _mm256_set1_ps(d[i] * da);
-                        acc[i][r] =
-                            _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps($lanes(x[i].0, y)), acc[i][r]);
-                        if minimums {
-                            extra[i][r] = m[i].mul_add(*a[r].s.get_unchecked(b), extra[i][r]);
-                        }
-                    }
-                }
+/// [`dot_rows`] with AVX2 alone.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_avx2<const M: usize, const N: usize>(
+    format: BlockFormat,
+    group: &[u8],
+    blocks: usize,
+    first: usize,
+    a: [&Q8Row; N],
+) -> [[f32; N]; M] {
+    let stride = GROUP * format.block_bytes();
+    let minimums = format == BlockFormat::Q4_1;
+    let mut acc = [[_mm256_setzero_ps(); N]; M];
+    let mut extra = [[0f32; N]; M];
+    for b in 0..blocks {
+        let column = group.as_ptr().add(b * stride);
+        let x: [(__m256i, Option<__m256i>); M] =
+            std::array::from_fn(|i| values(format, column, first + i));
+        let d: [f32; M] = std::array::from_fn(|i| f16_at(column.add((first + i) * 2)));
+        let m: [f32; M] = std::array::from_fn(|i| {
+            if minimums {
+                f16_at(column.add(GROUP * 2 + (first + i) * 2))
+            } else {
+                0.0
             }
-            let mut out = [[0f32; N]; M];
+        });
+        for r in 0..N {
+            let y = _mm256_loadu_si256(a[r].qs.as_ptr().add(b * 32) as *const __m256i);
+            let da = *a[r].d.get_unchecked(b);
             for i in 0..M {
-                for r in 0..N {
-                    out[i][r] = hsum(acc[i][r]) + extra[i][r];
+                let y = match x[i].1 {
+                    Some(s) => _mm256_sign_epi8(y, s),
+                    None => y,
+                };
+                let dd = _mm256_set1_ps(d[i] * da);
+                acc[i][r] =
+                    _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lanes_avx2(x[i].0, y)), acc[i][r]);
+                if minimums {
+                    extra[i][r] = m[i].mul_add(*a[r].s.get_unchecked(b), extra[i][r]);
                 }
             }
-            out
         }
-    };
+    }
+    let mut out = [[0f32; N]; M];
+    for i in 0..M {
+        for r in 0..N {
+            out[i][r] = hsum(acc[i][r]) + extra[i][r];
+        }
+    }
+    out
 }
-
-rows_kernel!(rows_avx2, "avx2,fma,f16c", lanes_avx2);
 
 /// Row `i`'s 32 values of one block column as signed bytes.
 #[inline(always)]
@@ -203,7 +198,7 @@ unsafe fn signed_values(format: BlockFormat, column: *const u8, i: usize) -> __m
 }
 
 /// [`dot_rows`] with AVX-512 VNNI, one compiled loop per format.
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
 unsafe fn rows_vnni<const M: usize, const N: usize>(
     format: BlockFormat,
     group: &[u8],
@@ -212,24 +207,29 @@ unsafe fn rows_vnni<const M: usize, const N: usize>(
     a: [&Q8Row; N],
 ) -> [[f32; N]; M] {
     match format {
-        BlockFormat::Q4_0 => rows_vnni_signed::<M, N, Q4_0>(group, blocks, first, a),
-        BlockFormat::Q5_0 => rows_vnni_signed::<M, N, Q5_0>(group, blocks, first, a),
-        BlockFormat::Q8_0 => rows_vnni_signed::<M, N, Q8_0>(group, blocks, first, a),
-        BlockFormat::Q4_1 => rows_vnni_q4_1(format, group, blocks, first, a),
+        BlockFormat::Q4_0 => rows_vnni_format::<M, N, Q4_0>(group, blocks, first, a),
+        BlockFormat::Q4_1 => rows_vnni_format::<M, N, Q4_1>(group, blocks, first, a),
+        BlockFormat::Q5_0 => rows_vnni_format::<M, N, Q5_0>(group, blocks, first, a),
+        BlockFormat::Q8_0 => rows_vnni_format::<M, N, Q8_0>(group, blocks, first, a),
     }
 }
 
-/// Signed block formats as constants, for loops compiled once per format.
+/// Block formats as constants, for loops compiled once per format.
 const Q4_0: u8 = 0;
 const Q5_0: u8 = 1;
 const Q8_0: u8 = 2;
+const Q4_1: u8 = 3;
 
-/// [`rows_vnni`] for a signed format `F`. The activations go in as unsigned bytes
-/// (`y + 128`) and the weights as they are, each lane starting from `-128 · Σ x` of its
-/// four weights, so one instruction gives the exact `Σ x·y` without sign tricks. The
-/// scales' products for the tile come from one multiplication per weight row and block.
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-unsafe fn rows_vnni_signed<const M: usize, const N: usize, const F: u8>(
+/// [`rows_vnni`] for format `F`, in 512-bit vectors: two activation rows per vector (one
+/// in each half, against the weight row's 32 values broadcast to both), so each
+/// instruction does two pairs' eight lanes. For the signed formats the activations go in
+/// as unsigned bytes (`y + 128`) and the weights as they are, each lane starting from
+/// `-128 · Σ x` of its four weights, so one instruction gives the exact `Σ x·y` without
+/// sign tricks; Q4_1's values are unsigned already. The scales' products come from one
+/// multiplication per weight row and pair of activation rows, Q4_1's minimum terms from
+/// one fused multiply-add per weight row for all activation rows (one lane each).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
+unsafe fn rows_vnni_format<const M: usize, const N: usize, const F: u8>(
     group: &[u8],
     blocks: usize,
     first: usize,
@@ -238,52 +238,84 @@ unsafe fn rows_vnni_signed<const M: usize, const N: usize, const F: u8>(
     assert!(N <= 8);
     let format = match F {
         Q4_0 => BlockFormat::Q4_0,
+        Q4_1 => BlockFormat::Q4_1,
         Q5_0 => BlockFormat::Q5_0,
         _ => BlockFormat::Q8_0,
     };
+    let signed = F != Q4_1;
     let stride = GROUP * format.block_bytes();
-    let flip = _mm256_set1_epi8(-128);
+    let flip = _mm512_set1_epi8(-128);
     let qs: [*const i8; N] = std::array::from_fn(|r| a[r].qs.as_ptr());
     let ds: [*const f32; N] = std::array::from_fn(|r| a[r].d.as_ptr());
-    let mut acc = [[_mm256_setzero_ps(); N]; M];
+    // Activation rows 2p and 2p + 1 (the last row twice when N is odd).
+    let pair = |p: usize| (2 * p, (2 * p + 1).min(N - 1));
+    let mut acc = [[_mm512_setzero_ps(); 4]; M];
+    // Q4_1's Σ m·s, one lane per activation row.
+    let mut extra = [_mm256_setzero_ps(); M];
     for b in 0..blocks {
         let column = group.as_ptr().add(b * stride);
-        let mut da = [0f32; 8];
-        let mut y = [_mm256_setzero_si256(); N];
-        for r in 0..N {
-            da[r] = *ds[r].add(b);
-            let q = _mm256_loadu_si256(qs[r].add(b * 32) as *const __m256i);
-            y[r] = _mm256_xor_si256(q, flip);
-        }
-        let da = _mm256_loadu_ps(da.as_ptr());
-        for (i, acc) in acc.iter_mut().enumerate() {
-            let x = signed_values(format, column, first + i);
-            let start = _mm256_sub_epi32(
-                _mm256_setzero_si256(),
-                _mm256_dpbusd_epi32(_mm256_setzero_si256(), flip, x),
+        let mut y = [_mm512_setzero_si512(); 4];
+        let mut da = [_mm512_setzero_ps(); 4];
+        for p in 0..N.div_ceil(2) {
+            let (lo, hi) = pair(p);
+            let load = |r: usize| _mm256_loadu_si256(qs[r].add(b * 32) as *const __m256i);
+            let both = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(load(lo)), load(hi));
+            y[p] = if signed {
+                _mm512_xor_si512(both, flip)
+            } else {
+                both
+            };
+            da[p] = _mm512_mask_blend_ps(
+                0xFF00,
+                _mm512_set1_ps(*ds[lo].add(b)),
+                _mm512_set1_ps(*ds[hi].add(b)),
             );
-            let mut dd = [0f32; 8];
-            let d = _mm256_set1_ps(f16_at(column.add((first + i) * 2)));
-            _mm256_storeu_ps(dd.as_mut_ptr(), _mm256_mul_ps(d, da));
+        }
+        let mut s = [0f32; 8];
+        if !signed {
             for r in 0..N {
-                let lanes = _mm256_dpbusd_epi32(start, y[r], x);
-                let scale = _mm256_broadcast_ss(&dd[r]);
-                acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(lanes), acc[r]);
+                s[r] = *a[r].s.get_unchecked(b);
+            }
+        }
+        let s = _mm256_loadu_ps(s.as_ptr());
+        for (i, acc) in acc.iter_mut().enumerate() {
+            let row = first + i;
+            let (x, start) = if signed {
+                let x = _mm512_broadcast_i64x4(signed_values(format, column, row));
+                let zero = _mm512_setzero_si512();
+                (
+                    x,
+                    _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, flip, x)),
+                )
+            } else {
+                let x = _mm512_broadcast_i64x4(nibbles(column.add(GROUP * 4 + row * 16)));
+                let m = _mm256_set1_ps(f16_at(column.add(GROUP * 2 + row * 2)));
+                extra[i] = _mm256_fmadd_ps(m, s, extra[i]);
+                (x, _mm512_setzero_si512())
+            };
+            let d = _mm512_set1_ps(f16_at(column.add(row * 2)));
+            for p in 0..N.div_ceil(2) {
+                // Signed: (y + 128)·x from -128·Σx; Q4_1: x·y.
+                let lanes = if signed {
+                    _mm512_dpbusd_epi32(start, y[p], x)
+                } else {
+                    _mm512_dpbusd_epi32(start, x, y[p])
+                };
+                let scale = _mm512_mul_ps(d, da[p]);
+                acc[p] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(lanes), acc[p]);
             }
         }
     }
     let mut out = [[0f32; N]; M];
     for i in 0..M {
-        for r in 0..N {
-            out[i][r] = hsum(acc[i][r]);
+        let mut minimum = [0f32; 8];
+        _mm256_storeu_ps(minimum.as_mut_ptr(), extra[i]);
+        for (p, &v) in acc[i].iter().enumerate().take(N.div_ceil(2)) {
+            let (lo, hi) = pair(p);
+            out[i][lo] = hsum(_mm512_castps512_ps256(v)) + minimum[lo];
+            let upper = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v));
+            out[i][hi] = hsum(_mm256_castpd_ps(upper)) + minimum[hi];
         }
     }
     out
 }
-
-// Q4_1's values are unsigned already: the shared kernel with VNNI lanes.
-rows_kernel!(
-    rows_vnni_q4_1,
-    "avx2,fma,f16c,avx512vnni,avx512vl",
-    lanes_vnni
-);
