@@ -3,7 +3,7 @@
 //! f16, key dot products accumulate in f32 over 4 × 16 lanes, and the weighted sum of
 //! values accumulates in f16 with an online softmax. The models are sensitive enough to
 //! these roundings that matching them is what makes greedy output agree with llama.cpp.
-//! The AVX2 and AVX-512 versions in [`super::attention_simd`] give bit-identical results
+//! The AVX2 and AVX-512 versions in `attention_simd.rs` give bit-identical results
 //! faster.
 
 use half::f16;

@@ -1,8 +1,10 @@
-//! AVX2 (and AVX-512 VNNI) kernels for weights in the eight-row layout of
+//! AVX2 and AVX-512 VNNI kernels for weights in the eight-row layout of
 //! [`super::packed`]: per block column, one conversion gives the eight rows' scales (and
 //! Q4_1's minimums), one multiplication their products with an activation row's scale,
 //! and one fused multiply-add Q4_1's minimum terms; each (weight row, activation row) pair
-//! then accumulates exactly as [`super::dot::BlockFormat::dot_portable`] does.
+//! then accumulates exactly as [`super::dot::BlockFormat::dot_portable`] does. The VNNI
+//! kernels work on 512-bit vectors holding two pairs' eight lanes each, one loop compiled
+//! per format.
 
 #![cfg(target_arch = "x86_64")]
 
@@ -11,7 +13,7 @@ use std::arch::x86_64::*;
 use super::dot::BlockFormat;
 use super::packed::GROUP;
 use super::q8::Q8Row;
-use super::simd::{bit_bytes, f16_at, hsum, lanes_avx2, lanes_vnni, nibbles, vnni_available};
+use super::simd::{bit_bytes, f16_at, hsum, lanes_avx2, nibbles, vnni_available};
 
 /// Products of `R` of one group's rows, from row `first` on (`blocks` block columns at
 /// `group`), with `N` activation rows, with VNNI where the CPU has it.
@@ -28,7 +30,12 @@ pub unsafe fn dot_group<const N: usize, const R: usize>(
 ) -> [[f32; N]; R] {
     assert!(group.len() >= blocks * GROUP * format.block_bytes() && first + R <= GROUP);
     if vnni_available() {
-        group_vnni(format, group, blocks, first, a)
+        match format {
+            BlockFormat::Q4_0 => group_vnni_format::<N, R, Q4_0>(group, blocks, first, a),
+            BlockFormat::Q4_1 => group_vnni_format::<N, R, Q4_1>(group, blocks, first, a),
+            BlockFormat::Q5_0 => group_vnni_format::<N, R, Q5_0>(group, blocks, first, a),
+            BlockFormat::Q8_0 => group_vnni_format::<N, R, Q8_0>(group, blocks, first, a),
+        }
     } else {
         group_avx2(format, group, blocks, first, a)
     }
@@ -45,67 +52,61 @@ unsafe fn values(format: BlockFormat, column: *const u8, i: usize) -> (__m256i, 
     (_mm256_sign_epi8(x, x), Some(x))
 }
 
-macro_rules! group_kernel {
-    ($name:ident, $features:literal, $lanes:ident) => {
-        #[target_feature(enable = $features)]
-        unsafe fn $name<const N: usize, const R: usize>(
-            format: BlockFormat,
-            group: &[u8],
-            blocks: usize,
-            first: usize,
-            a: [&Q8Row; N],
-        ) -> [[f32; N]; R] {
-            let stride = GROUP * format.block_bytes();
-            let minimums = format == BlockFormat::Q4_1;
-            let mut acc = [[_mm256_setzero_ps(); N]; R];
-            // Q4_1's Σ m·s, one lane per weight row.
-            let mut extra = [_mm256_setzero_ps(); N];
-            for b in 0..blocks {
-                let column = group.as_ptr().add(b * stride);
-                let d = _mm256_cvtph_ps(_mm_loadu_si128(column as *const __m128i));
-                let m = if minimums {
-                    _mm256_cvtph_ps(_mm_loadu_si128(column.add(GROUP * 2) as *const __m128i))
-                } else {
-                    _mm256_setzero_ps()
-                };
-                let mut dd = [_mm256_setzero_ps(); N];
-                let mut y = [_mm256_setzero_si256(); N];
-                for r in 0..N {
-                    dd[r] = _mm256_mul_ps(d, _mm256_set1_ps(*a[r].d.get_unchecked(b)));
-                    y[r] = _mm256_loadu_si256(a[r].qs.as_ptr().add(b * 32) as *const __m256i);
-                    if minimums {
-                        let s = _mm256_set1_ps(*a[r].s.get_unchecked(b));
-                        extra[r] = _mm256_fmadd_ps(m, s, extra[r]);
-                    }
-                }
-                for (i, acc) in acc.iter_mut().enumerate() {
-                    let (x, sign) = values(format, column, first + i);
-                    let lane = _mm256_set1_epi32((first + i) as i32);
-                    for r in 0..N {
-                        let y = match sign {
-                            Some(s) => _mm256_sign_epi8(y[r], s),
-                            None => y[r],
-                        };
-                        let scale = _mm256_permutevar8x32_ps(dd[r], lane);
-                        acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps($lanes(x, y)), acc[r]);
-                    }
-                }
+/// [`dot_group`] with AVX2 alone.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_avx2<const N: usize, const R: usize>(
+    format: BlockFormat,
+    group: &[u8],
+    blocks: usize,
+    first: usize,
+    a: [&Q8Row; N],
+) -> [[f32; N]; R] {
+    let stride = GROUP * format.block_bytes();
+    let minimums = format == BlockFormat::Q4_1;
+    let mut acc = [[_mm256_setzero_ps(); N]; R];
+    // Q4_1's Σ m·s, one lane per weight row.
+    let mut extra = [_mm256_setzero_ps(); N];
+    for b in 0..blocks {
+        let column = group.as_ptr().add(b * stride);
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(column as *const __m128i));
+        let m = if minimums {
+            _mm256_cvtph_ps(_mm_loadu_si128(column.add(GROUP * 2) as *const __m128i))
+        } else {
+            _mm256_setzero_ps()
+        };
+        let mut dd = [_mm256_setzero_ps(); N];
+        let mut y = [_mm256_setzero_si256(); N];
+        for r in 0..N {
+            dd[r] = _mm256_mul_ps(d, _mm256_set1_ps(*a[r].d.get_unchecked(b)));
+            y[r] = _mm256_loadu_si256(a[r].qs.as_ptr().add(b * 32) as *const __m256i);
+            if minimums {
+                let s = _mm256_set1_ps(*a[r].s.get_unchecked(b));
+                extra[r] = _mm256_fmadd_ps(m, s, extra[r]);
             }
-            let mut out = [[0f32; N]; R];
-            for r in 0..N {
-                let mut minimum = [0f32; GROUP];
-                _mm256_storeu_ps(minimum.as_mut_ptr(), extra[r]);
-                for i in 0..R {
-                    out[i][r] = hsum(acc[i][r]) + minimum[first + i];
-                }
-            }
-            out
         }
-    };
+        for (i, acc) in acc.iter_mut().enumerate() {
+            let (x, sign) = values(format, column, first + i);
+            let lane = _mm256_set1_epi32((first + i) as i32);
+            for r in 0..N {
+                let y = match sign {
+                    Some(s) => _mm256_sign_epi8(y[r], s),
+                    None => y[r],
+                };
+                let scale = _mm256_permutevar8x32_ps(dd[r], lane);
+                acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(lanes_avx2(x, y)), acc[r]);
+            }
+        }
+    }
+    let mut out = [[0f32; N]; R];
+    for r in 0..N {
+        let mut minimum = [0f32; GROUP];
+        _mm256_storeu_ps(minimum.as_mut_ptr(), extra[r]);
+        for i in 0..R {
+            out[i][r] = hsum(acc[i][r]) + minimum[first + i];
+        }
+    }
+    out
 }
-
-group_kernel!(group_avx2, "avx2,fma,f16c", lanes_avx2);
-group_kernel!(group_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", lanes_vnni);
 
 /// Products of weight rows `first..first + M` of one group with `N` activation rows, for
 /// prompts: each weight block is decoded once for the `N` rows and each activation block
@@ -236,12 +237,7 @@ unsafe fn rows_vnni_format<const M: usize, const N: usize, const F: u8>(
     a: [&Q8Row; N],
 ) -> [[f32; N]; M] {
     assert!(N <= 8);
-    let format = match F {
-        Q4_0 => BlockFormat::Q4_0,
-        Q4_1 => BlockFormat::Q4_1,
-        Q5_0 => BlockFormat::Q5_0,
-        _ => BlockFormat::Q8_0,
-    };
+    let format = format_of::<F>();
     let signed = F != Q4_1;
     let stride = GROUP * format.block_bytes();
     let flip = _mm512_set1_epi8(-128);
@@ -318,4 +314,97 @@ unsafe fn rows_vnni_format<const M: usize, const N: usize, const F: u8>(
         }
     }
     out
+}
+
+/// [`dot_group`] with AVX-512 VNNI for format `F`, in 512-bit vectors: two weight rows
+/// per vector (one in each half) against an activation row's block broadcast to both,
+/// so each instruction serves two (weight row, activation row) pairs' eight lanes, with
+/// the lanes' steps of [`group_avx2`]. Signed formats use the activations as `y + 128`
+/// from a start of `-128 · Σ x`, as [`rows_vnni_format`] does.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
+unsafe fn group_vnni_format<const N: usize, const R: usize, const F: u8>(
+    group: &[u8],
+    blocks: usize,
+    first: usize,
+    a: [&Q8Row; N],
+) -> [[f32; N]; R] {
+    assert!(R.is_multiple_of(2) && R <= GROUP && N <= 4);
+    let format = format_of::<F>();
+    let signed = F != Q4_1;
+    let stride = GROUP * format.block_bytes();
+    let flip = _mm512_set1_epi8(-128);
+    let mut acc = [[_mm512_setzero_ps(); N]; GROUP / 2];
+    // Q4_1's Σ m·s, one lane per weight row.
+    let mut extra = [_mm256_setzero_ps(); N];
+    // Lane indices picking rows `first + 2k` and `first + 2k + 1` of eight, eight each.
+    let pick: [__m512i; GROUP / 2] = std::array::from_fn(|k| {
+        let lo = _mm256_set1_epi32((first + 2 * k).min(GROUP - 1) as i32);
+        let hi = _mm256_set1_epi32((first + 2 * k + 1).min(GROUP - 1) as i32);
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+    });
+    for b in 0..blocks {
+        let column = group.as_ptr().add(b * stride);
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(column as *const __m128i));
+        let mut dd = [_mm512_setzero_ps(); N];
+        let mut y = [_mm512_setzero_si512(); N];
+        for r in 0..N {
+            let da = _mm256_set1_ps(*a[r].d.get_unchecked(b));
+            dd[r] = _mm512_castps256_ps512(_mm256_mul_ps(d, da));
+            let q = _mm256_loadu_si256(a[r].qs.as_ptr().add(b * 32) as *const __m256i);
+            let q = _mm512_broadcast_i64x4(q);
+            y[r] = if signed { _mm512_xor_si512(q, flip) } else { q };
+            if !signed {
+                let m = _mm256_cvtph_ps(_mm_loadu_si128(column.add(GROUP * 2) as *const __m128i));
+                let s = _mm256_set1_ps(*a[r].s.get_unchecked(b));
+                extra[r] = _mm256_fmadd_ps(m, s, extra[r]);
+            }
+        }
+        for k in 0..R / 2 {
+            let (lo, hi) = (first + 2 * k, first + 2 * k + 1);
+            let x = if signed {
+                let v = |i| signed_values(format, column, i);
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(v(lo)), v(hi))
+            } else {
+                let v = |i: usize| nibbles(column.add(GROUP * 4 + i * 16));
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(v(lo)), v(hi))
+            };
+            let zero = _mm512_setzero_si512();
+            let start = if signed {
+                _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, flip, x))
+            } else {
+                zero
+            };
+            for r in 0..N {
+                let lanes = if signed {
+                    _mm512_dpbusd_epi32(start, y[r], x)
+                } else {
+                    _mm512_dpbusd_epi32(start, x, y[r])
+                };
+                let scale = _mm512_permutexvar_ps(pick[k], dd[r]);
+                acc[k][r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(lanes), acc[k][r]);
+            }
+        }
+    }
+    let mut out = [[0f32; N]; R];
+    for r in 0..N {
+        let mut minimum = [0f32; GROUP];
+        _mm256_storeu_ps(minimum.as_mut_ptr(), extra[r]);
+        for k in 0..R / 2 {
+            let v = acc[k][r];
+            let upper = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+            out[2 * k][r] = hsum(_mm512_castps512_ps256(v)) + minimum[first + 2 * k];
+            out[2 * k + 1][r] = hsum(upper) + minimum[first + 2 * k + 1];
+        }
+    }
+    out
+}
+
+/// The block format numbered `F`.
+fn format_of<const F: u8>() -> BlockFormat {
+    match F {
+        Q4_0 => BlockFormat::Q4_0,
+        Q4_1 => BlockFormat::Q4_1,
+        Q5_0 => BlockFormat::Q5_0,
+        _ => BlockFormat::Q8_0,
+    }
 }
