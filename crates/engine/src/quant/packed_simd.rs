@@ -276,27 +276,15 @@ unsafe fn rows_vnni_format<const M: usize, const N: usize, const F: u8>(
         let s = _mm256_loadu_ps(s.as_ptr());
         for (i, acc) in acc.iter_mut().enumerate() {
             let row = first + i;
-            let (x, start) = if signed {
-                let x = _mm512_broadcast_i64x4(signed_values(format, column, row));
-                let zero = _mm512_setzero_si512();
-                (
-                    x,
-                    _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, flip, x)),
-                )
-            } else {
-                let x = _mm512_broadcast_i64x4(nibbles(column.add(GROUP * 4 + row * 16)));
+            let x = _mm512_broadcast_i64x4(vnni_values(format, column, row));
+            let start = vnni_start(signed, x);
+            if !signed {
                 let m = _mm256_set1_ps(f16_at(column.add(GROUP * 2 + row * 2)));
                 extra[i] = _mm256_fmadd_ps(m, s, extra[i]);
-                (x, _mm512_setzero_si512())
-            };
+            }
             let d = _mm512_set1_ps(f16_at(column.add(row * 2)));
             for p in 0..N.div_ceil(2) {
-                // Signed: (y + 128)·x from -128·Σx; Q4_1: x·y.
-                let lanes = if signed {
-                    _mm512_dpbusd_epi32(start, y[p], x)
-                } else {
-                    _mm512_dpbusd_epi32(start, x, y[p])
-                };
+                let lanes = vnni_lanes(signed, start, y[p], x);
                 let scale = _mm512_mul_ps(d, da[p]);
                 acc[p] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(lanes), acc[p]);
             }
@@ -308,9 +296,9 @@ unsafe fn rows_vnni_format<const M: usize, const N: usize, const F: u8>(
         _mm256_storeu_ps(minimum.as_mut_ptr(), extra[i]);
         for (p, &v) in acc[i].iter().enumerate().take(N.div_ceil(2)) {
             let (lo, hi) = pair(p);
-            out[i][lo] = hsum(_mm512_castps512_ps256(v)) + minimum[lo];
-            let upper = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v));
-            out[i][hi] = hsum(_mm256_castpd_ps(upper)) + minimum[hi];
+            let (low, high) = hsum_halves(v);
+            out[i][lo] = low + minimum[lo];
+            out[i][hi] = high + minimum[hi];
         }
     }
     out
@@ -345,6 +333,12 @@ unsafe fn group_vnni_format<const N: usize, const R: usize, const F: u8>(
     for b in 0..blocks {
         let column = group.as_ptr().add(b * stride);
         let d = _mm256_cvtph_ps(_mm_loadu_si128(column as *const __m128i));
+        // Q4_1's eight minimums (unused otherwise).
+        let m = if signed {
+            _mm256_setzero_ps()
+        } else {
+            _mm256_cvtph_ps(_mm_loadu_si128(column.add(GROUP * 2) as *const __m128i))
+        };
         let mut dd = [_mm512_setzero_ps(); N];
         let mut y = [_mm512_setzero_si512(); N];
         for r in 0..N {
@@ -354,32 +348,16 @@ unsafe fn group_vnni_format<const N: usize, const R: usize, const F: u8>(
             let q = _mm512_broadcast_i64x4(q);
             y[r] = if signed { _mm512_xor_si512(q, flip) } else { q };
             if !signed {
-                let m = _mm256_cvtph_ps(_mm_loadu_si128(column.add(GROUP * 2) as *const __m128i));
                 let s = _mm256_set1_ps(*a[r].s.get_unchecked(b));
                 extra[r] = _mm256_fmadd_ps(m, s, extra[r]);
             }
         }
         for k in 0..R / 2 {
-            let (lo, hi) = (first + 2 * k, first + 2 * k + 1);
-            let x = if signed {
-                let v = |i| signed_values(format, column, i);
-                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(v(lo)), v(hi))
-            } else {
-                let v = |i: usize| nibbles(column.add(GROUP * 4 + i * 16));
-                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(v(lo)), v(hi))
-            };
-            let zero = _mm512_setzero_si512();
-            let start = if signed {
-                _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, flip, x))
-            } else {
-                zero
-            };
+            let v = |i| vnni_values(format, column, first + 2 * k + i);
+            let x = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(v(0)), v(1));
+            let start = vnni_start(signed, x);
             for r in 0..N {
-                let lanes = if signed {
-                    _mm512_dpbusd_epi32(start, y[r], x)
-                } else {
-                    _mm512_dpbusd_epi32(start, x, y[r])
-                };
+                let lanes = vnni_lanes(signed, start, y[r], x);
                 let scale = _mm512_permutexvar_ps(pick[k], dd[r]);
                 acc[k][r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(lanes), acc[k][r]);
             }
@@ -390,10 +368,9 @@ unsafe fn group_vnni_format<const N: usize, const R: usize, const F: u8>(
         let mut minimum = [0f32; GROUP];
         _mm256_storeu_ps(minimum.as_mut_ptr(), extra[r]);
         for k in 0..R / 2 {
-            let v = acc[k][r];
-            let upper = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-            out[2 * k][r] = hsum(_mm512_castps512_ps256(v)) + minimum[first + 2 * k];
-            out[2 * k + 1][r] = hsum(upper) + minimum[first + 2 * k + 1];
+            let (low, high) = hsum_halves(acc[k][r]);
+            out[2 * k][r] = low + minimum[first + 2 * k];
+            out[2 * k + 1][r] = high + minimum[first + 2 * k + 1];
         }
     }
     out
@@ -407,4 +384,45 @@ fn format_of<const F: u8>() -> BlockFormat {
         Q5_0 => BlockFormat::Q5_0,
         _ => BlockFormat::Q8_0,
     }
+}
+
+/// Row `i`'s 32 values of one block column as the VNNI kernels take them: Q4_1's
+/// unsigned nibbles, or a signed format's values.
+#[inline(always)]
+unsafe fn vnni_values(format: BlockFormat, column: *const u8, i: usize) -> __m256i {
+    if format == BlockFormat::Q4_1 {
+        nibbles(column.add(GROUP * 4 + i * 16))
+    } else {
+        signed_values(format, column, i)
+    }
+}
+
+/// Where a weight vector's lanes start: `-128 · Σ x` of each lane's four signed values
+/// (the activations go in as `y + 128`), zero for Q4_1.
+#[inline(always)]
+unsafe fn vnni_start(signed: bool, x: __m512i) -> __m512i {
+    let zero = _mm512_setzero_si512();
+    if signed {
+        _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(-128), x))
+    } else {
+        zero
+    }
+}
+
+/// `start` plus each lane's four products of weights `x` and activations `y` (taken as
+/// `y + 128` for a signed format, so that the unsigned operand is the activations).
+#[inline(always)]
+unsafe fn vnni_lanes(signed: bool, start: __m512i, y: __m512i, x: __m512i) -> __m512i {
+    if signed {
+        _mm512_dpbusd_epi32(start, y, x)
+    } else {
+        _mm512_dpbusd_epi32(start, x, y)
+    }
+}
+
+/// The `hsum_float_8` sums of a 512-bit vector's two halves (low, high).
+#[inline(always)]
+unsafe fn hsum_halves(v: __m512) -> (f32, f32) {
+    let upper = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    (hsum(_mm512_castps512_ps256(v)), hsum(upper))
 }
