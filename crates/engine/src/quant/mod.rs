@@ -15,11 +15,14 @@
 //! on x86 CPUs with AVX2, whose rounding ferrite does not emulate (neither served model has
 //! Q4_0 tensors, so there is no fixture to check it against).
 //!
-//! Products run in tiles: a few weight rows by up to four activation rows, each weight
-//! block decoded once per tile and each activation block loaded once per tile, over
-//! activation tiles that stay in the first-level cache; with AVX-512 VNNI the integer lanes
-//! take one instruction. None of this changes a pair's arithmetic.
+//! Products run in tiles: a few weight rows by several activation rows, each weight block
+//! decoded once per tile and each activation block loaded once per tile, over activation
+//! tiles that stay in the first-level cache; with AVX-512 VNNI the integer lanes take one
+//! instruction, and a prompt's Q8 rows are laid out once as activation tiles (`act_tile.rs`), the
+//! vectors the block-of-32 kernel takes as operands. None of this changes a pair's
+//! arithmetic.
 
+mod act_tile;
 mod dot;
 mod kquant;
 mod kquant_simd;
@@ -34,6 +37,7 @@ use rayon::prelude::*;
 
 use crate::model::ops;
 use crate::EngineError;
+use act_tile::{ActTile, TILE_ROWS};
 use packed::{PackedRows, GROUP};
 
 pub use dot::{BlockFormat, Q4_0, Q4_1, Q5_0, Q8_0};
@@ -103,7 +107,8 @@ impl ActivationKind {
 
 /// Quantized activation rows, in the form a format's dot products take.
 enum Activations {
-    Q8(Vec<q8::Q8Row>),
+    /// Q8 rows, and for a prompt under AVX-512 VNNI the same rows as tiles.
+    Q8(Vec<q8::Q8Row>, Vec<ActTile>),
     Q8K(Vec<kquant::Q8KRow>),
 }
 
@@ -113,7 +118,18 @@ impl Activations {
     fn quantize(kind: ActivationKind, x: &[f32], cols: usize, kernels: &[RowKernel]) -> Self {
         let rows = x.par_chunks_exact(cols).zip(kernels).with_min_len(16);
         match kind {
-            ActivationKind::Q8 => Self::Q8(rows.map(|(r, _)| q8::quantize_row(r)).collect()),
+            ActivationKind::Q8 => {
+                let rows: Vec<q8::Q8Row> = rows.map(|(r, _)| q8::quantize_row(r)).collect();
+                let tiles = if kernels.len() >= 4 && simd_wide_tiles() {
+                    let refs: Vec<&q8::Q8Row> = rows.iter().collect();
+                    refs.par_chunks(TILE_ROWS)
+                        .map(|tile| ActTile::new(tile, cols / 32))
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                Self::Q8(rows, tiles)
+            }
             // Only the repacked Q4_K GEMM quantizes its rows differently.
             ActivationKind::Q8KByKernel => Self::Q8K(
                 rows.map(|(r, &kernel)| kquant::quantize_row_q8k(r, kernel))
@@ -307,32 +323,46 @@ impl QMatrix {
         let width = end - start;
         let mut part = vec![0f32; n * width];
         match (data, acts) {
-            (Weights::Packed(packed), Activations::Q8(a)) => {
+            (Weights::Packed(packed), Activations::Q8(a, tiles)) => {
                 let a: Vec<&q8::Q8Row> = a.iter().collect();
                 let mut put = |t: usize, r: usize, v: f32| {
                     if r < end {
                         part[t * width + (r - start)] = v;
                     }
                 };
+                let groups = start / GROUP..end.div_ceil(GROUP);
                 if n < 4 {
                     // Decoding: each group's eight weight rows against every activation row.
-                    for g in start / GROUP..end.div_ceil(GROUP) {
+                    for g in groups {
                         for (i, got) in packed.dot_group(g, &a).iter().enumerate() {
                             for (t, &v) in got.iter().enumerate().take(n) {
                                 put(t, g * GROUP + i, v);
                             }
                         }
                     }
+                } else if !tiles.is_empty() {
+                    // A prompt under AVX-512 VNNI: two weight rows by a whole tile at a time.
+                    for (tile, t0) in tiles.iter().zip((0..n).step_by(TILE_ROWS)) {
+                        for g in groups.clone() {
+                            for first in (0..GROUP).step_by(2) {
+                                let got = packed.dot_pair_tile(g, first, tile);
+                                for (i, got) in got.iter().enumerate() {
+                                    for (k, &v) in got.iter().enumerate().take(tile.rows()) {
+                                        put(t0 + k, g * GROUP + first + i, v);
+                                    }
+                                }
+                            }
+                        }
+                    }
                 } else {
-                    // A prompt: two weight rows by eight (or four) activation rows at a
-                    // time, over activation tiles that stay in the first-level cache.
-                    let size = if simd_wide_tiles() { 8 } else { 4 };
+                    // A prompt: two weight rows by four activation rows at a time, over
+                    // activation tiles that stay in the first-level cache.
                     for t0 in (0..n).step_by(ACT_TILE) {
                         let t1 = (t0 + ACT_TILE).min(n);
-                        for g in start / GROUP..end.div_ceil(GROUP) {
+                        for g in groups.clone() {
                             for first in (0..GROUP).step_by(2) {
-                                for t in (t0..t1).step_by(size) {
-                                    let rows = &a[t..(t + size).min(t1)];
+                                for t in (t0..t1).step_by(4) {
+                                    let rows = &a[t..(t + 4).min(t1)];
                                     let got = packed.dot_pair(g, first, rows);
                                     for (i, got) in got.iter().enumerate() {
                                         for (k, &v) in got.iter().enumerate().take(rows.len()) {
@@ -387,8 +417,9 @@ pub enum Weights {
     Rows(Vec<u8>),
 }
 
-/// Whether prompts' products take eight activation rows at a time (with AVX-512 VNNI, and
-/// so AVX-512VL's 32 vector registers) rather than four.
+/// Whether prompts' products take wide tiles of activation rows (with AVX-512 VNNI, and so
+/// AVX-512VL's 32 vector registers): whole [`ActTile`]s for the block-of-32 formats, eight
+/// rows rather than four for the K-quants.
 fn simd_wide_tiles() -> bool {
     #[cfg(target_arch = "x86_64")]
     {

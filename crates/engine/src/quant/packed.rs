@@ -8,6 +8,7 @@
 //! fused multiply-add per block in eight lanes, then `hsum_float_8`, exactly as
 //! [`BlockFormat::dot_portable`] does, so results are bit-identical to it.
 
+use super::act_tile::{ActTile, TILE_ROWS};
 use super::dot::BlockFormat;
 use super::q8::Q8Row;
 
@@ -149,15 +150,15 @@ impl PackedRows {
         out
     }
 
-    /// Products of rows `8g + first` and `8g + first + 1` with four or eight activation
-    /// rows (`out[i][r]`), for prompts: each weight block decoded once for all of them.
-    /// Eight only where the CPU has AVX-512 (whose 32 registers hold the accumulators).
-    pub fn dot_pair(&self, g: usize, first: usize, a: &[&Q8Row]) -> [[f32; 8]; 2] {
-        assert!(first + 2 <= GROUP && (1..=8).contains(&a.len()));
+    /// Products of rows `8g + first` and `8g + first + 1` with up to four activation rows
+    /// (`out[i][r]`), for prompts on CPUs without AVX-512 VNNI: each weight block decoded
+    /// once for all of them.
+    pub fn dot_pair(&self, g: usize, first: usize, a: &[&Q8Row]) -> [[f32; 4]; 2] {
+        assert!(first + 2 <= GROUP && (1..=4).contains(&a.len()));
         for row in a {
             assert!(row.d.len() >= self.blocks && row.qs.len() >= self.blocks * 32);
         }
-        let mut out = [[0f32; 8]; 2];
+        let mut out = [[0f32; 4]; 2];
         #[cfg(target_arch = "x86_64")]
         if super::simd::available() {
             let group = self.group(g);
@@ -183,22 +184,41 @@ impl PackedRows {
                 1 => rows!(1),
                 2 => rows!(2),
                 3 => rows!(3),
-                4 => rows!(4),
-                8 => rows!(8),
-                n => {
-                    // Split as four and the rest.
-                    let (head, tail) = (
-                        self.dot_pair(g, first, &a[..4]),
-                        self.dot_pair(g, first, &a[4..]),
-                    );
-                    for i in 0..2 {
-                        out[i][..4].copy_from_slice(&head[i][..4]);
-                        out[i][4..n].copy_from_slice(&tail[i][..n - 4]);
-                    }
-                }
+                _ => rows!(4),
             }
             return out;
         }
+        self.dot_pair_portable(g, first, a, &mut out);
+        out
+    }
+
+    /// Products of rows `8g + first` and `8g + first + 1` with a tile's activation rows
+    /// (`out[i][k]`), for prompts on CPUs with AVX-512 VNNI (portable code elsewhere).
+    pub fn dot_pair_tile(&self, g: usize, first: usize, tile: &ActTile) -> [[f32; TILE_ROWS]; 2] {
+        assert!(first + 2 <= GROUP && tile.blocks() == self.blocks);
+        #[cfg(target_arch = "x86_64")]
+        if super::simd::vnni_available() {
+            // SAFETY: the CPU features were checked; the group holds `blocks` columns, as
+            // many as the tile's rows.
+            return unsafe {
+                super::packed_simd::dot_pair_tile(self.format, self.group(g), first, tile)
+            };
+        }
+        let rows: Vec<Q8Row> = (0..tile.rows()).map(|k| tile.row(k)).collect();
+        let rows: Vec<&Q8Row> = rows.iter().collect();
+        let mut out = [[0f32; TILE_ROWS]; 2];
+        self.dot_pair_portable(g, first, &rows, &mut out);
+        out
+    }
+
+    /// [`Self::dot_pair`] in portable code, into `out[i][r]`.
+    fn dot_pair_portable<const N: usize>(
+        &self,
+        g: usize,
+        first: usize,
+        a: &[&Q8Row],
+        out: &mut [[f32; N]; 2],
+    ) {
         for (i, out) in out.iter_mut().enumerate() {
             if g * GROUP + first + i < self.rows {
                 let w = self.row(g * GROUP + first + i);
@@ -207,7 +227,6 @@ impl PackedRows {
                 }
             }
         }
-        out
     }
 }
 
@@ -234,7 +253,7 @@ mod tests {
             for r in 0..rows {
                 assert_eq!(packed.row(r), raw[r * row_bytes..(r + 1) * row_bytes]);
             }
-            let wide: Vec<Q8Row> = (0..8)
+            let wide: Vec<Q8Row> = (0..TILE_ROWS)
                 .map(|_| quantize_row(&sample::activations(1, cols, 3.0, &mut rng)))
                 .collect();
             // Weight row `r` (zero past the matrix) times `a`, as the portable code has it.
@@ -246,16 +265,28 @@ mod tests {
                 }
             };
             for g in 0..rows.div_ceil(GROUP) {
-                for n in 1..=8 {
+                for n in 1..=TILE_ROWS {
                     let a: Vec<&Q8Row> = wide[..n].iter().collect();
+                    let tile = ActTile::new(&a, packed.blocks);
                     for first in (0..GROUP).step_by(2) {
-                        let got = packed.dot_pair(g, first, &a);
-                        for (i, got) in got.iter().enumerate() {
+                        let got = packed.dot_pair_tile(g, first, &tile);
+                        let narrow = (n <= 4).then(|| packed.dot_pair(g, first, &a));
+                        for i in 0..2 {
                             let r = g * GROUP + first + i;
                             for (k, a) in a.iter().enumerate() {
-                                let msg = format!("{format:?} pair: row {r}, activation row {k}");
-                                assert_eq!(want(r, a).to_bits(), got[k].to_bits(), "{msg}");
+                                let msg = format!("{format:?} tile: row {r}, activation row {k}");
+                                assert_eq!(want(r, a).to_bits(), got[i][k].to_bits(), "{msg}");
+                                if let Some(narrow) = narrow {
+                                    let msg = format!("{format:?} pair: row {r}, row {k}");
+                                    assert_eq!(
+                                        want(r, a).to_bits(),
+                                        narrow[i][k].to_bits(),
+                                        "{msg}"
+                                    );
+                                }
                             }
+                            let zeros = &got[i][n..];
+                            assert!(zeros.iter().all(|&v| v == 0.0), "{format:?}: past the tile");
                         }
                     }
                     if n <= 4 {

@@ -10,6 +10,7 @@
 
 use std::arch::x86_64::*;
 
+use super::act_tile::{ActTile, TILE_ROWS};
 use super::dot::BlockFormat;
 use super::packed::GROUP;
 use super::q8::Q8Row;
@@ -110,7 +111,7 @@ unsafe fn group_avx2<const N: usize, const R: usize>(
 
 /// Products of weight rows `first..first + M` of one group with `N` activation rows, for
 /// prompts: each weight block is decoded once for the `N` rows and each activation block
-/// loaded once for the `M`, with VNNI where the CPU has it.
+/// loaded once for the `M`, with AVX2 (CPUs with AVX-512 VNNI take [`dot_pair_tile`]).
 ///
 /// # Safety
 /// As for [`dot_group`], with `first + M <= GROUP`.
@@ -122,11 +123,7 @@ pub unsafe fn dot_rows<const M: usize, const N: usize>(
     a: [&Q8Row; N],
 ) -> [[f32; N]; M] {
     assert!(group.len() >= blocks * GROUP * format.block_bytes() && first + M <= GROUP);
-    if vnni_available() {
-        rows_vnni(format, group, blocks, first, a)
-    } else {
-        rows_avx2(format, group, blocks, first, a)
-    }
+    rows_avx2(format, group, blocks, first, a)
 }
 
 /// [`dot_rows`] with AVX2 alone.
@@ -198,21 +195,33 @@ unsafe fn signed_values(format: BlockFormat, column: *const u8, i: usize) -> __m
     }
 }
 
-/// [`dot_rows`] with AVX-512 VNNI, one compiled loop per format.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
-unsafe fn rows_vnni<const M: usize, const N: usize>(
+/// Products of weight rows `first` and `first + 1` of one group with a tile's activation
+/// rows (`out[i][k]`, rows past the tile zero), for prompts, with AVX-512 VNNI.
+///
+/// # Safety
+/// AVX2, FMA, F16C and AVX-512 (F, VL, VNNI) must be available ([`vnni_available`]);
+/// `group` holds `tile.blocks()` columns and `first + 2 <= GROUP`.
+pub unsafe fn dot_pair_tile(
     format: BlockFormat,
     group: &[u8],
-    blocks: usize,
     first: usize,
-    a: [&Q8Row; N],
-) -> [[f32; N]; M] {
-    match format {
-        BlockFormat::Q4_0 => rows_vnni_format::<M, N, Q4_0>(group, blocks, first, a),
-        BlockFormat::Q4_1 => rows_vnni_format::<M, N, Q4_1>(group, blocks, first, a),
-        BlockFormat::Q5_0 => rows_vnni_format::<M, N, Q5_0>(group, blocks, first, a),
-        BlockFormat::Q8_0 => rows_vnni_format::<M, N, Q8_0>(group, blocks, first, a),
+    tile: &ActTile,
+) -> [[f32; TILE_ROWS]; 2] {
+    assert!(group.len() >= tile.blocks() * GROUP * format.block_bytes() && first + 2 <= GROUP);
+    macro_rules! pairs {
+        ($($p:literal)*) => {
+            match tile.pairs() {
+                $($p => match format {
+                    BlockFormat::Q4_0 => tile_vnni_format::<$p, Q4_0>(group, first, tile),
+                    BlockFormat::Q4_1 => tile_vnni_format::<$p, Q4_1>(group, first, tile),
+                    BlockFormat::Q5_0 => tile_vnni_format::<$p, Q5_0>(group, first, tile),
+                    BlockFormat::Q8_0 => tile_vnni_format::<$p, Q8_0>(group, first, tile),
+                },)*
+                _ => unreachable!("a tile holds one to eight pairs"),
+            }
+        };
     }
+    pairs!(1 2 3 4 5 6 7 8)
 }
 
 /// Block formats as constants, for loops compiled once per format.
@@ -221,84 +230,67 @@ const Q5_0: u8 = 1;
 const Q8_0: u8 = 2;
 const Q4_1: u8 = 3;
 
-/// [`rows_vnni`] for format `F`, in 512-bit vectors: two activation rows per vector (one
-/// in each half, against the weight row's 32 values broadcast to both), so each
-/// instruction does two pairs' eight lanes. For the signed formats the activations go in
-/// as unsigned bytes (`y + 128`) and the weights as they are, each lane starting from
-/// `-128 · Σ x` of its four weights, so one instruction gives the exact `Σ x·y` without
-/// sign tricks; Q4_1's values are unsigned already. The scales' products come from one
-/// multiplication per weight row and pair of activation rows, Q4_1's minimum terms from
-/// one fused multiply-add per weight row for all activation rows (one lane each).
+/// [`dot_pair_tile`] for format `F` and a tile of `P` pairs of activation rows, in
+/// 512-bit vectors: each weight row's 32 values broadcast to both halves against a pair's
+/// values (one row in each half), so each instruction does two (weight row, activation
+/// row) pairs' eight lanes. The activations come as unsigned bytes `y + 128` and every
+/// lane starts from `-128 · Σ x` of its four weights, which gives the exact `Σ x·y` for
+/// signed and unsigned (Q4_1) weights alike. The tile's lines are the instructions'
+/// memory operands: per block and weight row, one decoding of the values, then per pair
+/// one multiply-add of integers, one product of scales, one conversion and one fused
+/// multiply-add; Q4_1's minimum terms take one fused multiply-add per weight row for all
+/// the tile's rows (one lane each).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
-unsafe fn rows_vnni_format<const M: usize, const N: usize, const F: u8>(
+unsafe fn tile_vnni_format<const P: usize, const F: u8>(
     group: &[u8],
-    blocks: usize,
     first: usize,
-    a: [&Q8Row; N],
-) -> [[f32; N]; M] {
-    assert!(N <= 8);
+    tile: &ActTile,
+) -> [[f32; TILE_ROWS]; 2] {
+    assert!(P == tile.pairs() && 2 * P <= TILE_ROWS);
     let format = format_of::<F>();
-    let signed = F != Q4_1;
+    let minimums = F == Q4_1;
     let stride = GROUP * format.block_bytes();
-    let flip = _mm512_set1_epi8(-128);
-    let qs: [*const i8; N] = std::array::from_fn(|r| a[r].qs.as_ptr());
-    let ds: [*const f32; N] = std::array::from_fn(|r| a[r].d.as_ptr());
-    // Activation rows 2p and 2p + 1 (the last row twice when N is odd).
-    let pair = |p: usize| (2 * p, (2 * p + 1).min(N - 1));
-    let mut acc = [[_mm512_setzero_ps(); 4]; M];
+    let per_block = 2 * P + 1;
+    let lines = tile.lines();
+    assert!(lines.len() >= tile.blocks() * per_block);
+    let mut acc = [[_mm512_setzero_ps(); 2]; P];
     // Q4_1's Σ m·s, one lane per activation row.
-    let mut extra = [_mm256_setzero_ps(); M];
-    for b in 0..blocks {
+    let mut extra = [_mm512_setzero_ps(); 2];
+    for b in 0..tile.blocks() {
         let column = group.as_ptr().add(b * stride);
-        let mut y = [_mm512_setzero_si512(); 4];
-        let mut da = [_mm512_setzero_ps(); 4];
-        for p in 0..N.div_ceil(2) {
-            let (lo, hi) = pair(p);
-            let load = |r: usize| _mm256_loadu_si256(qs[r].add(b * 32) as *const __m256i);
-            let both = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(load(lo)), load(hi));
-            y[p] = if signed {
-                _mm512_xor_si512(both, flip)
-            } else {
-                both
-            };
-            da[p] = _mm512_mask_blend_ps(
-                0xFF00,
-                _mm512_set1_ps(*ds[lo].add(b)),
-                _mm512_set1_ps(*ds[hi].add(b)),
-            );
-        }
-        let mut s = [0f32; 8];
-        if !signed {
-            for r in 0..N {
-                s[r] = *a[r].s.get_unchecked(b);
+        let line = |k: usize| lines.as_ptr().add(b * per_block + k);
+        let x: [__m512i; 2] =
+            std::array::from_fn(|i| _mm512_broadcast_i64x4(vnni_values(format, column, first + i)));
+        let start = x.map(|x| vnni_start(true, x));
+        let d: [__m512; 2] =
+            std::array::from_fn(|i| _mm512_set1_ps(f16_at(column.add((first + i) * 2))));
+        if minimums {
+            let s = _mm512_load_ps(line(2 * P) as *const f32);
+            for (i, extra) in extra.iter_mut().enumerate() {
+                let m = _mm512_set1_ps(f16_at(column.add(GROUP * 2 + (first + i) * 2)));
+                *extra = _mm512_fmadd_ps(m, s, *extra);
             }
         }
-        let s = _mm256_loadu_ps(s.as_ptr());
-        for (i, acc) in acc.iter_mut().enumerate() {
-            let row = first + i;
-            let x = _mm512_broadcast_i64x4(vnni_values(format, column, row));
-            let start = vnni_start(signed, x);
-            if !signed {
-                let m = _mm256_set1_ps(f16_at(column.add(GROUP * 2 + row * 2)));
-                extra[i] = _mm256_fmadd_ps(m, s, extra[i]);
-            }
-            let d = _mm512_set1_ps(f16_at(column.add(row * 2)));
-            for p in 0..N.div_ceil(2) {
-                let lanes = vnni_lanes(signed, start, y[p], x);
-                let scale = _mm512_mul_ps(d, da[p]);
-                acc[p] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(lanes), acc[p]);
+        for (p, acc) in acc.iter_mut().enumerate() {
+            let y = _mm512_load_si512(line(2 * p) as *const __m512i);
+            let da = _mm512_load_ps(line(2 * p + 1) as *const f32);
+            for i in 0..2 {
+                let lanes = _mm512_dpbusd_epi32(start[i], y, x[i]);
+                let scale = _mm512_mul_ps(d[i], da);
+                acc[i] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(lanes), acc[i]);
             }
         }
     }
-    let mut out = [[0f32; N]; M];
-    for i in 0..M {
-        let mut minimum = [0f32; 8];
-        _mm256_storeu_ps(minimum.as_mut_ptr(), extra[i]);
-        for (p, &v) in acc[i].iter().enumerate().take(N.div_ceil(2)) {
-            let (lo, hi) = pair(p);
-            let (low, high) = hsum_halves(v);
-            out[i][lo] = low + minimum[lo];
-            out[i][hi] = high + minimum[hi];
+    let mut out = [[0f32; TILE_ROWS]; 2];
+    for i in 0..2 {
+        let mut minimum = [0f32; TILE_ROWS];
+        _mm512_storeu_ps(minimum.as_mut_ptr(), extra[i]);
+        for (p, acc) in acc.iter().enumerate() {
+            let (low, high) = hsum_halves(acc[i]);
+            out[i][2 * p] = low + minimum[2 * p];
+            if 2 * p + 1 < tile.rows() {
+                out[i][2 * p + 1] = high + minimum[2 * p + 1];
+            }
         }
     }
     out
