@@ -19,15 +19,17 @@
 //! decoded once per tile and each activation block loaded once per tile, over activation
 //! tiles that stay in the first-level cache; with AVX-512 VNNI the integer lanes take one
 //! instruction, and a prompt's Q8 rows are laid out once as activation tiles (`act_tile.rs`), the
-//! vectors the block-of-32 kernel takes as operands. None of this changes a pair's
-//! arithmetic.
+//! vectors the block-of-32 kernel takes as operands, and Q4_K matrices are interleaved
+//! sixteen rows to a vector (`q4k_lanes.rs`). None of this changes a pair's arithmetic.
 
 mod act_tile;
 mod dot;
+#[macro_use]
 mod kquant;
 mod kquant_simd;
 pub mod packed;
 mod packed_simd;
+mod q4k_lanes;
 mod q8;
 pub mod sample;
 pub(crate) mod simd;
@@ -39,6 +41,7 @@ use crate::model::ops;
 use crate::EngineError;
 use act_tile::{ActTile, TILE_ROWS};
 use packed::{PackedRows, GROUP};
+use q4k_lanes::Q4kLanes;
 
 pub use dot::{BlockFormat, Q4_0, Q4_1, Q5_0, Q8_0};
 
@@ -212,6 +215,9 @@ impl QMatrix {
         }
         let data = match format {
             OwnFormat::Blocks(f) => Weights::Packed(PackedRows::new(f, data, rows, cols)),
+            OwnFormat::Q4K if simd_wide_tiles() => {
+                Weights::Q4kLanes(Q4kLanes::new(data, rows, cols / kquant::QK_K))
+            }
             OwnFormat::Q4K | OwnFormat::Q6K => Weights::Rows(data.to_vec()),
         };
         Ok(Self::Own {
@@ -375,6 +381,34 @@ impl QMatrix {
                     }
                 }
             }
+            #[cfg(target_arch = "x86_64")]
+            (Weights::Q4kLanes(m), Activations::Q8K(a)) => {
+                // Sixteen weight rows (one per lane) by up to four activation rows.
+                for g in start / q4k_lanes::ROWS..end.div_ceil(q4k_lanes::ROWS) {
+                    for t in (0..n).step_by(4) {
+                        let mut got = [[0f32; q4k_lanes::ROWS]; 4];
+                        let take = (n - t).min(4);
+                        let rows = &a[t..t + take];
+                        // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
+                        with_row_count!(take, got, T => unsafe {
+                            q4k_lanes::dot_group::<T>(
+                                m,
+                                g,
+                                std::array::from_fn(|k| &rows[k]),
+                                std::array::from_fn(|k| kernels[t + k]),
+                            )
+                        });
+                        for (k, got) in got.iter().enumerate().take(take) {
+                            for (lane, &v) in got.iter().enumerate() {
+                                let r = g * q4k_lanes::ROWS + lane;
+                                if (start..end).contains(&r) {
+                                    part[(t + k) * width + (r - start)] = v;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
             (Weights::Rows(data), Activations::Q8K(a)) => {
                 // One weight row by up to four activation rows (eight with AVX-512's
                 // registers): each super-block is decoded once for all of them.
@@ -415,6 +449,8 @@ pub enum Weights {
     Packed(PackedRows),
     /// K-quant super-blocks, row after row.
     Rows(Vec<u8>),
+    /// Q4_K interleaved sixteen rows at a time, where the CPU has AVX-512 VNNI.
+    Q4kLanes(Q4kLanes),
 }
 
 /// Whether prompts' products take wide tiles of activation rows (with AVX-512 VNNI, and so

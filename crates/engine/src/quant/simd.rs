@@ -56,13 +56,14 @@ pub(super) unsafe fn hsum(acc: __m256) -> f32 {
     hsum8(&lanes)
 }
 
-/// Whether this CPU also has AVX-512 (F, VL) with VNNI: one instruction for the
+/// Whether this CPU also has AVX-512 (F, VL, BW) with VNNI: one instruction for the
 /// four-product integer lanes that AVX2 computes in two, on 256- or 512-bit vectors.
 pub fn vnni_available() -> bool {
     available()
         && is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx512vnni")
         && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512bw")
 }
 
 /// [`super::q8::quantize_row`] eight values at a time: the same block maximum, scale and

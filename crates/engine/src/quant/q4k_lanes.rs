@@ -1,0 +1,264 @@
+//! Q4_K weights interleaved sixteen rows at a time, one weight row per 32-bit lane, for the
+//! AVX-512 VNNI kernel: one multiply-add instruction takes four consecutive values of each
+//! of sixteen rows against the same four activations (broadcast), so every lane keeps one
+//! weight row's sum and no horizontal sums are ever needed.
+//!
+//! Per group of sixteen rows (the last one padded with zero rows) and per super-block,
+//! [`LINES`] 64-byte lines: the rows' `d`, then their `dmin` (as `f32`), two lines of 6-bit
+//! scales (per sub-block the sixteen rows' bytes), four lines of minimums (per pair of
+//! sub-blocks, each row's two minimums as 16-bit integers), then 32 lines of values: line
+//! `s` holds values `8s..8s + 8` of every row, row `r`'s four bytes at `4r` with values
+//! `8s..8s + 4` in the low nibbles and `8s + 4..8s + 8` in the high ones.
+//!
+//! The arithmetic is that of [`super::kquant::dot_q4k_portable`]: the integer sums per pair
+//! of sub-blocks are exact whatever their order, and the floating-point steps (one fused
+//! multiply-add per pair for the GEMM kernel, per super-block for the GEMV) are the same
+//! operations on the same values, so results are bit-identical.
+
+use super::act_tile::Line;
+use super::kquant::{scale_min_k4, Q4_K, QK_K};
+
+/// Weight rows per group (one per 32-bit lane of a 512-bit vector).
+pub const ROWS: usize = 16;
+/// Lines per group and super-block.
+pub const LINES: usize = 40;
+/// Where a super-block's lines of minimums and of values start.
+const MINS: usize = 4;
+const VALUES: usize = 8;
+
+/// A Q4_K matrix in the sixteen-row layout (see the module).
+pub struct Q4kLanes {
+    rows: usize,
+    blocks: usize,
+    lines: Vec<Line>,
+}
+
+impl Q4kLanes {
+    /// Interleaves row-major Q4_K super-blocks (`rows` rows of `blocks` each).
+    pub fn new(raw: &[u8], rows: usize, blocks: usize) -> Self {
+        assert_eq!(raw.len(), rows * blocks * Q4_K);
+        let groups = rows.div_ceil(ROWS);
+        let mut lines = vec![Line([0; 64]); groups * blocks * LINES];
+        for r in 0..rows {
+            let (g, lane) = (r / ROWS, r % ROWS);
+            for b in 0..blocks {
+                let block = &raw[(r * blocks + b) * Q4_K..][..Q4_K];
+                let out = &mut lines[(g * blocks + b) * LINES..][..LINES];
+                let f16 = |at: usize| half::f16::from_le_bytes([block[at], block[at + 1]]);
+                out[0].0[4 * lane..4 * lane + 4].copy_from_slice(&f16(0).to_f32().to_le_bytes());
+                out[1].0[4 * lane..4 * lane + 4].copy_from_slice(&f16(2).to_f32().to_le_bytes());
+                for j in 0..8 {
+                    let (scale, min) = scale_min_k4(j, &block[4..16]);
+                    out[2 + j / 4].0[(j % 4) * ROWS + lane] = scale as u8;
+                    let at = 4 * lane + 2 * (j % 2);
+                    out[MINS + j / 2].0[at..at + 2].copy_from_slice(&(min as i16).to_le_bytes());
+                }
+                let value = |k: usize| {
+                    let byte = block[16 + (k / 64) * 32 + k % 32];
+                    if (k / 32).is_multiple_of(2) {
+                        byte & 0x0F
+                    } else {
+                        byte >> 4
+                    }
+                };
+                for s in 0..QK_K / 8 {
+                    for t in 0..4 {
+                        let k = 8 * s + t;
+                        out[VALUES + s].0[4 * lane + t] = value(k) | (value(k + 4) << 4);
+                    }
+                }
+            }
+        }
+        Self {
+            rows,
+            blocks,
+            lines,
+        }
+    }
+
+    /// Rows of the matrix (without padding).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Super-blocks per row.
+    pub fn blocks(&self) -> usize {
+        self.blocks
+    }
+
+    /// Group `g`'s lines, super-block after super-block.
+    pub fn group(&self, g: usize) -> &[Line] {
+        let len = self.blocks * LINES;
+        &self.lines[g * len..(g + 1) * len]
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub use simd::dot_group;
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use std::arch::x86_64::*;
+
+    use super::{Line, Q4kLanes, LINES, MINS, ROWS, VALUES};
+    use crate::quant::kquant::{Q8KRow, QK_K};
+    use crate::quant::RowKernel;
+
+    /// Group `g`'s sixteen rows against `T` activation rows, each rounded as its kernel
+    /// says: `out[t][r]` is row `16g + r` · `a[t]` (zero past the matrix).
+    ///
+    /// # Safety
+    /// AVX2, FMA, F16C and AVX-512 (F, VL, VNNI) must be available
+    /// ([`crate::quant::simd::vnni_available`]).
+    pub unsafe fn dot_group<const T: usize>(
+        m: &Q4kLanes,
+        g: usize,
+        a: [&Q8KRow; T],
+        kernels: [RowKernel; T],
+    ) -> [[f32; ROWS]; T] {
+        for row in a {
+            assert!(
+                row.d.len() >= m.blocks
+                    && row.qs.len() >= m.blocks * QK_K
+                    && row.bsums.len() >= m.blocks * 16
+            );
+        }
+        group_vnni(m.group(g), m.blocks, a, kernels)
+    }
+
+    /// [`dot_group`] on a group's lines. Per sub-block: its 32 values of the sixteen rows
+    /// decoded into eight vectors, then per activation row eight multiply-adds of integers
+    /// (four activations broadcast each) and one multiplication by the rows' scales; per
+    /// pair of sub-blocks one 16-bit multiply-add for the minimum terms, then the
+    /// floating-point steps, one lane per weight row.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl,avx512bw")]
+    unsafe fn group_vnni<const T: usize>(
+        lines: &[Line],
+        blocks: usize,
+        a: [&Q8KRow; T],
+        kernels: [RowKernel; T],
+    ) -> [[f32; ROWS]; T] {
+        assert!(lines.len() >= blocks * LINES);
+        let per_pair = kernels.map(|k| k == RowKernel::Gemm4);
+        let low = _mm512_set1_epi8(0x0F);
+        let zero = _mm512_setzero_si512();
+        let mut acc = [_mm512_setzero_ps(); T];
+        let mut acc_min = [_mm512_setzero_ps(); T];
+        for b in 0..blocks {
+            let base = lines.as_ptr().add(b * LINES);
+            let line = |k: usize| base.add(k) as *const __m512i;
+            let d = _mm512_load_ps(line(0) as *const f32);
+            let dmin = _mm512_load_ps(line(1) as *const f32);
+            let mut isum = [zero; T];
+            let mut imin = [zero; T];
+            for pair in 0..4 {
+                let mut psum = [zero; T];
+                for j in [2 * pair, 2 * pair + 1] {
+                    let scales = (line(2 + j / 4) as *const u8).add((j % 4) * ROWS);
+                    let scale = _mm512_cvtepu8_epi32(_mm_load_si128(scales as *const __m128i));
+                    let mut x = [zero; 8];
+                    for (h, x) in x.chunks_exact_mut(2).enumerate() {
+                        let v = _mm512_load_si512(line(VALUES + 4 * j + h));
+                        x[0] = _mm512_and_si512(v, low);
+                        x[1] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+                    }
+                    for t in 0..T {
+                        let q8 = a[t].qs.as_ptr().add(b * QK_K + 32 * j) as *const i32;
+                        let mut dot = zero;
+                        for (h, x) in x.iter().enumerate() {
+                            // Values 4h..4h + 4 of the sub-block: x[2s] holds 8s..8s + 4,
+                            // x[2s + 1] holds 8s + 4..8s + 8.
+                            let y = _mm512_set1_epi32(q8.add(h).read_unaligned());
+                            dot = _mm512_dpbusd_epi32(dot, *x, y);
+                        }
+                        psum[t] = _mm512_add_epi32(psum[t], _mm512_mullo_epi32(dot, scale));
+                    }
+                }
+                let mins = _mm512_load_si512(line(MINS + pair));
+                for t in 0..T {
+                    let bsums = a[t].bsums.as_ptr().add(b * 16 + 4 * pair);
+                    let low_sum = (*bsums + *bsums.add(1)) as i16 as u16 as u32;
+                    let high_sum = (*bsums.add(2) + *bsums.add(3)) as i16 as u16 as u32;
+                    let sums = _mm512_set1_epi32((low_sum | (high_sum << 16)) as i32);
+                    let pmin = _mm512_madd_epi16(mins, sums);
+                    if per_pair[t] {
+                        let da = _mm512_set1_ps(*a[t].d.get_unchecked(b));
+                        let (dd, dm) = (_mm512_mul_ps(d, da), _mm512_mul_ps(dmin, da));
+                        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(psum[t]), dd, acc[t]);
+                        acc_min[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pmin), dm, acc_min[t]);
+                    } else {
+                        isum[t] = _mm512_add_epi32(isum[t], psum[t]);
+                        imin[t] = _mm512_add_epi32(imin[t], pmin);
+                    }
+                }
+            }
+            for t in 0..T {
+                if !per_pair[t] {
+                    let da = _mm512_set1_ps(*a[t].d.get_unchecked(b));
+                    let (dd, dm) = (_mm512_mul_ps(d, da), _mm512_mul_ps(dmin, da));
+                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), dd, acc[t]);
+                    acc_min[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(imin[t]), dm, acc_min[t]);
+                }
+            }
+        }
+        let mut out = [[0f32; ROWS]; T];
+        for t in 0..T {
+            _mm512_storeu_ps(out[t].as_mut_ptr(), _mm512_sub_ps(acc[t], acc_min[t]));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::kquant::{dot_q4k_portable, quantize_row_q8k, Q8KRow};
+    use crate::quant::sample::{self, Xorshift};
+    use crate::quant::{OwnFormat, RowKernel};
+
+    /// Every row of every group, against up to four activation rows of either kernel,
+    /// equals the portable dot product bit for bit.
+    #[test]
+    fn lanes_kernel_is_bit_identical_to_the_portable_one() {
+        if !crate::quant::simd::vnni_available() {
+            return;
+        }
+        let mut rng = Xorshift::new(9);
+        let (rows, cols) = (37, 3 * QK_K);
+        let raw = sample::weights(OwnFormat::Q4K, rows, cols, &mut rng);
+        let m = Q4kLanes::new(&raw, rows, cols / QK_K);
+        let kernels = [
+            RowKernel::Gemm4,
+            RowKernel::Gemv,
+            RowKernel::Gemm4,
+            RowKernel::Gemm4,
+        ];
+        let acts: Vec<Q8KRow> = kernels
+            .iter()
+            .map(|&k| quantize_row_q8k(&sample::activations(1, cols, 4.0, &mut rng), k))
+            .collect();
+        let row_bytes = cols / QK_K * Q4_K;
+        for g in 0..rows.div_ceil(ROWS) {
+            // SAFETY: VNNI was checked.
+            let got = unsafe { dot_group::<4>(&m, g, std::array::from_fn(|t| &acts[t]), kernels) };
+            let one = unsafe { dot_group::<1>(&m, g, [&acts[1]], [kernels[1]]) };
+            for lane in 0..ROWS {
+                let r = g * ROWS + lane;
+                for t in 0..4 {
+                    let want = match r < rows {
+                        true => dot_q4k_portable(
+                            &raw[r * row_bytes..][..row_bytes],
+                            &acts[t],
+                            kernels[t],
+                        ),
+                        false => 0.0,
+                    };
+                    assert_eq!(want.to_bits(), got[t][lane].to_bits(), "row {r}, act {t}");
+                    if t == 1 {
+                        assert_eq!(want.to_bits(), one[0][lane].to_bits(), "row {r} alone");
+                    }
+                }
+            }
+        }
+    }
+}
