@@ -34,6 +34,7 @@ pub(crate) struct Sequence {
     ignore_eos: bool,
     min_tokens: usize,
     top_logprobs: Option<usize>,
+    token_logprobs: bool,
     skip_special_tokens: bool,
     prompt_logprobs: Option<usize>,
     prompt_scores: Vec<PromptLogprob>,
@@ -71,6 +72,7 @@ impl Sequence {
             ignore_eos: request.ignore_eos,
             min_tokens: request.min_tokens,
             top_logprobs: request.top_logprobs,
+            token_logprobs: request.token_logprobs,
             skip_special_tokens: request.skip_special_tokens,
             prompt_logprobs: request.prompt_logprobs,
             prompt_scores,
@@ -283,7 +285,12 @@ impl Sequence {
             }
             None => self.sampler.sample(logits, &self.tokens, &banned),
         };
-        let (logprob, top) = token_logprob(logits, id, self.top_logprobs.unwrap_or(0));
+        let (logprob, top) = if self.top_logprobs.is_some() || self.token_logprobs {
+            let (logprob, top) = token_logprob(logits, id, self.top_logprobs.unwrap_or(0));
+            (Some(logprob), top)
+        } else {
+            (None, Vec::new())
+        };
         self.tokens.push(id);
         self.follow_prediction(id);
         if let Some(constraint) = self.constraint.as_mut() {

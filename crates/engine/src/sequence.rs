@@ -29,6 +29,9 @@ pub struct SequenceRequest {
     pub min_tokens: usize,
     /// With `Some(n)`, every token event carries the `n` most likely alternatives.
     pub top_logprobs: Option<usize>,
+    /// Whether token events carry the sampled token's log-probability even without
+    /// `top_logprobs` (to rank choices, say). It costs a pass over the vocabulary per token.
+    pub token_logprobs: bool,
     /// Leave special (control) tokens out of the text.
     pub skip_special_tokens: bool,
     /// With `Some(n)`, the prompt's tokens get log-probabilities (and `n` alternatives)
@@ -57,6 +60,7 @@ impl SequenceRequest {
             ignore_eos: false,
             min_tokens: 0,
             top_logprobs: None,
+            token_logprobs: true,
             skip_special_tokens: true,
             prompt_logprobs: None,
             prediction: Vec::new(),
@@ -101,8 +105,9 @@ pub enum SequenceEvent {
     Token {
         /// The token.
         id: TokenId,
-        /// Its log-probability under the model (before sampling filters).
-        logprob: f32,
+        /// Its log-probability under the model (before sampling filters), when
+        /// `top_logprobs` or `token_logprobs` asked for it.
+        logprob: Option<f32>,
         /// Text now safe to send.
         text: String,
         /// The most likely tokens at this step with their log-probabilities, best first

@@ -31,7 +31,7 @@ fn start() -> Engine {
 #[derive(Debug, Default)]
 struct Outcome {
     tokens: Vec<u32>,
-    logprobs: Vec<f32>,
+    logprobs: Vec<Option<f32>>,
     prompt: Option<Vec<PromptLogprob>>,
     finish: Option<FinishReason>,
     timed_out: bool,
@@ -133,6 +133,13 @@ fn a_group_computes_its_prompt_once_and_matches_separate_runs(h: &EngineHandle) 
 fn prompt_logprobs_score_what_generation_produced(h: &EngineHandle) {
     let p = prompt(h, "One, two, three,");
     let generated = collect(h.submit(greedy(p.clone(), 6)).unwrap());
+    assert!(generated.logprobs.iter().all(Option::is_some));
+    // Without token logprobs asked for: the same tokens, and no pass over the vocabulary.
+    let mut unscored = greedy(p.clone(), 6);
+    unscored.token_logprobs = false;
+    let unscored = collect(h.submit(unscored).unwrap());
+    assert_eq!(unscored.tokens, generated.tokens);
+    assert!(unscored.logprobs.iter().all(Option::is_none));
     let mut scored = greedy([p.clone(), generated.tokens.clone()].concat(), 0);
     scored.prompt_logprobs = Some(3);
     let out = collect(scored_request(h, scored));
@@ -145,6 +152,7 @@ fn prompt_logprobs_score_what_generation_produced(h: &EngineHandle) {
         .iter()
         .zip(generated.tokens.iter().zip(&generated.logprobs))
     {
+        let lp = lp.expect("token logprobs are on by default");
         assert_eq!(score.id, id);
         // Greedy tokens are each position's most likely one.
         assert_eq!(score.top[0].0, id);

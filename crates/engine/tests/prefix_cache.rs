@@ -26,7 +26,7 @@ fn start(name: &str, prefix_cache_positions: usize) -> Engine {
 }
 
 /// Greedy run: time to the first token, and every token with its logprob.
-fn run(h: &EngineHandle, prompt: &[u32]) -> (Duration, Vec<(u32, f32)>) {
+fn run(h: &EngineHandle, prompt: &[u32]) -> (Duration, Vec<(u32, Option<f32>)>) {
     let mut r = SequenceRequest::new(
         prompt.to_vec(),
         SamplingParams {

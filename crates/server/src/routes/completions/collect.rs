@@ -101,10 +101,10 @@ async fn collect_one(
                     if count == 0 && echo {
                         b.set_offset(echo_chars);
                     }
-                    b.push(tokenizer, id, Some(logprob), Some(&top));
+                    b.push(tokenizer, id, logprob, Some(&top));
                 }
                 text.push_str(&piece);
-                sum += f64::from(logprob);
+                sum += f64::from(logprob.unwrap_or(0.0));
                 count += 1;
             }
             SequenceEvent::Finished {

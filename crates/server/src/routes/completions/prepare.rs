@@ -107,6 +107,8 @@ fn base_request(params: &GenerateParams, tokenizer: &Tokenizer) -> SequenceReque
     r.stop_token_ids = params.stop_token_ids.clone();
     r.ignore_eos = params.ignore_eos;
     r.top_logprobs = params.output.logprobs;
+    // Ranking best_of choices needs every token's log-probability.
+    r.token_logprobs = params.best_of > params.n;
     r.skip_special_tokens = params.output.skip_special_tokens;
     // Prompt logprobs are only shown with echo; the ranking of best_of needs none.
     r.prompt_logprobs = params.output.logprobs.filter(|_| params.output.echo);

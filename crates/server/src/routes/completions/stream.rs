@@ -117,7 +117,7 @@ pub(super) fn respond(
                     state.generated += 1;
                     usage.completion_tokens += 1;
                     let logprobs = state.logprobs.as_mut().map(|b| {
-                        b.push(&tokenizer, id, Some(logprob), Some(&top));
+                        b.push(&tokenizer, id, logprob, Some(&top));
                         b.take()
                     });
                     if !text.is_empty() || logprobs.is_some() {
