@@ -31,6 +31,16 @@ pub struct Q8KRow {
 /// both have the largest magnitude, `quantize_row_q8_K_ref` (GEMV) takes the first one and
 /// `quantize_mat_q8_K_4x8` (GEMM) the positive one.
 pub fn quantize_row_q8k(x: &[f32], kernel: RowKernel) -> Q8KRow {
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::available() {
+        // SAFETY: AVX2, FMA and F16C are available.
+        return unsafe { super::simd::quantize_row_q8k(x, kernel) };
+    }
+    quantize_row_q8k_portable(x, kernel)
+}
+
+/// [`quantize_row_q8k`] in portable code.
+pub fn quantize_row_q8k_portable(x: &[f32], kernel: RowKernel) -> Q8KRow {
     let blocks = x.len() / QK_K;
     let mut row = Q8KRow {
         d: Vec::with_capacity(blocks),
@@ -365,6 +375,28 @@ mod tests {
         assert_eq!(a.qs[0], 32);
         assert_eq!(a.bsums[0], 32 * 15 - 127);
         assert_eq!(a.d[0], 1.0 / 63.5);
+    }
+
+    #[test]
+    fn simd_q8k_quantization_matches_the_portable_one() {
+        let mut rng = crate::quant::sample::Xorshift::new(13);
+        let mut x: Vec<f32> = (0..QK_K * 6).map(|_| rng.next_f32() * 3.0).collect();
+        x[QK_K..2 * QK_K].fill(0.0); // an all-zero super-block
+        x[2 * QK_K + 5] = -9.0; // ties of magnitude: negative first, then positive
+        x[2 * QK_K + 200] = 9.0;
+        x[3 * QK_K + 7] = 9.0; // positive first, then negative
+        x[3 * QK_K + 8] = -9.0;
+        x[4 * QK_K + 255] = -7.0; // the extreme last, alone
+        for kernel in [RowKernel::Gemv, RowKernel::Gemm4] {
+            let (fast, portable) = (
+                quantize_row_q8k(&x, kernel),
+                quantize_row_q8k_portable(&x, kernel),
+            );
+            assert_eq!(fast.qs, portable.qs, "{kernel:?}");
+            assert_eq!(fast.bsums, portable.bsums, "{kernel:?}");
+            let bits = |d: &[f32]| d.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&fast.d), bits(&portable.d), "{kernel:?}");
+        }
     }
 
     #[test]
