@@ -27,6 +27,7 @@ mod dot;
 #[macro_use]
 mod kquant;
 mod kquant_simd;
+mod output;
 pub mod packed;
 mod packed_simd;
 mod q4k_lanes;
@@ -40,6 +41,7 @@ use rayon::prelude::*;
 use crate::model::ops;
 use crate::EngineError;
 use act_tile::{ActTile, TILE_ROWS};
+use output::{Columns, Output};
 use packed::{PackedRows, GROUP};
 use q4k_lanes::Q4kLanes;
 
@@ -286,14 +288,6 @@ impl QMatrix {
                 Self::Candle(_) => Vec::new(),
             })
             .collect();
-        let parts: Vec<(usize, usize, Vec<f32>)> = tasks
-            .into_par_iter()
-            .map(|(mi, c)| {
-                let acts = &acts[inputs[mi].expect("own matrices have inputs")].1;
-                let (start, part) = matrices[mi].chunk(acts, kernels, c);
-                (mi, start, part)
-            })
-            .collect();
         let mut outs: Vec<Vec<f32>> = Vec::with_capacity(matrices.len());
         for m in matrices {
             outs.push(match m {
@@ -301,19 +295,32 @@ impl QMatrix {
                 Self::Own { rows, .. } => vec![0f32; n * rows],
             });
         }
-        for (mi, start, part) in parts {
-            let (out, width) = (&mut outs[mi], part.len() / n.max(1));
-            let rows = out.len() / n.max(1);
-            for t in 0..n {
-                out[t * rows + start..][..width].copy_from_slice(&part[t * width..][..width]);
-            }
-        }
+        // Each task writes its chunk's columns of its matrix's output in place.
+        let targets: Vec<Output> = outs
+            .iter_mut()
+            .map(|out| {
+                let rows = out.len().checked_div(n).unwrap_or(0);
+                Output::new(out, n, rows)
+            })
+            .collect();
+        tasks.into_par_iter().for_each(|(mi, c)| {
+            let acts = &acts[inputs[mi].expect("own matrices have inputs")].1;
+            let Self::Own { rows, .. } = matrices[mi] else {
+                unreachable!("only own matrices have tasks");
+            };
+            let columns = c * CHUNK..((c + 1) * CHUNK).min(*rows);
+            // SAFETY: tasks are distinct (matrix, chunk) pairs, so their columns never
+            // overlap.
+            let out = unsafe { targets[mi].columns(columns) };
+            matrices[mi].chunk(acts, kernels, c, &out);
+        });
+        drop(targets);
         Ok(outs)
     }
 
-    /// Output features `c·CHUNK..` (up to [`CHUNK`] of them) for every activation row: the
-    /// chunk's first feature and its `n × width` products.
-    fn chunk(&self, acts: &Activations, kernels: &[RowKernel], c: usize) -> (usize, Vec<f32>) {
+    /// Output features `c·CHUNK..` (up to [`CHUNK`] of them) for every activation row,
+    /// written into `out`.
+    fn chunk(&self, acts: &Activations, kernels: &[RowKernel], c: usize, out: &Columns) {
         let Self::Own {
             format,
             data,
@@ -326,14 +333,12 @@ impl QMatrix {
         let n = kernels.len();
         let start = c * CHUNK;
         let end = (start + CHUNK).min(*rows);
-        let width = end - start;
-        let mut part = vec![0f32; n * width];
         match (data, acts) {
             (Weights::Packed(packed), Activations::Q8(a, tiles)) => {
                 let a: Vec<&q8::Q8Row> = a.iter().collect();
-                let mut put = |t: usize, r: usize, v: f32| {
+                let put = |t: usize, r: usize, v: f32| {
                     if r < end {
-                        part[t * width + (r - start)] = v;
+                        out.set(t, r, v);
                     }
                 };
                 let groups = start / GROUP..end.div_ceil(GROUP);
@@ -402,7 +407,7 @@ impl QMatrix {
                             for (lane, &v) in got.iter().enumerate() {
                                 let r = g * q4k_lanes::ROWS + lane;
                                 if (start..end).contains(&r) {
-                                    part[(t + k) * width + (r - start)] = v;
+                                    out.set(t + k, r, v);
                                 }
                             }
                         }
@@ -430,7 +435,7 @@ impl QMatrix {
                                 _ => kquant::dot_q6k_tile(w, &a[g.clone()]),
                             };
                             for (k, &v) in got.iter().enumerate().take(g.len()) {
-                                part[(t + k) * width + (r - start)] = v;
+                                out.set(t + k, r, v);
                             }
                             t = g.end;
                         }
@@ -439,7 +444,6 @@ impl QMatrix {
             }
             _ => unreachable!("activations are quantized for the matrix's format"),
         }
-        (start, part)
     }
 }
 
