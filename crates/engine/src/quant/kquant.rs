@@ -26,6 +26,13 @@ pub struct Q8KRow {
     pub bsums: Vec<i32>,
 }
 
+impl Q8KRow {
+    /// Whether the row holds at least `blocks` super-blocks (values, scales and sums).
+    pub fn has_blocks(&self, blocks: usize) -> bool {
+        self.d.len() >= blocks && self.qs.len() >= blocks * QK_K && self.bsums.len() >= blocks * 16
+    }
+}
+
 /// Quantizes a row (length a multiple of 256) as ggml does for `kernel`: the scale comes
 /// from the value of largest magnitude, values are rounded half to even. When +m and -m
 /// both have the largest magnitude, `quantize_row_q8_K_ref` (GEMV) takes the first one and

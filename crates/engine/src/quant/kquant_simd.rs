@@ -114,13 +114,7 @@ unsafe fn q4k_pair_sums(w: &Q4kBlock, a: &Q8KRow, b: usize) -> (__m128i, __m256i
 /// Checks that every activation row has the super-blocks `w` has; returns their count.
 fn check_q4k_rows(w: &[u8], a: &[&Q8KRow]) -> usize {
     let blocks = w.len() / Q4_K;
-    for row in a {
-        assert!(
-            row.d.len() >= blocks
-                && row.qs.len() >= blocks * QK_K
-                && row.bsums.len() >= blocks * 16
-        );
-    }
+    assert!(a.iter().all(|row| row.has_blocks(blocks)));
     blocks
 }
 
@@ -239,13 +233,7 @@ unsafe fn q6k_narrow<const N: usize>(w: &[u8], a: [&Q8KRow; N]) -> [f32; N] {
 #[inline(always)]
 unsafe fn q6k_body<const N: usize>(w: &[u8], a: [&Q8KRow; N]) -> [f32; N] {
     let blocks = w.len() / Q6_K;
-    for row in &a {
-        assert!(
-            row.d.len() >= blocks
-                && row.qs.len() >= blocks * QK_K
-                && row.bsums.len() >= blocks * 16
-        );
-    }
+    assert!(a.iter().all(|row| row.has_blocks(blocks)));
     let m3 = _mm256_set1_epi8(3);
     let m15 = _mm256_set1_epi8(15);
     let mut acc = [_mm256_setzero_ps(); N];

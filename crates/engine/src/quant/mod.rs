@@ -19,8 +19,8 @@
 //! decoded once per tile and each activation block loaded once per tile, over activation
 //! tiles that stay in the first-level cache; with AVX-512 VNNI the integer lanes take one
 //! instruction, and a prompt's Q8 rows are laid out once as activation tiles (`act_tile.rs`), the
-//! vectors the block-of-32 kernel takes as operands, and Q4_K matrices are interleaved
-//! sixteen rows to a vector (`q4k_lanes.rs`). None of this changes a pair's arithmetic.
+//! vectors the block-of-32 kernel takes as operands, and Q4_K and Q6_K matrices are
+//! interleaved sixteen rows to a vector (`q4k_lanes.rs`, `q6k_lanes.rs`). None of this changes a pair's arithmetic.
 
 mod act_tile;
 mod dot;
@@ -31,6 +31,7 @@ mod output;
 pub mod packed;
 mod packed_simd;
 mod q4k_lanes;
+mod q6k_lanes;
 mod q8;
 pub mod sample;
 pub(crate) mod simd;
@@ -44,6 +45,7 @@ use act_tile::{ActTile, TILE_ROWS};
 use output::{Columns, Output};
 use packed::{PackedRows, GROUP};
 use q4k_lanes::Q4kLanes;
+use q6k_lanes::Q6kLanes;
 
 pub use dot::{BlockFormat, Q4_0, Q4_1, Q5_0, Q8_0};
 
@@ -220,6 +222,9 @@ impl QMatrix {
             OwnFormat::Q4K if simd_wide_tiles() => {
                 Weights::Q4kLanes(Q4kLanes::new(data, rows, cols / kquant::QK_K))
             }
+            OwnFormat::Q6K if simd_wide_tiles() => {
+                Weights::Q6kLanes(Q6kLanes::new(data, rows, cols / kquant::QK_K))
+            }
             OwnFormat::Q4K | OwnFormat::Q6K => Weights::Rows(data.to_vec()),
         };
         Ok(Self::Own {
@@ -389,30 +394,33 @@ impl QMatrix {
             #[cfg(target_arch = "x86_64")]
             (Weights::Q4kLanes(m), Activations::Q8K(a)) => {
                 // Sixteen weight rows (one per lane) by up to four activation rows.
-                for g in start / q4k_lanes::ROWS..end.div_ceil(q4k_lanes::ROWS) {
-                    for t in (0..n).step_by(4) {
-                        let mut got = [[0f32; q4k_lanes::ROWS]; 4];
-                        let take = (n - t).min(4);
-                        let rows = &a[t..t + take];
-                        // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
-                        with_row_count!(take, got, T => unsafe {
-                            q4k_lanes::dot_group::<T>(
-                                m,
-                                g,
-                                std::array::from_fn(|k| &rows[k]),
-                                std::array::from_fn(|k| kernels[t + k]),
-                            )
-                        });
-                        for (k, got) in got.iter().enumerate().take(take) {
-                            for (lane, &v) in got.iter().enumerate() {
-                                let r = g * q4k_lanes::ROWS + lane;
-                                if (start..end).contains(&r) {
-                                    out.set(t + k, r, v);
-                                }
-                            }
-                        }
-                    }
-                }
+                lane_groups(out, start..end, n, 4, |g, t, take| {
+                    let mut got = [[0f32; LANE_ROWS]; 4];
+                    let rows = &a[t..t + take];
+                    // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
+                    with_row_count!(take, got, T => unsafe {
+                        q4k_lanes::dot_group::<T>(
+                            m,
+                            g,
+                            std::array::from_fn(|k| &rows[k]),
+                            std::array::from_fn(|k| kernels[t + k]),
+                        )
+                    });
+                    got
+                });
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Weights::Q6kLanes(m), Activations::Q8K(a)) => {
+                // Sixteen weight rows (one per lane) by up to two activation rows.
+                lane_groups(out, start..end, n, 4, |g, t, take| {
+                    let mut got = [[0f32; LANE_ROWS]; 4];
+                    let rows = &a[t..t + take];
+                    // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
+                    with_row_count!(take, got, T => unsafe {
+                        q6k_lanes::dot_group::<T>(m, g, std::array::from_fn(|k| &rows[k]))
+                    });
+                    got
+                });
             }
             (Weights::Rows(data), Activations::Q8K(a)) => {
                 // One weight row by up to four activation rows (eight with AVX-512's
@@ -455,6 +463,37 @@ pub enum Weights {
     Rows(Vec<u8>),
     /// Q4_K interleaved sixteen rows at a time, where the CPU has AVX-512 VNNI.
     Q4kLanes(Q4kLanes),
+    /// Q6_K likewise.
+    Q6kLanes(Q6kLanes),
+}
+
+/// Weight rows per group of the interleaved K-quant layouts (one per 512-bit lane).
+const LANE_ROWS: usize = q4k_lanes::ROWS;
+
+/// Runs `dot(g, t, take)` (the sixteen weight rows of interleaved group `g` by activation
+/// rows `t..t + take`, `take` at most `tile`, results `[k][lane]`) over the groups that
+/// overlap the chunk `range`, for every activation row, and writes the chunk's results.
+#[cfg(target_arch = "x86_64")]
+fn lane_groups(
+    out: &Columns,
+    range: std::ops::Range<usize>,
+    n: usize,
+    tile: usize,
+    dot: impl Fn(usize, usize, usize) -> [[f32; LANE_ROWS]; 4],
+) {
+    for g in range.start / LANE_ROWS..range.end.div_ceil(LANE_ROWS) {
+        for t in (0..n).step_by(tile) {
+            let take = (n - t).min(tile);
+            for (k, got) in dot(g, t, take).iter().enumerate().take(take) {
+                for (lane, &v) in got.iter().enumerate() {
+                    let r = g * LANE_ROWS + lane;
+                    if range.contains(&r) {
+                        out.set(t + k, r, v);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Whether prompts' products take wide tiles of activation rows (with AVX-512 VNNI, and so

@@ -102,13 +102,14 @@ mod simd {
 
     use super::{Line, Q4kLanes, LINES, MINS, ROWS, VALUES};
     use crate::quant::kquant::{Q8KRow, QK_K};
+    use crate::quant::simd::pair16;
     use crate::quant::RowKernel;
 
     /// Group `g`'s sixteen rows against `T` activation rows, each rounded as its kernel
     /// says: `out[t][r]` is row `16g + r` · `a[t]` (zero past the matrix).
     ///
     /// # Safety
-    /// AVX2, FMA, F16C and AVX-512 (F, VL, VNNI) must be available
+    /// AVX2, FMA, F16C and AVX-512 (F, VL, BW, VNNI) must be available
     /// ([`crate::quant::simd::vnni_available`]).
     pub unsafe fn dot_group<const T: usize>(
         m: &Q4kLanes,
@@ -116,13 +117,7 @@ mod simd {
         a: [&Q8KRow; T],
         kernels: [RowKernel; T],
     ) -> [[f32; ROWS]; T] {
-        for row in a {
-            assert!(
-                row.d.len() >= m.blocks
-                    && row.qs.len() >= m.blocks * QK_K
-                    && row.bsums.len() >= m.blocks * 16
-            );
-        }
+        assert!(a.iter().all(|row| row.has_blocks(m.blocks)));
         group_vnni(m.group(g), m.blocks, a, kernels)
     }
 
@@ -177,9 +172,8 @@ mod simd {
                 let mins = _mm512_load_si512(line(MINS + pair));
                 for t in 0..T {
                     let bsums = a[t].bsums.as_ptr().add(b * 16 + 4 * pair);
-                    let low_sum = (*bsums + *bsums.add(1)) as i16 as u16 as u32;
-                    let high_sum = (*bsums.add(2) + *bsums.add(3)) as i16 as u16 as u32;
-                    let sums = _mm512_set1_epi32((low_sum | (high_sum << 16)) as i32);
+                    let sums = pair16(*bsums + *bsums.add(1), *bsums.add(2) + *bsums.add(3));
+                    let sums = _mm512_set1_epi32(sums);
                     let pmin = _mm512_madd_epi16(mins, sums);
                     if per_pair[t] {
                         let da = _mm512_set1_ps(*a[t].d.get_unchecked(b));

@@ -181,6 +181,12 @@ pub unsafe fn quantize_row_q8k(x: &[f32], kernel: RowKernel) -> Q8KRow {
     row
 }
 
+/// Two 16-bit integers (the low 16 bits of each) in one 32-bit lane, `low` first.
+#[inline(always)]
+pub(super) fn pair16(low: i32, high: i32) -> i32 {
+    ((low as i16 as u16 as u32) | ((high as i16 as u16 as u32) << 16)) as i32
+}
+
 /// Eight lanes of four products each, for unsigned `x` (≤ 128) and signed `y`, with AVX2.
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn lanes_avx2(x: __m256i, y: __m256i) -> __m256i {

@@ -1,0 +1,232 @@
+//! Q6_K weights interleaved sixteen rows at a time, one weight row per 32-bit lane, for the
+//! AVX-512 VNNI kernel (as [`super::q4k_lanes`] does for Q4_K): one instruction multiplies
+//! four consecutive values of sixteen rows by the same four activations, so every lane
+//! keeps one weight row's sums and none are ever summed across lanes.
+//!
+//! Per group of sixteen rows (the last one padded with zero rows) and per super-block,
+//! [`LINES`] 64-byte lines: the rows' `d` (as `f32`), four lines of scales (per 16-value
+//! sub-block, the sixteen rows' signed bytes), then 64 lines of values: line `s` holds
+//! values `4s..4s + 4` of every row as unsigned 6-bit bytes (stored `+ 32`), row `r`'s at
+//! `4r`.
+//!
+//! The arithmetic is that of [`super::kquant::dot_q6k_portable`], ggml's AVX2 dot product:
+//! eight integer lanes per super-block (lane `l` takes values `4l..4l + 4` of every 32 and
+//! its own share of the `32 · Σ scale · activations` correction), each converted and
+//! added with one fused multiply-add into eight `f32` accumulators, summed at the end as
+//! `hsum_float_8`. The integer lanes are exact whatever the order, and the
+//! floating-point steps are the same operations on the same values, one weight row per
+//! vector lane, so results are bit-identical.
+
+use super::act_tile::Line;
+use super::kquant::{Q6_K, QK_K};
+
+/// Weight rows per group (one per 32-bit lane of a 512-bit vector).
+pub const ROWS: usize = 16;
+/// Lines per group and super-block.
+pub const LINES: usize = 69;
+/// Where a super-block's lines of scales and of values start.
+const SCALES: usize = 1;
+const VALUES: usize = 5;
+
+/// A Q6_K matrix in the sixteen-row layout (see the module).
+pub struct Q6kLanes {
+    blocks: usize,
+    lines: Vec<Line>,
+}
+
+/// The 256 values of a Q6_K super-block in order, as unsigned 6-bit numbers (value + 32).
+fn q6k_values(block: &[u8]) -> [u8; QK_K] {
+    let mut out = [0u8; QK_K];
+    for half in 0..2 {
+        let (ql, qh) = (&block[64 * half..][..64], &block[128 + 32 * half..][..32]);
+        for e in 0..32 {
+            let k = 128 * half + e;
+            out[k] = (ql[e] & 0x0F) | ((qh[e] & 3) << 4);
+            out[k + 32] = (ql[e + 32] & 0x0F) | (((qh[e] >> 2) & 3) << 4);
+            out[k + 64] = (ql[e] >> 4) | (((qh[e] >> 4) & 3) << 4);
+            out[k + 96] = (ql[e + 32] >> 4) | (((qh[e] >> 6) & 3) << 4);
+        }
+    }
+    out
+}
+
+impl Q6kLanes {
+    /// Interleaves row-major Q6_K super-blocks (`rows` rows of `blocks` each).
+    pub fn new(raw: &[u8], rows: usize, blocks: usize) -> Self {
+        assert_eq!(raw.len(), rows * blocks * Q6_K);
+        let groups = rows.div_ceil(ROWS);
+        let mut lines = vec![Line([0; 64]); groups * blocks * LINES];
+        for r in 0..rows {
+            let (g, lane) = (r / ROWS, r % ROWS);
+            for b in 0..blocks {
+                let block = &raw[(r * blocks + b) * Q6_K..][..Q6_K];
+                let out = &mut lines[(g * blocks + b) * LINES..][..LINES];
+                let d = half::f16::from_le_bytes([block[208], block[209]]).to_f32();
+                out[0].0[4 * lane..4 * lane + 4].copy_from_slice(&d.to_le_bytes());
+                for (j, &scale) in block[192..208].iter().enumerate() {
+                    out[SCALES + j / 4].0[(j % 4) * ROWS + lane] = scale;
+                }
+                for (s, four) in q6k_values(block).chunks_exact(4).enumerate() {
+                    out[VALUES + s].0[4 * lane..4 * lane + 4].copy_from_slice(four);
+                }
+            }
+        }
+        Self { blocks, lines }
+    }
+
+    /// Group `g`'s lines, super-block after super-block.
+    fn group(&self, g: usize) -> &[Line] {
+        let len = self.blocks * LINES;
+        &self.lines[g * len..(g + 1) * len]
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub use simd::dot_group;
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use std::arch::x86_64::*;
+
+    use super::{Line, Q6kLanes, LINES, ROWS, SCALES, VALUES};
+    use crate::quant::kquant::{Q8KRow, QK_K};
+    use crate::quant::simd::pair16;
+
+    /// Group `g`'s sixteen rows against `T` activation rows: `out[t][r]` is row
+    /// `16g + r` · `a[t]` (zero past the matrix).
+    ///
+    /// # Safety
+    /// AVX2, FMA, F16C and AVX-512 (F, VL, BW, VNNI) must be available
+    /// ([`crate::quant::simd::vnni_available`]).
+    pub unsafe fn dot_group<const T: usize>(
+        m: &Q6kLanes,
+        g: usize,
+        a: [&Q8KRow; T],
+    ) -> [[f32; ROWS]; T] {
+        assert!(a.iter().all(|row| row.has_blocks(m.blocks)));
+        group_vnni(m.group(g), m.blocks, a)
+    }
+
+    /// Sub-block `j`'s scales of the sixteen rows, each as a pair of 16-bit integers in
+    /// its row's lane.
+    #[inline(always)]
+    unsafe fn scale_pairs(scales: *const Line, j: usize) -> __m512i {
+        let bytes = (scales.add(j / 4) as *const u8).add((j % 4) * ROWS);
+        let words = _mm256_cvtepi8_epi16(_mm_load_si128(bytes as *const __m128i));
+        let twice = _mm512_set_epi16(
+            15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8, 7, 7, 6, 6, 5, 5, 4, 4, 3,
+            3, 2, 2, 1, 1, 0, 0,
+        );
+        _mm512_permutexvar_epi16(twice, _mm512_castsi256_si512(words))
+    }
+
+    /// [`dot_group`] on a group's lines. Per four values: one unsigned-by-signed 16-bit
+    /// multiply-add of the sixteen rows' values with four broadcast activations, then one
+    /// multiply-add of those pair sums with the sub-block's scales into lane `l`'s
+    /// integers; per pair of sub-blocks, lane `l`'s share of the correction in one more;
+    /// per super-block, one conversion and fused multiply-add per lane.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl,avx512bw")]
+    unsafe fn group_vnni<const T: usize>(
+        lines: &[Line],
+        blocks: usize,
+        a: [&Q8KRow; T],
+    ) -> [[f32; ROWS]; T] {
+        assert!(lines.len() >= blocks * LINES);
+        let zero = _mm512_setzero_si512();
+        let mut acc = [[_mm512_setzero_ps(); 8]; T];
+        for b in 0..blocks {
+            let base = lines.as_ptr().add(b * LINES);
+            let q8: [*const i32; T] = a.map(|a| a.qs.as_ptr().add(b * QK_K) as *const i32);
+            let mut lanes = [[zero; 8]; T];
+            let mut previous = zero;
+            for j in 0..16 {
+                let scales = scale_pairs(base.add(SCALES), j);
+                for q in 0..4 {
+                    let s = 4 * j + q;
+                    let w = _mm512_load_si512(base.add(VALUES + s) as *const __m512i);
+                    for t in 0..T {
+                        let y = _mm512_set1_epi32(q8[t].add(s).read_unaligned());
+                        let products = _mm512_maddubs_epi16(w, y);
+                        lanes[t][s % 8] = _mm512_dpwssd_epi32(lanes[t][s % 8], products, scales);
+                    }
+                }
+                if j % 2 == 1 {
+                    // Lane l = j / 2 subtracts 32 · (bsums[2l]·sc[2l] + bsums[2l+1]·sc[2l+1]).
+                    let l = j / 2;
+                    let both = _mm512_mask_blend_epi16(0xAAAA_AAAA, previous, scales);
+                    let both = _mm512_slli_epi16::<5>(both);
+                    for t in 0..T {
+                        let bsums = a[t].bsums.as_ptr().add(b * 16 + 2 * l);
+                        let minus = _mm512_set1_epi32(pair16(-*bsums, -*bsums.add(1)));
+                        lanes[t][l] = _mm512_dpwssd_epi32(lanes[t][l], both, minus);
+                    }
+                }
+                previous = scales;
+            }
+            let dw = _mm512_load_ps(base as *const f32);
+            for t in 0..T {
+                let d = _mm512_mul_ps(_mm512_set1_ps(*a[t].d.get_unchecked(b)), dw);
+                for (acc, &lane) in acc[t].iter_mut().zip(&lanes[t]) {
+                    *acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lane), *acc);
+                }
+            }
+        }
+        // hsum_float_8, one weight row per vector lane.
+        let mut out = [[0f32; ROWS]; T];
+        for t in 0..T {
+            let a = &acc[t];
+            let r = [0, 1, 2, 3].map(|i| _mm512_add_ps(a[i], a[i + 4]));
+            let sum = _mm512_add_ps(_mm512_add_ps(r[0], r[2]), _mm512_add_ps(r[1], r[3]));
+            _mm512_storeu_ps(out[t].as_mut_ptr(), sum);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::kquant::{dot_q6k_portable, quantize_row_q8k, Q8KRow};
+    use crate::quant::sample::{self, Xorshift};
+    use crate::quant::{OwnFormat, RowKernel};
+
+    /// Every row of every group against one and two activation rows equals the portable
+    /// dot product bit for bit.
+    #[test]
+    fn lanes_kernel_is_bit_identical_to_the_portable_one() {
+        if !crate::quant::simd::vnni_available() {
+            return;
+        }
+        let mut rng = Xorshift::new(19);
+        let (rows, cols) = (37, 3 * QK_K);
+        let raw = sample::weights(OwnFormat::Q6K, rows, cols, &mut rng);
+        let m = Q6kLanes::new(&raw, rows, cols / QK_K);
+        let acts: Vec<Q8KRow> = (0..2)
+            .map(|_| {
+                quantize_row_q8k(
+                    &sample::activations(1, cols, 4.0, &mut rng),
+                    RowKernel::Gemv,
+                )
+            })
+            .collect();
+        let row_bytes = cols / QK_K * Q6_K;
+        for g in 0..rows.div_ceil(ROWS) {
+            // SAFETY: VNNI was checked.
+            let two = unsafe { dot_group::<2>(&m, g, [&acts[0], &acts[1]]) };
+            let one = unsafe { dot_group::<1>(&m, g, [&acts[1]]) };
+            for lane in 0..ROWS {
+                let r = g * ROWS + lane;
+                for t in 0..2 {
+                    let want = match r < rows {
+                        true => dot_q6k_portable(&raw[r * row_bytes..][..row_bytes], &acts[t]),
+                        false => 0.0,
+                    };
+                    assert_eq!(want.to_bits(), two[t][lane].to_bits(), "row {r}, act {t}");
+                    if t == 1 {
+                        assert_eq!(want.to_bits(), one[0][lane].to_bits(), "row {r} alone");
+                    }
+                }
+            }
+        }
+    }
+}
