@@ -285,15 +285,37 @@ unsafe fn tile_vnni_format<const P: usize, const F: u8>(
     for i in 0..2 {
         let mut minimum = [0f32; TILE_ROWS];
         _mm512_storeu_ps(minimum.as_mut_ptr(), extra[i]);
-        for (p, acc) in acc.iter().enumerate() {
-            let (low, high) = hsum_halves(acc[i]);
-            out[i][2 * p] = low + minimum[2 * p];
-            if 2 * p + 1 < tile.rows() {
-                out[i][2 * p + 1] = high + minimum[2 * p + 1];
+        for p in (0..P).step_by(2) {
+            let next = if p + 1 < P {
+                acc[p + 1][i]
+            } else {
+                _mm512_setzero_ps()
+            };
+            for (k, sum) in hsum_quads(acc[p][i], next).into_iter().enumerate() {
+                let row = 2 * p + k;
+                if row < tile.rows() {
+                    out[i][row] = sum + minimum[row];
+                }
             }
         }
     }
     out
+}
+
+/// The `hsum_float_8` sums of the four eight-lane halves of `a` and `b` (`a`'s low and
+/// high, then `b`'s), computed side by side: each half's lanes `i` and `i + 4` added,
+/// then those four sums as `(r0 + r2) + (r1 + r3)`.
+#[inline(always)]
+unsafe fn hsum_quads(a: __m512, b: __m512) -> [f32; 4] {
+    // Per 128-bit chunk k: the first four lanes of half k, and its last four.
+    let first = _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b);
+    let last = _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b);
+    let r = _mm512_add_ps(first, last);
+    let r = _mm512_add_ps(r, _mm512_permute_ps::<0b00_00_11_10>(r));
+    let r = _mm512_add_ps(r, _mm512_permute_ps::<0b00_00_00_01>(r));
+    let mut lanes = [0f32; 16];
+    _mm512_storeu_ps(lanes.as_mut_ptr(), r);
+    [lanes[0], lanes[4], lanes[8], lanes[12]]
 }
 
 /// [`dot_group`] with AVX-512 VNNI for format `F`, in 512-bit vectors: two weight rows
