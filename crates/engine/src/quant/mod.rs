@@ -357,17 +357,22 @@ impl QMatrix {
                         }
                     }
                 } else if !tiles.is_empty() {
-                    // A prompt under AVX-512 VNNI: two weight rows by a whole tile at a time.
+                    // A prompt under AVX-512 VNNI: two weight rows by a whole tile at a time,
+                    // the chunk's results gathered per activation row and written as runs.
+                    let base = groups.start * GROUP;
+                    let mut runs = [[0f32; CHUNK + GROUP]; TILE_ROWS];
                     for (tile, t0) in tiles.iter().zip((0..n).step_by(TILE_ROWS)) {
                         for g in groups.clone() {
                             for first in (0..GROUP).step_by(2) {
                                 let got = packed.dot_pair_tile(g, first, tile);
-                                for (i, got) in got.iter().enumerate() {
-                                    for (k, &v) in got.iter().enumerate().take(tile.rows()) {
-                                        put(t0 + k, g * GROUP + first + i, v);
-                                    }
+                                let at = g * GROUP + first - base;
+                                for (k, run) in runs.iter_mut().enumerate().take(tile.rows()) {
+                                    (run[at], run[at + 1]) = (got[0][k], got[1][k]);
                                 }
                             }
+                        }
+                        for (k, run) in runs.iter().enumerate().take(tile.rows()) {
+                            out.set_run(t0 + k, start, &run[start - base..]);
                         }
                     }
                 } else {
@@ -484,13 +489,10 @@ fn lane_groups(
     for g in range.start / LANE_ROWS..range.end.div_ceil(LANE_ROWS) {
         for t in (0..n).step_by(tile) {
             let take = (n - t).min(tile);
+            // The group's first row may come before the chunk's.
+            let first = (g * LANE_ROWS).max(range.start);
             for (k, got) in dot(g, t, take).iter().enumerate().take(take) {
-                for (lane, &v) in got.iter().enumerate() {
-                    let r = g * LANE_ROWS + lane;
-                    if range.contains(&r) {
-                        out.set(t + k, r, v);
-                    }
-                }
+                out.set_run(t + k, first, &got[first - g * LANE_ROWS..]);
             }
         }
     }

@@ -56,6 +56,19 @@ impl Columns<'_> {
         // SAFETY: in bounds (checked), and no other task writes this column.
         unsafe { *self.output.ptr.add(t * self.output.rows + r) = v };
     }
+
+    /// Writes `values` at activation row `t` from output feature `r` on, leaving out
+    /// those past this task's columns (`r` must be one of them).
+    #[inline]
+    pub fn set_run(&self, t: usize, r: usize, values: &[f32]) {
+        assert!(t < self.output.n && self.range.contains(&r));
+        let len = values.len().min(self.range.end - r);
+        // SAFETY: in bounds (checked), and no other task writes these columns.
+        unsafe {
+            let to = self.output.ptr.add(t * self.output.rows + r);
+            std::ptr::copy_nonoverlapping(values.as_ptr(), to, len);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -81,6 +94,16 @@ mod tests {
             .map(|i| ((i / rows) * 100 + i % rows) as f32)
             .collect();
         assert_eq!(out, want);
+    }
+
+    #[test]
+    fn a_run_stops_at_the_end_of_the_columns() {
+        let mut out = vec![0f32; 2 * 6];
+        let output = Output::new(&mut out, 2, 6);
+        // SAFETY: the only columns.
+        let cols = unsafe { output.columns(1..4) };
+        cols.set_run(1, 2, &[7.0, 8.0, 9.0, 10.0]);
+        assert_eq!(out, [0., 0., 0., 0., 0., 0., 0., 0., 7., 8., 0., 0.]);
     }
 
     #[test]
