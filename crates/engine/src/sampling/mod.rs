@@ -161,11 +161,29 @@ impl Sampler {
 
     /// Picks the next token from a logits row and records it as part of the output.
     pub fn sample(&mut self, logits: &[f32], context: &[TokenId], banned: &[TokenId]) -> TokenId {
-        let logits = self.process(logits, context, banned);
-        let id = self.pick(&logits);
+        let id = if self.is_plain_greedy(banned) {
+            // Every processor would leave the logits as they are: no copy of them.
+            argmax(logits) as TokenId
+        } else {
+            let logits = self.process(logits, context, banned);
+            self.pick(&logits)
+        };
         *self.counts.entry(id).or_default() += 1;
         self.seen.insert(id);
         id
+    }
+
+    /// Whether this step is greedy with nothing to process: no bias, no banned token, no
+    /// penalty in effect (so [`Self::process`] would return the logits unchanged).
+    fn is_plain_greedy(&self, banned: &[TokenId]) -> bool {
+        let p = &self.params;
+        p.temperature <= 0.0
+            && banned.is_empty()
+            && p.logit_bias.is_empty()
+            && p.repetition_penalty == 1.0
+            && p.frequency_penalty == 0.0
+            && p.presence_penalty == 0.0
+            && p.dry.is_none()
     }
 
     /// Picks from processed logits.
