@@ -24,7 +24,7 @@ def free_port() -> int:
 class Server:
     """A running `ferrite serve` process."""
 
-    def __init__(self, model: str, extra_args=()):
+    def __init__(self, model: str, extra_args=(), env=None):
         assert BINARY.exists(), f"{BINARY} is missing: run `cargo build --release` first"
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
@@ -33,6 +33,7 @@ class Server:
             [str(BINARY), "serve", "--model", model, "--port", str(self.port), *extra_args],
             stdout=self.log,
             stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
         )
         deadline = time.time() + 120
         while time.time() < deadline:

@@ -17,6 +17,9 @@ pub enum ApiError {
         /// The offending field.
         param: Option<String>,
     },
+    /// A protected route without a valid API key.
+    #[error("{0}")]
+    Unauthorized(String),
     /// The request names a model this server does not serve.
     #[error("the model `{0}` does not exist")]
     ModelNotFound(String),
@@ -55,6 +58,7 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
+            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             Self::ModelNotFound(_) | Self::RouteNotFound(_) => StatusCode::NOT_FOUND,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
@@ -72,6 +76,7 @@ impl ApiError {
                 Some("model_not_found"),
             ),
             Self::RouteNotFound(_) => ("invalid_request_error", None, None),
+            Self::Unauthorized(_) => ("authentication_error", None, Some("invalid_api_key")),
             Self::Unavailable(_) => ("server_error", None, Some("service_unavailable")),
             Self::Timeout(_) => (
                 "timeout_error",
@@ -110,6 +115,11 @@ impl From<EngineError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status(), Json(self.body())).into_response();
+        if matches!(self, Self::Unauthorized(_)) {
+            response
+                .headers_mut()
+                .insert("www-authenticate", HeaderValue::from_static("Bearer"));
+        }
         if matches!(self, Self::Unavailable(_)) {
             response
                 .headers_mut()

@@ -3,6 +3,7 @@
 //! `ferrite serve` loads a model and serves `POST /v1/completions`; `ferrite pull NAME`
 //! fetches a known model into the cache.
 
+mod auth;
 mod error;
 mod fetch;
 mod routes;
@@ -81,6 +82,13 @@ struct ServeArgs {
     /// Drop request fields that no supported API documents instead of answering 400.
     #[arg(long)]
     ignore_unknown_fields: bool,
+    /// A key every route but /health, /ready and /metrics then needs, as `Authorization:
+    /// Bearer KEY` or `x-api-key: KEY` (repeatable; the variable takes one).
+    #[arg(long = "api-key", env = "FERRITE_API_KEY")]
+    api_keys: Vec<String>,
+    /// A file of API keys, one per line (`#` starts a comment line).
+    #[arg(long, env = "FERRITE_API_KEY_FILE")]
+    api_key_file: Option<std::path::PathBuf>,
 }
 
 fn main() -> Result<()> {
@@ -108,7 +116,12 @@ fn serve(args: ServeArgs) -> Result<()> {
     } else {
         args.served_model_names.clone()
     };
-    let state = Arc::new(AppState::new(names, args.ignore_unknown_fields));
+    let mut state = AppState::new(names, args.ignore_unknown_fields);
+    state.api_keys = auth::ApiKeys::new(&args.api_keys, args.api_key_file.as_deref())?;
+    if state.api_keys.is_enabled() {
+        tracing::info!("API keys required on every route but /health, /ready and /metrics");
+    }
+    let state = Arc::new(state);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

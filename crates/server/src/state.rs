@@ -5,6 +5,7 @@ use std::sync::OnceLock;
 
 use ferrite_engine::EngineHandle;
 
+use crate::auth::ApiKeys;
 use crate::error::ApiError;
 
 /// Shared state of the HTTP server.
@@ -19,6 +20,8 @@ pub struct AppState {
     pub created: u64,
     /// `system_fingerprint` of every response.
     pub fingerprint: String,
+    /// The keys the protected routes need (none: open).
+    pub api_keys: ApiKeys,
 }
 
 impl AppState {
@@ -30,6 +33,7 @@ impl AppState {
             ignore_unknown_fields,
             created: unix_now(),
             fingerprint: format!("fp_ferrite_{}", env!("CARGO_PKG_VERSION")),
+            api_keys: ApiKeys::default(),
         }
     }
 

@@ -7,20 +7,28 @@ mod tokenize;
 
 use std::sync::Arc;
 
+use axum::middleware;
 use axum::routing::{get, post};
 use axum::Router;
 
 use crate::error::ApiError;
 use crate::state::AppState;
 
-/// The router with every route of the API.
+/// The router with every route of the API; all but `/health`, `/ready` and `/metrics`
+/// need an API key when the server has any.
 pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
+    let protected = Router::new()
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(models::list))
         .route("/v1/models/{*id}", get(models::retrieve))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
+        .route_layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            crate::auth::require_key,
+        ));
+    Router::new()
+        .merge(protected)
         .route("/health", get(health::health))
         .route("/ready", get(health::ready))
         .route("/metrics", get(health::metrics))

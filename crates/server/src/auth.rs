@@ -1,0 +1,162 @@
+//! API keys (`--api-key`, `--api-key-file`, `FERRITE_API_KEY`): with any configured, every
+//! route but `/health`, `/ready` and `/metrics` needs one, presented as
+//! `Authorization: Bearer KEY` or `x-api-key: KEY`, and compared in constant time.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use axum::extract::{Request, State};
+use axum::http::HeaderMap;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// The keys that open the protected routes; none means the server is open.
+#[derive(Default)]
+pub struct ApiKeys {
+    keys: Vec<Vec<u8>>,
+}
+
+impl ApiKeys {
+    /// The keys given on the command line (or in `FERRITE_API_KEY`) plus those of `file`,
+    /// one per line (blank lines and lines starting with `#` skipped).
+    pub fn new(keys: &[String], file: Option<&Path>) -> Result<Self> {
+        let mut all: Vec<String> = keys.to_vec();
+        if let Some(file) = file {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("reading the API key file {}", file.display()))?;
+            all.extend(
+                text.lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                    .map(str::to_string),
+            );
+            anyhow::ensure!(
+                !all.is_empty(),
+                "the API key file {} holds no key",
+                file.display()
+            );
+        }
+        anyhow::ensure!(
+            all.iter().all(|k| !k.trim().is_empty()),
+            "an API key is empty"
+        );
+        Ok(Self {
+            keys: all.into_iter().map(String::into_bytes).collect(),
+        })
+    }
+
+    /// Whether any key is configured.
+    pub fn is_enabled(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
+    /// Whether the request's headers present one of the keys.
+    pub fn check(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        if !self.is_enabled() {
+            return Ok(());
+        }
+        let bearer = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            });
+        let header = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+        let Some(given) = bearer.or(header) else {
+            return Err(ApiError::Unauthorized(
+                "no API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`".into(),
+            ));
+        };
+        // Every key is compared, so the time taken says nothing about which matched.
+        let matched = self.keys.iter().fold(false, |found, key| {
+            constant_time_eq(given.trim().as_bytes(), key) | found
+        });
+        if matched {
+            Ok(())
+        } else {
+            Err(ApiError::Unauthorized("the API key is not valid".into()))
+        }
+    }
+}
+
+/// Byte-wise equality whose time depends only on the lengths, not on where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for i in 0..a.len().max(b.len()) {
+        let (x, y) = (
+            a.get(i).copied().unwrap_or(0),
+            b.get(i).copied().unwrap_or(0),
+        );
+        diff |= std::hint::black_box(usize::from(x ^ y));
+    }
+    diff == 0
+}
+
+/// Middleware for the protected routes: 401 unless the request presents a key.
+pub async fn require_key(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match state.api_keys.check(request.headers()) {
+        Ok(()) => next.run(request).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn headers(name: &'static str, value: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(name, HeaderValue::from_str(value).unwrap());
+        h
+    }
+
+    #[test]
+    fn keys_open_the_door_on_either_header() {
+        let keys = ApiKeys::new(&["k1".into(), "second-key".into()], None).unwrap();
+        assert!(keys.check(&headers("authorization", "Bearer k1")).is_ok());
+        assert!(keys.check(&headers("x-api-key", "second-key")).is_ok());
+        for bad in [
+            headers("authorization", "Bearer k2"),
+            headers("authorization", "k1"),
+            headers("x-api-key", "second"),
+            HeaderMap::new(),
+        ] {
+            let err = keys.check(&bad).unwrap_err();
+            assert_eq!(err.status(), axum::http::StatusCode::UNAUTHORIZED);
+            assert_eq!(err.body().error.kind, "authentication_error");
+        }
+        assert!(ApiKeys::default().check(&HeaderMap::new()).is_ok());
+    }
+
+    #[test]
+    fn a_key_file_adds_one_key_per_line() {
+        let path = std::env::temp_dir().join(format!("ferrite-keys-{}", std::process::id()));
+        std::fs::write(&path, "# keys\nfrom-file\n\n  other  \n").unwrap();
+        let keys = ApiKeys::new(&[], Some(&path)).unwrap();
+        assert!(keys.check(&headers("x-api-key", "other")).is_ok());
+        assert!(keys
+            .check(&headers("authorization", "Bearer from-file"))
+            .is_ok());
+        std::fs::write(&path, "# nothing\n").unwrap();
+        assert!(ApiKeys::new(&[], Some(&path)).is_err());
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn equality_is_exact() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+        assert!(!constant_time_eq(b"", b"a"));
+    }
+}
