@@ -61,26 +61,30 @@ struct ServeArgs {
     #[arg(long, default_value_t = 8080, env = "FERRITE_PORT")]
     port: u16,
     /// Names the model answers to in requests (repeatable); default: the model's name.
-    #[arg(long = "served-model-name")]
+    #[arg(
+        long = "served-model-name",
+        env = "FERRITE_SERVED_MODEL_NAME",
+        value_delimiter = ','
+    )]
     served_model_names: Vec<String>,
     /// Longest prompt plus completion, in tokens; default: the model's training context.
-    #[arg(long)]
+    #[arg(long, env = "FERRITE_CTX_SIZE")]
     ctx_size: Option<usize>,
     /// Most sequences decoded together.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, env = "FERRITE_MAX_RUNNING")]
     max_running: usize,
     /// Most tokens in one forward step (prefill chunk size plus decodes).
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, env = "FERRITE_MAX_STEP_TOKENS")]
     max_step_tokens: usize,
     /// KV cache positions that running sequences may reserve together.
-    #[arg(long, default_value_t = 131_072)]
+    #[arg(long, default_value_t = 131_072, env = "FERRITE_KV_BUDGET")]
     kv_budget: usize,
     /// KV cache positions kept from finished sequences for prompts that start the same
     /// way (0 turns the prefix cache off).
-    #[arg(long, default_value_t = 8192)]
+    #[arg(long, default_value_t = 8192, env = "FERRITE_PREFIX_CACHE_POSITIONS")]
     prefix_cache_positions: usize,
     /// Drop request fields that no supported API documents instead of answering 400.
-    #[arg(long)]
+    #[arg(long, env = "FERRITE_IGNORE_UNKNOWN_FIELDS")]
     ignore_unknown_fields: bool,
     /// A key every route but /health, /ready and /metrics then needs, as `Authorization:
     /// Bearer KEY` or `x-api-key: KEY` (repeatable; the variable takes one).
@@ -232,5 +236,29 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => {},
         _ = terminate => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every option of `ferrite serve` can also come from a `FERRITE_*` variable.
+    #[test]
+    fn every_serve_option_has_an_environment_variable() {
+        let cli = Cli::command();
+        let serve = cli.find_subcommand("serve").expect("the serve command");
+        for arg in serve.get_arguments().filter(|a| a.get_long().is_some()) {
+            let long = arg.get_long().unwrap();
+            if long == "help" {
+                continue;
+            }
+            let env = arg
+                .get_env()
+                .unwrap_or_else(|| panic!("--{long} has no variable"));
+            let want = format!("FERRITE_{}", long.to_uppercase().replace('-', "_"));
+            assert_eq!(env.to_str(), Some(want.as_str()), "--{long}");
+        }
     }
 }
