@@ -18,9 +18,10 @@
 //! Products run in tiles: a few weight rows by several activation rows, each weight block
 //! decoded once per tile and each activation block loaded once per tile, over activation
 //! tiles that stay in the first-level cache; with AVX-512 VNNI the integer lanes take one
-//! instruction, and a prompt's Q8 rows are laid out once as activation tiles (`act_tile.rs`), the
-//! vectors the block-of-32 kernel takes as operands, and Q4_K and Q6_K matrices are
-//! interleaved sixteen rows to a vector (`q4k_lanes.rs`, `q6k_lanes.rs`). None of this changes a pair's arithmetic.
+//! instruction, a prompt's Q8 rows are laid out once as activation tiles (`act_tile.rs`),
+//! the vectors the block-of-32 kernel takes as operands, and Q4_K and Q6_K matrices are
+//! interleaved sixteen rows to a vector (`q4k_lanes.rs`, `q6k_lanes.rs`). None of this
+//! changes a pair's arithmetic.
 
 mod act_tile;
 mod dot;
@@ -399,7 +400,7 @@ impl QMatrix {
             #[cfg(target_arch = "x86_64")]
             (Weights::Q4kLanes(m), Activations::Q8K(a)) => {
                 // Sixteen weight rows (one per lane) by up to four activation rows.
-                lane_groups(out, start..end, n, 4, |g, t, take| {
+                lane_groups(out, start..end, n, |g, t, take| {
                     let mut got = [[0f32; LANE_ROWS]; 4];
                     let rows = &a[t..t + take];
                     // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
@@ -416,8 +417,8 @@ impl QMatrix {
             }
             #[cfg(target_arch = "x86_64")]
             (Weights::Q6kLanes(m), Activations::Q8K(a)) => {
-                // Sixteen weight rows (one per lane) by up to two activation rows.
-                lane_groups(out, start..end, n, 4, |g, t, take| {
+                // Sixteen weight rows (one per lane) by up to four activation rows.
+                lane_groups(out, start..end, n, |g, t, take| {
                     let mut got = [[0f32; LANE_ROWS]; 4];
                     let rows = &a[t..t + take];
                     // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
@@ -476,19 +477,18 @@ pub enum Weights {
 const LANE_ROWS: usize = q4k_lanes::ROWS;
 
 /// Runs `dot(g, t, take)` (the sixteen weight rows of interleaved group `g` by activation
-/// rows `t..t + take`, `take` at most `tile`, results `[k][lane]`) over the groups that
+/// rows `t..t + take`, `take` at most four, results `[k][lane]`) over the groups that
 /// overlap the chunk `range`, for every activation row, and writes the chunk's results.
 #[cfg(target_arch = "x86_64")]
 fn lane_groups(
     out: &Columns,
     range: std::ops::Range<usize>,
     n: usize,
-    tile: usize,
     dot: impl Fn(usize, usize, usize) -> [[f32; LANE_ROWS]; 4],
 ) {
     for g in range.start / LANE_ROWS..range.end.div_ceil(LANE_ROWS) {
-        for t in (0..n).step_by(tile) {
-            let take = (n - t).min(tile);
+        for t in (0..n).step_by(4) {
+            let take = (n - t).min(4);
             // The group's first row may come before the chunk's.
             let first = (g * LANE_ROWS).max(range.start);
             for (k, got) in dot(g, t, take).iter().enumerate().take(take) {
@@ -499,8 +499,8 @@ fn lane_groups(
 }
 
 /// Whether prompts' products take wide tiles of activation rows (with AVX-512 VNNI, and so
-/// AVX-512VL's 32 vector registers): whole [`ActTile`]s for the block-of-32 formats, eight
-/// rows rather than four for the K-quants.
+/// AVX-512VL's 32 vector registers): whole [`ActTile`]s for the block-of-32 formats, and
+/// the interleaved layouts for the K-quants.
 fn simd_wide_tiles() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
