@@ -1,8 +1,12 @@
 //! Reading GGUF files: typed metadata access and tensor loading on top of candle's reader.
+//! A malformed file (truncated, corrupted, hostile) is an [`EngineError::InvalidModel`]
+//! naming the file and the problem: the header's sizes are checked against the file
+//! before anything is allocated for them, and a panic inside candle's reader is caught.
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::BufReader;
+use std::io::{BufReader, Cursor, Read, Seek};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file::{Content, Value};
@@ -13,11 +17,16 @@ use candle_core::Device;
 
 use crate::EngineError;
 
+/// Where tensor data is read from: a file, or bytes in memory.
+trait Source: Read + Seek + Send {}
+
+impl<T: Read + Seek + Send> Source for T {}
+
 /// An open GGUF file: its metadata, tensor directory and a reader for tensor data.
 pub struct GgufFile {
     path: PathBuf,
     content: Content,
-    reader: BufReader<File>,
+    reader: Box<dyn Source>,
     /// Typed view of the metadata.
     pub meta: GgufMetadata,
     rounds_by_kernel: bool,
@@ -29,10 +38,32 @@ impl GgufFile {
         let file = File::open(path).map_err(|e| {
             EngineError::InvalidModel(format!("cannot open {}: {e}", path.display()))
         })?;
-        let mut reader = BufReader::new(file);
-        let content = Content::read(&mut reader).map_err(|e| {
-            EngineError::InvalidModel(format!("{} is not a GGUF file: {e}", path.display()))
-        })?;
+        let size = file.metadata()?.len();
+        Self::read(path, Box::new(BufReader::new(file)), size)
+    }
+
+    /// Reads a GGUF file held in memory; `name` stands for its path in messages.
+    pub fn from_bytes(name: &str, bytes: Vec<u8>) -> Result<Self, EngineError> {
+        let size = bytes.len() as u64;
+        Self::read(Path::new(name), Box::new(Cursor::new(bytes)), size)
+    }
+
+    fn read(path: &Path, mut reader: Box<dyn Source>, size: u64) -> Result<Self, EngineError> {
+        let bad = |problem: String| {
+            EngineError::InvalidModel(format!(
+                "{} is not a valid GGUF file: {problem}",
+                path.display()
+            ))
+        };
+        let content = catch_unwind(AssertUnwindSafe(|| Content::read(&mut reader)))
+            .map_err(|panic| {
+                bad(format!(
+                    "its header is malformed ({})",
+                    panic_message(&panic)
+                ))
+            })?
+            .map_err(|e| bad(candle_message(e)))?;
+        check_tensors(&content, size).map_err(bad)?;
         let meta = GgufMetadata {
             values: content.metadata.clone(),
         };
@@ -62,7 +93,23 @@ impl GgufFile {
                 "missing tensor `{name}`"
             )));
         }
-        Ok(self.content.tensor(&mut self.reader, name, &Device::Cpu)?)
+        let read = catch_unwind(AssertUnwindSafe(|| {
+            self.content.tensor(&mut self.reader, name, &Device::Cpu)
+        }));
+        match read {
+            Ok(tensor) => tensor.map_err(|e| {
+                EngineError::InvalidModel(format!(
+                    "{}: tensor `{name}`: {}",
+                    self.path.display(),
+                    candle_message(e)
+                ))
+            }),
+            Err(panic) => Err(EngineError::InvalidModel(format!(
+                "{}: tensor `{name}` is malformed ({})",
+                self.path.display(),
+                panic_message(&panic)
+            ))),
+        }
     }
 
     /// Loads a weight matrix for matrix products.
@@ -80,11 +127,102 @@ impl GgufFile {
         self.rounds_by_kernel
     }
 
+    /// The dimensions of a tensor (outermost first: `[rows, cols]` for a matrix).
+    pub fn dims(&self, name: &str) -> Result<Vec<usize>, EngineError> {
+        self.content
+            .tensor_infos
+            .get(name)
+            .map(|info| info.shape.dims().to_vec())
+            .ok_or_else(|| EngineError::InvalidModel(format!("missing tensor `{name}`")))
+    }
+
+    /// Checks that a tensor has the dimensions the model's hyper-parameters imply.
+    pub fn expect_dims(&self, name: &str, want: &[usize]) -> Result<(), EngineError> {
+        let dims = self.dims(name)?;
+        if dims != want {
+            return Err(EngineError::InvalidModel(format!(
+                "{}: tensor `{name}` is {dims:?}, but the metadata implies {want:?}",
+                self.path.display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// [`Self::matmul`] after checking the matrix is `rows × cols`.
+    pub fn matmul_shaped(
+        &mut self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<QMatrix, EngineError> {
+        self.expect_dims(name, &[rows, cols])?;
+        self.matmul(name)
+    }
+
+    /// [`Self::vector`] after checking it holds `len` values.
+    pub fn vector_of(&mut self, name: &str, len: usize) -> Result<Vec<f32>, EngineError> {
+        self.expect_dims(name, &[len])?;
+        self.vector(name)
+    }
+
     /// Loads a small tensor (a norm weight, say) as plain `f32` values.
     pub fn vector(&mut self, name: &str) -> Result<Vec<f32>, EngineError> {
         let t = self.qtensor(name)?.dequantize(&Device::Cpu)?;
         Ok(t.flatten_all()?.to_vec1::<f32>()?)
     }
+}
+
+/// Checks every tensor of the directory against the file: its element count fits in
+/// memory arithmetic, is whole blocks of its type, and its bytes lie inside the file.
+fn check_tensors(content: &Content, file_size: u64) -> Result<(), String> {
+    for (name, info) in &content.tensor_infos {
+        let dims = info.shape.dims();
+        let elements = dims
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("tensor `{name}` has an impossible shape {dims:?}"))?;
+        let block = info.ggml_dtype.block_size();
+        if elements % block != 0 {
+            return Err(format!(
+                "tensor `{name}` has {elements} elements, not whole blocks of {block} for {:?}",
+                info.ggml_dtype
+            ));
+        }
+        let bytes = ((elements / block) as u64).checked_mul(info.ggml_dtype.type_size() as u64);
+        let end = bytes.and_then(|bytes| {
+            content
+                .tensor_data_offset
+                .checked_add(info.offset)?
+                .checked_add(bytes)
+        });
+        if end.is_none_or(|end| end > file_size) {
+            return Err(format!(
+                "tensor `{name}` ({} bytes at offset {}) runs past the end of the file ({file_size} bytes): is the file truncated?",
+                bytes.map_or_else(|| "too many".to_string(), |b| b.to_string()),
+                info.offset
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A candle error's message without the backtrace candle attaches when `RUST_BACKTRACE`
+/// is set.
+fn candle_message(e: candle_core::Error) -> String {
+    match e {
+        candle_core::Error::WithBacktrace { inner, .. } => candle_message(*inner),
+        other => other.to_string(),
+    }
+}
+
+/// The text of a caught panic.
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "the reader failed".into())
 }
 
 /// GGUF metadata with typed accessors that name the missing or mistyped key.

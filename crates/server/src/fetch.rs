@@ -190,6 +190,9 @@ pub fn resolve(model: Option<&str>) -> Result<(PathBuf, String)> {
         return Ok((pull(spec)?, spec.to_string()));
     }
     if let Some((repo, file)) = parse_hf_spec(spec) {
+        if let Some(file) = file {
+            check_repo_file(file)?;
+        }
         let path = fetch_from_hub(repo, file)?;
         let name = repo.rsplit('/').next().unwrap_or(repo).to_string();
         return Ok((path, name));
@@ -201,17 +204,44 @@ pub fn resolve(model: Option<&str>) -> Result<(PathBuf, String)> {
     )
 }
 
-/// `owner/repo` or `owner/repo:file.gguf`.
+/// `owner/repo` or `owner/repo:file.gguf`, each part of the repo id letters, digits,
+/// `-`, `_` and `.` (not first), as on Hugging Face.
 fn parse_hf_spec(spec: &str) -> Option<(&str, Option<&str>)> {
     let (repo, file) = match spec.split_once(':') {
         Some((r, f)) => (r, Some(f)),
         None => (spec, None),
     };
     let mut parts = repo.split('/');
-    let valid = parts.next().is_some_and(|p| !p.is_empty())
-        && parts.next().is_some_and(|p| !p.is_empty())
+    let valid = parts.next().is_some_and(is_repo_part)
+        && parts.next().is_some_and(is_repo_part)
         && parts.next().is_none();
     valid.then_some((repo, file))
+}
+
+fn is_repo_part(part: &str) -> bool {
+    !part.is_empty()
+        && part.len() <= 96
+        && !part.starts_with('.')
+        && part
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// A file inside a repository: a relative `.gguf` path whose every part is a plain
+/// name, so that it cannot land outside the download cache.
+fn check_repo_file(file: &str) -> Result<()> {
+    let plain = |part: &str| {
+        !part.is_empty()
+            && part != "."
+            && part != ".."
+            && part
+                .chars()
+                .all(|c| c.is_ascii_graphic() && !matches!(c, '\\' | ':'))
+    };
+    if !file.ends_with(".gguf") || !file.split('/').all(plain) {
+        bail!("`{file}` is not a GGUF file name inside a repository (a relative path of plain names ending in .gguf)");
+    }
+    Ok(())
 }
 
 /// Downloads a GGUF file from a Hugging Face model repository (needs the network; not
@@ -245,6 +275,7 @@ fn fetch_from_hub(repo: &str, file: Option<&str>) -> Result<PathBuf> {
             }
         }
     };
+    check_repo_file(&file)?;
     eprintln!("downloading {repo}/{file} from Hugging Face");
     model
         .get(&file)
@@ -261,6 +292,46 @@ mod tests {
         assert_eq!(parse_hf_spec("a/b:c.gguf"), Some(("a/b", Some("c.gguf"))));
         assert_eq!(parse_hf_spec("smollm2"), None);
         assert_eq!(parse_hf_spec("a/b/c"), None);
+        assert_eq!(parse_hf_spec("../b"), None);
+        assert_eq!(parse_hf_spec("a/.."), None);
+        assert_eq!(parse_hf_spec("a/b c"), None);
+    }
+
+    #[test]
+    fn repo_files_cannot_escape_the_cache() {
+        assert!(check_repo_file("model.Q4_K_M.gguf").is_ok());
+        assert!(check_repo_file("sub/dir/model.gguf").is_ok());
+        for bad in [
+            "../model.gguf",
+            "sub/../../model.gguf",
+            "/etc/model.gguf",
+            "a//b.gguf",
+            "./model.gguf",
+            "model.bin",
+            "c:\\model.gguf",
+        ] {
+            assert!(check_repo_file(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn names_that_are_not_models_fail_without_the_network() {
+        for name in [
+            "../../etc/passwd",
+            "../x",
+            "a/../b",
+            "/nonexistent/dir/x.gguf",
+        ] {
+            let err = resolve(Some(name)).unwrap_err().to_string();
+            assert!(
+                err.contains("is not a GGUF file, a known model"),
+                "{name}: {err}"
+            );
+        }
+        let err = resolve(Some("owner/repo:../../escape.gguf")).unwrap_err();
+        assert!(err.to_string().contains("not a GGUF file name"), "{err}");
+        let err = pull("../smollm2-135m").unwrap_err().to_string();
+        assert!(err.contains("unknown model"), "{err}");
     }
 
     #[test]

@@ -8,6 +8,7 @@ use candle_core::Tensor;
 
 use super::attention::AttentionShape;
 use super::ops::{self, Rope, RopeStyle};
+use super::Dimensions;
 use super::{
     attend_batch, gather_rows, split_rows, BatchEntry, Model, ModelInfo, PromptBatching, StepLayout,
 };
@@ -72,28 +73,39 @@ impl Gemma3 {
             .u32(&key("attention.sliding_window"))
             .map_or(4096, |v| v as usize);
         let context_length = m.u32(&key("context_length")).unwrap_or(32_768) as usize;
+        let dims = Dimensions {
+            hidden,
+            n_layers,
+            n_head,
+            n_kv_head,
+            head_dim,
+            context_length,
+        }
+        .check(gguf)?;
+        let vocab_size = dims.vocab_size(gguf)?;
         let embedding = gguf.qtensor("token_embd.weight")?;
-        let vocab_size = embedding.shape().dims()[0];
         let global_rope = Rope::new(head_dim, theta, rope_scale, RopeStyle::Neox);
         let local_rope = Rope::new(head_dim, LOCAL_ROPE_THETA, 1.0, RopeStyle::Neox);
         let mut layers = Vec::with_capacity(n_layers);
         for i in 0..n_layers {
             let p = |n: &str| format!("blk.{i}.{n}.weight");
+            // The feed-forward width is whatever the gate matrix has.
+            let ff = gguf.dims(&p("ffn_gate"))?.first().copied().unwrap_or(0);
             let local = (i + 1) % SLIDING_WINDOW_PATTERN != 0;
             layers.push(Layer {
-                attn_norm: gguf.vector(&p("attn_norm"))?,
-                wq: gguf.matmul(&p("attn_q"))?,
-                wk: gguf.matmul(&p("attn_k"))?,
-                wv: gguf.matmul(&p("attn_v"))?,
-                q_norm: gguf.vector(&p("attn_q_norm"))?,
-                k_norm: gguf.vector(&p("attn_k_norm"))?,
-                wo: gguf.matmul(&p("attn_output"))?,
-                post_attn_norm: gguf.vector(&p("post_attention_norm"))?,
-                ffn_norm: gguf.vector(&p("ffn_norm"))?,
-                gate: gguf.matmul(&p("ffn_gate"))?,
-                up: gguf.matmul(&p("ffn_up"))?,
-                down: gguf.matmul(&p("ffn_down"))?,
-                post_ffn_norm: gguf.vector(&p("post_ffw_norm"))?,
+                attn_norm: gguf.vector_of(&p("attn_norm"), hidden)?,
+                wq: gguf.matmul_shaped(&p("attn_q"), n_head * head_dim, hidden)?,
+                wk: gguf.matmul_shaped(&p("attn_k"), n_kv_head * head_dim, hidden)?,
+                wv: gguf.matmul_shaped(&p("attn_v"), n_kv_head * head_dim, hidden)?,
+                q_norm: gguf.vector_of(&p("attn_q_norm"), head_dim)?,
+                k_norm: gguf.vector_of(&p("attn_k_norm"), head_dim)?,
+                wo: gguf.matmul_shaped(&p("attn_output"), hidden, n_head * head_dim)?,
+                post_attn_norm: gguf.vector_of(&p("post_attention_norm"), hidden)?,
+                ffn_norm: gguf.vector_of(&p("ffn_norm"), hidden)?,
+                gate: gguf.matmul_shaped(&p("ffn_gate"), ff, hidden)?,
+                up: gguf.matmul_shaped(&p("ffn_up"), ff, hidden)?,
+                down: gguf.matmul_shaped(&p("ffn_down"), hidden, ff)?,
+                post_ffn_norm: gguf.vector_of(&p("post_ffw_norm"), hidden)?,
                 shape: AttentionShape {
                     n_head,
                     n_kv_head,
@@ -110,7 +122,7 @@ impl Gemma3 {
             });
         }
         let output = if gguf.has_tensor("output.weight") {
-            gguf.matmul("output.weight")?
+            gguf.matmul_shaped("output.weight", vocab_size, hidden)?
         } else {
             gguf.matmul("token_embd.weight")?
         };
@@ -127,7 +139,7 @@ impl Gemma3 {
             },
             embedding,
             layers,
-            output_norm: gguf.vector("output_norm.weight")?,
+            output_norm: gguf.vector_of("output_norm.weight", hidden)?,
             output,
             hidden,
             eps,

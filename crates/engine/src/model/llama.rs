@@ -6,6 +6,7 @@ use candle_core::Tensor;
 
 use super::attention::AttentionShape;
 use super::ops::{self, Rope, RopeStyle};
+use super::Dimensions;
 use super::{
     attend_batch, gather_rows, split_rows, BatchEntry, Model, ModelInfo, PromptBatching, StepLayout,
 };
@@ -52,30 +53,41 @@ impl Llama {
             .map_or(n_head, |v| v as usize);
         let head_dim = m
             .u32(&key("rope.dimension_count"))
-            .map_or(hidden / n_head, |v| v as usize);
+            .map_or(hidden / n_head.max(1), |v| v as usize);
         let eps = m.f32(&key("attention.layer_norm_rms_epsilon"))?;
         let theta = m.f32(&key("rope.freq_base")).unwrap_or(10_000.0);
         let rope_scale = m.f32(&key("rope.scaling.factor")).unwrap_or(1.0);
         let context_length = m.u32(&key("context_length")).unwrap_or(4096) as usize;
+        let dims = Dimensions {
+            hidden,
+            n_layers,
+            n_head,
+            n_kv_head,
+            head_dim,
+            context_length,
+        }
+        .check(gguf)?;
+        let vocab_size = dims.vocab_size(gguf)?;
         let embedding = gguf.qtensor("token_embd.weight")?;
-        let vocab_size = embedding.shape().dims()[0];
         let mut layers = Vec::with_capacity(n_layers);
         for i in 0..n_layers {
             let p = |n: &str| format!("blk.{i}.{n}.weight");
+            // The feed-forward width is whatever the gate matrix has.
+            let ff = gguf.dims(&p("ffn_gate"))?.first().copied().unwrap_or(0);
             layers.push(Layer {
-                attn_norm: gguf.vector(&p("attn_norm"))?,
-                wq: gguf.matmul(&p("attn_q"))?,
-                wk: gguf.matmul(&p("attn_k"))?,
-                wv: gguf.matmul(&p("attn_v"))?,
-                wo: gguf.matmul(&p("attn_output"))?,
-                ffn_norm: gguf.vector(&p("ffn_norm"))?,
-                gate: gguf.matmul(&p("ffn_gate"))?,
-                up: gguf.matmul(&p("ffn_up"))?,
-                down: gguf.matmul(&p("ffn_down"))?,
+                attn_norm: gguf.vector_of(&p("attn_norm"), hidden)?,
+                wq: gguf.matmul_shaped(&p("attn_q"), n_head * head_dim, hidden)?,
+                wk: gguf.matmul_shaped(&p("attn_k"), n_kv_head * head_dim, hidden)?,
+                wv: gguf.matmul_shaped(&p("attn_v"), n_kv_head * head_dim, hidden)?,
+                wo: gguf.matmul_shaped(&p("attn_output"), hidden, n_head * head_dim)?,
+                ffn_norm: gguf.vector_of(&p("ffn_norm"), hidden)?,
+                gate: gguf.matmul_shaped(&p("ffn_gate"), ff, hidden)?,
+                up: gguf.matmul_shaped(&p("ffn_up"), ff, hidden)?,
+                down: gguf.matmul_shaped(&p("ffn_down"), hidden, ff)?,
             });
         }
         let output = if gguf.has_tensor("output.weight") {
-            gguf.matmul("output.weight")?
+            gguf.matmul_shaped("output.weight", vocab_size, hidden)?
         } else {
             gguf.matmul("token_embd.weight")?
         };
@@ -92,7 +104,7 @@ impl Llama {
             },
             embedding,
             layers,
-            output_norm: gguf.vector("output_norm.weight")?,
+            output_norm: gguf.vector_of("output_norm.weight", hidden)?,
             output,
             shape: AttentionShape {
                 n_head,

@@ -111,6 +111,63 @@ pub trait Model: Send + Sync {
     }
 }
 
+/// The hyper-parameters every architecture reads, checked for sense before anything is
+/// sized by them.
+#[derive(Debug, Clone, Copy)]
+struct Dimensions {
+    hidden: usize,
+    n_layers: usize,
+    n_head: usize,
+    n_kv_head: usize,
+    head_dim: usize,
+    context_length: usize,
+}
+
+impl Dimensions {
+    /// An error naming the first hyper-parameter out of range.
+    fn check(self, gguf: &GgufFile) -> Result<Self, EngineError> {
+        let limits = [
+            ("embedding_length", self.hidden, 1 << 16),
+            ("block_count", self.n_layers, 1024),
+            ("attention.head_count", self.n_head, 1024),
+            ("attention.head_count_kv", self.n_kv_head, 1024),
+            ("head dimension", self.head_dim, 1024),
+            ("context_length", self.context_length, 1 << 24),
+        ];
+        for (what, value, max) in limits {
+            if value == 0 || value > max {
+                return Err(EngineError::InvalidModel(format!(
+                    "{}: {what} is {value}, outside 1..={max}",
+                    gguf.path().display()
+                )));
+            }
+        }
+        if !self.n_head.is_multiple_of(self.n_kv_head) || !self.head_dim.is_multiple_of(2) {
+            return Err(EngineError::InvalidModel(format!(
+                "{}: {} query heads cannot share {} key-value heads of dimension {}",
+                gguf.path().display(),
+                self.n_head,
+                self.n_kv_head,
+                self.head_dim
+            )));
+        }
+        Ok(self)
+    }
+
+    /// The token embedding's row count (the vocabulary), after checking its width.
+    fn vocab_size(self, gguf: &GgufFile) -> Result<usize, EngineError> {
+        let dims = gguf.dims("token_embd.weight")?;
+        match dims[..] {
+            [vocab, width] if width == self.hidden && vocab > 0 => Ok(vocab),
+            _ => Err(EngineError::InvalidModel(format!(
+                "{}: tensor `token_embd.weight` is {dims:?}, but the metadata implies [vocabulary, {}]",
+                gguf.path().display(),
+                self.hidden
+            ))),
+        }
+    }
+}
+
 /// Loads the model in a GGUF file, choosing the architecture from its metadata.
 pub fn load(gguf: &mut GgufFile) -> Result<Box<dyn Model>, EngineError> {
     let arch = gguf.meta.string("general.architecture")?;

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod gguf_bytes;
+
 use std::path::PathBuf;
 
 use ferrite_engine::gguf::GgufFile;
