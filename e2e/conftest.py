@@ -24,10 +24,14 @@ def free_port() -> int:
 class Server:
     """A running `ferrite serve` process."""
 
-    def __init__(self, model: str, extra_args=(), env=None):
+    def __init__(self, model: str, extra_args=(), env=None, metrics_port=None):
         assert BINARY.exists(), f"{BINARY} is missing: run `cargo build --release` first"
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
+        self.metrics_base = self.base
+        if metrics_port is not None:
+            self.metrics_base = f"http://127.0.0.1:{metrics_port}"
+            extra_args = [*extra_args, "--metrics-port", str(metrics_port)]
         self.log = open(ROOT / "target" / f"e2e-{model}-{self.port}.log", "wb")
         self.proc = subprocess.Popen(
             [str(BINARY), "serve", "--model", model, "--port", str(self.port), *extra_args],
@@ -47,7 +51,7 @@ class Server:
         raise AssertionError("ferrite did not become ready in 120 s")
 
     def metrics(self) -> dict:
-        text = httpx.get(f"{self.base}/metrics", timeout=5).text
+        text = httpx.get(f"{self.metrics_base}/metrics", timeout=5).text
         values = {}
         for line in text.splitlines():
             if line and not line.startswith("#"):

@@ -28,3 +28,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --disable-pip-version-check -q -r e2e/requirements.txt
 .venv/bin/python -m pytest e2e -q
+
+step "soak test (500 mixed requests at concurrency 16, loopback)"
+.venv/bin/python scripts/soak.py

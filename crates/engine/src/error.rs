@@ -23,6 +23,9 @@ pub enum EngineError {
     /// The engine is shutting down or its thread has stopped.
     #[error("the engine is not running")]
     Stopped,
+    /// The waiting queue is full; retry later.
+    #[error("the server is overloaded: {0} requests are already waiting")]
+    Overloaded(usize),
 }
 
 impl EngineError {
@@ -35,6 +38,7 @@ impl EngineError {
             Self::Tensor(_) => "tensor",
             Self::InvalidRequest(_) => "invalid_request",
             Self::Stopped => "stopped",
+            Self::Overloaded(_) => "overloaded",
         }
     }
 }

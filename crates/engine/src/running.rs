@@ -390,12 +390,13 @@ impl Sequence {
         self.send(SequenceEvent::Failed(message));
     }
 
-    /// Ends the sequence and its waiting followers: the deadline passed.
-    pub(crate) fn time_out(&mut self) {
+    /// Ends the sequence and its waiting followers with `event` (`TimedOut` when the
+    /// deadline passed, `Aborted` when the engine stops).
+    pub(crate) fn end(&mut self, event: SequenceEvent) {
         for (_, events) in self.followers.drain(..) {
-            let _ = events.send(SequenceEvent::TimedOut);
+            let _ = events.send(event.clone());
         }
-        self.send(SequenceEvent::TimedOut);
+        self.send(event);
     }
 
     fn send(&self, event: SequenceEvent) {

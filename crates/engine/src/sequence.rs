@@ -97,7 +97,7 @@ pub struct PromptLogprob {
 }
 
 /// What the engine sends back for a sequence, in order: the prompt's logprobs if asked
-/// for, tokens, then one `Finished` (or one `Failed` or `TimedOut`).
+/// for, tokens, then one `Finished` (or one `Failed`, `TimedOut` or `Aborted`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum SequenceEvent {
     /// A generated token with its log-probability and the text it released (possibly
@@ -129,4 +129,6 @@ pub enum SequenceEvent {
     Failed(String),
     /// The deadline passed before the sequence finished.
     TimedOut,
+    /// The engine stopped (the server is shutting down) before the sequence finished.
+    Aborted,
 }

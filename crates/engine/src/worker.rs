@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
@@ -29,6 +29,9 @@ pub struct EngineConfig {
     pub context_length: usize,
     /// KV positions the prefix cache may keep from finished sequences (0: off).
     pub prefix_cache_positions: usize,
+    /// Most requests (groups of sequences sharing a prompt) waiting for admission; past
+    /// it, submissions fail with [`EngineError::Overloaded`].
+    pub max_waiting: usize,
 }
 
 /// Counters the engine keeps up to date, for metrics and tests.
@@ -36,6 +39,9 @@ pub struct EngineConfig {
 pub struct EngineStats {
     running: AtomicUsize,
     waiting: AtomicUsize,
+    /// Groups submitted and not yet admitted or dropped (in the channel or waiting).
+    queued: AtomicUsize,
+    kv_reserved: AtomicUsize,
     steps: AtomicU64,
     prompt_tokens: AtomicU64,
     generated_tokens: AtomicU64,
@@ -53,6 +59,12 @@ pub struct StatsSnapshot {
     pub running: usize,
     /// Sequences waiting for admission.
     pub waiting: usize,
+    /// Requests (groups sharing a prompt) submitted and not yet admitted.
+    pub queued: usize,
+    /// KV cache positions the running sequences reserve.
+    pub kv_reserved: usize,
+    /// KV cache positions they may reserve together.
+    pub kv_budget: usize,
     /// Forward steps run.
     pub steps: u64,
     /// Prompt tokens run through the model.
@@ -107,6 +119,8 @@ impl Pending {
 
 enum Command {
     Submit(Pending),
+    /// End everything queued or running with [`SequenceEvent::Aborted`]; keep running.
+    Abort,
     Shutdown,
 }
 
@@ -119,6 +133,7 @@ pub struct EngineHandle {
     config: EngineConfig,
     stats: Arc<EngineStats>,
     constraints: Arc<OnceLock<Result<ConstraintFactory, String>>>,
+    closed: Arc<AtomicBool>,
 }
 
 impl EngineHandle {
@@ -152,33 +167,73 @@ impl EngineHandle {
         &self,
         requests: Vec<SequenceRequest>,
     ) -> Result<Vec<UnboundedReceiver<SequenceEvent>>, EngineError> {
-        let Some(first) = requests.first() else {
-            return Err(EngineError::InvalidRequest("no sequences to run".into()));
-        };
-        if requests.iter().any(|r| r.prompt != first.prompt) {
-            return Err(EngineError::InvalidRequest(
-                "the sequences of a group must share their prompt".into(),
-            ));
+        Ok(self.submit_groups(vec![requests])?.remove(0))
+    }
+
+    /// Queues several groups (one request's prompts) at once: all of them, or none when
+    /// the waiting queue cannot take them all ([`EngineError::Overloaded`]). A request
+    /// arriving at an empty queue is always taken, however many prompts it has.
+    pub fn submit_groups(
+        &self,
+        groups: Vec<Vec<SequenceRequest>>,
+    ) -> Result<Vec<Vec<UnboundedReceiver<SequenceEvent>>>, EngineError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(EngineError::Stopped);
         }
-        for request in &requests {
-            self.check(request)?;
+        for requests in &groups {
+            let Some(first) = requests.first() else {
+                return Err(EngineError::InvalidRequest("no sequences to run".into()));
+            };
+            if requests.iter().any(|r| r.prompt != first.prompt) {
+                return Err(EngineError::InvalidRequest(
+                    "the sequences of a group must share their prompt".into(),
+                ));
+            }
+            for request in requests {
+                self.check(request)?;
+            }
         }
-        let mut receivers = Vec::with_capacity(requests.len());
-        let mut members = requests.into_iter().map(|r| {
-            let (tx, rx) = unbounded_channel();
-            receivers.push(rx);
-            (r, tx)
-        });
-        let (request, events) = members.next().expect("one request at least");
-        let pending = Pending {
-            request: Box::new(request),
-            events,
-            followers: members.collect(),
-        };
-        self.commands
-            .send(Command::Submit(pending))
-            .map_err(|_| EngineError::Stopped)?;
-        Ok(receivers)
+        let count = groups.len();
+        let max = self.config.max_waiting;
+        self.stats
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                (q == 0 || q + count <= max).then_some(q + count)
+            })
+            .map_err(EngineError::Overloaded)?;
+        let mut all = Vec::with_capacity(count);
+        for requests in groups {
+            let mut receivers = Vec::with_capacity(requests.len());
+            let mut members = requests.into_iter().map(|r| {
+                let (tx, rx) = unbounded_channel();
+                receivers.push(rx);
+                (r, tx)
+            });
+            let (request, events) = members.next().expect("one request at least");
+            let pending = Pending {
+                request: Box::new(request),
+                events,
+                followers: members.collect(),
+            };
+            if self.commands.send(Command::Submit(pending)).is_err() {
+                self.stats.queued.fetch_sub(1, Ordering::AcqRel);
+                return Err(EngineError::Stopped);
+            }
+            all.push(receivers);
+        }
+        Ok(all)
+    }
+
+    /// Refuses every later submission ([`EngineError::Stopped`]); what is queued or
+    /// running goes on.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
+    /// Ends everything queued or running now with [`SequenceEvent::Aborted`]; the engine
+    /// keeps running.
+    pub fn abort_all(&self) {
+        let _ = self.commands.send(Command::Abort);
     }
 
     fn check(&self, request: &SequenceRequest) -> Result<(), EngineError> {
@@ -233,6 +288,9 @@ impl EngineHandle {
         StatsSnapshot {
             running: s.running.load(Ordering::Relaxed),
             waiting: s.waiting.load(Ordering::Relaxed),
+            queued: s.queued.load(Ordering::Relaxed),
+            kv_reserved: s.kv_reserved.load(Ordering::Relaxed),
+            kv_budget: self.config.scheduler.kv_budget,
             steps: s.steps.load(Ordering::Relaxed),
             prompt_tokens: s.prompt_tokens.load(Ordering::Relaxed),
             generated_tokens: s.generated_tokens.load(Ordering::Relaxed),
@@ -278,6 +336,7 @@ impl Engine {
             config,
             stats,
             constraints: Arc::new(OnceLock::new()),
+            closed: Arc::new(AtomicBool::new(false)),
         };
         Self {
             handle,
@@ -290,8 +349,9 @@ impl Engine {
         self.handle.clone()
     }
 
-    /// Fails whatever is still queued or running and stops the thread.
+    /// Aborts whatever is still queued or running and stops the thread.
     pub fn shutdown(mut self) {
+        self.handle.close();
         let _ = self.handle.commands.send(Command::Shutdown);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -353,24 +413,50 @@ impl Worker {
                 self.waiting.push_back(pending);
                 true
             }
+            Command::Abort => {
+                self.abort_all();
+                true
+            }
             Command::Shutdown => {
-                for pending in self.waiting.drain(..) {
-                    pending.end(SequenceEvent::Failed("the server is shutting down".into()));
-                }
-                for seq in &mut self.running {
-                    seq.fail("the server is shutting down".into());
-                }
-                self.running.clear();
-                self.publish_counts();
+                self.abort_all();
                 false
             }
+        }
+    }
+
+    /// Ends every queued and running sequence with [`SequenceEvent::Aborted`].
+    fn abort_all(&mut self) {
+        let count = self.running.len() + self.waiting.len();
+        if count > 0 {
+            tracing::info!(
+                sequences = count,
+                "aborting what is still queued or running"
+            );
+        }
+        self.leave_queue(self.waiting.len());
+        for pending in self.waiting.drain(..) {
+            pending.end(SequenceEvent::Aborted);
+        }
+        for seq in &mut self.running {
+            seq.end(SequenceEvent::Aborted);
+        }
+        self.running.clear();
+        self.publish_counts();
+    }
+
+    /// Counts `n` groups out of the waiting queue's bound.
+    fn leave_queue(&self, n: usize) {
+        if n > 0 {
+            self.stats.queued.fetch_sub(n, Ordering::AcqRel);
         }
     }
 
     fn drop_abandoned(&mut self) {
         let before = self.running.len() + self.waiting.len();
         self.running.retain(|s| !s.is_abandoned());
+        let waiting_before = self.waiting.len();
         self.waiting.retain(|p| !p.is_abandoned());
+        self.leave_queue(waiting_before - self.waiting.len());
         let dropped = before - self.running.len() - self.waiting.len();
         if dropped > 0 {
             self.stats
@@ -387,7 +473,7 @@ impl Worker {
         self.running.retain_mut(|s| {
             let is_late = s.is_late(now);
             if is_late {
-                s.time_out();
+                s.end(SequenceEvent::TimedOut);
                 late += 1;
             }
             !is_late
@@ -395,6 +481,7 @@ impl Worker {
         let (keep, gone): (VecDeque<Pending>, VecDeque<Pending>) =
             self.waiting.drain(..).partition(|p| !p.is_late(now));
         self.waiting = keep;
+        self.leave_queue(gone.len());
         for pending in gone {
             late += 1;
             pending.end(SequenceEvent::TimedOut);
@@ -409,6 +496,7 @@ impl Worker {
         let views: Vec<WaitingView> = self.waiting.iter().map(Pending::view).collect();
         let n = scheduler::admit(&self.config.scheduler, self.running.len(), reserved, &views);
         let admitted: Vec<Pending> = self.waiting.drain(..n).collect();
+        let count = admitted.len();
         for pending in admitted {
             let prompt = &pending.request.prompt;
             let capacity =
@@ -437,6 +525,10 @@ impl Worker {
             seq.followers = pending.followers;
             self.running.push(seq);
         }
+        // Counted as running before they leave the queue's count, so that running plus
+        // queued is never seen as zero while they run.
+        self.publish_counts();
+        self.leave_queue(count);
     }
 
     fn step(&mut self) {
@@ -585,6 +677,8 @@ impl Worker {
         self.stats
             .running
             .store(self.running.len(), Ordering::Relaxed);
+        let reserved: usize = self.running.iter().map(Sequence::reservation).sum();
+        self.stats.kv_reserved.store(reserved, Ordering::Relaxed);
         self.stats
             .waiting
             .store(self.waiting.len(), Ordering::Relaxed);

@@ -21,6 +21,7 @@ fn start() -> Engine {
             },
             context_length: 2048,
             prefix_cache_positions: 0,
+            max_waiting: 1024,
         },
     )
 }

@@ -23,6 +23,7 @@ fn start() -> Engine {
             },
             context_length: 2048,
             prefix_cache_positions: 0,
+            max_waiting: 1024,
         },
     )
 }
@@ -64,6 +65,7 @@ fn collect(mut rx: UnboundedReceiver<SequenceEvent>) -> Outcome {
                 return out;
             }
             SequenceEvent::Failed(m) => panic!("sequence failed: {m}"),
+            SequenceEvent::Aborted => panic!("sequence aborted"),
         }
     }
     panic!("the engine dropped the sequence");
@@ -221,4 +223,55 @@ fn stop_tokens_end_and_min_tokens_hold_them_back(h: &EngineHandle) {
     let out = collect(h.submit(r).unwrap());
     assert!(out.tokens.len() >= 4);
     assert_ne!(out.tokens[1], second);
+}
+
+/// The waiting queue is bounded, `abort_all` ends everything with `Aborted` and frees
+/// the queue, and a closed engine refuses new work.
+#[test]
+fn a_full_queue_refuses_and_abort_ends_everything() {
+    let engine = common::start_engine(
+        "smollm2-135m",
+        EngineConfig {
+            scheduler: SchedulerConfig {
+                max_running: 1,
+                max_step_tokens: 512,
+                kv_budget: 1 << 16,
+            },
+            context_length: 2048,
+            prefix_cache_positions: 0,
+            max_waiting: 2,
+        },
+    );
+    let h = engine.handle();
+    let long = |h: &EngineHandle| {
+        let mut r = greedy(prompt(h, "1, 2, 3,"), 1500);
+        r.ignore_eos = true;
+        r
+    };
+    let running = h.submit(long(&h)).unwrap();
+    let started = Instant::now();
+    while h.stats().running == 0 && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(h.stats().running, 1);
+    let queued: Vec<_> = (0..2).map(|_| h.submit(long(&h)).unwrap()).collect();
+    assert_eq!(h.stats().queued, 2);
+    match h.submit(long(&h)) {
+        Err(ferrite_engine::EngineError::Overloaded(2)) => {}
+        other => panic!("expected Overloaded(2), got {:?}", other.map(|_| ())),
+    }
+    h.abort_all();
+    for mut rx in std::iter::once(running).chain(queued) {
+        let last = std::iter::from_fn(|| rx.blocking_recv()).last();
+        assert_eq!(last, Some(SequenceEvent::Aborted));
+    }
+    assert_eq!(h.stats().queued, 0);
+    let short = collect(h.submit(greedy(prompt(&h, "Hello"), 2)).unwrap());
+    assert_eq!(short.tokens.len(), 2, "the engine runs on after an abort");
+    h.close();
+    assert!(matches!(
+        h.submit(greedy(prompt(&h, "Hello"), 2)),
+        Err(ferrite_engine::EngineError::Stopped)
+    ));
+    engine.shutdown();
 }

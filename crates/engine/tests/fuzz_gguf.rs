@@ -9,14 +9,11 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
-
 use common::gguf_bytes::tiny_model;
 use ferrite_engine::gguf::GgufFile;
 use ferrite_engine::model::{self, BatchEntry, Logits};
 use ferrite_engine::tokenizer::Tokenizer;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
 /// One change to a file's bytes; positions are taken modulo the length.
 #[derive(Debug, Clone)]
@@ -119,45 +116,6 @@ fn exercise(bytes: Vec<u8>) -> Result<(), ferrite_engine::EngineError> {
     Ok(())
 }
 
-/// Runs `check` on inputs from `strategy`: batches for `FERRITE_FUZZ_SECONDS` seconds
-/// when it is set, else one batch of `quick` cases. Each batch has its own seed, printed
-/// with any failure so that it can be replayed.
-fn fuzz<S: Strategy>(name: &str, strategy: S, quick: u32, check: impl Fn(S::Value)) {
-    let budget = std::env::var("FERRITE_FUZZ_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .map(Duration::from_secs);
-    let started = Instant::now();
-    let (mut cases, mut batch) = (0u64, 0u64);
-    loop {
-        let config = Config {
-            cases: if budget.is_some() { 2000 } else { quick },
-            failure_persistence: None,
-            ..Config::default()
-        };
-        let mut seed = [0u8; 32];
-        seed[..8].copy_from_slice(&batch.to_le_bytes());
-        seed[8..24].copy_from_slice(&started.elapsed().as_nanos().to_le_bytes());
-        let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &seed);
-        let mut runner = TestRunner::new_with_rng(config.clone(), rng);
-        if let Err(e) = runner.run(&strategy, |input| {
-            check(input);
-            Ok(())
-        }) {
-            panic!("{name}: batch {batch} (seed {seed:?}) failed: {e}");
-        }
-        cases += u64::from(config.cases);
-        batch += 1;
-        if budget.is_none_or(|b| started.elapsed() >= b) {
-            break;
-        }
-    }
-    eprintln!(
-        "{name}: {cases} cases in {:.1} s, no crash",
-        started.elapsed().as_secs_f64()
-    );
-}
-
 #[test]
 fn the_tiny_models_load_and_run() {
     for arch in ["llama", "gemma3"] {
@@ -169,7 +127,7 @@ fn the_tiny_models_load_and_run() {
 fn fuzz_gguf_reader_and_loaders() {
     let seeds = [tiny_model("llama").build(), tiny_model("gemma3").build()];
     let strategy = (0..seeds.len(), prop::collection::vec(mutation(), 1..6));
-    fuzz("gguf", strategy, 3000, |(seed, mutations)| {
+    ferrite_fuzz::run("gguf", strategy, 3000, 2000, |(seed, mutations)| {
         let _ = exercise(apply(seeds[seed].clone(), &mutations));
     });
 }

@@ -26,11 +26,17 @@ pub enum ApiError {
     /// No such route.
     #[error("no route for {0}")]
     RouteNotFound(String),
+    /// The request body is larger than the server takes.
+    #[error("the request body is larger than this server's limit of {0} bytes")]
+    PayloadTooLarge(usize),
+    /// The waiting queue is full.
+    #[error("the server is overloaded ({0} requests are waiting); retry shortly")]
+    Overloaded(usize),
     /// The model is still loading, or the server is shutting down.
     #[error("{0}")]
     Unavailable(String),
     /// The request's `inference_timeout` passed before it finished.
-    #[error("the request did not finish within its inference_timeout of {0} seconds")]
+    #[error("the request did not finish within {0} seconds (its inference_timeout, or the server's --request-timeout)")]
     Timeout(f64),
     /// A bug; the message says nothing internal.
     #[error("the server had an internal error while processing the request")]
@@ -54,11 +60,18 @@ impl ApiError {
         }
     }
 
+    /// The server shut down before the request finished.
+    pub fn shut_down_midway() -> Self {
+        Self::Unavailable("the server shut down before the request finished".into())
+    }
+
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         match self {
             Self::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::ModelNotFound(_) | Self::RouteNotFound(_) => StatusCode::NOT_FOUND,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
@@ -76,6 +89,8 @@ impl ApiError {
                 Some("model_not_found"),
             ),
             Self::RouteNotFound(_) => ("invalid_request_error", None, None),
+            Self::PayloadTooLarge(_) => ("invalid_request_error", None, Some("request_too_large")),
+            Self::Overloaded(_) => ("rate_limit_error", None, Some("server_overloaded")),
             Self::Unauthorized(_) => ("authentication_error", None, Some("invalid_api_key")),
             Self::Unavailable(_) => ("server_error", None, Some("service_unavailable")),
             Self::Timeout(_) => (
@@ -104,6 +119,7 @@ impl From<EngineError> for ApiError {
                 param: Some("prompt".into()),
             },
             EngineError::Stopped => Self::Unavailable("the server is shutting down".into()),
+            EngineError::Overloaded(waiting) => Self::Overloaded(waiting),
             other => {
                 tracing::error!(error = %other, kind = other.kind(), "engine error");
                 Self::Internal
@@ -120,10 +136,15 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert("www-authenticate", HeaderValue::from_static("Bearer"));
         }
-        if matches!(self, Self::Unavailable(_)) {
+        let retry_after = match self {
+            Self::Unavailable(_) => Some("5"),
+            Self::Overloaded(_) => Some("1"),
+            _ => None,
+        };
+        if let Some(seconds) = retry_after {
             response
                 .headers_mut()
-                .insert("retry-after", HeaderValue::from_static("5"));
+                .insert("retry-after", HeaderValue::from_static(seconds));
         }
         response
     }

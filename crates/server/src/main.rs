@@ -6,6 +6,8 @@
 mod auth;
 mod error;
 mod fetch;
+mod metrics;
+mod observe;
 mod routes;
 mod state;
 mod validate;
@@ -13,6 +15,7 @@ mod validate;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -23,7 +26,7 @@ use ferrite_engine::tokenizer::Tokenizer;
 use ferrite_engine::{model, Engine, EngineConfig, EngineHandle, SequenceEvent, SequenceRequest};
 use tracing_subscriber::EnvFilter;
 
-use crate::state::AppState;
+use crate::state::{AppState, RequestLimits};
 
 #[derive(Parser)]
 #[command(
@@ -39,7 +42,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve a model over HTTP.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Download known models into the cache ($FERRITE_HOME, default ~/.cache/ferrite).
     Pull {
         /// Model names (smollm2-135m, gemma3-270m).
@@ -93,23 +96,89 @@ struct ServeArgs {
     /// A file of API keys, one per line (`#` starts a comment line).
     #[arg(long, env = "FERRITE_API_KEY_FILE")]
     api_key_file: Option<std::path::PathBuf>,
+    /// Most requests (one per prompt) waiting for the engine; past it, requests get 429
+    /// with `Retry-After`.
+    #[arg(long, default_value_t = 512, env = "FERRITE_MAX_WAITING")]
+    max_waiting: usize,
+    /// Largest request body in bytes; past it, 413.
+    #[arg(long, default_value_t = 8 << 20, env = "FERRITE_MAX_BODY_SIZE")]
+    max_body_size: usize,
+    /// Most prompt tokens in one request, over all its prompts; past it, 400.
+    #[arg(long, default_value_t = 1 << 18, env = "FERRITE_MAX_PROMPT_TOKENS")]
+    max_prompt_tokens: usize,
+    /// Most tokens one request may ask to generate (`max_tokens` times `best_of` or `n`,
+    /// over all its prompts); past it, 400.
+    #[arg(long, default_value_t = 1 << 18, env = "FERRITE_MAX_REQUEST_TOKENS")]
+    max_request_tokens: usize,
+    /// Longest a completion request may run, in seconds (a request's `inference_timeout`
+    /// can only shorten it); past it, 504 or an error event. Default: no limit.
+    #[arg(long, env = "FERRITE_REQUEST_TIMEOUT", value_parser = positive_seconds)]
+    request_timeout: Option<f64>,
+    /// On SIGINT or SIGTERM: seconds running requests get to finish (new ones get 503)
+    /// before the rest are ended with an error and the server exits.
+    #[arg(long, default_value_t = 20.0, env = "FERRITE_SHUTDOWN_GRACE", value_parser = non_negative_seconds)]
+    shutdown_grace: f64,
+    /// Serve `/metrics` on this port (same host) instead of the API's port.
+    #[arg(long, env = "FERRITE_METRICS_PORT")]
+    metrics_port: Option<u16>,
+    /// Log lines as text or as JSON objects (one per line).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "FERRITE_LOG_FORMAT")]
+    log_format: LogFormat,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, with the request id of the span it belongs to.
+    Json,
+}
+
+fn non_negative_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a number of seconds")),
+    }
+}
+
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    non_negative_seconds(s).and_then(|v| {
+        if v > 0.0 {
+            Ok(v)
+        } else {
+            Err("the timeout must be more than 0 seconds".into())
+        }
+    })
 }
 
 fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    let format = match &cli.command {
+        Command::Serve(args) => args.log_format,
+        Command::Pull { .. } => LogFormat::Text,
+    };
+    init_logs(format);
+    match cli.command {
         Command::Pull { names } => {
             for name in names {
                 fetch::pull(&name)?;
             }
             Ok(())
         }
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => serve(*args),
+    }
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`).
+fn init_logs(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().with_current_span(true).init(),
     }
 }
 
@@ -125,43 +194,126 @@ fn serve(args: ServeArgs) -> Result<()> {
     if state.api_keys.is_enabled() {
         tracing::info!("API keys required on every route but /health, /ready and /metrics");
     }
+    state.limits = RequestLimits {
+        max_body_bytes: args.max_body_size,
+        max_prompt_tokens: args.max_prompt_tokens,
+        max_generated_tokens: args.max_request_tokens,
+    };
+    state.request_timeout = args.request_timeout.map(Duration::from_secs_f64);
     let state = Arc::new(state);
+    let grace = Duration::from_secs_f64(args.shutdown_grace);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let addr: SocketAddr = format!("{}:{}", args.host, args.port)
-            .parse()
-            .with_context(|| format!("bad listen address {}:{}", args.host, args.port))?;
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding {addr}"))?;
-        tracing::info!(%addr, model = %path.display(), "listening; loading the model");
+        let listener = bind(&args.host, args.port).await?;
+        let metrics_listener = match args.metrics_port {
+            Some(port) => Some(bind(&args.host, port).await?),
+            None => None,
+        };
+        tracing::info!(
+            addr = %listener.local_addr()?,
+            model = %path.display(),
+            "listening; loading the model"
+        );
         let loader_state = Arc::clone(&state);
         let loader = tokio::task::spawn_blocking(move || load_engine(&path, &args, &loader_state));
-        let app = routes::router(Arc::clone(&state));
-        let server = axum::serve(listener, app).with_graceful_shutdown(shutdown_signal());
+        // Both servers stop accepting once the running requests are drained.
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let drain_state = Arc::clone(&state);
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            drain(&drain_state, grace).await;
+            let _ = stop.send(true);
+        });
+        let until_stopped = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        };
+        let metrics_server = metrics_listener.map(|listener| {
+            let app = routes::metrics_router(Arc::clone(&state));
+            let server =
+                axum::serve(listener, app).with_graceful_shutdown(until_stopped(stopped.clone()));
+            tokio::spawn(async move { server.await })
+        });
+        let app = routes::router(Arc::clone(&state), metrics_server.is_none());
+        let server = axum::serve(listener, app).with_graceful_shutdown(until_stopped(stopped));
         let (served, loaded) = tokio::join!(server, async {
             let engine = loader.await.context("the loader panicked")??;
             Ok::<_, anyhow::Error>(engine)
         });
         served.context("serving HTTP")?;
-        tracing::info!("shutting down");
+        if let Some(metrics_server) = metrics_server {
+            metrics_server
+                .await
+                .context("the metrics server panicked")?
+                .context("serving metrics")?;
+        }
         loaded?.shutdown();
+        tracing::info!("stopped");
         Ok(())
     })
+}
+
+async fn bind(host: &str, port: u16) -> Result<tokio::net::TcpListener> {
+    let addr: SocketAddr = format!("{host}:{port}")
+        .parse()
+        .with_context(|| format!("bad listen address {host}:{port}"))?;
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))
+}
+
+/// The first part of a graceful shutdown: `/ready` and new requests answer 503 at once;
+/// running requests get up to `grace` to finish (a second signal cuts it short), then
+/// whatever is left is ended (a 503, or an error event that ends a stream).
+async fn drain(state: &AppState, grace: Duration) {
+    state.begin_shutdown();
+    let Some(engine) = state.engine.get() else {
+        tracing::info!("shutting down before the model was ready");
+        return;
+    };
+    let busy = |s: ferrite_engine::StatsSnapshot| s.running + s.queued;
+    tracing::info!(
+        sequences = busy(engine.stats()),
+        grace_seconds = grace.as_secs_f64(),
+        "shutting down: new requests get 503; running ones may finish (a second signal ends them now)"
+    );
+    let deadline = tokio::time::sleep(grace);
+    let second_signal = shutdown_signal();
+    tokio::pin!(deadline, second_signal);
+    while busy(engine.stats()) > 0 {
+        let why = tokio::select! {
+            _ = &mut deadline => "the shutdown grace period is over",
+            _ = &mut second_signal => "a second signal",
+            _ = tokio::time::sleep(Duration::from_millis(20)) => continue,
+        };
+        tracing::warn!(
+            sequences = busy(engine.stats()),
+            "{why}: ending what still runs"
+        );
+        engine.abort_all();
+        return;
+    }
+    tracing::info!("every running request finished");
 }
 
 /// Loads the model, starts the engine, runs one warm-up request, then marks the server
 /// ready. A model that fails to load ends the process with the error.
 fn load_engine(path: &Path, args: &ServeArgs, state: &AppState) -> Result<Engine> {
     let started = std::time::Instant::now();
-    let result = (|| {
+    // A malformed file is an error from the reader; a panic further in is caught too,
+    // so that a bad file ends the process with a message rather than a crash.
+    let result = std::panic::catch_unwind(|| {
         let mut gguf = GgufFile::open(path)?;
         let tokenizer = Tokenizer::from_gguf(&gguf.meta)?;
         let model = model::load(&mut gguf)?;
         Ok::<_, ferrite_engine::EngineError>((tokenizer, model))
-    })();
+    })
+    .unwrap_or_else(|_| {
+        Err(ferrite_engine::EngineError::InvalidModel(
+            "the file is malformed (the loader failed; see the message above)".into(),
+        ))
+    });
     let (tokenizer, model) = match result {
         Ok(x) => x,
         Err(e) => {
@@ -184,6 +336,7 @@ fn load_engine(path: &Path, args: &ServeArgs, state: &AppState) -> Result<Engine
         },
         context_length,
         prefix_cache_positions: args.prefix_cache_positions,
+        max_waiting: args.max_waiting.max(1),
     };
     let engine = Engine::start(model, tokenizer, config);
     warm_up(&engine.handle())?;
@@ -214,6 +367,7 @@ fn warm_up(engine: &EngineHandle) -> Result<()> {
             SequenceEvent::Finished { .. } => return Ok(()),
             SequenceEvent::Failed(m) => anyhow::bail!("warm-up failed: {m}"),
             SequenceEvent::TimedOut => anyhow::bail!("warm-up timed out"),
+            SequenceEvent::Aborted => anyhow::bail!("the server stopped during warm-up"),
             SequenceEvent::Token { .. } | SequenceEvent::PromptLogprobs(_) => {}
         }
     }

@@ -1,12 +1,37 @@
 //! What every request handler shares: the engine once it is loaded, the served names,
 //! and server-wide settings.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use ferrite_engine::EngineHandle;
 
 use crate::auth::ApiKeys;
 use crate::error::ApiError;
+use crate::metrics::Metrics;
+
+/// How much one request may ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestLimits {
+    /// Largest request body in bytes (413 past it).
+    pub max_body_bytes: usize,
+    /// Most prompt tokens in one request, over all its prompts (400 past it).
+    pub max_prompt_tokens: usize,
+    /// Most tokens one request may ask to generate: `max_tokens` times `best_of`, over
+    /// all its prompts (400 past it).
+    pub max_generated_tokens: usize,
+}
+
+impl Default for RequestLimits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 8 << 20,
+            max_prompt_tokens: 1 << 18,
+            max_generated_tokens: 1 << 18,
+        }
+    }
+}
 
 /// Shared state of the HTTP server.
 pub struct AppState {
@@ -22,6 +47,13 @@ pub struct AppState {
     pub fingerprint: String,
     /// The keys the protected routes need (none: open).
     pub api_keys: ApiKeys,
+    /// How much one request may ask for.
+    pub limits: RequestLimits,
+    /// Longest any completion request may run (`inference_timeout` may only shorten it).
+    pub request_timeout: Option<Duration>,
+    /// What the HTTP layer measures.
+    pub metrics: Metrics,
+    shutting_down: AtomicBool,
 }
 
 impl AppState {
@@ -34,14 +66,35 @@ impl AppState {
             created: unix_now(),
             fingerprint: format!("fp_ferrite_{}", env!("CARGO_PKG_VERSION")),
             api_keys: ApiKeys::default(),
+            limits: RequestLimits::default(),
+            request_timeout: None,
+            metrics: Metrics::default(),
+            shutting_down: AtomicBool::new(false),
         }
     }
 
-    /// The engine, or 503 while the model is loading.
+    /// The engine, or 503 while the model is loading or once the server is shutting down.
     pub fn engine(&self) -> Result<&EngineHandle, ApiError> {
+        if self.is_shutting_down() {
+            return Err(ApiError::Unavailable("the server is shutting down".into()));
+        }
         self.engine.get().ok_or_else(|| {
             ApiError::Unavailable("the model is still loading; retry shortly".into())
         })
+    }
+
+    /// From now on `/ready` and every new request answer 503, and the engine takes no
+    /// new work; what runs goes on.
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Release);
+        if let Some(engine) = self.engine.get() {
+            engine.close();
+        }
+    }
+
+    /// Whether [`AppState::begin_shutdown`] was called.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Acquire)
     }
 
     /// The canonical served name.

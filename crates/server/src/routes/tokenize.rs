@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
+use crate::routes::body::RawBody;
 use axum::extract::State;
 use axum::Json;
 use ferrite_protocol::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse};
@@ -22,7 +22,7 @@ fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
 /// Tokenizes text as a prompt would be (or without special tokens).
 pub async fn tokenize(
     State(state): State<Arc<AppState>>,
-    body: Bytes,
+    RawBody(body): RawBody,
 ) -> Result<Json<TokenizeResponse>, ApiError> {
     let engine = state.engine()?.clone();
     let request: TokenizeRequest = parse(&body)?;
@@ -59,7 +59,7 @@ pub async fn tokenize(
 /// Turns token ids back into text (special tokens included).
 pub async fn detokenize(
     State(state): State<Arc<AppState>>,
-    body: Bytes,
+    RawBody(body): RawBody,
 ) -> Result<Json<DetokenizeResponse>, ApiError> {
     let engine = state.engine()?.clone();
     let request: DetokenizeRequest = parse(&body)?;

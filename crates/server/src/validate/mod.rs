@@ -8,6 +8,9 @@ mod constraint;
 mod output;
 mod sampling;
 
+#[cfg(test)]
+mod fuzz;
+
 use ferrite_engine::sampling::SamplingParams;
 use ferrite_protocol::{CompletionRequest, PredictionContent, Prompt, KNOWN_FIELDS};
 use serde_json::Value;

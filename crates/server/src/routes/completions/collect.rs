@@ -4,9 +4,9 @@
 use ferrite_engine::tokenizer::Tokenizer;
 use ferrite_engine::SequenceEvent;
 use ferrite_protocol::{Choice, CompletionResponse, Usage};
-use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::logprobs::LogprobsBuilder;
+use super::timed::TimedEvents;
 use super::{finish_fields, ResponseMeta, SubmittedPrompt};
 use crate::error::ApiError;
 use crate::validate::GenerateParams;
@@ -66,7 +66,7 @@ pub(super) async fn respond(
 }
 
 async fn collect_one(
-    mut events: UnboundedReceiver<SequenceEvent>,
+    mut events: TimedEvents,
     params: &GenerateParams,
     tokenizer: &Tokenizer,
     echo_text: &str,
@@ -137,6 +137,7 @@ async fn collect_one(
             SequenceEvent::TimedOut => {
                 return Err(ApiError::Timeout(params.inference_timeout.unwrap_or(0.0)));
             }
+            SequenceEvent::Aborted => return Err(ApiError::shut_down_midway()),
         }
     }
     tracing::error!("the engine dropped a sequence without finishing it");

@@ -5,21 +5,23 @@ mod collect;
 mod logprobs;
 mod prepare;
 mod stream;
+mod timed;
 
 use std::sync::Arc;
+use std::time::Instant;
 
-use axum::body::Bytes;
+use crate::routes::body::RawBody;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use ferrite_engine::{FinishReason, SequenceEvent};
+use ferrite_engine::FinishReason;
 use serde_json::Value;
-use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
 use crate::state::{unix_now, AppState};
 use crate::validate::{parse_body, GenerateParams};
 use prepare::Prepared;
+use timed::TimedEvents;
 
 /// One prompt's submitted sequences and what its choices repeat.
 struct SubmittedPrompt {
@@ -30,7 +32,7 @@ struct SubmittedPrompt {
     /// Its length in tokens.
     prompt_tokens: usize,
     /// Event streams of its sequences (`best_of` of them).
-    events: Vec<UnboundedReceiver<SequenceEvent>>,
+    events: Vec<TimedEvents>,
 }
 
 /// What every body or chunk of one response repeats.
@@ -44,17 +46,22 @@ struct ResponseMeta {
 /// Handles `POST /v1/completions`.
 pub async fn completions(
     State(state): State<Arc<AppState>>,
-    body: Bytes,
+    RawBody(body): RawBody,
 ) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
     let engine = state.engine()?.clone();
-    let params = GenerateParams::try_from(parse_body(&body, state.ignore_unknown_fields)?)?;
+    let mut params = GenerateParams::try_from(parse_body(&body, state.ignore_unknown_fields)?)?;
     state.check_model(&params.model)?;
+    if let Some(limit) = state.request_timeout {
+        let limit = limit.as_secs_f64();
+        params.inference_timeout = Some(params.inference_timeout.map_or(limit, |t| t.min(limit)));
+    }
     if let Some(user) = &params.user {
         tracing::info!(user, "completion request");
     }
     let params = Arc::new(params);
     let prepared = {
-        let (params, engine) = (Arc::clone(&params), engine.clone());
+        let (params, engine, limits) = (Arc::clone(&params), engine.clone(), state.limits);
         tokio::task::spawn_blocking(move || {
             let constraint = match &params.constraint {
                 Some(c) => Some(engine.compile_grammar(&c.grammar).map_err(|e| {
@@ -66,6 +73,7 @@ pub async fn completions(
                 &params,
                 engine.tokenizer(),
                 engine.context_length(),
+                &limits,
                 constraint,
             )
         })
@@ -76,15 +84,26 @@ pub async fn completions(
         prompts,
         appended_suffix,
     } = prepared;
-    let mut submitted = Vec::with_capacity(prompts.len());
-    for (prompt_index, prompt) in prompts.into_iter().enumerate() {
-        submitted.push(SubmittedPrompt {
-            prompt_index,
-            echo_text: prompt.echo_text,
-            prompt_tokens: prompt.prompt_tokens,
-            events: engine.submit_group(prompt.requests)?,
-        });
-    }
+    let (texts, groups): (Vec<_>, Vec<_>) = prompts
+        .into_iter()
+        .map(|p| ((p.echo_text, p.prompt_tokens), p.requests))
+        .unzip();
+    let submitted: Vec<SubmittedPrompt> = texts
+        .into_iter()
+        .zip(engine.submit_groups(groups)?)
+        .enumerate()
+        .map(
+            |(prompt_index, ((echo_text, prompt_tokens), events))| SubmittedPrompt {
+                prompt_index,
+                echo_text,
+                prompt_tokens,
+                events: events
+                    .into_iter()
+                    .map(|rx| TimedEvents::new(rx, Arc::clone(&state), arrived))
+                    .collect(),
+            },
+        )
+        .collect();
     let meta = ResponseMeta {
         id: format!("cmpl-{:032x}", rand::random::<u128>()),
         created: unix_now(),

@@ -9,6 +9,7 @@ use ferrite_engine::tokenizer::{TokenId, Tokenizer};
 use ferrite_engine::SequenceRequest;
 
 use crate::error::ApiError;
+use crate::state::RequestLimits;
 use crate::validate::{GenerateParams, Overflow, PromptInput, DEFAULT_MAX_TOKENS};
 
 /// One prompt ready to run: its tokens, what to echo, and its sequences.
@@ -31,12 +32,13 @@ pub struct Prepared {
     pub appended_suffix: Option<String>,
 }
 
-/// Prepares every prompt of a request. Runs off the async workers: tokenizing long
-/// prompts takes a while.
+/// Prepares every prompt of a request within the server's per-request limits. Runs off
+/// the async workers: tokenizing long prompts takes a while.
 pub fn prepare(
     params: &GenerateParams,
     tokenizer: &Tokenizer,
     context: usize,
+    limits: &RequestLimits,
     constraint: Option<Constraint>,
 ) -> Result<Prepared, ApiError> {
     let vocab = tokenizer.vocab_size();
@@ -89,10 +91,41 @@ pub fn prepare(
             requests,
         });
     }
+    check_limits(&prompts, limits)?;
     Ok(Prepared {
         prompts,
         appended_suffix: params.suffix.clone().filter(|_| !fim),
     })
+}
+
+/// A 400 when the request's prompts together are longer than `--max-prompt-tokens`, or
+/// its sequences together may generate more than `--max-request-tokens`.
+fn check_limits(prompts: &[PreparedPrompt], limits: &RequestLimits) -> Result<(), ApiError> {
+    let prompt_tokens: usize = prompts.iter().map(|p| p.prompt_tokens).sum();
+    if prompt_tokens > limits.max_prompt_tokens {
+        return Err(ApiError::invalid(
+            "prompt",
+            format!(
+                "the request's prompts have {prompt_tokens} tokens together; this server takes at most {} per request",
+                limits.max_prompt_tokens
+            ),
+        ));
+    }
+    let generated: usize = prompts
+        .iter()
+        .flat_map(|p| &p.requests)
+        .map(|r| r.max_tokens)
+        .sum();
+    if generated > limits.max_generated_tokens {
+        return Err(ApiError::invalid(
+            "max_tokens",
+            format!(
+                "the request may generate {generated} tokens (max_tokens times best_of or n, over every prompt); this server allows at most {} per request",
+                limits.max_generated_tokens
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The parts of every sequence's request that do not depend on its prompt.
@@ -208,6 +241,35 @@ mod tests {
         assert_eq!(choice_seed(7, 0), choice_seed(7, 0));
         assert_ne!(choice_seed(7, 0), choice_seed(7, 1));
         assert_ne!(choice_seed(7, 0), choice_seed(8, 0));
+    }
+
+    #[test]
+    fn requests_over_the_limits_are_refused_naming_the_field() {
+        let prompt = |tokens: usize, choices: usize, max_tokens: usize| PreparedPrompt {
+            echo_text: String::new(),
+            prompt_tokens: tokens,
+            requests: (0..choices)
+                .map(|_| SequenceRequest::new(vec![1; tokens], Default::default(), max_tokens))
+                .collect(),
+        };
+        let limits = RequestLimits {
+            max_body_bytes: 1 << 20,
+            max_prompt_tokens: 100,
+            max_generated_tokens: 64,
+        };
+        assert!(check_limits(&[prompt(50, 4, 16), prompt(50, 1, 0)], &limits).is_ok());
+        let param = |r: Result<(), ApiError>| match r {
+            Err(ApiError::InvalidRequest { param, .. }) => param,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            param(check_limits(&[prompt(60, 1, 1), prompt(41, 1, 1)], &limits)),
+            Some("prompt".into())
+        );
+        assert_eq!(
+            param(check_limits(&[prompt(10, 5, 13)], &limits)),
+            Some("max_tokens".into())
+        );
     }
 
     #[test]

@@ -12,7 +12,8 @@ use ferrite_engine::SequenceEvent;
 use ferrite_protocol::{ChunkChoice, CompletionChunk, Usage};
 use futures::stream::{self, StreamExt};
 use serde_json::Value;
-use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
+use tokio_stream::wrappers::ReceiverStream;
+use tracing::Instrument;
 
 use super::logprobs::LogprobsBuilder;
 use super::{finish_fields, ResponseMeta, SubmittedPrompt};
@@ -38,134 +39,143 @@ pub(super) fn respond(
     submitted: Vec<SubmittedPrompt>,
 ) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
-    tokio::spawn(async move {
-        let n = params.n;
-        let mut states = Vec::new();
-        let mut streams = Vec::new();
-        let mut usage = Usage {
-            prompt_tokens: submitted.iter().map(|p| p.prompt_tokens).sum(),
-            ..Usage::default()
-        };
-        for prompt in submitted {
-            for (j, events) in prompt.events.into_iter().enumerate() {
-                let index = prompt.prompt_index * n + j;
-                states.push((
-                    index,
-                    ChoiceStream {
-                        echo_text: prompt.echo_text.clone(),
-                        echoed: !params.output.echo,
-                        logprobs: params
-                            .output
-                            .logprobs
-                            .map(|_| LogprobsBuilder::new(params.output.tokens_as_ids, 0)),
-                        generated: 0,
-                    },
-                ));
-                streams.push(UnboundedReceiverStream::new(events).map(move |e| (index, e)));
-            }
-        }
-        let mut merged = stream::select_all(streams);
-        let chunk = |choices: Vec<ChunkChoice>, usage: Option<Usage>| CompletionChunk {
-            id: meta.id.clone(),
-            object: "text_completion".into(),
-            created: meta.created,
-            model: meta.model.clone(),
-            system_fingerprint: meta.fingerprint.clone(),
-            choices,
-            usage,
-        };
-        let text_choice = |index, text: String, logprobs: Option<Value>| ChunkChoice {
-            index,
-            text,
-            logprobs,
-            finish_reason: None,
-            stop_reason: None,
-        };
-        while let Some((index, event)) = merged.next().await {
-            let state = &mut states
-                .iter_mut()
-                .find(|(i, _)| *i == index)
-                .expect("every stream has a state")
-                .1;
-            let mut out = Vec::new();
-            // The echoed prompt goes first, with its logprobs when they come.
-            if !state.echoed {
-                state.echoed = true;
-                let echo_chars = state.echo_text.chars().count();
-                let logprobs = match (&event, state.logprobs.as_mut()) {
-                    (SequenceEvent::PromptLogprobs(scores), Some(b)) => {
-                        b.push_prompt(&tokenizer, scores);
-                        let taken = b.take();
-                        b.set_offset(echo_chars);
-                        Some(taken)
-                    }
-                    _ => None,
-                };
-                out.push(text_choice(index, state.echo_text.clone(), logprobs));
-                if let Some(b) = state.logprobs.as_mut() {
-                    b.set_offset(echo_chars);
-                }
-            }
-            match event {
-                SequenceEvent::PromptLogprobs(_) => {}
-                SequenceEvent::Token {
-                    id,
-                    logprob,
-                    text,
-                    top,
-                } => {
-                    state.generated += 1;
-                    usage.completion_tokens += 1;
-                    let logprobs = state.logprobs.as_mut().map(|b| {
-                        b.push(&tokenizer, id, logprob, Some(&top));
-                        b.take()
-                    });
-                    if !text.is_empty() || logprobs.is_some() {
-                        out.push(text_choice(index, text, logprobs));
-                    }
-                }
-                SequenceEvent::Finished { reason, .. } => {
-                    let (finish_reason, stop_reason) = finish_fields(&reason);
-                    out.push(ChunkChoice {
+    tokio::spawn(
+        async move {
+            let n = params.n;
+            let mut states = Vec::new();
+            let mut streams = Vec::new();
+            let mut usage = Usage {
+                prompt_tokens: submitted.iter().map(|p| p.prompt_tokens).sum(),
+                ..Usage::default()
+            };
+            for prompt in submitted {
+                for (j, events) in prompt.events.into_iter().enumerate() {
+                    let index = prompt.prompt_index * n + j;
+                    states.push((
                         index,
-                        text: appended_suffix.clone().unwrap_or_default(),
-                        logprobs: None,
-                        finish_reason: Some(finish_reason),
-                        stop_reason: Some(stop_reason.unwrap_or(Value::Null)),
-                    });
-                }
-                SequenceEvent::Failed(message) => {
-                    tracing::error!(message, "sequence failed mid-stream");
-                    let _ = tx.send(json_event(&ApiError::Internal.body())).await;
-                    return;
-                }
-                SequenceEvent::TimedOut => {
-                    let error = ApiError::Timeout(params.inference_timeout.unwrap_or(0.0));
-                    let _ = tx.send(json_event(&error.body())).await;
-                    return;
+                        ChoiceStream {
+                            echo_text: prompt.echo_text.clone(),
+                            echoed: !params.output.echo,
+                            logprobs: params
+                                .output
+                                .logprobs
+                                .map(|_| LogprobsBuilder::new(params.output.tokens_as_ids, 0)),
+                            generated: 0,
+                        },
+                    ));
+                    streams.push(Box::pin(events.into_stream().map(move |e| (index, e))));
                 }
             }
-            for choice in out {
-                let running = params.continuous_usage.then(|| with_total(usage));
-                if tx
-                    .send(json_event(&chunk(vec![choice], running)))
+            let mut merged = stream::select_all(streams);
+            let chunk = |choices: Vec<ChunkChoice>, usage: Option<Usage>| CompletionChunk {
+                id: meta.id.clone(),
+                object: "text_completion".into(),
+                created: meta.created,
+                model: meta.model.clone(),
+                system_fingerprint: meta.fingerprint.clone(),
+                choices,
+                usage,
+            };
+            let text_choice = |index, text: String, logprobs: Option<Value>| ChunkChoice {
+                index,
+                text,
+                logprobs,
+                finish_reason: None,
+                stop_reason: None,
+            };
+            while let Some((index, event)) = merged.next().await {
+                let state = &mut states
+                    .iter_mut()
+                    .find(|(i, _)| *i == index)
+                    .expect("every stream has a state")
+                    .1;
+                let mut out = Vec::new();
+                // The echoed prompt goes first, with its logprobs when they come.
+                if !state.echoed {
+                    state.echoed = true;
+                    let echo_chars = state.echo_text.chars().count();
+                    let logprobs = match (&event, state.logprobs.as_mut()) {
+                        (SequenceEvent::PromptLogprobs(scores), Some(b)) => {
+                            b.push_prompt(&tokenizer, scores);
+                            let taken = b.take();
+                            b.set_offset(echo_chars);
+                            Some(taken)
+                        }
+                        _ => None,
+                    };
+                    out.push(text_choice(index, state.echo_text.clone(), logprobs));
+                    if let Some(b) = state.logprobs.as_mut() {
+                        b.set_offset(echo_chars);
+                    }
+                }
+                match event {
+                    SequenceEvent::PromptLogprobs(_) => {}
+                    SequenceEvent::Token {
+                        id,
+                        logprob,
+                        text,
+                        top,
+                    } => {
+                        state.generated += 1;
+                        usage.completion_tokens += 1;
+                        let logprobs = state.logprobs.as_mut().map(|b| {
+                            b.push(&tokenizer, id, logprob, Some(&top));
+                            b.take()
+                        });
+                        if !text.is_empty() || logprobs.is_some() {
+                            out.push(text_choice(index, text, logprobs));
+                        }
+                    }
+                    SequenceEvent::Finished { reason, .. } => {
+                        let (finish_reason, stop_reason) = finish_fields(&reason);
+                        out.push(ChunkChoice {
+                            index,
+                            text: appended_suffix.clone().unwrap_or_default(),
+                            logprobs: None,
+                            finish_reason: Some(finish_reason),
+                            stop_reason: Some(stop_reason.unwrap_or(Value::Null)),
+                        });
+                    }
+                    SequenceEvent::Failed(message) => {
+                        tracing::error!(message, "sequence failed mid-stream");
+                        let _ = tx.send(json_event(&ApiError::Internal.body())).await;
+                        return;
+                    }
+                    SequenceEvent::TimedOut => {
+                        let error = ApiError::Timeout(params.inference_timeout.unwrap_or(0.0));
+                        let _ = tx.send(json_event(&error.body())).await;
+                        return;
+                    }
+                    SequenceEvent::Aborted => {
+                        let _ = tx
+                            .send(json_event(&ApiError::shut_down_midway().body()))
+                            .await;
+                        return;
+                    }
+                }
+                for choice in out {
+                    let running = params.continuous_usage.then(|| with_total(usage));
+                    if tx
+                        .send(json_event(&chunk(vec![choice], running)))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            }
+            if params.include_usage
+                && tx
+                    .send(json_event(&chunk(Vec::new(), Some(with_total(usage)))))
                     .await
                     .is_err()
-                {
-                    return;
-                }
+            {
+                return;
             }
+            let _ = tx.send(Event::default().data("[DONE]")).await;
         }
-        if params.include_usage
-            && tx
-                .send(json_event(&chunk(Vec::new(), Some(with_total(usage)))))
-                .await
-                .is_err()
-        {
-            return;
-        }
-        let _ = tx.send(Event::default().data("[DONE]")).await;
-    });
+        .instrument(tracing::Span::current()),
+    );
     Sse::new(ReceiverStream::new(rx).map(Ok::<_, Infallible>))
         .keep_alive(KeepAlive::default())
         .into_response()

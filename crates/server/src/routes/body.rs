@@ -1,0 +1,75 @@
+//! The raw body of a POST route, with body errors in the OpenAI shape: a body over
+//! `--max-body-size` is a 413, one that cannot be read a 400.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::StatusCode;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// A request body, read whole (up to the server's limit, which the router's
+/// `DefaultBodyLimit` enforces).
+pub struct RawBody(pub Bytes);
+
+impl FromRequest<Arc<AppState>> for RawBody {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
+        match Bytes::from_request(request, state).await {
+            Ok(bytes) => Ok(Self(bytes)),
+            Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                Err(ApiError::PayloadTooLarge(state.limits.max_body_bytes))
+            }
+            Err(rejection) => {
+                let status = rejection.status();
+                let text = rejection.body_text();
+                tracing::debug!(%status, text, "cannot read a request body");
+                Err(ApiError::invalid_body(format!(
+                    "cannot read the request body: {text}"
+                )))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::extract::DefaultBodyLimit;
+    use axum::routing::post;
+    use axum::Router;
+    use tower::ServiceExt;
+
+    async fn echo_len(RawBody(body): RawBody) -> String {
+        body.len().to_string()
+    }
+
+    #[tokio::test]
+    async fn a_body_over_the_limit_is_a_413_in_the_openai_shape() {
+        let mut state = AppState::new(vec!["m".into()], false);
+        state.limits.max_body_bytes = 10;
+        let app = Router::new()
+            .route("/", post(echo_len))
+            .layer(DefaultBodyLimit::max(10))
+            .with_state(Arc::new(state));
+        let small = Request::post("/").body(Body::from("0123456789")).unwrap();
+        let response = app.clone().oneshot(small).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let large = Request::post("/").body(Body::from("01234567890")).unwrap();
+        let response = app.oneshot(large).await.unwrap();
+        assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+        assert!(body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("10 bytes"));
+    }
+}

@@ -1,0 +1,103 @@
+"""Graceful shutdown on SIGTERM: /ready and new requests answer 503 at once, running
+streams finish within --shutdown-grace or are ended with a final error event, and the
+process exits 0."""
+
+import json
+import signal
+import threading
+import time
+
+import httpx
+
+from conftest import MODEL, Server
+
+
+def start_streams(server, count, max_tokens):
+    """Opens `count` streams; returns their threads and the data events each receives."""
+    events = [[] for _ in range(count)]
+    started = [threading.Event() for _ in range(count)]
+
+    def run(i):
+        body = {"model": MODEL, "prompt": f"{i}, {i + 1},", "max_tokens": max_tokens,
+                "ignore_eos": True, "temperature": 0, "stream": True}
+        with httpx.stream("POST", f"{server.base}/v1/completions", json=body, timeout=120) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events[i].append(line[6:])
+                    if len(events[i]) >= 3:
+                        started[i].set()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for s in started:
+        assert s.wait(60), "a stream did not start"
+    return threads, events
+
+
+def check_refusing(server):
+    assert httpx.get(f"{server.base}/ready", timeout=5).status_code == 503
+    r = httpx.post(f"{server.base}/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2}, timeout=5)
+    assert r.status_code == 503
+    assert r.json()["error"]["type"] == "server_error"
+    assert httpx.get(f"{server.base}/health", timeout=5).status_code == 200
+
+
+def test_sigterm_ends_four_live_streams_cleanly_after_the_grace_period():
+    server = Server(MODEL, ["--shutdown-grace", "1.5"])
+    try:
+        threads, events = start_streams(server, 4, max_tokens=5000)
+        signaled = time.time()
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        check_refusing(server)
+        for t in threads:
+            t.join(timeout=60)
+        assert server.proc.wait(timeout=60) == 0
+        assert time.time() - signaled < 30
+        for stream in events:
+            last = json.loads(stream[-1])
+            assert last["error"]["type"] == "server_error", last
+            assert "shut down" in last["error"]["message"]
+            assert all("choices" in json.loads(e) for e in stream[:-1])
+    finally:
+        server.stop()
+
+
+def test_sigterm_lets_short_streams_finish():
+    server = Server(MODEL, ["--shutdown-grace", "60"])
+    try:
+        threads, events = start_streams(server, 4, max_tokens=48)
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.1)
+        check_refusing(server)
+        for t in threads:
+            t.join(timeout=120)
+        assert server.proc.wait(timeout=60) == 0
+        for stream in events:
+            assert stream[-1] == "[DONE]"
+            chunks = [json.loads(e) for e in stream[:-1]]
+            assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+            assert len("".join(c["choices"][0]["text"] for c in chunks)) > 0
+    finally:
+        server.stop()
+
+
+def test_a_second_signal_ends_the_grace_period_at_once():
+    server = Server(MODEL, ["--shutdown-grace", "600"])
+    try:
+        threads, events = start_streams(server, 2, max_tokens=5000)
+        server.proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        check_refusing(server)
+        signaled = time.time()
+        server.proc.send_signal(signal.SIGINT)
+        for t in threads:
+            t.join(timeout=60)
+        assert server.proc.wait(timeout=30) == 0
+        assert time.time() - signaled < 10
+        for stream in events:
+            assert "shut down" in json.loads(stream[-1])["error"]["message"]
+    finally:
+        server.stop()
