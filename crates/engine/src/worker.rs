@@ -216,7 +216,11 @@ impl EngineHandle {
                 followers: members.collect(),
             };
             if self.commands.send(Command::Submit(pending)).is_err() {
-                self.stats.queued.fetch_sub(1, Ordering::AcqRel);
+                // The engine thread is gone: this group and the ones after it never
+                // reach its queue.
+                self.stats
+                    .queued
+                    .fetch_sub(count - all.len(), Ordering::AcqRel);
                 return Err(EngineError::Stopped);
             }
             all.push(receivers);
