@@ -148,8 +148,8 @@ impl Q4kSums {
     }
 }
 
-/// Evaluates `$call` with the constant `$N` set to `$n` (zero to four, or eight) and copies
-/// its `$N` results into the front of `$out`.
+/// Evaluates `$call` with the constant `$N` set to `$n` (zero to four) and copies its `$N`
+/// results into the front of `$out`.
 #[cfg(target_arch = "x86_64")]
 macro_rules! with_row_count {
     ($n:expr, $out:ident, $N:ident => $call:expr) => {
@@ -171,20 +171,17 @@ macro_rules! with_row_count {
                 const $N: usize = 4;
                 $out[..$N].copy_from_slice(&$call);
             }
-            _ => {
-                const $N: usize = 8;
-                $out[..$N].copy_from_slice(&$call);
-            }
+            n => unreachable!("{n} rows: at most four at a time"),
         }
     };
 }
 
-/// Q4_K dot products of one weight row with up to four (or eight) activation rows, each
-/// rounded as its kernel says (entries past the given rows are zero): the SIMD kernel
-/// decodes each super-block once for all rows.
-pub fn dot_q4k_tile(w: &[u8], a: &[&Q8KRow], kernels: &[RowKernel]) -> [f32; 8] {
-    assert!((a.len() <= 4 || a.len() == 8) && kernels.len() == a.len());
-    let mut out = [0f32; 8];
+/// Q4_K dot products of one weight row with up to four activation rows, each rounded as
+/// its kernel says (entries past the given rows are zero): the SIMD kernel decodes each
+/// super-block once for all rows.
+pub fn dot_q4k_tile(w: &[u8], a: &[&Q8KRow], kernels: &[RowKernel]) -> [f32; 4] {
+    assert!(a.len() <= 4 && kernels.len() == a.len());
+    let mut out = [0f32; 4];
     #[cfg(target_arch = "x86_64")]
     if super::simd::available() {
         // SAFETY: the CPU features were checked.
@@ -203,11 +200,11 @@ pub fn dot_q4k_tile(w: &[u8], a: &[&Q8KRow], kernels: &[RowKernel]) -> [f32; 8] 
     out
 }
 
-/// Q6_K dot products of one weight row with up to four (or eight) activation rows (entries
-/// past the given rows are zero): the SIMD kernel decodes each super-block once for all rows.
-pub fn dot_q6k_tile(w: &[u8], a: &[&Q8KRow]) -> [f32; 8] {
-    assert!(a.len() <= 4 || a.len() == 8);
-    let mut out = [0f32; 8];
+/// Q6_K dot products of one weight row with up to four activation rows (entries past the
+/// given rows are zero): the SIMD kernel decodes each super-block once for all rows.
+pub fn dot_q6k_tile(w: &[u8], a: &[&Q8KRow]) -> [f32; 4] {
+    assert!(a.len() <= 4);
+    let mut out = [0f32; 4];
     #[cfg(target_arch = "x86_64")]
     if super::simd::available() {
         // SAFETY: the CPU features were checked.

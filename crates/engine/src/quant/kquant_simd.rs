@@ -11,36 +11,14 @@ use super::simd::f16_at;
 use super::RowKernel;
 
 /// Q4_K · Q8_K for one weight row and `N` activation rows, each rounded as its kernel
-/// says: every super-block's nibbles and scales are decoded once for all rows.
+/// says: every super-block's nibbles and scales are decoded once for all rows. (Where
+/// the CPU has AVX-512 VNNI, matrices use the interleaved layout of `q4k_lanes` instead.)
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available; `w` holds whole super-blocks and every row of `a`
 /// as many.
-pub unsafe fn dot_q4k_rows<const N: usize>(
-    w: &[u8],
-    a: [&Q8KRow; N],
-    kernels: [RowKernel; N],
-) -> [f32; N] {
-    if super::simd::vnni_available() {
-        q4k_wide(w, a, kernels)
-    } else {
-        q4k_narrow(w, a, kernels)
-    }
-}
-
-/// [`dot_q4k_rows`] with AVX-512VL's 32 vector registers.
-#[target_feature(enable = "avx2,fma,f16c,avx512vl")]
-unsafe fn q4k_wide<const N: usize>(w: &[u8], a: [&Q8KRow; N], kernels: [RowKernel; N]) -> [f32; N] {
-    if N == 8 && kernels.iter().all(|&k| k == RowKernel::Gemm4) {
-        let got = q4k_gemm8_body(w, std::array::from_fn(|r| a[r]));
-        return std::array::from_fn(|r| got[r]);
-    }
-    q4k_body(w, a, kernels)
-}
-
-/// [`dot_q4k_rows`] with AVX2's 16.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4k_narrow<const N: usize>(
+pub unsafe fn dot_q4k_rows<const N: usize>(
     w: &[u8],
     a: [&Q8KRow; N],
     kernels: [RowKernel; N],
@@ -146,62 +124,6 @@ unsafe fn q4k_body<const N: usize>(w: &[u8], a: [&Q8KRow; N], kernels: [RowKerne
     sums.map(|s| s.result())
 }
 
-/// Eight rows' four values each (rows `r` and `r + 4` in one vector's halves) turned into
-/// four vectors, one per value, whose lanes are the rows 0..8 in order.
-#[inline(always)]
-unsafe fn transpose_4x8(v: [__m256i; 4]) -> [__m256i; 4] {
-    let a = _mm256_unpacklo_epi32(v[0], v[1]);
-    let b = _mm256_unpacklo_epi32(v[2], v[3]);
-    let c = _mm256_unpackhi_epi32(v[0], v[1]);
-    let d = _mm256_unpackhi_epi32(v[2], v[3]);
-    [
-        _mm256_unpacklo_epi64(a, b),
-        _mm256_unpackhi_epi64(a, b),
-        _mm256_unpacklo_epi64(c, d),
-        _mm256_unpackhi_epi64(c, d),
-    ]
-}
-
-/// [`q4k_body`] for eight activation rows that all follow the GEMM kernel: the integer
-/// sums are those of the general body, and each row's floating-point steps (one fused
-/// multiply-add per pair of sub-blocks for the products and for the minimums, in pair
-/// order) run in one lane of eight, instead of as scalar code per row.
-#[inline(always)]
-unsafe fn q4k_gemm8_body(w: &[u8], a: [&Q8KRow; 8]) -> [f32; 8] {
-    let blocks = check_q4k_rows(w, &a);
-    // Lanes 0, 1, 4 and 5 of a pairwise sum hold the four pairs' values.
-    let pick = _mm256_setr_epi32(0, 1, 4, 5, 0, 1, 4, 5);
-    let (mut acc, mut acc_min) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    for b in 0..blocks {
-        let block = decode_q4k(w.as_ptr().add(b * Q4_K));
-        // Per row: its four pair sums and four pair minimum terms (128 bits each).
-        let mut psum = [_mm_setzero_si128(); 8];
-        let mut pmin = [_mm_setzero_si128(); 8];
-        let mut da = [0f32; 8];
-        for r in 0..8 {
-            let (p, m) = q4k_pair_sums(&block, a[r], b);
-            psum[r] = p;
-            pmin[r] = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(m, pick));
-            da[r] = *a[r].d.get_unchecked(b);
-        }
-        let join = |v: &[__m128i; 8]| -> [__m256i; 4] {
-            std::array::from_fn(|r| _mm256_set_m128i(v[r + 4], v[r]))
-        };
-        let psum = transpose_4x8(join(&psum));
-        let pmin = transpose_4x8(join(&pmin));
-        let da = _mm256_loadu_ps(da.as_ptr());
-        let dd = _mm256_mul_ps(_mm256_set1_ps(block.d), da);
-        let dm = _mm256_mul_ps(_mm256_set1_ps(block.dmin), da);
-        for pair in 0..4 {
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(psum[pair]), dd, acc);
-            acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pmin[pair]), dm, acc_min);
-        }
-    }
-    let mut out = [0f32; 8];
-    _mm256_storeu_ps(out.as_mut_ptr(), _mm256_sub_ps(acc, acc_min));
-    out
-}
-
 /// Q6_K · Q8_K for one weight row and `N` activation rows: every super-block's 6-bit
 /// values and scales are decoded once for all rows, each row accumulating as
 /// the portable [`super::kquant::dot_q6k_portable`] does.
@@ -209,23 +131,8 @@ unsafe fn q4k_gemm8_body(w: &[u8], a: [&Q8KRow; 8]) -> [f32; 8] {
 /// # Safety
 /// AVX2, FMA and F16C must be available; `w` holds whole super-blocks and every row of `a`
 /// as many.
-pub unsafe fn dot_q6k_rows<const N: usize>(w: &[u8], a: [&Q8KRow; N]) -> [f32; N] {
-    if super::simd::vnni_available() {
-        q6k_wide(w, a)
-    } else {
-        q6k_narrow(w, a)
-    }
-}
-
-/// [`dot_q6k_rows`] with AVX-512VL's 32 vector registers.
-#[target_feature(enable = "avx2,fma,f16c,avx512vl")]
-unsafe fn q6k_wide<const N: usize>(w: &[u8], a: [&Q8KRow; N]) -> [f32; N] {
-    q6k_body(w, a)
-}
-
-/// [`dot_q6k_rows`] with AVX2's 16.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6k_narrow<const N: usize>(w: &[u8], a: [&Q8KRow; N]) -> [f32; N] {
+pub unsafe fn dot_q6k_rows<const N: usize>(w: &[u8], a: [&Q8KRow; N]) -> [f32; N] {
     q6k_body(w, a)
 }
 
@@ -350,7 +257,6 @@ mod tests {
                 check::<2>(&mut rng, all_gemm);
                 check::<3>(&mut rng, all_gemm);
                 check::<4>(&mut rng, all_gemm);
-                check::<8>(&mut rng, all_gemm);
             }
         }
     }

@@ -429,9 +429,8 @@ impl QMatrix {
                 });
             }
             (Weights::Rows(data), Activations::Q8K(a)) => {
-                // One weight row by up to four activation rows (eight with AVX-512's
-                // registers): each super-block is decoded once for all of them.
-                let wide = simd_wide_tiles();
+                // One weight row by up to four activation rows (the layout of CPUs without
+                // AVX-512 VNNI): each super-block is decoded once for all of them.
                 let a: Vec<&kquant::Q8KRow> = a.iter().collect();
                 let row_bytes = format.row_bytes(*cols);
                 for t0 in (0..n).step_by(ACT_TILE) {
@@ -440,8 +439,7 @@ impl QMatrix {
                         let w = &data[r * row_bytes..(r + 1) * row_bytes];
                         let mut t = t0;
                         while t < t1 {
-                            let step = if t1 - t >= 8 && wide { 8 } else { 4 };
-                            let g = t..(t + step).min(t1);
+                            let g = t..(t + 4).min(t1);
                             let got = match format {
                                 OwnFormat::Q4K => {
                                     kquant::dot_q4k_tile(w, &a[g.clone()], &kernels[g.clone()])
