@@ -287,6 +287,51 @@ def test_bad_model_files_give_a_clear_error(tmp_path):
     assert str(garbage) in out and "not a valid GGUF file" in out, out
 
 
+def gguf_bytes(metadata, tensors=()):
+    """A GGUF v3 file: string or string-list metadata; tensors as (name, dims, type id, data)."""
+    import struct
+
+    def string(s):
+        b = s.encode()
+        return struct.pack("<Q", len(b)) + b
+
+    out = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(metadata))
+    for key, value in metadata.items():
+        out += string(key)
+        if isinstance(value, list):
+            out += struct.pack("<IIQ", 9, 8, len(value)) + b"".join(string(v) for v in value)
+        else:
+            out += struct.pack("<I", 8) + string(value)
+    offset = 0
+    for name, dims, kind, data in tensors:
+        out += string(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims)
+        out += struct.pack("<IQ", kind, offset)
+        offset += -(-len(data) // 32) * 32
+    out += bytes(-len(out) % 32)
+    for *_, data in tensors:
+        out += data + bytes(-len(data) % 32)
+    return out
+
+
+TOKENIZER = {
+    "tokenizer.ggml.model": "gpt2",
+    "tokenizer.ggml.tokens": ["a", "b", "ab"],
+    "tokenizer.ggml.merges": ["a b"],
+}
+
+
+def test_unknown_architectures_and_tensor_types_give_a_clear_error(tmp_path):
+    unknown_arch = tmp_path / "mamba.gguf"
+    unknown_arch.write_bytes(gguf_bytes({"general.architecture": "mamba9", **TOKENIZER}))
+    out = serve_fails(unknown_arch)
+    assert str(unknown_arch) in out and "architecture `mamba9`" in out, out
+    unknown_type = tmp_path / "quant.gguf"
+    unknown_type.write_bytes(gguf_bytes({"general.architecture": "llama", **TOKENIZER},
+                                        [("token_embd.weight", [32, 3], 99, bytes(96))]))
+    out = serve_fails(unknown_type)
+    assert str(unknown_type) in out and "99" in out, out
+
+
 def test_model_names_cannot_escape_the_cache():
     for name in ["../../no/such/model", "owner/repo:../../escape.gguf"]:
         out = serve_fails(name)
