@@ -1,5 +1,6 @@
-"""API keys: with any configured, every route but /health, /ready and /metrics needs one,
-as `Authorization: Bearer KEY` (the openai SDK's way) or `x-api-key: KEY`."""
+"""API keys: with any configured, every route but /health, /ready, /metrics and
+/openapi.json needs one, as `Authorization: Bearer KEY` (the openai SDK's way) or
+`x-api-key: KEY`."""
 
 import httpx
 import openai
@@ -63,8 +64,8 @@ def test_other_protected_routes_need_the_key_too(keyed):
     assert ok.status_code == 200
 
 
-def test_health_ready_and_metrics_stay_open(keyed):
-    for path in ["/health", "/ready", "/metrics"]:
+def test_health_ready_metrics_and_the_openapi_document_stay_open(keyed):
+    for path in ["/health", "/ready", "/metrics", "/openapi.json"]:
         assert httpx.get(f"{keyed.base}{path}", timeout=10).status_code == 200, path
 
 

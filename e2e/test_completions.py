@@ -146,6 +146,23 @@ def test_models_route(client):
     assert models.data[0].model_extra["max_model_len"] == 8192
 
 
+def test_openapi_document_describes_the_real_answers(client, server):
+    import jsonschema
+
+    doc = httpx.get(f"{server.base}/openapi.json", timeout=10).json()
+    assert doc["openapi"].startswith("3.1")
+    schemas = doc["components"]["schemas"]
+    assert {"model", "prompt", "max_tokens", "guided_json", "stream_options"} <= set(schemas["CompletionRequest"]["properties"])
+    body = {"model": MODEL, "prompt": "Hello", "max_tokens": 3, "logprobs": 1}
+    jsonschema.validate(body, schemas["CompletionRequest"])
+    answer = httpx.post(f"{server.base}/v1/completions", json=body, timeout=60).json()
+    jsonschema.validate(answer, schemas["Completion"])
+    error = httpx.post(f"{server.base}/v1/completions", json={**body, "n": 0}, timeout=60).json()
+    jsonschema.validate(error, schemas["Error"])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**body, "no_such_field": 1}, schemas["CompletionRequest"])
+
+
 def test_eight_concurrent_streams_all_finish(client):
     prompts = [f"Story number {i}: once upon a time" for i in range(8)]
     results = [None] * 8

@@ -4,6 +4,7 @@ pub(crate) mod body;
 mod completions;
 mod health;
 mod models;
+mod openapi;
 mod tokenize;
 
 use std::sync::Arc;
@@ -16,8 +17,8 @@ use axum::Router;
 use crate::error::ApiError;
 use crate::state::AppState;
 
-/// The router with every route of the API; all but `/health`, `/ready` and `/metrics`
-/// need an API key when the server has any. `/metrics` is left out when it has a port
+/// The router with every route of the API; all but `/health`, `/ready`, `/metrics` and
+/// `/openapi.json` need an API key when the server has any. `/metrics` is left out when it has a port
 /// of its own ([`metrics_router`]).
 pub fn router(state: Arc<AppState>, with_metrics: bool) -> Router {
     let protected = Router::new()
@@ -33,7 +34,8 @@ pub fn router(state: Arc<AppState>, with_metrics: bool) -> Router {
     let mut router = Router::new()
         .merge(protected)
         .route("/health", get(health::health))
-        .route("/ready", get(health::ready));
+        .route("/ready", get(health::ready))
+        .route("/openapi.json", get(openapi::openapi));
     if with_metrics {
         router = router.route("/metrics", get(health::metrics));
     }
