@@ -48,14 +48,22 @@ def test_sigterm_ends_four_live_streams_cleanly_after_the_grace_period():
     server = Server(MODEL, ["--shutdown-grace", "1.5"])
     try:
         threads, events = start_streams(server, 4, max_tokens=5000)
+        # A non-streaming request cut by the shutdown gets a 503, not a dropped connection.
+        plain = {}
+        body = {"model": MODEL, "prompt": "1, 2,", "max_tokens": 5000, "ignore_eos": True}
+        waiting = threading.Thread(target=lambda: plain.update(r=httpx.post(f"{server.base}/v1/completions", json=body, timeout=120)))
+        waiting.start()
+        time.sleep(0.3)
         signaled = time.time()
         server.proc.send_signal(signal.SIGTERM)
         time.sleep(0.3)
         check_refusing(server)
-        for t in threads:
+        for t in threads + [waiting]:
             t.join(timeout=60)
         assert server.proc.wait(timeout=60) == 0
         assert time.time() - signaled < 30
+        assert plain["r"].status_code == 503, plain["r"].text
+        assert "shut down" in plain["r"].json()["error"]["message"]
         for stream in events:
             last = json.loads(stream[-1])
             assert last["error"]["type"] == "server_error", last
