@@ -102,7 +102,9 @@ def test_a_full_queue_gets_429_and_every_accepted_request_completes(limited):
     statuses = [r.status_code for r in results]
     assert set(statuses) <= {200, 429}, statuses
     assert statuses.count(429) >= 1, statuses
-    assert statuses.count(200) >= 3, statuses
+    # The first is admitted at once (or waits), another waits, the rest may find the
+    # queue full until the first finishes.
+    assert statuses.count(200) >= 2, statuses
     for r in results:
         if r.status_code == 429:
             assert r.headers["retry-after"].isdigit()
@@ -116,9 +118,11 @@ def test_a_full_queue_gets_429_and_every_accepted_request_completes(limited):
 def test_the_sdk_sees_429_as_a_rate_limit_error(limited):
     client = openai.OpenAI(base_url=f"{limited.base}/v1", api_key="x", max_retries=0, timeout=60)
     long = dict(model=MODEL, prompt="1, 2,", max_tokens=250, stream=True, extra_body={"ignore_eos": True})
-    streams = [client.completions.create(**long) for _ in range(3)]
+    # One running (its first token seen, so it has left the queue), then two waiting.
+    streams = [client.completions.create(**long)]
     try:
         next(iter(streams[0]))
+        streams += [client.completions.create(**long) for _ in range(2)]
         with pytest.raises(openai.RateLimitError):
             client.completions.create(model=MODEL, prompt="Hi", max_tokens=1)
     finally:
