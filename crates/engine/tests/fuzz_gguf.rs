@@ -131,3 +131,21 @@ fn fuzz_gguf_reader_and_loaders() {
         let _ = exercise(apply(seeds[seed].clone(), &mutations));
     });
 }
+
+/// Writes the seeds of the cargo-fuzz target (`crates/engine/fuzz`) into the directory
+/// `FERRITE_WRITE_FUZZ_SEEDS` names; does nothing without it.
+#[test]
+fn write_cargo_fuzz_seeds() {
+    let Some(dir) = std::env::var_os("FERRITE_WRITE_FUZZ_SEEDS") else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for arch in ["llama", "gemma3"] {
+        std::fs::write(
+            dir.join(format!("tiny-{arch}.gguf")),
+            tiny_model(arch).build(),
+        )
+        .unwrap();
+    }
+}

@@ -3,15 +3,6 @@
 //! `ferrite serve` loads a model and serves `POST /v1/completions`; `ferrite pull NAME`
 //! fetches a known model into the cache.
 
-mod auth;
-mod error;
-mod fetch;
-mod metrics;
-mod observe;
-mod routes;
-mod state;
-mod validate;
-
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -26,7 +17,8 @@ use ferrite_engine::tokenizer::Tokenizer;
 use ferrite_engine::{model, Engine, EngineConfig, EngineHandle, SequenceEvent, SequenceRequest};
 use tracing_subscriber::EnvFilter;
 
-use crate::state::{AppState, RequestLimits};
+use ferrite_server::state::{AppState, RequestLimits};
+use ferrite_server::{auth, fetch, routes};
 
 #[derive(Parser)]
 #[command(

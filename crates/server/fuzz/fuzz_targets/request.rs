@@ -1,0 +1,20 @@
+//! libFuzzer target: any bytes as the body of `POST /v1/completions`, parsed and
+//! validated with and without `--ignore-unknown-fields`. Every input must give
+//! parameters or a 4xx error whose body serializes; a panic or a crash is a finding.
+//! Seeds: `corpus/request/` (requests using every kind of field).
+//!
+//!     cd crates/server && cargo fuzz run --sanitizer none request WORK_DIR corpus/request -- -max_total_time=600
+
+#![no_main]
+
+use ferrite_server::validate::{parse_body, GenerateParams};
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    for ignore_unknown in [false, true] {
+        if let Err(e) = parse_body(data, ignore_unknown).and_then(GenerateParams::try_from) {
+            let body = serde_json::to_string(&e.body()).expect("error bodies serialize");
+            assert!(body.contains("\"message\""));
+            assert!(e.status().is_client_error(), "{e:?}");
+        }
+    }
+});

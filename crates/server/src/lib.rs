@@ -1,0 +1,13 @@
+//! The library behind the `ferrite` binary: the HTTP layer (routes, validation, auth,
+//! metrics, request ids), its shared state, and model fetching. `main.rs` holds only the
+//! command line and the process's life (logging, serving, graceful shutdown); the
+//! library form lets the fuzz targets (`crates/server/fuzz`) call the request parser.
+
+pub mod auth;
+pub mod error;
+pub mod fetch;
+pub mod metrics;
+pub mod observe;
+pub mod routes;
+pub mod state;
+pub mod validate;
