@@ -38,7 +38,6 @@ pub struct EngineConfig {
 #[derive(Debug, Default)]
 pub struct EngineStats {
     running: AtomicUsize,
-    waiting: AtomicUsize,
     /// Groups submitted and not yet admitted or dropped (in the channel or waiting).
     queued: AtomicUsize,
     kv_reserved: AtomicUsize,
@@ -57,8 +56,6 @@ pub struct EngineStats {
 pub struct StatsSnapshot {
     /// Sequences in the running batch.
     pub running: usize,
-    /// Sequences waiting for admission.
-    pub waiting: usize,
     /// Requests (groups sharing a prompt) submitted and not yet admitted.
     pub queued: usize,
     /// KV cache positions the running sequences reserve.
@@ -291,7 +288,6 @@ impl EngineHandle {
         let s = &self.stats;
         StatsSnapshot {
             running: s.running.load(Ordering::Relaxed),
-            waiting: s.waiting.load(Ordering::Relaxed),
             queued: s.queued.load(Ordering::Relaxed),
             kv_reserved: s.kv_reserved.load(Ordering::Relaxed),
             kv_budget: self.config.scheduler.kv_budget,
@@ -683,8 +679,5 @@ impl Worker {
             .store(self.running.len(), Ordering::Relaxed);
         let reserved: usize = self.running.iter().map(Sequence::reservation).sum();
         self.stats.kv_reserved.store(reserved, Ordering::Relaxed);
-        self.stats
-            .waiting
-            .store(self.waiting.len(), Ordering::Relaxed);
     }
 }

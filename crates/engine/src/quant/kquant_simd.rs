@@ -89,17 +89,11 @@ unsafe fn q4k_pair_sums(w: &Q4kBlock, a: &Q8KRow, b: usize) -> (__m128i, __m256i
     (psum, _mm256_hadd_epi32(m, m))
 }
 
-/// Checks that every activation row has the super-blocks `w` has; returns their count.
-fn check_q4k_rows(w: &[u8], a: &[&Q8KRow]) -> usize {
-    let blocks = w.len() / Q4_K;
-    assert!(a.iter().all(|row| row.has_blocks(blocks)));
-    blocks
-}
-
 // Always inlined into a function that enables AVX2, FMA and F16C.
 #[inline(always)]
 unsafe fn q4k_body<const N: usize>(w: &[u8], a: [&Q8KRow; N], kernels: [RowKernel; N]) -> [f32; N] {
-    let blocks = check_q4k_rows(w, &a);
+    let blocks = w.len() / Q4_K;
+    assert!(a.iter().all(|row| row.has_blocks(blocks)));
     let mut sums = kernels.map(Q4kSums::new);
     for b in 0..blocks {
         let block = decode_q4k(w.as_ptr().add(b * Q4_K));
