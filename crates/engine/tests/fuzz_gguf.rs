@@ -132,20 +132,24 @@ fn fuzz_gguf_reader_and_loaders() {
     });
 }
 
-/// Writes the seeds of the cargo-fuzz target (`crates/engine/fuzz`) into the directory
-/// `FERRITE_WRITE_FUZZ_SEEDS` names; does nothing without it.
+/// The cargo-fuzz target's committed seeds (`crates/engine/fuzz/corpus/gguf`) are the
+/// tiny models this file builds; with `FERRITE_WRITE_FUZZ_SEEDS` set, writes them there
+/// first (after a change to the builder).
 #[test]
-fn write_cargo_fuzz_seeds() {
-    let Some(dir) = std::env::var_os("FERRITE_WRITE_FUZZ_SEEDS") else {
-        return;
-    };
-    let dir = std::path::PathBuf::from(dir);
-    std::fs::create_dir_all(&dir).unwrap();
+fn cargo_fuzz_seeds_are_the_tiny_models() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/gguf");
     for arch in ["llama", "gemma3"] {
-        std::fs::write(
-            dir.join(format!("tiny-{arch}.gguf")),
-            tiny_model(arch).build(),
-        )
-        .unwrap();
+        let path = dir.join(format!("tiny-{arch}.gguf"));
+        let bytes = tiny_model(arch).build();
+        if std::env::var_os("FERRITE_WRITE_FUZZ_SEEDS").is_some() {
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(&path, &bytes).unwrap();
+        }
+        let committed = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(
+            committed == bytes,
+            "{} is stale: rerun with FERRITE_WRITE_FUZZ_SEEDS=1",
+            path.display()
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! libFuzzer target: any bytes as a GGUF file, read, tokenizer built and used, model
 //! loaded, and a forward step run on whatever loads. Only a panic or a crash is a
 //! finding. Seeds: `corpus/gguf/` (complete one-layer llama and gemma3 models, written by
-//! `FERRITE_WRITE_FUZZ_SEEDS=DIR cargo test -p ferrite-engine --test fuzz_gguf`).
+//! `FERRITE_WRITE_FUZZ_SEEDS=1 cargo test -p ferrite-engine --test fuzz_gguf`).
 //!
 //!     cd crates/engine && cargo fuzz run gguf corpus/gguf -- -max_total_time=600
 
