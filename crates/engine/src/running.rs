@@ -2,11 +2,11 @@
 //! draft state, and the events it sends back.
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::constrain::Constraint;
+use crate::constrain::{Constraint, MaskError};
 use crate::kv_cache::SequenceCache;
 use crate::model::Logits;
 use crate::sampling::{log_sum_exp, top_k, Sampler};
@@ -16,6 +16,11 @@ use crate::tokenizer::{IncrementalDecoder, TokenId, Tokenizer};
 
 /// Most draft tokens verified in one step.
 pub(crate) const MAX_DRAFT: usize = 8;
+
+/// Longest one sequence's sampling of one token may take (its grammar's mask, penalties,
+/// stop strings) before the engine's watchdog ends that sequence with an error. Every
+/// such piece of work is bounded well below this; the bound catches what is not.
+pub(crate) const TOKEN_WORK_LIMIT: Duration = Duration::from_millis(1500);
 
 /// Choices that share a sequence's prompt: they start from its cache once its prompt is
 /// in, instead of computing the prompt again.
@@ -274,14 +279,25 @@ impl Sequence {
         tokenizer: &Tokenizer,
         context: usize,
     ) -> bool {
+        let started = Instant::now();
         let banned = self.banned(tokenizer);
         let id = match self.constraint.as_mut() {
             Some(constraint) => {
                 let mut masked = logits.to_vec();
+                // Prepared when the last token was consumed (or at compile time), so
+                // this fails only for a constraint nobody prepared.
                 if let Err(e) = constraint.mask(&mut masked) {
-                    return self.fail_grammar(e);
+                    self.finish(grammar_end(e));
+                    return true;
                 }
-                self.sampler.sample(&masked, &self.tokens, &banned)
+                // What the grammar allows wins over `min_tokens` and stop tokens: when
+                // every allowed token is banned, the bans yield.
+                let open = masked
+                    .iter()
+                    .enumerate()
+                    .any(|(id, &l)| l > f32::NEG_INFINITY && !banned.contains(&(id as TokenId)));
+                let banned: &[TokenId] = if open { &banned } else { &[] };
+                self.sampler.sample(&masked, &self.tokens, banned)
             }
             None => self.sampler.sample(logits, &self.tokens, &banned),
         };
@@ -293,10 +309,23 @@ impl Sequence {
         };
         self.tokens.push(id);
         self.follow_prediction(id);
-        if let Some(constraint) = self.constraint.as_mut() {
-            if let Err(e) = constraint.consume(id) {
-                return self.fail_grammar(e);
-            }
+        // A grammar that cannot take the token (over its limits) ends the sequence with it.
+        let grammar_failed = match self.constraint.as_mut() {
+            Some(constraint) => constraint.consume(id).err(),
+            None => None,
+        };
+        if started.elapsed() > TOKEN_WORK_LIMIT {
+            // The watchdog: whatever made this sequence's token this slow must not hold
+            // the other sequences back again.
+            tracing::warn!(
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "one sequence's token took too long; ending it"
+            );
+            self.send(SequenceEvent::Failed(format!(
+                "choosing one token took over {} ms; the request was ended to keep the server responsive",
+                TOKEN_WORK_LIMIT.as_millis()
+            )));
+            return true;
         }
         let stops_allowed = self.completion_tokens() >= self.min_tokens;
         let (mut text, mut finish) = if tokenizer.is_end_of_generation(id) && !self.ignore_eos {
@@ -317,6 +346,10 @@ impl Sequence {
                 (self.stop.push_unmatched(&delta), None)
             }
         };
+        if let (None, Some(why)) = (&finish, grammar_failed) {
+            text.push_str(&self.release_all());
+            finish = Some(grammar_end(MaskError::OverLimit(why)));
+        }
         if finish.is_none()
             && self
                 .constraint
@@ -327,10 +360,19 @@ impl Sequence {
             finish = Some(FinishReason::GrammarComplete);
         }
         if let (None, Some(constraint)) = (&finish, self.constraint.as_mut()) {
-            // Tokens the grammar forces are verified as drafts in the next step.
-            let forced = constraint.forced_tokens();
-            if !forced.is_empty() {
-                self.draft = forced.into();
+            // The next mask now: a grammar that cannot go on ends with this token.
+            match constraint.prepare_next() {
+                Ok(()) => {
+                    // Tokens the grammar forces are verified as drafts in the next step.
+                    let forced = constraint.forced_tokens();
+                    if !forced.is_empty() {
+                        self.draft = forced.into();
+                    }
+                }
+                Err(e) => {
+                    text.push_str(&self.release_all());
+                    finish = Some(grammar_end(e));
+                }
             }
         }
         let out_of_room =
@@ -352,14 +394,6 @@ impl Sequence {
             }
             None => false,
         }
-    }
-
-    /// Ends the sequence because its grammar failed; says it finished.
-    fn fail_grammar(&mut self, error: String) -> bool {
-        self.send(SequenceEvent::Failed(format!(
-            "the output grammar failed: {error}"
-        )));
-        true
     }
 
     /// Releases everything held back: incomplete bytes and possible stop-string starts.
@@ -402,6 +436,17 @@ impl Sequence {
     fn send(&self, event: SequenceEvent) {
         // A closed receiver is noticed by `is_abandoned` on the next step.
         let _ = self.events.send(event);
+    }
+}
+
+/// How a sequence ends when its grammar cannot give a next mask.
+fn grammar_end(error: MaskError) -> FinishReason {
+    match error {
+        MaskError::Nothing => FinishReason::GrammarComplete,
+        MaskError::OverLimit(why) => {
+            tracing::info!(why, "a grammar went over its limits; its choice ends");
+            FinishReason::GrammarLimit(why)
+        }
     }
 }
 

@@ -77,8 +77,11 @@ pub enum FinishReason {
     EndOfSequence(TokenId),
     /// One of the request's `stop_token_ids`.
     StopToken(TokenId),
-    /// The grammar is complete.
+    /// The grammar is complete, or allows no token at all from here.
     GrammarComplete,
+    /// The grammar's next mask would cost more than its limits allow; the text is
+    /// incomplete. Carries llguidance's reason.
+    GrammarLimit(String),
     /// A stop string matched.
     StopString(String),
     /// `max_tokens` reached, or the context is full.

@@ -129,3 +129,40 @@ fn constrained_generation_on_smollm2() {
     }
     engine.shutdown();
 }
+
+/// Grammars that cost too much or can match nothing never stall the engine: the
+/// unsatisfiable ones are refused when compiled, the expensive ones are bounded per token,
+/// and another sequence keeps running beside them.
+#[test]
+fn pathological_grammars_are_bounded() {
+    let engine = start();
+    let h = engine.handle();
+    for (kind, source) in [
+        (GrammarKind::JsonSchema, r##"{"$ref":"#"}"##),
+        (
+            GrammarKind::JsonSchema,
+            r##"{"$defs":{"a":{"$ref":"#/$defs/b"},"b":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"}"##,
+        ),
+        (GrammarKind::Regex, r"[^\s\S]"),
+        (GrammarKind::Lark, "start: x\nx: x \"a\""),
+    ] {
+        let err = h.compile_grammar(&grammar(kind, source)).unwrap_err();
+        assert!(err.contains("no output"), "{source}: {err}");
+    }
+    for source in ["a{100000}", "(a{1000}){1000}"] {
+        let started = std::time::Instant::now();
+        let (text, reason) = generate(&h, "x", &grammar(GrammarKind::Regex, source), 1);
+        assert!(
+            started.elapsed().as_secs_f64() < 10.0,
+            "{source}: {:?}",
+            started.elapsed()
+        );
+        assert!(text.chars().all(|c| c == 'a'), "{source}: {text:?}");
+        // Either it ran to max_tokens (96) or its grammar went over the limits.
+        assert!(
+            matches!(reason, FinishReason::Length | FinishReason::GrammarLimit(_)),
+            "{source}: {reason:?}"
+        );
+    }
+    engine.shutdown();
+}

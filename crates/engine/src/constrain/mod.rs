@@ -3,17 +3,21 @@
 //! (an llguidance `Matcher`) per sequence that masks the logits before sampling, consumes
 //! each sampled token, and names the tokens the grammar forces next.
 //!
-//! A grammar that does not compile is an error before any generation; one that fails
-//! midway ends its sequence with an error. llguidance turns its own panics into errors.
+//! Grammar work is bounded: llguidance's [`ParserLimits`] cap what one grammar may build
+//! and what one token's mask may cost (see [`GRAMMAR_LIMITS`]). A grammar that does not
+//! compile, exceeds the limits while compiling, or allows no output at all is refused
+//! before any generation (compiling computes the first mask to find out). One that runs
+//! over the limits midway ends its sequence ([`MaskError::OverLimit`]), never the engine.
+//! llguidance turns its own panics into errors.
 
 mod tokenizer_env;
 
 use std::fmt;
 use std::sync::Arc;
 
-use llguidance::api::TopLevelGrammar;
+use llguidance::api::{ParserLimits, StopReason, TopLevelGrammar};
 use llguidance::{Matcher, ParserFactory};
-use toktrie::TokEnv;
+use toktrie::{SimpleVob, TokEnv};
 
 use crate::tokenizer::{TokenId, Tokenizer};
 use crate::EngineError;
@@ -51,6 +55,31 @@ pub struct Grammar {
     pub source: String,
 }
 
+/// What one grammar may cost. Lexer fuel is llguidance's unit of regex work (about 14k a
+/// millisecond), so a token's mask costs at most some tens of milliseconds; the lexer's
+/// states (1–2 kB each) bound its memory to tens of megabytes; the grammar size bounds
+/// what a schema may expand to.
+pub const GRAMMAR_LIMITS: ParserLimits = ParserLimits {
+    max_items_in_row: 2_000,
+    initial_lexer_fuel: 1_000_000,
+    step_lexer_fuel: 200_000,
+    step_max_items: 50_000,
+    max_lexer_states: 20_000,
+    max_grammar_size: 200_000,
+    precompute_large_lexemes: true,
+    verbose_errors: false,
+};
+
+/// Why a grammar could not give the next token's mask.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MaskError {
+    /// Computing it went over [`GRAMMAR_LIMITS`] (or the grammar failed otherwise): the
+    /// sequence cannot go on under its grammar.
+    OverLimit(String),
+    /// The grammar allows no token at all here.
+    Nothing,
+}
+
 /// Compiles grammars for one tokenizer. Building it indexes the vocabulary once.
 pub struct ConstraintFactory {
     factory: ParserFactory,
@@ -63,26 +92,57 @@ impl ConstraintFactory {
         let mut factory = ParserFactory::new_simple(&env)
             .map_err(|e| EngineError::InvalidModel(format!("grammar support: {e}")))?;
         factory.quiet();
+        *factory.limits_mut() = GRAMMAR_LIMITS.clone();
         Ok(Self { factory })
     }
 
     /// Compiles `grammar` into a constraint ready for a fresh sequence; the error is
-    /// llguidance's message.
+    /// llguidance's message. The first token's mask is computed too, so that a grammar
+    /// that exceeds the limits at once, or allows no output at all, is refused here
+    /// rather than in a generation step.
     pub fn compile(&self, grammar: &Grammar) -> Result<Constraint, String> {
         let top = TopLevelGrammar::from_tagged_str(grammar.kind.tag(), &grammar.source)
-            .map_err(|e| e.to_string())?;
-        let parser = self.factory.create_parser(top).map_err(|e| e.to_string())?;
+            .map_err(message)?;
+        let parser = self.factory.create_parser(top).map_err(message)?;
         let matcher = Matcher::new(Ok(parser));
-        match matcher.get_error() {
-            Some(e) => Err(e),
-            None => Ok(Constraint { matcher }),
+        if matcher.stop_reason() == StopReason::NoExtensionBias {
+            return Err(NOTHING_ALLOWED.into());
         }
+        if let Some(e) = matcher.get_error() {
+            return Err(message(e));
+        }
+        let mut constraint = Constraint {
+            matcher,
+            next: None,
+        };
+        constraint.prepare_next().map_err(|e| match e {
+            MaskError::OverLimit(why) => why,
+            MaskError::Nothing => NOTHING_ALLOWED.into(),
+        })?;
+        Ok(constraint)
+    }
+}
+
+/// Why a grammar that can match nothing is refused.
+const NOTHING_ALLOWED: &str = "the grammar allows no output at all (it can match nothing)";
+
+/// llguidance's message without the marker it adds when errors are not verbose.
+/// llguidance reports a grammar whose first mask is empty by this stop reason's name.
+fn message(error: impl fmt::Display) -> String {
+    let text = error.to_string();
+    let text = text.trim_end_matches("<non-verbose/>").trim_end();
+    if text == "NoExtensionBias" {
+        NOTHING_ALLOWED.into()
+    } else {
+        text.into()
     }
 }
 
 /// One sequence's grammar state.
 pub struct Constraint {
     matcher: Matcher,
+    /// The next token's mask, once computed.
+    next: Option<SimpleVob>,
 }
 
 impl Clone for Constraint {
@@ -90,6 +150,7 @@ impl Clone for Constraint {
     fn clone(&self) -> Self {
         Self {
             matcher: self.matcher.deep_clone(),
+            next: self.next.clone(),
         }
     }
 }
@@ -103,9 +164,31 @@ impl fmt::Debug for Constraint {
 }
 
 impl Constraint {
+    /// Computes the next token's mask now (once): says whether the grammar can go on.
+    /// A sequence calls it right after consuming a token, so that a grammar that cannot
+    /// go on ends the sequence with that token.
+    pub fn prepare_next(&mut self) -> Result<(), MaskError> {
+        if self.next.is_none() {
+            let allowed = match self.matcher.compute_mask() {
+                Ok(allowed) => allowed,
+                // llguidance stops with this reason when no token fits.
+                Err(_) if self.matcher.stop_reason() == StopReason::NoExtensionBias => {
+                    return Err(MaskError::Nothing)
+                }
+                Err(e) => return Err(MaskError::OverLimit(message(e))),
+            };
+            if allowed.is_zero() {
+                return Err(MaskError::Nothing);
+            }
+            self.next = Some(allowed);
+        }
+        Ok(())
+    }
+
     /// Sets the logit of every token the grammar does not allow next to -inf.
-    pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
-        let allowed = self.matcher.compute_mask().map_err(|e| e.to_string())?;
+    pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), MaskError> {
+        self.prepare_next()?;
+        let allowed = self.next.as_ref().expect("prepared above");
         for (id, logit) in logits.iter_mut().enumerate() {
             if !allowed.is_allowed(id as TokenId) {
                 *logit = f32::NEG_INFINITY;
@@ -116,7 +199,8 @@ impl Constraint {
 
     /// Advances the grammar by a sampled token.
     pub fn consume(&mut self, token: TokenId) -> Result<(), String> {
-        self.matcher.consume_token(token).map_err(|e| e.to_string())
+        self.next = None;
+        self.matcher.consume_token(token).map_err(message)
     }
 
     /// Whether the grammar is complete and allows nothing more.

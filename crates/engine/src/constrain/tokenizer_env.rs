@@ -7,6 +7,10 @@ use toktrie::{TokRxInfo, TokTrie, TokenizerEnv};
 
 use crate::tokenizer::{TokenId, TokenKind, Tokenizer};
 
+/// Longest byte string tokenized with the model's own tokenizer for llguidance; longer
+/// ones are spelled greedily from the trie.
+const MAX_ENCODED_BYTES: usize = 4096;
+
 /// Our tokenizer as a `toktrie::TokenizerEnv`.
 pub(super) struct TokenizerEnvAdapter {
     tokenizer: Arc<Tokenizer>,
@@ -43,6 +47,11 @@ impl TokenizerEnv for TokenizerEnvAdapter {
     }
 
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
+        if s.len() > MAX_ENCODED_BYTES {
+            // A grammar that forces a long run of bytes (`a{100000}`) asks for them at
+            // every mask: the trie's greedy spelling is linear and cheap, and valid.
+            return self.trie.greedy_tokenize(s);
+        }
         match std::str::from_utf8(s) {
             Ok(text) => self.tokenizer.encode(text, false),
             // Not text (a cut UTF-8 sequence): the longest tokens that spell the bytes.

@@ -1,16 +1,12 @@
 //! GPT-2 style byte-level BPE: regex pre-tokenization, bytes mapped to printable
 //! characters, then merges applied in rank order within each pre-token.
 
-use std::collections::HashMap;
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap};
 
-use fancy_regex::Regex;
-
+use super::pretokenize::{Splitter, GPT2};
 use super::TokenId;
 use crate::EngineError;
-
-/// The GPT-2 pre-tokenizer pattern, shared by most byte-level BPE vocabularies.
-const GPT2_PATTERN: &str =
-    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 
 /// Byte-level BPE state: merge ranks and the pre-tokenizer pipeline.
 #[derive(Debug)]
@@ -18,7 +14,7 @@ pub(super) struct Bpe {
     /// `(left id, right id)` → `(rank, merged id)`.
     ranks: HashMap<(TokenId, TokenId), (usize, TokenId)>,
     /// Regexes applied one after another; each splits the pieces the previous one left.
-    pre: Vec<Regex>,
+    pre: Vec<Splitter>,
     byte_to_char: [char; 256],
 }
 
@@ -41,12 +37,12 @@ impl Bpe {
                 ranks.entry((a, b)).or_insert((rank, merged));
             }
         }
-        let patterns: Vec<&str> = match pre {
+        let patterns: Vec<(&str, bool)> = match pre {
             // Digits are split one by one before the GPT-2 pattern runs.
             "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" => {
-                vec![r"\p{N}", GPT2_PATTERN]
+                vec![(r"\p{N}", false), (GPT2, true)]
             }
-            "gpt-2" | "gpt2" | "default" | "" | "mpt" | "olmo" | "jais" => vec![GPT2_PATTERN],
+            "gpt-2" | "gpt2" | "default" | "" | "mpt" | "olmo" | "jais" => vec![(GPT2, true)],
             other => {
                 return Err(EngineError::Unsupported(format!(
                     "BPE pre-tokenizer `{other}` (supported: smollm, starcoder, gpt-2)"
@@ -55,7 +51,7 @@ impl Bpe {
         };
         let pre = patterns
             .into_iter()
-            .map(|p| Regex::new(p).map_err(|e| EngineError::InvalidModel(e.to_string())))
+            .map(|(pattern, look_ahead)| Splitter::new(pattern, look_ahead))
             .collect::<Result<_, _>>()?;
         Ok(Self {
             ranks,
@@ -72,14 +68,12 @@ impl Bpe {
             let mut next = Vec::with_capacity(pieces.len() * 2);
             for piece in pieces {
                 let mut last = 0;
-                for m in re.find_iter(piece).flatten() {
-                    if m.start() > last {
-                        next.push(&piece[last..m.start()]);
+                for (start, end) in re.matches(piece) {
+                    if start > last {
+                        next.push(&piece[last..start]);
                     }
-                    if m.end() > m.start() {
-                        next.push(m.as_str());
-                    }
-                    last = m.end();
+                    next.push(&piece[start..end]);
+                    last = end;
                 }
                 if last < piece.len() {
                     next.push(&piece[last..]);
@@ -112,23 +106,97 @@ impl Bpe {
         }
     }
 
-    /// Applies merges to a word's symbols, lowest rank first, leftmost on ties.
-    fn merge(&self, mut symbols: Vec<TokenId>) -> Vec<TokenId> {
-        loop {
-            let mut best: Option<(usize, usize, TokenId)> = None;
-            for i in 0..symbols.len().saturating_sub(1) {
-                if let Some(&(rank, merged)) = self.ranks.get(&(symbols[i], symbols[i + 1])) {
-                    if best.is_none_or(|(r, _, _)| rank < r) {
-                        best = Some((rank, i, merged));
-                    }
-                }
-            }
-            let Some((_, i, merged)) = best else {
-                return symbols;
-            };
-            symbols[i] = merged;
-            symbols.remove(i + 1);
+    /// Applies merges to a word's symbols, lowest rank first, leftmost on ties, as
+    /// llama.cpp does: candidate pairs wait in a priority queue over a linked list of
+    /// symbols, so a word of `n` symbols costs `O(n log n)` rather than a rescan of the
+    /// whole word after every merge (quadratic on a long run of one character).
+    fn merge(&self, ids: Vec<TokenId>) -> Vec<TokenId> {
+        if ids.len() < 2 {
+            return ids;
         }
+        let mut symbols: Vec<Symbol> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| Symbol {
+                id,
+                prev: i.checked_sub(1),
+                next: Some(i + 1).filter(|&n| n < ids.len()),
+            })
+            .collect();
+        let mut queue = BinaryHeap::new();
+        let candidate = |symbols: &[Symbol], left: usize, right: usize| {
+            let pair = (symbols[left].id, symbols[right].id);
+            self.ranks.get(&pair).map(|&(rank, merged)| Candidate {
+                rank,
+                left,
+                right,
+                pair,
+                merged,
+            })
+        };
+        for i in 1..symbols.len() {
+            queue.extend(candidate(&symbols, i - 1, i));
+        }
+        while let Some(c) = queue.pop() {
+            let (l, r) = (symbols[c.left], symbols[c.right]);
+            // A pair is stale once either side was merged into something else.
+            if l.next != Some(c.right) || (l.id, r.id) != c.pair {
+                continue;
+            }
+            symbols[c.left].id = c.merged;
+            symbols[c.left].next = r.next;
+            symbols[c.right].prev = None;
+            symbols[c.right].next = None;
+            if let Some(next) = r.next {
+                symbols[next].prev = Some(c.left);
+                queue.extend(candidate(&symbols, c.left, next));
+            }
+            if let Some(prev) = l.prev {
+                queue.extend(candidate(&symbols, prev, c.left));
+            }
+        }
+        let mut out = Vec::with_capacity(symbols.len());
+        let mut at = Some(0);
+        while let Some(i) = at {
+            out.push(symbols[i].id);
+            at = symbols[i].next;
+        }
+        out
+    }
+}
+
+/// A symbol of the word being merged and its neighbours in the linked list.
+#[derive(Debug, Clone, Copy)]
+struct Symbol {
+    id: TokenId,
+    prev: Option<usize>,
+    next: Option<usize>,
+}
+
+/// A merge of two adjacent symbols that may apply.
+#[derive(Debug, PartialEq, Eq)]
+struct Candidate {
+    rank: usize,
+    left: usize,
+    right: usize,
+    /// The two ids it merges, to tell a stale candidate.
+    pair: (TokenId, TokenId),
+    merged: TokenId,
+}
+
+impl Ord for Candidate {
+    /// The max-heap pops the lowest rank first, then the leftmost pair.
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .rank
+            .cmp(&self.rank)
+            .then_with(|| other.left.cmp(&self.left))
+    }
+}
+
+impl PartialOrd for Candidate {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
     }
 }
 
@@ -181,6 +249,61 @@ mod tests {
         }
         assert_eq!(table[b' ' as usize], 'Ġ');
         assert_eq!(table[b'\n' as usize], 'Ċ');
+    }
+
+    /// The textbook algorithm: rescan every pair after each merge.
+    fn naive_merge(bpe: &Bpe, mut symbols: Vec<TokenId>) -> Vec<TokenId> {
+        loop {
+            let best = (0..symbols.len().saturating_sub(1))
+                .filter_map(|i| {
+                    let &(rank, merged) = bpe.ranks.get(&(symbols[i], symbols[i + 1]))?;
+                    Some((rank, i, merged))
+                })
+                .min();
+            let Some((_, i, merged)) = best else {
+                return symbols;
+            };
+            symbols[i] = merged;
+            symbols.remove(i + 1);
+        }
+    }
+
+    #[test]
+    fn the_queue_merges_exactly_like_the_rescan() {
+        // A vocabulary over "abc" whose merges overlap, chain and compete.
+        let pieces = [
+            "a", "b", "c", "ab", "bc", "ca", "aa", "abc", "aab", "bca", "aaaa", "abab", "cc",
+        ];
+        let vocab: HashMap<String, TokenId> = pieces
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.to_string(), i as TokenId))
+            .collect();
+        let merges: Vec<String> = [
+            "a b", "b c", "a a", "c a", "aa aa", "ab c", "a ab", "ab ab", "bc a", "c c",
+        ]
+        .iter()
+        .map(|m| m.to_string())
+        .collect();
+        let bpe = Bpe::new(&merges, "gpt2", &vocab).unwrap();
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for len in 0..200 {
+            let word: Vec<TokenId> = (0..len)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    (state % 3) as TokenId
+                })
+                .collect();
+            assert_eq!(
+                bpe.merge(word.clone()),
+                naive_merge(&bpe, word.clone()),
+                "{word:?}"
+            );
+        }
+        let run = vec![0; 5000];
+        assert_eq!(bpe.merge(run.clone()), naive_merge(&bpe, run));
     }
 
     #[test]

@@ -9,6 +9,8 @@
 
 mod bpe;
 mod detok;
+mod pretokenize;
+mod specials;
 mod spm;
 
 pub use detok::IncrementalDecoder;
@@ -17,6 +19,7 @@ use std::collections::HashMap;
 
 use crate::gguf::GgufMetadata;
 use crate::EngineError;
+use specials::{Fragment, SpecialSplitter};
 
 /// A token id.
 pub type TokenId = u32;
@@ -64,8 +67,8 @@ pub struct Tokenizer {
     pieces: Vec<String>,
     kinds: Vec<TokenKind>,
     piece_to_id: HashMap<String, TokenId>,
-    /// Special tokens (control, user-defined, unknown) sorted longest first.
-    specials: Vec<TokenId>,
+    /// Special tokens (control, user-defined, unknown), found in text longest first.
+    specials: SpecialSplitter,
     algorithm: Algorithm,
     bos: Option<TokenId>,
     eos: Option<TokenId>,
@@ -147,6 +150,15 @@ impl Tokenizer {
             })
             .collect();
         specials.sort_by_key(|&i| std::cmp::Reverse(pieces[i as usize].len()));
+        let specials = SpecialSplitter::new(
+            specials
+                .into_iter()
+                .map(|i| {
+                    let always = kinds[i as usize] == TokenKind::UserDefined;
+                    (i, pieces[i as usize].as_str(), always)
+                })
+                .collect(),
+        )?;
         let token = |key: &str| meta.u32(key).ok().filter(|&i| (i as usize) < n);
         let bos = token("tokenizer.ggml.bos_token_id");
         let eos = token("tokenizer.ggml.eos_token_id");
@@ -276,7 +288,7 @@ impl Tokenizer {
         // SentencePiece adds its space prefix to text that starts the input or follows a
         // special token, as llama.cpp does.
         let mut after_special = true;
-        for fragment in self.split_specials(text, parse_special) {
+        for fragment in self.specials.split(text, parse_special) {
             match fragment {
                 Fragment::Token(id) => {
                     ids.push(id);
@@ -294,38 +306,6 @@ impl Tokenizer {
             }
         }
         ids
-    }
-
-    /// Splits text on special tokens, longest match first.
-    fn split_specials<'a>(&self, text: &'a str, parse_special: bool) -> Vec<Fragment<'a>> {
-        let mut fragments = vec![Fragment::Text(text)];
-        for &id in &self.specials {
-            let kind = self.kinds[id as usize];
-            if !parse_special && kind != TokenKind::UserDefined {
-                continue;
-            }
-            let piece = self.pieces[id as usize].as_str();
-            let mut next = Vec::with_capacity(fragments.len());
-            for fragment in fragments {
-                let Fragment::Text(t) = fragment else {
-                    next.push(fragment);
-                    continue;
-                };
-                let mut rest = t;
-                while let Some(pos) = rest.find(piece) {
-                    if pos > 0 {
-                        next.push(Fragment::Text(&rest[..pos]));
-                    }
-                    next.push(Fragment::Token(id));
-                    rest = &rest[pos + piece.len()..];
-                }
-                if !rest.is_empty() {
-                    next.push(Fragment::Text(rest));
-                }
-            }
-            fragments = next;
-        }
-        fragments
     }
 
     /// The bytes a token stands for in generated text. Control tokens are empty unless
@@ -358,13 +338,6 @@ impl Tokenizer {
         }
         String::from_utf8_lossy(&bytes).into_owned()
     }
-}
-
-/// A piece of input text, or a special token already recognised in it.
-#[derive(Debug, Clone, Copy)]
-enum Fragment<'a> {
-    Text(&'a str),
-    Token(TokenId),
 }
 
 #[cfg(test)]

@@ -125,6 +125,8 @@ fn finish_fields(reason: &FinishReason) -> (String, Option<Value>) {
         FinishReason::EndOfSequence(_) => ("stop".into(), None),
         FinishReason::StopToken(id) => ("stop".into(), Some(Value::from(*id))),
         FinishReason::GrammarComplete => ("stop".into(), None),
+        // Cut by a limit like `max_tokens`: the text is incomplete.
+        FinishReason::GrammarLimit(_) => ("length".into(), None),
         FinishReason::StopString(s) => ("stop".into(), Some(Value::String(s.clone()))),
         FinishReason::Length => ("length".into(), None),
     }
