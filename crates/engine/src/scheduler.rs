@@ -40,12 +40,12 @@ pub fn admit(
     let mut sequences = running;
     let mut reserved = reserved;
     for w in waiting {
-        // A request larger than the whole budget or slot count still runs when it would
-        // run alone, so that it is never starved.
+        // A request with more sequences than there are slots still runs when it would run
+        // alone, so that it is never starved. The KV budget has no such exception: the
+        // engine refuses a request that needs more than the whole budget.
         let alone = sequences == 0;
-        if !alone
-            && (sequences + w.sequences > config.max_running
-                || reserved + w.need > config.kv_budget)
+        if (!alone && sequences + w.sequences > config.max_running)
+            || reserved + w.need > config.kv_budget
         {
             break;
         }
@@ -108,8 +108,8 @@ mod tests {
         assert_eq!(admit(&CONFIG, 2, 0, &[one(1), one(1)]), 1);
         assert_eq!(
             admit(&CONFIG, 0, 0, &[one(500)]),
-            1,
-            "an oversized request runs alone"
+            0,
+            "nothing runs over the KV budget, even alone"
         );
         assert_eq!(admit(&CONFIG, 1, 10, &[one(500)]), 0);
     }

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use crate::constrain::Constraint;
 use crate::sampling::SamplingParams;
+use crate::stop::StopStrings;
 use crate::tokenizer::TokenId;
 
 /// Everything needed to generate one completion choice.
@@ -16,8 +17,9 @@ pub struct SequenceRequest {
     pub sampling: SamplingParams,
     /// Most tokens to generate.
     pub max_tokens: usize,
-    /// Strings that end generation when they appear in the output.
-    pub stop: Vec<String>,
+    /// Strings that end generation when they appear in the output (shared by the
+    /// choices of a request).
+    pub stop: StopStrings,
     /// Keep a matched stop string in the output text.
     pub include_stop_str_in_output: bool,
     /// Tokens that end generation besides the model's end-of-generation tokens.
@@ -54,7 +56,7 @@ impl SequenceRequest {
             prompt,
             sampling,
             max_tokens,
-            stop: Vec::new(),
+            stop: StopStrings::default(),
             include_stop_str_in_output: false,
             stop_token_ids: Vec::new(),
             ignore_eos: false,

@@ -189,6 +189,13 @@ impl EngineHandle {
             for request in requests {
                 self.check(request)?;
             }
+            let need: usize = requests.iter().map(|r| r.prompt.len() + r.max_tokens).sum();
+            if need > self.config.scheduler.kv_budget {
+                return Err(EngineError::InvalidRequest(format!(
+                    "the sequences need {need} KV cache positions together; the budget is {}",
+                    self.config.scheduler.kv_budget
+                )));
+            }
         }
         let count = groups.len();
         let max = self.config.max_waiting;

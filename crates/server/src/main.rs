@@ -102,6 +102,14 @@ struct ServeArgs {
     /// over all its prompts); past it, 400.
     #[arg(long, default_value_t = 1 << 18, env = "FERRITE_MAX_REQUEST_TOKENS")]
     max_request_tokens: usize,
+    /// Most log-probabilities one answer may carry: over every choice, (echoed prompt
+    /// tokens plus `max_tokens`) times (1 plus the alternatives asked for); past it, 400.
+    #[arg(long, default_value_t = 1 << 20, env = "FERRITE_MAX_LOGPROB_ENTRIES")]
+    max_logprob_entries: usize,
+    /// Most bytes of echoed prompt text one answer may carry, over every choice; past it,
+    /// 400.
+    #[arg(long, default_value_t = 16 << 20, env = "FERRITE_MAX_ECHO_BYTES")]
+    max_echo_bytes: usize,
     /// Longest a completion request may run, in seconds (a request's `inference_timeout`
     /// can only shorten it); past it, 504 or an error event. Default: no limit.
     #[arg(long, env = "FERRITE_REQUEST_TIMEOUT", value_parser = positive_seconds)]
@@ -206,6 +214,9 @@ fn serve(args: ServeArgs) -> Result<()> {
         max_body_bytes: args.max_body_size,
         max_prompt_tokens: args.max_prompt_tokens,
         max_generated_tokens: args.max_request_tokens,
+        kv_budget: args.kv_budget,
+        max_logprob_entries: args.max_logprob_entries,
+        max_echo_bytes: args.max_echo_bytes,
     };
     state.request_timeout = args.request_timeout.map(Duration::from_secs_f64);
     let state = Arc::new(state);

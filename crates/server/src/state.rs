@@ -21,6 +21,15 @@ pub struct RequestLimits {
     /// Most tokens one request may ask to generate: `max_tokens` times `best_of`, over
     /// all its prompts (400 past it).
     pub max_generated_tokens: usize,
+    /// KV cache positions one prompt's choices may need together: `best_of` (or `n`) times
+    /// prompt plus `max_tokens` (the engine's `--kv-budget`; 400 past it).
+    pub kv_budget: usize,
+    /// Most log-probabilities one answer may carry: over every choice, (echoed prompt
+    /// tokens plus `max_tokens`) times (1 plus the alternatives asked for) (400 past it).
+    pub max_logprob_entries: usize,
+    /// Most bytes of echoed prompt text one answer may carry, over every choice (400 past
+    /// it).
+    pub max_echo_bytes: usize,
 }
 
 impl Default for RequestLimits {
@@ -29,6 +38,9 @@ impl Default for RequestLimits {
             max_body_bytes: 8 << 20,
             max_prompt_tokens: 1 << 18,
             max_generated_tokens: 1 << 18,
+            kv_budget: 131_072,
+            max_logprob_entries: 1 << 20,
+            max_echo_bytes: 16 << 20,
         }
     }
 }

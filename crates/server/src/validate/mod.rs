@@ -28,6 +28,9 @@ pub const MAX_N: usize = 128;
 pub const MAX_BEST_OF: usize = 20;
 /// Most stop strings.
 pub const MAX_STOP: usize = 4;
+/// Longest stop string, in bytes of UTF-8: every choice matches its stop strings at
+/// every token, so their size is bounded like every other per-request cost.
+pub const MAX_STOP_BYTES: usize = 512;
 /// Most stop token ids.
 pub const MAX_STOP_TOKEN_IDS: usize = 64;
 /// Longest `inference_timeout`, in seconds (a day).
@@ -276,6 +279,15 @@ fn stop_strings(r: &CompletionRequest) -> Result<Vec<String>, ApiError> {
         return Err(ApiError::invalid(
             "stop",
             format!("at most {MAX_STOP} stop strings are allowed"),
+        ));
+    }
+    if let Some(long) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::invalid(
+            "stop",
+            format!(
+                "a stop string may be at most {MAX_STOP_BYTES} bytes long; one has {}",
+                long.len()
+            ),
         ));
     }
     Ok(stop)
@@ -545,6 +557,7 @@ mod tests {
             (r#""n":3,"best_of":2"#, "best_of"),
             (r#""best_of":3,"stream":true"#, "best_of"),
             (r#""stop":["a","b","c","d","e"]"#, "stop"),
+            (&format!(r#""stop":["{}"]"#, "x".repeat(513)), "stop"),
             (r#""stop":5"#, "stop"),
             (r#""stop":"a","stop_sequences":"b""#, "stop_sequences"),
             (

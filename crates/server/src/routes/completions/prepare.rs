@@ -92,6 +92,7 @@ pub fn prepare(
         });
     }
     check_limits(&prompts, limits)?;
+    check_answer_size(params, &prompts, limits)?;
     Ok(Prepared {
         prompts,
         appended_suffix: params.suffix.clone().filter(|_| !fim),
@@ -128,6 +129,72 @@ fn check_limits(prompts: &[PreparedPrompt], limits: &RequestLimits) -> Result<()
     Ok(())
 }
 
+/// A 400 when one prompt's choices need more KV cache than the engine may ever give
+/// (they would never be admitted), or when the answer could carry more log-probabilities
+/// or echoed text than the server's limits allow.
+fn check_answer_size(
+    params: &GenerateParams,
+    prompts: &[PreparedPrompt],
+    limits: &RequestLimits,
+) -> Result<(), ApiError> {
+    for p in prompts {
+        let one = p
+            .requests
+            .first()
+            .map_or(0, |r| p.prompt_tokens + r.max_tokens);
+        let need = one * p.requests.len();
+        if need > limits.kv_budget {
+            let (param, what) = if one > limits.kv_budget {
+                ("max_tokens", "the prompt plus `max_tokens`".to_string())
+            } else if params.best_of > params.n {
+                ("best_of", format!("{} choices", p.requests.len()))
+            } else {
+                ("n", format!("{} choices", p.requests.len()))
+            };
+            return Err(ApiError::invalid(
+                param,
+                format!(
+                    "{what} of {one} tokens each need {need} KV cache positions; this server gives one request at most {} (--kv-budget)",
+                    limits.kv_budget
+                ),
+            ));
+        }
+    }
+    let echo = params.output.echo;
+    if let Some(k) = params.output.logprobs {
+        let entries: usize = prompts
+            .iter()
+            .flat_map(|p| p.requests.iter().map(move |r| (p, r)))
+            .map(|(p, r)| (if echo { p.prompt_tokens } else { 0 } + r.max_tokens) * (1 + k))
+            .sum();
+        if entries > limits.max_logprob_entries {
+            return Err(ApiError::invalid(
+                "logprobs",
+                format!(
+                    "the answer could carry {entries} log-probabilities ((echoed prompt tokens plus max_tokens) times (1 + logprobs), over every choice); this server allows at most {}",
+                    limits.max_logprob_entries
+                ),
+            ));
+        }
+    }
+    if echo {
+        let bytes: usize = prompts
+            .iter()
+            .map(|p| p.echo_text.len() * p.requests.len())
+            .sum();
+        if bytes > limits.max_echo_bytes {
+            return Err(ApiError::invalid(
+                "echo",
+                format!(
+                    "echoing the prompt in every choice would take {bytes} bytes; this server allows at most {}",
+                    limits.max_echo_bytes
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The parts of every sequence's request that do not depend on its prompt.
 fn base_request(params: &GenerateParams, tokenizer: &Tokenizer) -> SequenceRequest {
     let mut sampling = params.sampling.clone();
@@ -135,7 +202,7 @@ fn base_request(params: &GenerateParams, tokenizer: &Tokenizer) -> SequenceReque
         dry.breakers = breaker_tokens(tokenizer, &params.dry_breakers);
     }
     let mut r = SequenceRequest::new(Vec::new(), sampling, 0);
-    r.stop = params.stop.clone();
+    r.stop = ferrite_engine::stop::StopStrings::new(params.stop.clone());
     r.include_stop_str_in_output = params.include_stop_str_in_output;
     r.stop_token_ids = params.stop_token_ids.clone();
     r.ignore_eos = params.ignore_eos;
@@ -256,6 +323,7 @@ mod tests {
             max_body_bytes: 1 << 20,
             max_prompt_tokens: 100,
             max_generated_tokens: 64,
+            ..Default::default()
         };
         assert!(check_limits(&[prompt(50, 4, 16), prompt(50, 1, 0)], &limits).is_ok());
         let param = |r: Result<(), ApiError>| match r {
