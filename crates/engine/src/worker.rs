@@ -1,13 +1,13 @@
 //! The engine thread: takes sequences over a channel and runs one batched forward step
 //! at a time over every running sequence (continuous batching).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
@@ -86,6 +86,21 @@ struct Pending {
     request: Box<SequenceRequest>,
     events: UnboundedSender<SequenceEvent>,
     followers: Followers,
+    /// The submission this group belongs to, shared by its groups: it counts once in
+    /// the waiting queue's bound, until its last group leaves the queue.
+    slot: Arc<QueueSlot>,
+}
+
+/// One submission's place in the waiting queue's count: dropped with the last of its
+/// groups to leave the queue (admitted, abandoned, late, aborted, or never delivered).
+struct QueueSlot {
+    stats: Arc<EngineStats>,
+}
+
+impl Drop for QueueSlot {
+    fn drop(&mut self) {
+        self.stats.queued.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Pending {
@@ -168,8 +183,9 @@ impl EngineHandle {
     }
 
     /// Queues several groups (one request's prompts) at once: all of them, or none when
-    /// the waiting queue cannot take them all ([`EngineError::Overloaded`]). A request
-    /// arriving at an empty queue is always taken, however many prompts it has.
+    /// the waiting queue is full ([`EngineError::Overloaded`]). The queue's bound counts
+    /// requests, not prompts: a request with many prompts takes one place, and admission
+    /// takes the groups of the waiting requests in turn, so it cannot starve the others.
     pub fn submit_groups(
         &self,
         groups: Vec<Vec<SequenceRequest>>,
@@ -202,9 +218,12 @@ impl EngineHandle {
         self.stats
             .queued
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
-                (q == 0 || q + count <= max).then_some(q + count)
+                (q < max.max(1)).then_some(q + 1)
             })
             .map_err(EngineError::Overloaded)?;
+        let slot = Arc::new(QueueSlot {
+            stats: Arc::clone(&self.stats),
+        });
         let mut all = Vec::with_capacity(count);
         for requests in groups {
             let mut receivers = Vec::with_capacity(requests.len());
@@ -218,13 +237,11 @@ impl EngineHandle {
                 request: Box::new(request),
                 events,
                 followers: members.collect(),
+                slot: Arc::clone(&slot),
             };
             if self.commands.send(Command::Submit(pending)).is_err() {
-                // The engine thread is gone: this group and the ones after it never
-                // reach its queue.
-                self.stats
-                    .queued
-                    .fetch_sub(count - all.len(), Ordering::AcqRel);
+                // The engine thread is gone: the groups never reach its queue, and the
+                // slot is given back with them.
                 return Err(EngineError::Stopped);
             }
             all.push(receivers);
@@ -324,6 +341,7 @@ impl Engine {
         let stats = Arc::new(EngineStats::default());
         let info = model.info().clone();
         let worker = Worker {
+            prefill_chunk: config.scheduler.max_step_tokens,
             model,
             tokenizer: Arc::clone(&tokenizer),
             config,
@@ -366,7 +384,19 @@ impl Engine {
     }
 }
 
+/// How long a step that carries a prefill chunk may take while other sequences are
+/// decoding: each of them waits that long for its next token. The chunk is sized from
+/// the last such step's time per prompt token, since that cost grows with the prompt's
+/// position (attention).
+const PREFILL_STEP_TARGET: Duration = Duration::from_millis(300);
+
+/// Smallest prefill chunk while others decode, so that a long prompt still advances.
+const MIN_PREFILL_CHUNK: usize = 16;
+
 struct Worker {
+    /// Most prompt tokens in a step while other sequences decode (adapted to
+    /// [`PREFILL_STEP_TARGET`]).
+    prefill_chunk: usize,
     model: Box<dyn Model>,
     tokenizer: Arc<Tokenizer>,
     config: EngineConfig,
@@ -440,7 +470,6 @@ impl Worker {
                 "aborting what is still queued or running"
             );
         }
-        self.leave_queue(self.waiting.len());
         for pending in self.waiting.drain(..) {
             pending.end(SequenceEvent::Aborted);
         }
@@ -451,19 +480,10 @@ impl Worker {
         self.publish_counts();
     }
 
-    /// Counts `n` groups out of the waiting queue's bound.
-    fn leave_queue(&self, n: usize) {
-        if n > 0 {
-            self.stats.queued.fetch_sub(n, Ordering::AcqRel);
-        }
-    }
-
     fn drop_abandoned(&mut self) {
         let before = self.running.len() + self.waiting.len();
         self.running.retain(|s| !s.is_abandoned());
-        let waiting_before = self.waiting.len();
         self.waiting.retain(|p| !p.is_abandoned());
-        self.leave_queue(waiting_before - self.waiting.len());
         let dropped = before - self.running.len() - self.waiting.len();
         if dropped > 0 {
             self.stats
@@ -488,7 +508,6 @@ impl Worker {
         let (keep, gone): (VecDeque<Pending>, VecDeque<Pending>) =
             self.waiting.drain(..).partition(|p| !p.is_late(now));
         self.waiting = keep;
-        self.leave_queue(gone.len());
         for pending in gone {
             late += 1;
             pending.end(SequenceEvent::TimedOut);
@@ -498,12 +517,23 @@ impl Worker {
         }
     }
 
+    /// Admits waiting groups within the scheduler's limits, taking the waiting requests'
+    /// groups in turn (round robin, oldest request first).
     fn admit(&mut self) {
         let reserved: usize = self.running.iter().map(Sequence::reservation).sum();
-        let views: Vec<WaitingView> = self.waiting.iter().map(Pending::view).collect();
+        let order = self.admission_order();
+        let views: Vec<WaitingView> = order.iter().map(|&i| self.waiting[i].view()).collect();
         let n = scheduler::admit(&self.config.scheduler, self.running.len(), reserved, &views);
-        let admitted: Vec<Pending> = self.waiting.drain(..n).collect();
-        let count = admitted.len();
+        if n == 0 {
+            return;
+        }
+        let mut queue: Vec<Option<Pending>> = self.waiting.drain(..).map(Some).collect();
+        let admitted: Vec<Pending> = order[..n]
+            .iter()
+            .map(|&i| queue[i].take().expect("each group is chosen once"))
+            .collect();
+        self.waiting = queue.into_iter().flatten().collect();
+        let mut slots = Vec::with_capacity(n);
         for pending in admitted {
             let prompt = &pending.request.prompt;
             let capacity =
@@ -528,14 +558,36 @@ impl Worker {
                 }
                 None => self.model.new_cache(capacity),
             };
+            slots.push(pending.slot);
             let mut seq = Sequence::new(*pending.request, cache, pending.events);
             seq.followers = pending.followers;
             self.running.push(seq);
         }
-        // Counted as running before they leave the queue's count, so that running plus
-        // queued is never seen as zero while they run.
+        // Counted as running before their requests leave the queue's count (with the
+        // slots), so that running plus queued is never seen as zero while they run.
         self.publish_counts();
-        self.leave_queue(count);
+        drop(slots);
+    }
+
+    /// Indices into the waiting queue in admission order: the first group of every
+    /// waiting request (oldest first), then the second of each, and so on.
+    fn admission_order(&self) -> Vec<usize> {
+        let mut requests: Vec<Vec<usize>> = Vec::new();
+        let mut index: HashMap<*const QueueSlot, usize> = HashMap::new();
+        for (i, pending) in self.waiting.iter().enumerate() {
+            let r = *index.entry(Arc::as_ptr(&pending.slot)).or_insert_with(|| {
+                requests.push(Vec::new());
+                requests.len() - 1
+            });
+            requests[r].push(i);
+        }
+        let mut order = Vec::with_capacity(self.waiting.len());
+        let mut round = 0;
+        while order.len() < self.waiting.len() {
+            order.extend(requests.iter().filter_map(|groups| groups.get(round)));
+            round += 1;
+        }
+        order
     }
 
     fn step(&mut self) {
@@ -549,14 +601,28 @@ impl Worker {
                 pending_prefill: s.pending_prefill(),
             })
             .collect();
-        let plan = scheduler::plan_step(&self.config.scheduler, &views);
+        let decoding = views.iter().filter(|v| v.pending_prefill == 0).count();
+        let mut config = self.config.scheduler;
+        if decoding > 0 {
+            // Sequences that decode get a token every step: a prompt's chunk must not make
+            // them wait long for it.
+            config.max_step_tokens = config.max_step_tokens.min(decoding + self.prefill_chunk);
+        }
+        let plan = scheduler::plan_step(&config, &views);
         let prefill_tokens: usize = views
             .iter()
             .zip(&plan)
             .filter(|(v, _)| v.pending_prefill > 0)
             .map(|(_, n)| n)
             .sum();
+        let started = Instant::now();
         let outcome = catch_unwind(AssertUnwindSafe(|| self.forward_and_sample(&plan)));
+        if decoding > 0 && prefill_tokens > 0 {
+            let per_token = started.elapsed().as_secs_f64() / prefill_tokens as f64;
+            let fits = (PREFILL_STEP_TARGET.as_secs_f64() / per_token.max(1e-9)) as usize;
+            self.prefill_chunk =
+                fits.clamp(MIN_PREFILL_CHUNK, self.config.scheduler.max_step_tokens);
+        }
         match outcome {
             Ok(Ok(finished)) => {
                 let running = std::mem::take(&mut self.running);

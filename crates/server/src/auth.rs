@@ -24,7 +24,9 @@ impl ApiKeys {
     /// The keys given on the command line (or in `FERRITE_API_KEY`) plus those of `file`,
     /// one per line (blank lines and lines starting with `#` skipped).
     pub fn new(keys: &[String], file: Option<&Path>) -> Result<Self> {
-        let mut all: Vec<String> = keys.to_vec();
+        // Surrounding whitespace (a newline from a secret file, say) is not part of a key:
+        // the key a client sends is trimmed too.
+        let mut all: Vec<String> = keys.iter().map(|k| k.trim().to_string()).collect();
         if let Some(file) = file {
             let text = std::fs::read_to_string(file)
                 .with_context(|| format!("reading the API key file {}", file.display()))?;
@@ -63,8 +65,9 @@ impl ApiKeys {
             .get("authorization")
             .and_then(|v| v.to_str().ok())
             .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
+                // The scheme's name is case-insensitive (RFC 7235).
+                let (scheme, token) = v.trim_start().split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then_some(token)
             });
         let header = headers.get("x-api-key").and_then(|v| v.to_str().ok());
         let Some(given) = bearer.or(header) else {
@@ -136,6 +139,28 @@ mod tests {
             assert_eq!(err.body().error.kind, "authentication_error");
         }
         assert!(ApiKeys::default().check(&HeaderMap::new()).is_ok());
+    }
+
+    #[test]
+    fn padded_keys_match_and_the_scheme_is_case_insensitive() {
+        let keys = ApiKeys::new(&[" padded \n".into()], None).unwrap();
+        for value in [
+            "Bearer padded",
+            "BEARER padded",
+            "bearer  padded ",
+            "bEaReR padded",
+        ] {
+            assert!(
+                keys.check(&headers("authorization", value)).is_ok(),
+                "{value}"
+            );
+        }
+        assert!(keys
+            .check(&headers("authorization", "Basic padded"))
+            .is_err());
+        assert!(keys
+            .check(&headers("authorization", "Bearerpadded"))
+            .is_err());
     }
 
     #[test]

@@ -6,6 +6,7 @@
 pub mod auth;
 pub mod error;
 pub mod fetch;
+pub mod listen;
 pub mod metrics;
 pub mod observe;
 pub mod routes;

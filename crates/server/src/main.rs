@@ -18,7 +18,7 @@ use ferrite_engine::{model, Engine, EngineConfig, EngineHandle, SequenceEvent, S
 use tracing_subscriber::EnvFilter;
 
 use ferrite_server::state::{AppState, RequestLimits};
-use ferrite_server::{auth, fetch, routes};
+use ferrite_server::{auth, fetch, listen, routes};
 
 #[derive(Parser)]
 #[command(
@@ -118,6 +118,13 @@ struct ServeArgs {
     /// before the rest are ended with an error and the server exits.
     #[arg(long, default_value_t = 20.0, env = "FERRITE_SHUTDOWN_GRACE", value_parser = non_negative_seconds)]
     shutdown_grace: f64,
+    /// Seconds a client has to send a request's headers, and then its body; also how long
+    /// an idle keep-alive connection is kept open.
+    #[arg(long, default_value_t = 30.0, env = "FERRITE_REQUEST_READ_TIMEOUT", value_parser = positive_seconds)]
+    request_read_timeout: f64,
+    /// Most connections open at once; one more is answered 503 and closed.
+    #[arg(long, default_value_t = 512, env = "FERRITE_MAX_CONNECTIONS")]
+    max_connections: usize,
     /// Serve `/metrics` on this port (same host) instead of the API's port.
     #[arg(long, env = "FERRITE_METRICS_PORT")]
     metrics_port: Option<u16>,
@@ -212,6 +219,7 @@ fn serve(args: ServeArgs) -> Result<()> {
     }
     state.limits = RequestLimits {
         max_body_bytes: args.max_body_size,
+        body_read_timeout: Duration::from_secs_f64(args.request_read_timeout),
         max_prompt_tokens: args.max_prompt_tokens,
         max_generated_tokens: args.max_request_tokens,
         kv_budget: args.kv_budget,
@@ -224,6 +232,10 @@ fn serve(args: ServeArgs) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    let connections = listen::ConnectionLimits {
+        read_timeout: Duration::from_secs_f64(args.request_read_timeout),
+        max_connections: args.max_connections,
+    };
     runtime.block_on(async move {
         let listener = bind(&args.host, args.port).await?;
         let metrics_listener = match args.metrics_port {
@@ -243,6 +255,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         tokio::spawn(async move {
             shutdown_signal().await;
             drain(&drain_state, grace).await;
+            exit_soon(EXIT_AFTER_DRAIN);
             let _ = stop.send(true);
         });
         let until_stopped = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
@@ -250,22 +263,19 @@ fn serve(args: ServeArgs) -> Result<()> {
         };
         let metrics_server = metrics_listener.map(|listener| {
             let app = routes::metrics_router(Arc::clone(&state));
-            let server =
-                axum::serve(listener, app).with_graceful_shutdown(until_stopped(stopped.clone()));
-            tokio::spawn(async move { server.await })
+            let stop = until_stopped(stopped.clone());
+            tokio::spawn(listen::serve(listener, app, connections, stop))
         });
         let app = routes::router(Arc::clone(&state), metrics_server.is_none());
-        let server = axum::serve(listener, app).with_graceful_shutdown(until_stopped(stopped));
-        let (served, loaded) = tokio::join!(server, async {
+        let server = listen::serve(listener, app, connections, until_stopped(stopped));
+        let ((), loaded) = tokio::join!(server, async {
             let engine = loader.await.context("the loader panicked")??;
             Ok::<_, anyhow::Error>(engine)
         });
-        served.context("serving HTTP")?;
         if let Some(metrics_server) = metrics_server {
             metrics_server
                 .await
-                .context("the metrics server panicked")?
-                .context("serving metrics")?;
+                .context("the metrics server panicked")?;
         }
         loaded?.shutdown();
         tracing::info!("stopped");
@@ -280,6 +290,23 @@ async fn bind(host: &str, port: u16) -> Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))
+}
+
+/// Longest the process may take to exit once the drain is over.
+const EXIT_AFTER_DRAIN: Duration = Duration::from_secs(4);
+
+/// Ends the process (status 0) after `delay` unless it has exited by then: whatever is
+/// still running then (a stuck step, tokenization on a blocking thread, a connection
+/// that will not close) must not keep a stopping server alive.
+fn exit_soon(delay: Duration) {
+    std::thread::spawn(move || {
+        std::thread::sleep(delay);
+        tracing::warn!(
+            seconds = delay.as_secs_f64(),
+            "still not stopped this long after the drain; exiting now"
+        );
+        std::process::exit(0);
+    });
 }
 
 /// The first part of a graceful shutdown: `/ready` and new requests answer 503 at once;

@@ -14,8 +14,10 @@ use crate::metrics::Metrics;
 /// How much one request may ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestLimits {
-    /// Largest request body in bytes (413 past it).
+    /// Largest request body in bytes (413 past it, at once when `Content-Length` says so).
     pub max_body_bytes: usize,
+    /// Longest a client may take to send a request's body (400 past it).
+    pub body_read_timeout: Duration,
     /// Most prompt tokens in one request, over all its prompts (400 past it).
     pub max_prompt_tokens: usize,
     /// Most tokens one request may ask to generate: `max_tokens` times `best_of`, over
@@ -36,6 +38,7 @@ impl Default for RequestLimits {
     fn default() -> Self {
         Self {
             max_body_bytes: 8 << 20,
+            body_read_timeout: Duration::from_secs(30),
             max_prompt_tokens: 1 << 18,
             max_generated_tokens: 1 << 18,
             kv_budget: 131_072,

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
+use axum::http::header::CONTENT_LENGTH;
 use axum::http::StatusCode;
 
 use crate::error::ApiError;
@@ -18,7 +19,27 @@ impl FromRequest<Arc<AppState>> for RawBody {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
-        match Bytes::from_request(request, state).await {
+        let limits = &state.limits;
+        // A declared length over the limit is refused before any byte is awaited.
+        let declared = request
+            .headers()
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if declared.is_some_and(|len| len > limits.max_body_bytes as u64) {
+            return Err(ApiError::PayloadTooLarge(limits.max_body_bytes));
+        }
+        let read = tokio::time::timeout(
+            limits.body_read_timeout,
+            Bytes::from_request(request, state),
+        );
+        let Ok(read) = read.await else {
+            return Err(ApiError::invalid_body(format!(
+                "the request body did not arrive within {} s",
+                limits.body_read_timeout.as_secs_f64()
+            )));
+        };
+        match read {
             Ok(bytes) => Ok(Self(bytes)),
             Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
                 Err(ApiError::PayloadTooLarge(state.limits.max_body_bytes))

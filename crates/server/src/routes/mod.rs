@@ -17,8 +17,8 @@ use axum::Router;
 use crate::error::ApiError;
 use crate::state::AppState;
 
-/// The router with every route of the API; all but `/health`, `/ready`, `/metrics` and
-/// `/openapi.json` need an API key when the server has any. `/metrics` is left out when it has a port
+/// The router with every route of the API; all but `/health`, `/ready` and `/metrics`
+/// need an API key when the server has any. `/metrics` is left out when it has a port
 /// of its own ([`metrics_router`]).
 pub fn router(state: Arc<AppState>, with_metrics: bool) -> Router {
     let protected = Router::new()
@@ -27,6 +27,7 @@ pub fn router(state: Arc<AppState>, with_metrics: bool) -> Router {
         .route("/v1/models/{*id}", get(models::retrieve))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
+        .route("/openapi.json", get(openapi::openapi))
         .route_layer(middleware::from_fn_with_state(
             Arc::clone(&state),
             crate::auth::require_key,
@@ -34,8 +35,7 @@ pub fn router(state: Arc<AppState>, with_metrics: bool) -> Router {
     let mut router = Router::new()
         .merge(protected)
         .route("/health", get(health::health))
-        .route("/ready", get(health::ready))
-        .route("/openapi.json", get(openapi::openapi));
+        .route("/ready", get(health::ready));
     if with_metrics {
         router = router.route("/metrics", get(health::metrics));
     }
