@@ -58,21 +58,25 @@ pub fn admit(
 
 /// Tokens each running sequence feeds into the next step, in the same order. Every
 /// decoding sequence gets its one token; the remaining budget goes to prefill chunks,
-/// oldest sequence first.
+/// the shortest remaining prompt first, so that a short prompt is never held behind a
+/// long one (which still gets whatever budget the short ones leave).
 pub fn plan_step(config: &SchedulerConfig, running: &[RunningView]) -> Vec<usize> {
     let decoding = running.iter().filter(|r| r.pending_prefill == 0).count();
     let mut budget = config.max_step_tokens.saturating_sub(decoding);
-    running
+    let mut plan: Vec<usize> = running
         .iter()
-        .map(|r| {
-            if r.pending_prefill == 0 {
-                return 1;
-            }
-            let chunk = r.pending_prefill.min(budget);
-            budget -= chunk;
-            chunk
-        })
-        .collect()
+        .map(|r| usize::from(r.pending_prefill == 0))
+        .collect();
+    let mut prefilling: Vec<usize> = (0..running.len())
+        .filter(|&i| running[i].pending_prefill > 0)
+        .collect();
+    prefilling.sort_by_key(|&i| running[i].pending_prefill);
+    for i in prefilling {
+        let chunk = running[i].pending_prefill.min(budget);
+        budget -= chunk;
+        plan[i] = chunk;
+    }
+    plan
 }
 
 #[cfg(test)]
@@ -90,9 +94,11 @@ mod tests {
     }
 
     #[test]
-    fn decodes_always_run_and_prefill_fills_the_rest_in_order() {
+    fn decodes_always_run_and_prefill_fills_the_rest_shortest_first() {
         let plan = plan_step(&CONFIG, &[view(0), view(6), view(0), view(9)]);
         assert_eq!(plan, vec![1, 6, 1, 2]);
+        let plan = plan_step(&CONFIG, &[view(0), view(9), view(0), view(3)]);
+        assert_eq!(plan, vec![1, 5, 1, 3], "the short prompt is not held back");
     }
 
     fn one(need: usize) -> WaitingView {

@@ -384,8 +384,8 @@ impl Engine {
     }
 }
 
-/// How long a step that carries a prefill chunk may take while other sequences are
-/// decoding: each of them waits that long for its next token. The chunk is sized from
+/// How long a step that carries a prefill chunk may take while other sequences run:
+/// each of them waits that long for its next token. The chunk is sized from
 /// the last such step's time per prompt token, since that cost grows with the prompt's
 /// position (attention).
 const PREFILL_STEP_TARGET: Duration = Duration::from_millis(300);
@@ -602,10 +602,11 @@ impl Worker {
             })
             .collect();
         let decoding = views.iter().filter(|v| v.pending_prefill == 0).count();
+        // With others running, a prompt's chunk must not make them wait long for their
+        // next token (or their own first one).
+        let shared = self.running.len() > 1;
         let mut config = self.config.scheduler;
-        if decoding > 0 {
-            // Sequences that decode get a token every step: a prompt's chunk must not make
-            // them wait long for it.
+        if shared {
             config.max_step_tokens = config.max_step_tokens.min(decoding + self.prefill_chunk);
         }
         let plan = scheduler::plan_step(&config, &views);
@@ -617,7 +618,7 @@ impl Worker {
             .sum();
         let started = Instant::now();
         let outcome = catch_unwind(AssertUnwindSafe(|| self.forward_and_sample(&plan)));
-        if decoding > 0 && prefill_tokens > 0 {
+        if shared && prefill_tokens > 0 {
             let per_token = started.elapsed().as_secs_f64() / prefill_tokens as f64;
             let fits = (PREFILL_STEP_TARGET.as_secs_f64() / per_token.max(1e-9)) as usize;
             self.prefill_chunk =

@@ -1,0 +1,301 @@
+"""No single request can stall, starve, crash or outlive the server (issue 14): each
+pathological request found by trying the server as an attacker would, against the real
+binary, with the bound it must now respect asserted."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import httpx
+import pytest
+
+from conftest import MODEL, Server
+
+# Another client's small request must finish within this while a pathological one runs
+# (alone it takes well under a second).
+FEW_SECONDS = 5.0
+
+
+@pytest.fixture(scope="module")
+def srv():
+    s = Server(MODEL, ["--max-connections", "40", "--request-read-timeout", "2"])
+    yield s
+    s.stop()
+
+
+def post(server, body, path="/v1/completions", timeout=120, **kw):
+    return httpx.post(f"{server.base}{path}", json=body, timeout=timeout, **kw)
+
+
+def small(server):
+    """Another client's 8-token request; returns its wall time."""
+    started = time.monotonic()
+    r = post(server, {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 8, "temperature": 0})
+    assert r.status_code == 200, r.text
+    return time.monotonic() - started
+
+
+def in_background(fn):
+    """Runs fn on a thread; returns a getter for its result (or exception)."""
+    out = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except Exception as e:  # noqa: BLE001 - reported by the getter
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+
+    def get(timeout=180):
+        t.join(timeout)
+        assert not t.is_alive(), "the background request did not finish"
+        if "error" in out:
+            raise out["error"]
+        return out["value"]
+
+    return get
+
+
+def rss_mib(server):
+    with open(f"/proc/{server.proc.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def error_param(r, status=400):
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error", err
+    return err["param"]
+
+
+@pytest.mark.parametrize("regex", ["a{100000}", "(a{1000}){1000}", "a{10000}"])
+def test_a_huge_counted_repetition_neither_stalls_the_engine_nor_errs(srv, regex):
+    body = {"model": MODEL, "prompt": "x", "guided_regex": regex, "max_tokens": 64}
+    get = in_background(lambda: post(srv, body))
+    time.sleep(0.3)
+    assert small(srv) < FEW_SECONDS
+    r = get()
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert set(choice["text"]) <= {"a"}, choice["text"]
+    assert choice["finish_reason"] == "length", choice
+
+
+def test_tokenizing_a_megabyte_is_linear(srv):
+    for text in ["a" * (1 << 20), " " * (1 << 20), ("The quick brown fox, 1234 naïve café 你好. " * 30000)[: 1 << 20]]:
+        started = time.monotonic()
+        r = post(srv, {"model": MODEL, "prompt": text}, path="/tokenize")
+        assert r.status_code == 200, r.text[:200]
+        assert time.monotonic() - started < 2.0
+        assert r.json()["count"] > 0
+
+
+def test_stop_strings_are_bounded(srv):
+    huge = {"model": MODEL, "prompt": "x", "max_tokens": 2, "stop": ["a" * (1 << 20)] * 4}
+    assert error_param(post(srv, huge)) == "stop"
+    # The largest allowed, four 512-byte stop strings: in 16 choices another client's
+    # request still runs at its usual pace; in 128 memory stays put.
+    stops = [c * 512 for c in "wxyz"]
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 64, "n": 16,
+            "stop": stops, "temperature": 1, "ignore_eos": True}
+    get = in_background(lambda: post(srv, body))
+    time.sleep(0.3)
+    assert small(srv) < FEW_SECONDS
+    assert get().status_code == 200
+    before = rss_mib(srv)
+    r = post(srv, {**body, "n": 128, "max_tokens": 16})
+    assert r.status_code == 200, r.text[:200]
+    assert len(r.json()["choices"]) == 128
+    assert rss_mib(srv) - before < 300
+
+
+def test_answers_and_kv_needs_are_bounded_before_anything_runs(srv):
+    echo = {"model": MODEL, "prompt": "word " * 2000, "n": 32, "max_tokens": 0, "echo": True, "logprobs": 20}
+    assert error_param(post(srv, echo)) == "logprobs"
+    kv = {"model": MODEL, "prompt": "x", "n": 128, "max_tokens": 2048, "ignore_eos": True}
+    assert error_param(post(srv, kv)) == "n"
+    one = {"model": MODEL, "prompt": "x", "max_tokens": 200_000}
+    r = post(srv, {**one, "context_length_exceeded_behavior": "error"})
+    assert error_param(r) == "max_tokens"
+
+
+@pytest.mark.parametrize(
+    "field, constraint",
+    [
+        ("guided_json", {"$ref": "#"}),
+        ("guided_json", {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}),
+        ("guided_regex", "[^\\s\\S]"),
+        ("guided_grammar", 'start: x\nx: x "a"'),
+    ],
+)
+def test_unsatisfiable_constraints_are_a_400_naming_the_field(srv, field, constraint):
+    r = post(srv, {"model": MODEL, "prompt": "x", "max_tokens": 4, field: constraint})
+    assert error_param(r) == field
+    assert "no output" in r.json()["error"]["message"]
+
+
+def test_bans_yield_to_what_the_grammar_allows(srv):
+    # The empty regex allows only the end: min_tokens cannot forbid it.
+    r = post(srv, {"model": MODEL, "prompt": "x", "guided_regex": "", "min_tokens": 4, "max_tokens": 8})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == ""
+    # "\n" is token 198, also a stop token banned before min_tokens.
+    r = post(srv, {
+        "model": MODEL, "prompt": "x", "guided_regex": "\n", "stop_token_ids": [198],
+        "min_tokens": 1, "max_tokens": 8,
+    })
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_request_with_ten_thousand_prompts_does_not_starve_others(srv):
+    body = {"model": MODEL, "prompt": ["x"] * 10_000, "max_tokens": 1, "temperature": 0}
+    client = httpx.Client(timeout=300)
+    get = in_background(lambda: client.post(f"{srv.base}/v1/completions", json=body))
+    time.sleep(1.0)
+    for _ in range(3):
+        assert small(srv) < FEW_SECONDS
+    r = get(timeout=300)
+    assert r.status_code == 200, r.text[:200]
+    assert len(r.json()["choices"]) == 10_000
+
+
+def test_streams_keep_their_pace_while_a_long_prompt_is_prefilled(srv):
+    long_prompt = "hello world " * 2500  # about 5,000 tokens
+    body = json.dumps({"model": MODEL, "prompt": long_prompt, "max_tokens": 1}).encode()
+    long = raw(srv, b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+               + f"content-length: {len(body)}\r\n\r\n".encode() + body, read=False)
+    time.sleep(1.0)
+    prefilled = srv.metrics()["ferrite_prompt_tokens_total"]
+    gaps = []
+    try:
+        with httpx.stream(
+            "POST", f"{srv.base}/v1/completions", timeout=120,
+            json={"model": MODEL, "prompt": "Once upon a time", "max_tokens": 40,
+                  "ignore_eos": True, "stream": True, "temperature": 0},
+        ) as r:
+            last = None
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    now = time.monotonic()
+                    if last is not None:
+                        gaps.append(now - last)
+                    last = now
+        # The long prompt was being prefilled all along.
+        assert srv.metrics()["ferrite_prompt_tokens_total"] - prefilled > 500
+    finally:
+        long.close()  # the long prompt is cancelled
+    print(f"worst inter-token gap during a long prefill: {max(gaps):.3f} s")
+    assert len(gaps) >= 39
+    assert max(gaps) <= 1.0, max(gaps)
+
+
+def raw(server, data: bytes, read=True):
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    s.sendall(data)
+    if not read:
+        return s
+    out = b""
+    try:
+        while chunk := s.recv(65536):
+            out += chunk
+    except socket.timeout:
+        pass
+    s.close()
+    return out
+
+
+def test_a_huge_declared_body_is_a_413_at_once(srv):
+    started = time.monotonic()
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: 10000000000\r\n\r\n"
+    )
+    s = raw(srv, head, read=False)
+    s.settimeout(5)
+    answer = s.recv(65536)
+    s.close()
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:100]
+    assert time.monotonic() - started < 2
+
+
+def test_slow_and_idle_connections_are_closed_and_connections_are_bounded(srv):
+    # Slowloris: half a request's headers, then nothing. The server closes them after
+    # --request-read-timeout (2 s) and serves others meanwhile.
+    sockets = [raw(srv, b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n", read=False) for _ in range(30)]
+    assert small(srv) < FEW_SECONDS
+    time.sleep(3.5)
+    closed = sum(closed_by_server(s) for s in sockets)
+    for s in sockets:
+        s.close()
+    assert closed == 30, closed
+    # Past --max-connections (40) one more connection is refused with a clean 503.
+    held = [raw(srv, b"GET /health HTTP/1.1\r\nhost: x\r\n", read=False) for _ in range(40)]
+    time.sleep(0.2)
+    refused = raw(srv, b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert refused.startswith(b"HTTP/1.1 503"), refused[:100]
+    assert b"too_many_connections" in refused
+    for s in held:
+        s.close()
+    time.sleep(0.3)
+    assert small(srv) < FEW_SECONDS
+
+
+def closed_by_server(s):
+    """Whether the server closed this connection (with or without a 408 first)."""
+    s.settimeout(1)
+    try:
+        data = s.recv(1024)
+        return data == b"" or data.startswith(b"HTTP/1.1 408")
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def test_keys_are_trimmed_the_scheme_is_case_insensitive_and_openapi_is_protected():
+    s = Server(MODEL, ["--api-key", " padded "])
+    try:
+        url = f"{s.base}/v1/models"
+        for value in ["Bearer padded", "BEARER padded", "bearer padded"]:
+            assert httpx.get(url, headers={"authorization": value}).status_code == 200, value
+        assert httpx.get(url, headers={"authorization": "Bearer other"}).status_code == 401
+        assert httpx.get(f"{s.base}/openapi.json").status_code == 401
+        assert httpx.get(f"{s.base}/openapi.json", headers={"x-api-key": "padded"}).status_code == 200
+        assert httpx.get(f"{s.base}/health").status_code == 200
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"prompt": "x", "guided_regex": "(a{1000}){1000}", "max_tokens": 2000, "ignore_eos": True},
+        {"prompt": "a" * (1 << 20), "max_tokens": 1},
+        {"prompt": "x", "max_tokens": 4000, "n": 16, "stop": ["q" * 512] * 4, "ignore_eos": True},
+    ],
+    ids=["grammar", "tokenize", "stop-strings"],
+)
+def test_sigterm_during_a_pathological_request_exits_zero_within_grace_plus_five(body):
+    s = Server(MODEL, ["--shutdown-grace", "2"])
+    try:
+        in_background(lambda: post(s, {"model": MODEL, **body}, timeout=60))
+        time.sleep(1.0)
+        started = time.monotonic()
+        s.proc.send_signal(signal.SIGTERM)
+        code = s.proc.wait(timeout=2 + 5 + 2)
+        assert code == 0
+        assert time.monotonic() - started <= 2 + 5
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+        s.log.close()
