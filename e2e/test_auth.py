@@ -1,5 +1,5 @@
-"""API keys: with any configured, every route but /health, /ready, /metrics and
-/openapi.json needs one, as `Authorization: Bearer KEY` (the openai SDK's way) or
+"""API keys: with any configured, every route but /health, /ready and /metrics needs
+one, as `Authorization: Bearer KEY` (the openai SDK's way) or
 `x-api-key: KEY`."""
 
 import httpx
@@ -64,9 +64,10 @@ def test_other_protected_routes_need_the_key_too(keyed):
     assert ok.status_code == 200
 
 
-def test_health_ready_metrics_and_the_openapi_document_stay_open(keyed):
-    for path in ["/health", "/ready", "/metrics", "/openapi.json"]:
+def test_health_ready_and_metrics_stay_open_and_the_openapi_document_does_not(keyed):
+    for path in ["/health", "/ready", "/metrics"]:
         assert httpx.get(f"{keyed.base}{path}", timeout=10).status_code == 200, path
+    assert httpx.get(f"{keyed.base}/openapi.json", timeout=10).status_code == 401
 
 
 def test_keys_from_the_environment_and_a_file(tmp_path):

@@ -243,7 +243,7 @@ mod tests {
                     state ^= state << 13;
                     state ^= state >> 7;
                     state ^= state << 17;
-                    if state % 2 == 0 {
+                    if state.is_multiple_of(2) {
                         'a'
                     } else {
                         'b'

@@ -199,7 +199,7 @@ pub fn document() -> Value {
                 "responses": with(errors(&["503"]), json!({"200": {"description": "Ready"}}))}},
             "/metrics": {"get": {"summary": "Prometheus metrics (on --metrics-port when set)", "security": [],
                 "responses": {"200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
-            "/openapi.json": {"get": {"summary": "This document", "security": [], "responses": {"200": {"description": "OpenAPI 3.1"}}}}
+            "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI 3.1"}}}}
         }
     })
 }
