@@ -243,7 +243,15 @@ def tight():
     s.stop()
 
 
-def test_the_server_request_timeout_ends_long_requests(tight):
+@pytest.fixture(scope="module")
+def timed():
+    s = Server(MODEL, ["--request-timeout", "2"])
+    yield s
+    s.stop()
+
+
+def test_the_server_request_timeout_ends_long_requests(timed):
+    tight = timed
     started = time.time()
     r = post(tight, body(max_tokens=3000, ignore_eos=True))
     assert r.status_code == 504, r.text
