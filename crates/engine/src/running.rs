@@ -95,7 +95,7 @@ impl Sequence {
             + self
                 .followers
                 .iter()
-                .map(|(r, _)| r.prompt.len() + r.max_tokens)
+                .map(|(r, _)| r.kv_need())
                 .sum::<usize>()
     }
 

@@ -70,6 +70,11 @@ impl SequenceRequest {
             constraint: None,
         }
     }
+
+    /// KV cache positions this sequence may need: its prompt plus `max_tokens`.
+    pub fn kv_need(&self) -> usize {
+        self.prompt.len() + self.max_tokens
+    }
 }
 
 /// Why a sequence ended.

@@ -38,7 +38,8 @@ pub struct EngineConfig {
 #[derive(Debug, Default)]
 pub struct EngineStats {
     running: AtomicUsize,
-    /// Groups submitted and not yet admitted or dropped (in the channel or waiting).
+    /// Requests submitted with a group not yet admitted or dropped (in the channel or
+    /// waiting); one request counts once however many prompt groups it has.
     queued: AtomicUsize,
     kv_reserved: AtomicUsize,
     steps: AtomicU64,
@@ -56,7 +57,8 @@ pub struct EngineStats {
 pub struct StatsSnapshot {
     /// Sequences in the running batch.
     pub running: usize,
-    /// Requests (groups sharing a prompt) submitted and not yet admitted.
+    /// Requests submitted with a prompt group not yet admitted (one count per request,
+    /// however many prompts it has).
     pub queued: usize,
     /// KV cache positions the running sequences reserve.
     pub kv_reserved: usize,
@@ -105,9 +107,13 @@ impl Drop for QueueSlot {
 
 impl Pending {
     fn view(&self) -> WaitingView {
-        let need = |r: &SequenceRequest| r.prompt.len() + r.max_tokens;
         WaitingView {
-            need: need(&self.request) + self.followers.iter().map(|(r, _)| need(r)).sum::<usize>(),
+            need: self.request.kv_need()
+                + self
+                    .followers
+                    .iter()
+                    .map(|(r, _)| r.kv_need())
+                    .sum::<usize>(),
             sequences: 1 + self.followers.len(),
         }
     }
@@ -205,7 +211,7 @@ impl EngineHandle {
             for request in requests {
                 self.check(request)?;
             }
-            let need: usize = requests.iter().map(|r| r.prompt.len() + r.max_tokens).sum();
+            let need: usize = requests.iter().map(SequenceRequest::kv_need).sum();
             if need > self.config.scheduler.kv_budget {
                 return Err(EngineError::InvalidRequest(format!(
                     "the sequences need {need} KV cache positions together; the budget is {}",

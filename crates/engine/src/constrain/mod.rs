@@ -105,9 +105,6 @@ impl ConstraintFactory {
             .map_err(message)?;
         let parser = self.factory.create_parser(top).map_err(message)?;
         let matcher = Matcher::new(Ok(parser));
-        if matcher.stop_reason() == StopReason::NoExtensionBias {
-            return Err(NOTHING_ALLOWED.into());
-        }
         if let Some(e) = matcher.get_error() {
             return Err(message(e));
         }

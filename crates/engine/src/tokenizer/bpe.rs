@@ -240,6 +240,8 @@ fn char_to_byte(c: char) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
 
     #[test]
     fn byte_map_round_trips() {
@@ -286,16 +288,9 @@ mod tests {
         .map(|m| m.to_string())
         .collect();
         let bpe = Bpe::new(&merges, "gpt2", &vocab).unwrap();
-        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
         for len in 0..200 {
-            let word: Vec<TokenId> = (0..len)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    (state % 3) as TokenId
-                })
-                .collect();
+            let word: Vec<TokenId> = (0..len).map(|_| rng.random_range(0..3)).collect();
             assert_eq!(
                 bpe.merge(word.clone()),
                 naive_merge(&bpe, word.clone()),

@@ -141,6 +141,8 @@ impl SpecialSplitter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
 
     /// llama.cpp's procedure, literally: each token in priority order cuts every text
     /// fragment left at its leftmost non-overlapping occurrences.
@@ -191,15 +193,10 @@ mod tests {
         ];
         let splitter = SpecialSplitter::new(specials.clone()).unwrap();
         let alphabet = ['a', 'b', '<', '>', 'x'];
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
         for len in 0..400 {
             let text: String = (0..len % 40)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    alphabet[(state % 5) as usize]
-                })
+                .map(|_| alphabet[rng.random_range(0..alphabet.len())])
                 .collect();
             for parse_special in [true, false] {
                 assert_eq!(
