@@ -1,0 +1,79 @@
+//! libFuzzer target: any bytes as a constraint (the first byte picks regex, JSON schema
+//! or Lark; the rest is its source), compiled against SmolLM2's real vocabulary, then a
+//! few mask/consume steps. A panic, a crash, or an input whose compile plus steps take
+//! longer than [`WALL_LIMIT`] is a finding: grammar work must be bounded whatever the
+//! client sends. Seeds: `corpus/constraint/`.
+//!
+//!     ferrite pull smollm2-135m
+//!     cd crates/engine && cargo fuzz run --sanitizer none constraint /tmp/constraint-corpus fuzz/corpus/constraint -- -max_total_time=600
+
+#![no_main]
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use ferrite_engine::constrain::{ConstraintFactory, Grammar, GrammarKind};
+use ferrite_engine::gguf::GgufFile;
+use ferrite_engine::tokenizer::Tokenizer;
+
+/// Longest one input may take: compile and every step together.
+const WALL_LIMIT: Duration = Duration::from_secs(3);
+
+/// Mask/consume steps run on a grammar that compiles.
+const STEPS: usize = 8;
+
+fn factory() -> &'static (ConstraintFactory, usize) {
+    static FACTORY: OnceLock<(ConstraintFactory, usize)> = OnceLock::new();
+    FACTORY.get_or_init(|| {
+        let home = std::env::var_os("FERRITE_HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/ferrite"));
+        let path = home.join("models/smollm2-135m.gguf");
+        let gguf = GgufFile::open(&path).expect("run `ferrite pull smollm2-135m` first");
+        let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf.meta).expect("a tokenizer"));
+        let vocab = tokenizer.vocab_size();
+        (ConstraintFactory::new(tokenizer).expect("a grammar factory"), vocab)
+    })
+}
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    let Some((&selector, source)) = data.split_first() else {
+        return;
+    };
+    let kind = match selector % 3 {
+        0 => GrammarKind::Regex,
+        1 => GrammarKind::JsonSchema,
+        _ => GrammarKind::Lark,
+    };
+    let grammar = Grammar {
+        kind,
+        source: String::from_utf8_lossy(source).into_owned(),
+    };
+    let (factory, vocab) = factory();
+    let started = Instant::now();
+    if let Ok(mut constraint) = factory.compile(&grammar) {
+        let mut logits = vec![0.0f32; *vocab];
+        for step in 0..STEPS {
+            if constraint.mask(&mut logits).is_err() || constraint.is_complete() {
+                break;
+            }
+            // A token the grammar allows, chosen by the input so runs differ.
+            let allowed: Vec<usize> = (0..logits.len()).filter(|&i| logits[i] == 0.0).collect();
+            let Some(&token) = allowed.get((selector as usize + step * 31) % allowed.len().max(1)) else {
+                break;
+            };
+            if constraint.consume(token as u32).is_err() {
+                break;
+            }
+            let _ = constraint.forced_tokens();
+            logits.fill(0.0);
+        }
+    }
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed < WALL_LIMIT,
+        "grammar work took {elapsed:?} (limit {WALL_LIMIT:?}) for {kind:?} {:?}",
+        grammar.source
+    );
+});
