@@ -38,3 +38,53 @@ fn tokenizers_match_llama_cpp() {
         }
     }
 }
+
+/// A megabyte of anything tokenizes in well under two seconds on both models (each step
+/// of the algorithm is linear or n log n), and a tokenization whose caller gives up stops
+/// soon after.
+#[test]
+fn tokenization_is_linear_and_stops_when_cancelled() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+
+    let prose = "The quick brown fox, 1234 naïve café 你好 <b>. ".repeat(30_000);
+    for (model, _) in common::MODELS {
+        let gguf = GgufFile::open(&common::model_path(model)).unwrap();
+        let tok = Tokenizer::from_gguf(&gguf.meta).unwrap();
+        for text in [
+            "a".repeat(1 << 20),
+            " ".repeat(1 << 20),
+            "1".repeat(1 << 20),
+            "<".repeat(1 << 20),
+            prose.chars().take(1 << 20).collect(),
+        ] {
+            let started = Instant::now();
+            let ids = tok.encode_prompt(&text);
+            assert!(!ids.is_empty());
+            let took = started.elapsed();
+            assert!(
+                took < Duration::from_secs(2),
+                "{model}: {took:?} for {:?}…",
+                &text[..1]
+            );
+        }
+        // Eight megabytes of prose take about a second; cancelled after 20 ms, the work
+        // stops within a few milliseconds of the flag.
+        let long = prose.repeat(4);
+        let cancelled = AtomicBool::new(false);
+        let started = Instant::now();
+        let result = std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(20));
+                cancelled.store(true, Ordering::Relaxed);
+            });
+            tok.encode_prompt_until(&long, &cancelled)
+        });
+        assert!(result.is_err(), "{model}: not cancelled");
+        assert!(
+            started.elapsed() < Duration::from_millis(300),
+            "{model}: cancelled after {:?}",
+            started.elapsed()
+        );
+    }
+}

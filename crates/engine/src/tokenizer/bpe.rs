@@ -3,9 +3,10 @@
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
+use std::sync::atomic::{self, AtomicBool};
 
 use super::pretokenize::{Splitter, GPT2};
-use super::TokenId;
+use super::{Cancelled, TokenId, MERGES_PER_CHECK};
 use crate::EngineError;
 
 /// Byte-level BPE state: merge ranks and the pre-tokenizer pipeline.
@@ -84,14 +85,19 @@ impl Bpe {
         pieces
     }
 
-    /// Appends the ids of `text` (no special tokens inside) to `out`.
+    /// Appends the ids of `text` (no special tokens inside) to `out`; gives up between
+    /// words once `cancelled` is set.
     pub(super) fn encode(
         &self,
         text: &str,
         vocab: &HashMap<String, TokenId>,
+        cancelled: &AtomicBool,
         out: &mut Vec<TokenId>,
-    ) {
+    ) -> Result<(), Cancelled> {
         for word in self.pre_tokenize(text) {
+            if cancelled.load(atomic::Ordering::Relaxed) {
+                return Err(Cancelled);
+            }
             // A byte-level vocabulary holds every single mapped byte; a byte it lacks is
             // dropped rather than guessed.
             let symbols: Vec<TokenId> = word
@@ -102,17 +108,18 @@ impl Bpe {
                         .copied()
                 })
                 .collect();
-            out.extend(self.merge(symbols));
+            out.extend(self.merge(symbols, cancelled)?);
         }
+        Ok(())
     }
 
     /// Applies merges to a word's symbols, lowest rank first, leftmost on ties, as
     /// llama.cpp does: candidate pairs wait in a priority queue over a linked list of
     /// symbols, so a word of `n` symbols costs `O(n log n)` rather than a rescan of the
     /// whole word after every merge (quadratic on a long run of one character).
-    fn merge(&self, ids: Vec<TokenId>) -> Vec<TokenId> {
+    fn merge(&self, ids: Vec<TokenId>, cancelled: &AtomicBool) -> Result<Vec<TokenId>, Cancelled> {
         if ids.len() < 2 {
-            return ids;
+            return Ok(ids);
         }
         let mut symbols: Vec<Symbol> = ids
             .iter()
@@ -137,7 +144,13 @@ impl Bpe {
         for i in 1..symbols.len() {
             queue.extend(candidate(&symbols, i - 1, i));
         }
+        let mut popped = 0usize;
         while let Some(c) = queue.pop() {
+            popped += 1;
+            if popped.is_multiple_of(MERGES_PER_CHECK) && cancelled.load(atomic::Ordering::Relaxed)
+            {
+                return Err(Cancelled);
+            }
             let (l, r) = (symbols[c.left], symbols[c.right]);
             // A pair is stale once either side was merged into something else.
             if l.next != Some(c.right) || (l.id, r.id) != c.pair {
@@ -161,7 +174,7 @@ impl Bpe {
             out.push(symbols[i].id);
             at = symbols[i].next;
         }
-        out
+        Ok(out)
     }
 }
 
@@ -292,13 +305,17 @@ mod tests {
         for len in 0..200 {
             let word: Vec<TokenId> = (0..len).map(|_| rng.random_range(0..3)).collect();
             assert_eq!(
-                bpe.merge(word.clone()),
+                bpe.merge(word.clone(), &AtomicBool::new(false)).unwrap(),
                 naive_merge(&bpe, word.clone()),
                 "{word:?}"
             );
         }
         let run = vec![0; 5000];
-        assert_eq!(bpe.merge(run.clone()), naive_merge(&bpe, run));
+        let never = AtomicBool::new(false);
+        assert_eq!(
+            bpe.merge(run.clone(), &never).unwrap(),
+            naive_merge(&bpe, run)
+        );
     }
 
     #[test]

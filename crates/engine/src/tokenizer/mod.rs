@@ -16,6 +16,7 @@ mod spm;
 pub use detok::IncrementalDecoder;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::gguf::GgufMetadata;
 use crate::EngineError;
@@ -23,6 +24,13 @@ use specials::{Fragment, SpecialSplitter};
 
 /// A token id.
 pub type TokenId = u32;
+
+/// Merges run between two looks at a cancel flag (a few hundred microseconds).
+const MERGES_PER_CHECK: usize = 4096;
+
+/// Tokenization was given up because its caller set the cancel flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cancelled;
 
 /// The role of a token in the vocabulary, from `tokenizer.ggml.token_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -273,22 +281,49 @@ impl Tokenizer {
     /// Tokenizes a prompt the way a completions server does: the model's BOS when it
     /// asks for one, and special tokens written in the text parsed as such.
     pub fn encode_prompt(&self, text: &str) -> Vec<TokenId> {
+        self.encode_prompt_until(text, &AtomicBool::new(false))
+            .expect("never cancelled")
+    }
+
+    /// [`Self::encode_prompt`] that gives up ([`Cancelled`]) once `cancelled` is set: a
+    /// server sets it when the client that asked has gone away. It is looked at between
+    /// the pieces of the text (special tokens, pre-tokenizer words).
+    pub fn encode_prompt_until(
+        &self,
+        text: &str,
+        cancelled: &AtomicBool,
+    ) -> Result<Vec<TokenId>, Cancelled> {
         let mut ids = Vec::new();
         if self.add_bos {
             ids.extend(self.bos);
         }
-        ids.extend(self.encode(text, true));
-        ids
+        self.encode_into(text, true, cancelled, &mut ids)?;
+        Ok(ids)
     }
 
     /// Tokenizes `text` without adding BOS. With `parse_special`, control tokens written
     /// in the text become their ids; user-defined tokens always do.
     pub fn encode(&self, text: &str, parse_special: bool) -> Vec<TokenId> {
         let mut ids = Vec::new();
+        self.encode_into(text, parse_special, &AtomicBool::new(false), &mut ids)
+            .expect("never cancelled");
+        ids
+    }
+
+    fn encode_into(
+        &self,
+        text: &str,
+        parse_special: bool,
+        cancelled: &AtomicBool,
+        ids: &mut Vec<TokenId>,
+    ) -> Result<(), Cancelled> {
         // SentencePiece adds its space prefix to text that starts the input or follows a
         // special token, as llama.cpp does.
         let mut after_special = true;
         for fragment in self.specials.split(text, parse_special) {
+            if cancelled.load(Ordering::Relaxed) {
+                return Err(Cancelled);
+            }
             match fragment {
                 Fragment::Token(id) => {
                     ids.push(id);
@@ -296,16 +331,16 @@ impl Tokenizer {
                 }
                 Fragment::Text(t) => {
                     match &self.algorithm {
-                        Algorithm::Bpe(b) => b.encode(t, &self.piece_to_id, &mut ids),
+                        Algorithm::Bpe(b) => b.encode(t, &self.piece_to_id, cancelled, ids)?,
                         Algorithm::Spm(s) => {
-                            s.encode(t, after_special, &self.piece_to_id, &mut ids)
+                            s.encode(t, after_special, &self.piece_to_id, cancelled, ids)?
                         }
                     }
                     after_special = false;
                 }
             }
         }
-        ids
+        Ok(())
     }
 
     /// The bytes a token stands for in generated text. Control tokens are empty unless

@@ -4,8 +4,9 @@
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
+use std::sync::atomic::{self, AtomicBool};
 
-use super::TokenId;
+use super::{Cancelled, TokenId, MERGES_PER_CHECK};
 
 /// SentencePiece state: the score of every token.
 #[derive(Debug)]
@@ -57,7 +58,8 @@ impl Spm {
         }
     }
 
-    /// Appends the ids of `text` (no special tokens inside) to `out`. `after_special` is
+    /// Appends the ids of `text` (no special tokens inside) to `out`, giving up once
+    /// `cancelled` is set. `after_special` is
     /// true at the start of input and after a special token, where the model's space
     /// prefix (if it has one) is added.
     pub(super) fn encode(
@@ -65,8 +67,9 @@ impl Spm {
         text: &str,
         after_special: bool,
         vocab: &HashMap<String, TokenId>,
+        cancelled: &AtomicBool,
         out: &mut Vec<TokenId>,
-    ) {
+    ) -> Result<(), Cancelled> {
         let mut escaped = String::with_capacity(text.len() + 3);
         if self.add_space_prefix && after_special {
             escaped.push('▁');
@@ -104,7 +107,13 @@ impl Spm {
         for i in 1..symbols.len() {
             try_add(&mut queue, &symbols, i - 1, i);
         }
+        let mut popped = 0usize;
         while let Some(bigram) = queue.pop() {
+            popped += 1;
+            if popped.is_multiple_of(MERGES_PER_CHECK) && cancelled.load(atomic::Ordering::Relaxed)
+            {
+                return Err(Cancelled);
+            }
             let (l, r) = (symbols[bigram.left], symbols[bigram.right]);
             // Skip pairs made stale by an earlier merge.
             if l.len == 0 || r.len == 0 || l.len + r.len != bigram.len {
@@ -139,6 +148,7 @@ impl Spm {
             }
             i = s.next;
         }
+        Ok(())
     }
 }
 
@@ -171,7 +181,8 @@ mod tests {
         let v = vocab(&["a", "b", "ab", "▁", "▁ab", "<0xC3>", "<0xA9>"]);
         let spm = Spm::new(vec![0.0, 0.0, 1.0, 0.0, 2.0, 0.0, 0.0], false);
         let mut out = Vec::new();
-        spm.encode(" abé", true, &v, &mut out);
+        spm.encode(" abé", true, &v, &AtomicBool::new(false), &mut out)
+            .unwrap();
         assert_eq!(out, vec![4, 5, 6]);
     }
 

@@ -1,6 +1,7 @@
 //! The HTTP routes.
 
 pub(crate) mod body;
+mod cancel;
 mod completions;
 mod health;
 mod models;

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use crate::routes::body::RawBody;
+use crate::routes::cancel::CancelOnDrop;
 use axum::extract::State;
 use axum::Json;
 use ferrite_protocol::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse};
@@ -32,9 +33,13 @@ pub async fn tokenize(
     let tokenizer = Arc::clone(engine.tokenizer());
     let special = request.add_special_tokens.unwrap_or(true);
     let with_strs = request.return_token_strs.unwrap_or(false);
+    // A client that leaves stops the tokenization of a long prompt.
+    let (_guard, cancelled) = CancelOnDrop::new();
     let (tokens, strs) = tokio::task::spawn_blocking(move || {
         let tokens = if special {
-            tokenizer.encode_prompt(&request.prompt)
+            tokenizer
+                .encode_prompt_until(&request.prompt, &cancelled)
+                .map_err(|_| ApiError::Unavailable("the request was cancelled".into()))?
         } else {
             tokenizer.encode(&request.prompt, false)
         };
@@ -44,10 +49,10 @@ pub async fn tokenize(
                 .map(|&t| String::from_utf8_lossy(&tokenizer.token_bytes(t, true)).into_owned())
                 .collect()
         });
-        (tokens, strs)
+        Ok::<_, ApiError>((tokens, strs))
     })
     .await
-    .map_err(|_| ApiError::Internal)?;
+    .map_err(|_| ApiError::Internal)??;
     Ok(Json(TokenizeResponse {
         count: tokens.len(),
         max_model_len: engine.context_length(),

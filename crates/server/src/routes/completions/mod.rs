@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::routes::body::RawBody;
+use crate::routes::cancel::CancelOnDrop;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -60,6 +61,8 @@ pub async fn completions(
         tracing::info!(user, "completion request");
     }
     let params = Arc::new(params);
+    // A client that leaves stops the tokenization of its prompts.
+    let (_guard, cancelled) = CancelOnDrop::new();
     let prepared = {
         let (params, engine, limits) = (Arc::clone(&params), engine.clone(), state.limits);
         tokio::task::spawn_blocking(move || {
@@ -75,6 +78,7 @@ pub async fn completions(
                 engine.context_length(),
                 &limits,
                 constraint,
+                &cancelled,
             )
         })
         .await

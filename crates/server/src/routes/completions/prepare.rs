@@ -2,6 +2,7 @@
 //! fill-in-the-middle when the model can), the context rules applied, token ids checked
 //! against the vocabulary, and one group of sequences per prompt.
 
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use ferrite_engine::constrain::Constraint;
@@ -33,13 +34,15 @@ pub struct Prepared {
 }
 
 /// Prepares every prompt of a request within the server's per-request limits. Runs off
-/// the async workers: tokenizing long prompts takes a while.
+/// the async workers: tokenizing long prompts takes a while, and stops once `cancelled`
+/// is set (the client went away).
 pub fn prepare(
     params: &GenerateParams,
     tokenizer: &Tokenizer,
     context: usize,
     limits: &RequestLimits,
     constraint: Option<Constraint>,
+    cancelled: &AtomicBool,
 ) -> Result<Prepared, ApiError> {
     let vocab = tokenizer.vocab_size();
     check_vocab(
@@ -65,7 +68,9 @@ pub fn prepare(
                     (Some(suffix), true) => tokenizer
                         .encode_fill_in_middle(text, suffix)
                         .expect("the model has FIM tokens"),
-                    _ => tokenizer.encode_prompt(text),
+                    _ => tokenizer
+                        .encode_prompt_until(text, cancelled)
+                        .map_err(|_| ApiError::Unavailable("the request was cancelled".into()))?,
                 };
                 (tokens, text.clone())
             }
