@@ -17,6 +17,9 @@ use crate::tokenizer::{IncrementalDecoder, TokenId, Tokenizer};
 /// Most draft tokens verified in one step.
 pub(crate) const MAX_DRAFT: usize = 8;
 
+/// Most forced tokens kept as drafts at once (a long forced run is taken in pieces).
+const MAX_FORCED_DRAFT: usize = 256;
+
 /// Longest one sequence's sampling of one token may take (its grammar's mask, penalties,
 /// stop strings) before the engine's watchdog ends that sequence with an error. Every
 /// such piece of work is bounded well below this; the bound catches what is not.
@@ -362,13 +365,15 @@ impl Sequence {
         if let (None, Some(constraint)) = (&finish, self.constraint.as_mut()) {
             // The next mask now: a grammar that cannot go on ends with this token.
             match constraint.prepare_next() {
-                Ok(()) => {
-                    // Tokens the grammar forces are verified as drafts in the next step.
+                // Tokens the grammar forces are verified as drafts in the next steps.
+                // Finding them walks the whole forced run (a `\u{FFFD}{100000}` regex
+                // forces 300 kB: ~50 ms), so it is done once per run, when the drafts
+                // from the last one are used up, not at every token.
+                Ok(()) if self.draft.is_empty() => {
                     let forced = constraint.forced_tokens();
-                    if !forced.is_empty() {
-                        self.draft = forced.into();
-                    }
+                    self.draft = forced.into_iter().take(MAX_FORCED_DRAFT).collect();
                 }
+                Ok(()) => {}
                 Err(e) => {
                     text.push_str(&self.release_all());
                     finish = Some(grammar_end(e));
