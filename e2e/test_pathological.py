@@ -77,7 +77,14 @@ def error_param(r, status=400):
     return err["param"]
 
 
-@pytest.mark.parametrize("regex", ["a{100000}", "(a{1000}){1000}", "a{10000}"])
+@pytest.mark.parametrize("regex", ["a{100000}", "(a{1000}){1000}", "\uFFFD{101695}"])
+def test_a_regex_that_forces_a_huge_run_is_a_400(srv, regex):
+    r = post(srv, {"model": MODEL, "prompt": "x", "guided_regex": regex, "max_tokens": 4})
+    assert error_param(r) == "guided_regex"
+    assert "at least" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("regex", ["a{16384}", "(a{100}){100}", "a{10000}"])
 def test_a_huge_counted_repetition_neither_stalls_the_engine_nor_errs(srv, regex):
     body = {"model": MODEL, "prompt": "x", "guided_regex": regex, "max_tokens": 64}
     get = in_background(lambda: post(srv, body))
@@ -279,7 +286,7 @@ def test_keys_are_trimmed_the_scheme_is_case_insensitive_and_openapi_is_protecte
 @pytest.mark.parametrize(
     "body",
     [
-        {"prompt": "x", "guided_regex": "(a{1000}){1000}", "max_tokens": 2000, "ignore_eos": True},
+        {"prompt": "x", "guided_regex": "a{16384}", "max_tokens": 2000, "ignore_eos": True},
         {"prompt": "a" * (1 << 20), "max_tokens": 1},
         {"prompt": "x", "max_tokens": 4000, "n": 16, "stop": ["q" * 512] * 4, "ignore_eos": True},
     ],

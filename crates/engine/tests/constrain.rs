@@ -149,7 +149,15 @@ fn pathological_grammars_are_bounded() {
         let err = h.compile_grammar(&grammar(kind, source)).unwrap_err();
         assert!(err.contains("no output"), "{source}: {err}");
     }
-    for source in ["a{100000}", "(a{1000}){1000}"] {
+    // A regex whose every match is longer than 16 KiB is refused: compiling one walks
+    // every byte it forces.
+    for source in ["a{100000}", "(a{1000}){1000}", "\u{FFFD}{101695}"] {
+        let err = h
+            .compile_grammar(&grammar(GrammarKind::Regex, source))
+            .unwrap_err();
+        assert!(err.contains("at least"), "{source}: {err}");
+    }
+    for source in ["a{10000}", "(a{100}){100}", "a{16384}"] {
         let started = std::time::Instant::now();
         let (text, reason) = generate(&h, "x", &grammar(GrammarKind::Regex, source), 1);
         assert!(

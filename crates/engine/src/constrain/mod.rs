@@ -101,6 +101,9 @@ impl ConstraintFactory {
     /// that exceeds the limits at once, or allows no output at all, is refused here
     /// rather than in a generation step.
     pub fn compile(&self, grammar: &Grammar) -> Result<Constraint, String> {
+        if grammar.kind == GrammarKind::Regex {
+            check_forced_length(&grammar.source)?;
+        }
         let top = TopLevelGrammar::from_tagged_str(grammar.kind.tag(), &grammar.source)
             .map_err(message)?;
         let parser = self.factory.create_parser(top).map_err(message)?;
@@ -117,6 +120,25 @@ impl ConstraintFactory {
             MaskError::Nothing => NOTHING_ALLOWED.into(),
         })?;
         Ok(constraint)
+    }
+}
+
+/// Longest shortest-match a regex may have, in bytes. A regex whose every match is
+/// longer (`\u{FFFD}{101695}`: 300 kB) forces that many bytes, and llguidance walks them
+/// all to compile it (~0.4 s natively for 300 kB); no real output format needs this.
+pub const MAX_REGEX_MIN_BYTES: usize = 1 << 14;
+
+/// Refuses a regex whose shortest match is longer than [`MAX_REGEX_MIN_BYTES`]. One that
+/// does not parse is left to llguidance, whose message names the problem.
+fn check_forced_length(source: &str) -> Result<(), String> {
+    let Ok(hir) = regex_syntax::Parser::new().parse(source) else {
+        return Ok(());
+    };
+    match hir.properties().minimum_len() {
+        Some(len) if len > MAX_REGEX_MIN_BYTES => Err(format!(
+            "every match of the regex is at least {len} bytes long; at most {MAX_REGEX_MIN_BYTES} are allowed"
+        )),
+        _ => Ok(()),
     }
 }
 
