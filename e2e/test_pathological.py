@@ -177,7 +177,7 @@ def test_a_request_with_ten_thousand_prompts_does_not_starve_others(srv):
 
 
 def test_streams_keep_their_pace_while_a_long_prompt_is_prefilled(srv):
-    long_prompt = "hello world " * 2500  # about 5,000 tokens
+    long_prompt = "hello world " * 4000  # 8,000 tokens
     body = json.dumps({"model": MODEL, "prompt": long_prompt, "max_tokens": 1}).encode()
     long = raw(srv, b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                + f"content-length: {len(body)}\r\n\r\n".encode() + body, read=False)
@@ -289,8 +289,11 @@ def test_keys_are_trimmed_the_scheme_is_case_insensitive_and_openapi_is_protecte
         {"prompt": "x", "guided_regex": "a{16384}", "max_tokens": 2000, "ignore_eos": True},
         {"prompt": "a" * (1 << 20), "max_tokens": 1},
         {"prompt": "x", "max_tokens": 4000, "n": 16, "stop": ["q" * 512] * 4, "ignore_eos": True},
+        {"prompt": ["x"] * 10_000, "max_tokens": 1},
+        {"prompt": "hello world " * 4000, "max_tokens": 1},
+        {"prompt": "word " * 500, "n": 8, "max_tokens": 0, "echo": True, "logprobs": 20},
     ],
-    ids=["grammar", "tokenize", "stop-strings"],
+    ids=["grammar", "tokenize", "stop-strings", "many-prompts", "long-prefill", "echo-logprobs"],
 )
 def test_sigterm_during_a_pathological_request_exits_zero_within_grace_plus_five(body):
     s = Server(MODEL, ["--shutdown-grace", "2"])
