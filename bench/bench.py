@@ -5,7 +5,7 @@ model and load, in one run. Not a test: it measures and prints a Markdown table.
 For each model and server: prefill (TTFT of a ~500-token prompt, 1 new token), single-
 stream decode (128 tokens), and streaming load at concurrency 1, 4 and 16 (103-token
 prompts, 128 new tokens each): aggregate decode throughput and TTFT p50, and the server's
-peak RSS after the 16-stream run. Every measurement runs under ../shared/tools/quiet.py,
+peak RSS after the 16-stream run. Every measurement runs under bench/quiet.py,
 which waits for an idle machine and reports foreign CPU use; only runs it calls clean are
 kept (it retries otherwise). Prints issue 5's table (ratios ferrite / llama-server against
 their targets) and, with matplotlib installed, writes a plot of throughput and TTFT
@@ -28,7 +28,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TOOLS = ROOT.parent / "shared" / "tools"
+TOOLS = ROOT / "bench"
 FERRITE = ROOT / "target" / "release" / "ferrite"
 
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import MODEL
 
 FIXTURE = json.loads(
-    (Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "smollm2-135m-q4_1.llamacpp.json").read_text()
+    (Path(__file__).resolve().parents[1] / "fixtures" / "smollm2-135m-q4_1.llamacpp.json").read_text()
 )
 CAPITAL = FIXTURE["greedy_16"][0]  # "The capital of France is" -> " Paris.\n\n..."
 

@@ -109,11 +109,9 @@ fn gemma3_greedy_tokens_and_logprobs_match_llama_cpp() {
 }
 
 /// llama.cpp's greedy run of the same prompts token by token (`-ub 1`), which rounds the
-/// prompt rows differently; see `tests/fixtures/README.md` for how it was made.
+/// prompt rows differently; see `fixtures/README.md` for how it was made.
 fn gemma3_token_by_token_reference() -> serde_json::Value {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/gemma3-270m-q4_k_m.llamacpp-ub1.json");
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    common::fixture("gemma3-270m-q4_k_m.llamacpp-ub1.json")
 }
 
 #[test]

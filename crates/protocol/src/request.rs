@@ -6,7 +6,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 /// Every request field of `POST /v1/completions` that any of the supported vendors
-/// documents (see `shared/API.md`). A field outside this list is an unknown field.
+/// documents (see `docs/API.md`). A field outside this list is an unknown field.
 pub const KNOWN_FIELDS: &[&str] = &[
     "model",
     "prompt",

@@ -27,10 +27,10 @@ pub fn model_path(name: &str) -> PathBuf {
     path
 }
 
-/// llama.cpp's reference data for a model, from `../shared/fixtures`.
+/// llama.cpp's reference data, from the repository's `fixtures/` (see its README).
 pub fn fixture(file: &str) -> serde_json::Value {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures")
+        .join("../../fixtures")
         .join(file);
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
