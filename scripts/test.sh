@@ -27,6 +27,11 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install --disable-pip-version-check -q -r e2e/requirements.txt
+# LangChain and LiteLLM, which the e2e tests drive too, in a virtualenv of their own.
+if [ ! -x .venv-clients/bin/python ]; then
+  python3 -m venv .venv-clients
+fi
+.venv-clients/bin/python -m pip install --disable-pip-version-check -q -r e2e/clients/requirements.txt
 .venv/bin/python -m pytest e2e -q
 
 step "soak test (500 mixed requests at concurrency 16, loopback)"

@@ -13,6 +13,7 @@ pub mod sampling;
 pub mod scheduler;
 pub mod sequence;
 pub mod stop;
+pub mod threads;
 pub mod tokenizer;
 pub mod worker;
 

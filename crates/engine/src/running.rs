@@ -2,6 +2,7 @@
 //! draft state, and the events it sends back.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
@@ -46,6 +47,9 @@ pub(crate) struct Sequence {
     skip_special_tokens: bool,
     prompt_logprobs: Option<usize>,
     prompt_scores: Vec<PromptLogprob>,
+    /// Prompt tokens that came from the prefix cache at admission.
+    pub(crate) cached_tokens: usize,
+    allowed_tokens: Option<Arc<[TokenId]>>,
     draft: VecDeque<TokenId>,
     deadline: Option<Instant>,
     constraint: Option<Constraint>,
@@ -64,6 +68,7 @@ impl Sequence {
             Some(_) => vec![PromptLogprob {
                 id: request.prompt[0],
                 logprob: None,
+                rank: None,
                 top: Vec::new(),
             }],
             None => Vec::new(),
@@ -84,6 +89,8 @@ impl Sequence {
             skip_special_tokens: request.skip_special_tokens,
             prompt_logprobs: request.prompt_logprobs,
             prompt_scores,
+            cached_tokens: 0,
+            allowed_tokens: request.allowed_tokens,
             draft: request.prediction.into(),
             deadline: request.deadline,
             constraint: request.constraint,
@@ -176,6 +183,7 @@ impl Sequence {
             self.prompt_scores.push(PromptLogprob {
                 id,
                 logprob: Some(logprob),
+                rank: Some(rank_of(logits, id)),
                 top,
             });
         }
@@ -215,6 +223,7 @@ impl Sequence {
         let capacity = (request.prompt.len() + request.max_tokens).min(context);
         let cache = self.cache.fork(capacity);
         let mut follower = Sequence::new(request, cache, events);
+        follower.cached_tokens = self.cached_tokens;
         if let (Some(scores), Some(_)) = (prompt_scores, follower.prompt_logprobs) {
             follower.prompt_scores = scores.to_vec();
         }
@@ -284,23 +293,35 @@ impl Sequence {
     ) -> bool {
         let started = Instant::now();
         let banned = self.banned(tokenizer);
-        let id = match self.constraint.as_mut() {
-            Some(constraint) => {
-                let mut masked = logits.to_vec();
-                // Prepared when the last token was consumed (or at compile time), so
-                // this fails only for a constraint nobody prepared.
-                if let Err(e) = constraint.mask(&mut masked) {
-                    self.finish(grammar_end(e));
-                    return true;
-                }
-                // What the grammar allows wins over `min_tokens` and stop tokens: when
-                // every allowed token is banned, the bans yield.
-                let open = masked
+        // The row the sampler sees: the grammar's mask, then `allowed_tokens`.
+        let mut masked: Option<Vec<f32>> = None;
+        if let Some(constraint) = self.constraint.as_mut() {
+            let mut row = logits.to_vec();
+            // Prepared when the last token was consumed (or at compile time), so this
+            // fails only for a constraint nobody prepared.
+            if let Err(e) = constraint.mask(&mut row) {
+                self.finish(grammar_end(e));
+                return true;
+            }
+            masked = Some(row);
+        }
+        if let Some(allowed) = &self.allowed_tokens {
+            let kept = keep_only(masked.as_deref().unwrap_or(logits), allowed);
+            // Where the grammar allows none of them, the grammar wins.
+            if kept.iter().any(|&l| l > f32::NEG_INFINITY) {
+                masked = Some(kept);
+            }
+        }
+        let id = match &masked {
+            Some(row) => {
+                // What the masks allow wins over `min_tokens` and stop tokens: when every
+                // allowed token is banned, the bans yield.
+                let open = row
                     .iter()
                     .enumerate()
                     .any(|(id, &l)| l > f32::NEG_INFINITY && !banned.contains(&(id as TokenId)));
                 let banned: &[TokenId] = if open { &banned } else { &[] };
-                self.sampler.sample(&masked, &self.tokens, banned)
+                self.sampler.sample(row, &self.tokens, banned)
             }
             None => self.sampler.sample(logits, &self.tokens, &banned),
         };
@@ -417,6 +438,7 @@ impl Sequence {
             reason,
             prompt_tokens: self.prompt_len,
             completion_tokens: self.completion_tokens(),
+            cached_tokens: self.cached_tokens,
         };
         self.send(event);
     }
@@ -455,6 +477,23 @@ fn grammar_end(error: MaskError) -> FinishReason {
     }
 }
 
+/// A copy of `row` where every token but `allowed` is -inf.
+fn keep_only(row: &[f32], allowed: &[TokenId]) -> Vec<f32> {
+    let mut kept = vec![f32::NEG_INFINITY; row.len()];
+    for &id in allowed {
+        if let Some(&l) = row.get(id as usize) {
+            kept[id as usize] = l;
+        }
+    }
+    kept
+}
+
+/// The rank of `id` in a logits row: 1 plus the number of tokens with a higher logit.
+fn rank_of(logits: &[f32], id: TokenId) -> u32 {
+    let own = logits[id as usize];
+    1 + logits.iter().filter(|&&l| l > own).count() as u32
+}
+
 /// The log-probability of `id` under `logits`, and the `k` most likely tokens with theirs.
 fn token_logprob(logits: &[f32], id: TokenId, k: usize) -> (f32, Vec<(TokenId, f32)>) {
     let log_norm = log_sum_exp(logits);
@@ -467,4 +506,25 @@ fn token_logprob(logits: &[f32], id: TokenId, k: usize) -> (f32, Vec<(TokenId, f
         Vec::new()
     };
     (logits[id as usize] - log_norm, top)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keep_only_masks_every_other_token() {
+        let row = [0.5, 2.0, -1.0, 3.0];
+        let kept = keep_only(&row, &[1, 2, 99]);
+        assert_eq!(kept, [f32::NEG_INFINITY, 2.0, -1.0, f32::NEG_INFINITY]);
+    }
+
+    #[test]
+    fn ranks_count_the_tokens_above() {
+        let row = [0.5, 2.0, -1.0, 3.0, 2.0];
+        assert_eq!(rank_of(&row, 3), 1);
+        // Ties share the better rank.
+        assert_eq!((rank_of(&row, 1), rank_of(&row, 4)), (2, 2));
+        assert_eq!(rank_of(&row, 2), 5);
+    }
 }

@@ -1,6 +1,7 @@
 //! What a caller asks the engine to generate and what it gets back: one
 //! [`SequenceRequest`] per choice in, a stream of [`SequenceEvent`]s out.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::constrain::Constraint;
@@ -39,6 +40,10 @@ pub struct SequenceRequest {
     /// With `Some(n)`, the prompt's tokens get log-probabilities (and `n` alternatives)
     /// too, in one [`SequenceEvent::PromptLogprobs`] before the first token.
     pub prompt_logprobs: Option<usize>,
+    /// With `Some`, only these tokens may be sampled (vLLM's `allowed_token_ids`): every
+    /// other logit is masked, after the grammar's mask. Where the grammar allows none of
+    /// them, the grammar wins.
+    pub allowed_tokens: Option<Arc<[TokenId]>>,
     /// Expected output tokens, verified as drafts: several tokens per forward step while
     /// they match, with the same output as without them.
     pub prediction: Vec<TokenId>,
@@ -65,6 +70,7 @@ impl SequenceRequest {
             token_logprobs: true,
             skip_special_tokens: true,
             prompt_logprobs: None,
+            allowed_tokens: None,
             prediction: Vec::new(),
             deadline: None,
             constraint: None,
@@ -102,6 +108,9 @@ pub struct PromptLogprob {
     pub id: TokenId,
     /// Its log-probability; `None` for the first token, which nothing predicts.
     pub logprob: Option<f32>,
+    /// Its rank at its position, 1 for the most likely token (one more than the number of
+    /// tokens with a higher logit); `None` for the first token.
+    pub rank: Option<u32>,
     /// The most likely tokens at its position, best first.
     pub top: Vec<(TokenId, f32)>,
 }
@@ -132,6 +141,9 @@ pub enum SequenceEvent {
         prompt_tokens: usize,
         /// Tokens generated.
         completion_tokens: usize,
+        /// Prompt tokens whose keys and values came from the prefix cache (not computed
+        /// again).
+        cached_tokens: usize,
     },
     /// Log-probabilities of the prompt tokens.
     PromptLogprobs(Vec<PromptLogprob>),

@@ -555,17 +555,18 @@ impl Worker {
                         })
                 }
             };
-            let cache = match hit {
+            let (cache, cached_tokens) = match hit {
                 Some(hit) => {
                     self.stats
                         .prefix_cache_hit_tokens
                         .fetch_add(hit.positions as u64, Ordering::Relaxed);
-                    hit.cache
+                    (hit.cache, hit.positions)
                 }
-                None => self.model.new_cache(capacity),
+                None => (self.model.new_cache(capacity), 0),
             };
             slots.push(pending.slot);
             let mut seq = Sequence::new(*pending.request, cache, pending.events);
+            seq.cached_tokens = cached_tokens;
             seq.followers = pending.followers;
             self.running.push(seq);
         }

@@ -39,6 +39,9 @@ pub const KNOWN_FIELDS: &[&str] = &[
     "top_logprobs",
     "return_token_log_probs",
     "return_tokens_as_token_ids",
+    "prompt_logprobs",
+    "allowed_token_ids",
+    "return_token_ids",
     "skip_special_tokens",
     "mirostat_target",
     "mirostat_lr",
@@ -234,6 +237,12 @@ pub struct CompletionRequest {
     pub return_token_log_probs: Option<bool>,
     /// Write tokens in logprobs as `token_id:<id>`.
     pub return_tokens_as_token_ids: Option<bool>,
+    /// vLLM: log-probabilities of the prompt's tokens, with this many alternatives.
+    pub prompt_logprobs: Option<i64>,
+    /// vLLM: only these token ids may be generated.
+    pub allowed_token_ids: Option<Vec<i64>>,
+    /// vLLM: the choice carries `prompt_token_ids` and `token_ids`.
+    pub return_token_ids: Option<bool>,
     /// Leave special tokens out of the text.
     pub skip_special_tokens: Option<bool>,
     /// Stream the answer as server-sent events.
@@ -283,7 +292,8 @@ pub struct TokenizeRequest {
     pub model: Option<String>,
     /// Text to tokenize.
     pub prompt: String,
-    /// Add the model's BOS and parse special tokens, as for a prompt (default true).
+    /// Add the model's BOS, as for a prompt (default true). Special tokens written in the
+    /// text become their ids either way.
     pub add_special_tokens: Option<bool>,
     /// Also return each token's text.
     pub return_token_strs: Option<bool>,

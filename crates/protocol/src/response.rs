@@ -12,6 +12,18 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// The sum of both.
     pub total_tokens: usize,
+    /// How many prompt tokens the prefix cache served; on every usage but the running
+    /// usage of `continuous_usage_stats` chunks (known only once the prompts finish).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+/// OpenAI's breakdown of the prompt tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens whose keys and values came from the prefix cache instead of being
+    /// computed again.
+    pub cached_tokens: usize,
 }
 
 /// One choice of a non-streaming completion.
@@ -27,6 +39,17 @@ pub struct Choice {
     pub finish_reason: Option<String>,
     /// The stop string or token id that ended the choice (vLLM).
     pub stop_reason: Option<Value>,
+    /// vLLM's `prompt_logprobs`: per prompt token, `null` for the first, then a map from
+    /// token id to `{"logprob", "rank", "decoded_token"}` (the prompt's token and the
+    /// most likely ones).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<Value>,
+    /// With `return_token_ids`: the prompt's token ids.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
+    /// With `return_token_ids`: the generated token ids.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
 }
 
 /// A non-streaming completion.
@@ -62,6 +85,12 @@ pub struct ChunkChoice {
     /// The stop string or token id, on the last chunk.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<Value>,
+    /// With `return_token_ids`: the prompt's token ids, on the choice's first chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
+    /// With `return_token_ids`: the ids of the tokens this chunk's text came from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
 }
 
 /// One server-sent event of a streaming completion.
@@ -138,8 +167,8 @@ pub struct TokenizeResponse {
     pub max_model_len: usize,
     /// The token ids.
     pub tokens: Vec<u32>,
-    /// Each token's text, when asked for.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Each token's raw vocabulary string (`Ġis`, `▁is`, `<0x0A>`) with
+    /// `return_token_strs: true`; `null` otherwise, as vLLM sends it.
     pub token_strs: Option<Vec<String>>,
 }
 

@@ -17,9 +17,24 @@ pub enum ApiError {
         /// The offending field.
         param: Option<String>,
     },
+    /// The prompt, or the prompt plus `max_tokens`, does not fit the model's context
+    /// (OpenAI's code `context_length_exceeded`).
+    #[error("{message}")]
+    ContextLengthExceeded {
+        /// What does not fit, in tokens.
+        message: String,
+        /// `prompt` or `max_tokens`.
+        param: String,
+    },
+    /// A body whose `Content-Type` is not JSON.
+    #[error("{0}")]
+    UnsupportedMediaType(String),
     /// A protected route without a valid API key.
     #[error("{0}")]
     Unauthorized(String),
+    /// A browser's preflight from an origin `--allowed-origins` does not list.
+    #[error("cross-origin requests from `{0}` are not allowed (the server's --allowed-origins)")]
+    OriginNotAllowed(String),
     /// The request names a model this server does not serve.
     #[error("the model `{0}` does not exist")]
     ModelNotFound(String),
@@ -68,8 +83,12 @@ impl ApiError {
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
+            Self::InvalidRequest { .. } | Self::ContextLengthExceeded { .. } => {
+                StatusCode::BAD_REQUEST
+            }
+            Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::OriginNotAllowed(_) => StatusCode::FORBIDDEN,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::ModelNotFound(_) | Self::RouteNotFound(_) => StatusCode::NOT_FOUND,
@@ -83,6 +102,16 @@ impl ApiError {
     pub fn body(&self) -> ErrorBody {
         let (kind, param, code) = match self {
             Self::InvalidRequest { param, .. } => ("invalid_request_error", param.clone(), None),
+            Self::ContextLengthExceeded { param, .. } => (
+                "invalid_request_error",
+                Some(param.clone()),
+                Some("context_length_exceeded"),
+            ),
+            Self::UnsupportedMediaType(_) => (
+                "invalid_request_error",
+                None,
+                Some("unsupported_media_type"),
+            ),
             Self::ModelNotFound(_) => (
                 "invalid_request_error",
                 Some("model".to_string()),
@@ -92,6 +121,7 @@ impl ApiError {
             Self::PayloadTooLarge(_) => ("invalid_request_error", None, Some("request_too_large")),
             Self::Overloaded(_) => ("rate_limit_error", None, Some("server_overloaded")),
             Self::Unauthorized(_) => ("authentication_error", None, Some("invalid_api_key")),
+            Self::OriginNotAllowed(_) => ("permission_error", None, Some("origin_not_allowed")),
             Self::Unavailable(_) => ("server_error", None, Some("service_unavailable")),
             Self::Timeout(_) => (
                 "timeout_error",
@@ -145,6 +175,13 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert("retry-after", HeaderValue::from_static(seconds));
+        }
+        if matches!(self, Self::Timeout(_)) {
+            // The request ran out its own deadline: sending it again would only do the
+            // same. OpenAI's SDKs otherwise retry a 504 twice more.
+            response
+                .headers_mut()
+                .insert("x-should-retry", HeaderValue::from_static("false"));
         }
         response
     }

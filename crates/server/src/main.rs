@@ -3,6 +3,7 @@
 //! `ferrite serve` loads a model and serves `POST /v1/completions`; `ferrite pull NAME`
 //! fetches a known model into the cache.
 
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -14,9 +15,12 @@ use ferrite_engine::gguf::GgufFile;
 use ferrite_engine::sampling::SamplingParams;
 use ferrite_engine::scheduler::SchedulerConfig;
 use ferrite_engine::tokenizer::Tokenizer;
-use ferrite_engine::{model, Engine, EngineConfig, EngineHandle, SequenceEvent, SequenceRequest};
+use ferrite_engine::{
+    model, threads, Engine, EngineConfig, EngineHandle, SequenceEvent, SequenceRequest,
+};
 use tracing_subscriber::EnvFilter;
 
+use ferrite_server::cors::AllowedOrigins;
 use ferrite_server::state::{AppState, RequestLimits};
 use ferrite_server::{auth, fetch, listen, routes};
 
@@ -88,8 +92,16 @@ struct ServeArgs {
     /// A file of API keys, one per line (`#` starts a comment line).
     #[arg(long, env = "FERRITE_API_KEY_FILE")]
     api_key_file: Option<std::path::PathBuf>,
-    /// Most requests (one per prompt) waiting for the engine; past it, requests get 429
-    /// with `Retry-After`.
+    /// Origins whose browser pages may call the API (CORS), as scheme://host[:port]
+    /// (repeatable or comma-separated; `*`: any). Default: none.
+    #[arg(long, env = "FERRITE_ALLOWED_ORIGINS", value_delimiter = ',')]
+    allowed_origins: Vec<String>,
+    /// Compute threads for the forward passes. Default: the cores this process may use
+    /// (its CPU affinity mask and cgroup quota), not the host's.
+    #[arg(long, env = "FERRITE_THREADS", value_parser = clap::value_parser!(u16).range(1..))]
+    threads: Option<u16>,
+    /// Most requests waiting for the engine (one per request, whatever its prompts); past
+    /// it, requests get 429 with `Retry-After`.
     #[arg(long, default_value_t = 512, env = "FERRITE_MAX_WAITING")]
     max_waiting: usize,
     /// Largest request body in bytes; past it, 413.
@@ -196,8 +208,10 @@ fn limit_malloc_arenas() {
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`).
 fn init_logs(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colours only on a terminal: a log file or a collector gets plain text.
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => logs.init(),
@@ -227,6 +241,16 @@ fn serve(args: ServeArgs) -> Result<()> {
         max_echo_bytes: args.max_echo_bytes,
     };
     state.request_timeout = args.request_timeout.map(Duration::from_secs_f64);
+    state.allowed_origins = AllowedOrigins::new(&args.allowed_origins)
+        .map_err(|e| anyhow::anyhow!("--allowed-origins: {e}"))?;
+    let cores = threads::available_cores();
+    let compute = args.threads.map_or(cores, usize::from);
+    threads::set_compute_threads(compute).map_err(|e| anyhow::anyhow!(e))?;
+    tracing::info!(
+        compute_threads = threads::compute_threads(),
+        available_cores = cores,
+        "compute threads"
+    );
     let state = Arc::new(state);
     let grace = Duration::from_secs_f64(args.shutdown_grace);
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -69,9 +69,14 @@ impl Histogram {
     }
 }
 
+/// The `status` label of `ferrite_requests_total` for a request whose client left before
+/// its answer was complete.
+pub const DISCONNECTED: &str = "disconnected";
+
 /// Everything the HTTP layer measures.
 pub struct Metrics {
-    requests_by_status: Mutex<BTreeMap<u16, u64>>,
+    /// Requests by outcome label: the HTTP status, or [`DISCONNECTED`].
+    requests_by_status: Mutex<BTreeMap<String, u64>>,
     /// From a completion request's arrival to its first generated token, per sequence.
     pub time_to_first_token: Histogram,
     /// Between two consecutive tokens of one sequence.
@@ -95,11 +100,21 @@ impl Default for Metrics {
 impl Metrics {
     /// Counts one answered API request by its HTTP status.
     pub fn count_request(&self, status: u16) {
+        self.count_label(status.to_string());
+    }
+
+    /// Counts one API request whose client went away before its answer was complete
+    /// (before the answer, or in the middle of a stream).
+    pub fn count_disconnected(&self) {
+        self.count_label(DISCONNECTED.to_string());
+    }
+
+    fn count_label(&self, label: String) {
         let mut counts = self
             .requests_by_status
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        *counts.entry(status).or_default() += 1;
+        *counts.entry(label).or_default() += 1;
     }
 
     /// Everything in the Prometheus text format; the engine's counters once it runs.
@@ -120,7 +135,7 @@ impl Metrics {
         if let Some(s) = engine {
             let engine_metrics: [(&str, &str, &str, f64); 12] = [
                 ("ferrite_requests_running", "gauge", "Sequences (one per choice) being generated.", s.running as f64),
-                ("ferrite_requests_waiting", "gauge", "Requests (one per prompt) waiting for admission.", s.queued as f64),
+                ("ferrite_requests_waiting", "gauge", "Requests waiting for admission (one per request, whatever its prompts).", s.queued as f64),
                 ("ferrite_kv_cache_usage_ratio", "gauge", "Share of the KV cache budget the running sequences reserve.", ratio(s.kv_reserved, s.kv_budget)),
                 ("ferrite_prompt_tokens_total", "counter", "Prompt tokens run through the model (prefix-cache hits excluded).", s.prompt_tokens as f64),
                 ("ferrite_generation_tokens_total", "counter", "Tokens generated.", s.generated_tokens as f64),
@@ -137,7 +152,7 @@ impl Metrics {
             }
         }
         out.push_str(
-            "# HELP ferrite_requests_total API requests answered, by HTTP status.\n\
+            "# HELP ferrite_requests_total API requests by HTTP status, or status=\"disconnected\" when the client left before the answer was complete.\n\
              # TYPE ferrite_requests_total counter\n",
         );
         for (status, count) in self
@@ -206,8 +221,10 @@ mod tests {
         m.count_request(200);
         m.count_request(200);
         m.count_request(429);
+        m.count_disconnected();
         let out = m.render(None);
         assert!(out.contains("ferrite_requests_total{status=\"200\"} 2\n"));
+        assert!(out.contains("ferrite_requests_total{status=\"disconnected\"} 1\n"));
         assert!(out.contains("ferrite_requests_total{status=\"429\"} 1\n"));
         assert!(out.contains("ferrite_ready 0\n"));
         assert!(!out.contains("ferrite_requests_running"));

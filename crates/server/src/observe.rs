@@ -1,9 +1,12 @@
 //! The outermost layer of every route: a request id (the client's `x-request-id`, or a
 //! new one) on the request's tracing span and echoed in the response, one log line per
-//! answered request, and the request metrics. A streamed answer counts as finished when
-//! its body ends, whether it ran to its end or the client went away.
+//! request, and the request metrics. A request counts when its answer's body is done:
+//! under its HTTP status when the body ran to its end, under `disconnected` (and with a
+//! log line that says so) when the client went away first: before the answer (the
+//! handler is dropped) or in the middle of a stream (the body is dropped).
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -33,29 +36,37 @@ pub async fn observe(State(state): State<Arc<AppState>>, request: Request, next:
     let path = request.uri().path().to_string();
     let span = tracing::info_span!("request", id = %id);
     let started = Instant::now();
-    let mut response = next.run(request).instrument(span.clone()).await;
-    if let Ok(value) = HeaderValue::from_str(&id) {
-        response.headers_mut().insert(REQUEST_ID, value);
-    }
-    if matches!(path.as_str(), "/health" | "/ready" | "/metrics") {
-        return response;
-    }
-    let status = response.status().as_u16();
-    state.metrics.count_request(status);
-    let finished = Finished {
+    let observed = !matches!(path.as_str(), "/health" | "/ready" | "/metrics");
+    // Dropped with this future if the client leaves before the handler answers.
+    let mut finished = Finished {
         state,
-        span,
+        span: span.clone(),
         started,
         method: method.to_string(),
         is_completion: path == "/v1/completions",
         path,
-        status,
+        status: None,
+        ended: Arc::new(AtomicBool::new(false)),
+        observed,
     };
+    let mut response = next.run(request).instrument(span).await;
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert(REQUEST_ID, value);
+    }
+    if !observed {
+        return response;
+    }
+    finished.status = Some(response.status().as_u16());
     let (parts, body) = response.into_parts();
+    finished
+        .ended
+        .store(body.is_end_stream(), Ordering::Relaxed);
+    let ended = Arc::clone(&finished.ended);
     Response::from_parts(
         parts,
         Body::new(Observed {
             body,
+            ended,
             _finished: finished,
         }),
     )
@@ -65,6 +76,8 @@ pub async fn observe(State(state): State<Arc<AppState>>, request: Request, next:
 /// body's end, or when the client goes away.
 struct Observed {
     body: Body,
+    /// Set once the body has given its last frame.
+    ended: Arc<AtomicBool>,
     /// Held only to be dropped with the body.
     _finished: Finished,
 }
@@ -77,7 +90,11 @@ impl HttpBody for Observed {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+        let poll = Pin::new(&mut self.body).poll_frame(cx);
+        if matches!(poll, Poll::Ready(None)) || self.body.is_end_stream() {
+            self.ended.store(true, Ordering::Relaxed);
+        }
+        poll
     }
 
     fn is_end_stream(&self) -> bool {
@@ -89,7 +106,8 @@ impl HttpBody for Observed {
     }
 }
 
-/// Logs and measures a request when its answer's body is dropped.
+/// Logs and measures a request when its answer's body is dropped, or when the request
+/// itself is (its client left before the answer).
 struct Finished {
     state: Arc<AppState>,
     span: tracing::Span,
@@ -97,23 +115,50 @@ struct Finished {
     method: String,
     path: String,
     is_completion: bool,
-    status: u16,
+    /// The answer's status, once there is an answer.
+    status: Option<u16>,
+    /// Whether the answer's body was sent to its end.
+    ended: Arc<AtomicBool>,
+    /// `false` for the probes (`/health`, `/ready`, `/metrics`): neither logged nor counted.
+    observed: bool,
 }
 
 impl Drop for Finished {
     fn drop(&mut self) {
+        if !self.observed {
+            return;
+        }
         let elapsed = self.started.elapsed();
+        let ms = elapsed.as_secs_f64() * 1e3;
+        let complete = self.ended.load(Ordering::Relaxed);
+        match self.status {
+            Some(status) if complete => self.state.metrics.count_request(status),
+            _ => self.state.metrics.count_disconnected(),
+        }
         if self.is_completion {
             self.state.metrics.request_duration.observe(elapsed);
         }
-        self.span.in_scope(|| {
-            tracing::info!(
+        self.span.in_scope(|| match (self.status, complete) {
+            (Some(status), true) => tracing::info!(
                 method = %self.method,
                 path = %self.path,
-                status = self.status,
-                ms = elapsed.as_secs_f64() * 1e3,
+                status,
+                ms,
                 "request finished"
-            );
+            ),
+            (Some(status), false) => tracing::info!(
+                method = %self.method,
+                path = %self.path,
+                status,
+                ms,
+                "client disconnected before the end of the answer"
+            ),
+            (None, _) => tracing::info!(
+                method = %self.method,
+                path = %self.path,
+                ms,
+                "client disconnected before the answer"
+            ),
         });
     }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use ferrite_engine::EngineHandle;
 
 use crate::auth::ApiKeys;
+use crate::cors::AllowedOrigins;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
@@ -68,6 +69,8 @@ pub struct AppState {
     pub request_timeout: Option<Duration>,
     /// What the HTTP layer measures.
     pub metrics: Metrics,
+    /// Origins whose browser pages may call the API (`--allowed-origins`).
+    pub allowed_origins: AllowedOrigins,
     shutting_down: AtomicBool,
 }
 
@@ -84,6 +87,7 @@ impl AppState {
             limits: RequestLimits::default(),
             request_timeout: None,
             metrics: Metrics::default(),
+            allowed_origins: AllowedOrigins::None,
             shutting_down: AtomicBool::new(false),
         }
     }

@@ -80,9 +80,12 @@ pub struct Tokenizer {
     algorithm: Algorithm,
     bos: Option<TokenId>,
     eos: Option<TokenId>,
+    unknown: Option<TokenId>,
+    padding: Option<TokenId>,
     add_bos: bool,
     end_of_generation: Vec<TokenId>,
     fim: Option<FimTokens>,
+    chat_template: Option<String>,
 }
 
 /// The tokens a fill-in-the-middle prompt is built with.
@@ -170,6 +173,9 @@ impl Tokenizer {
         let token = |key: &str| meta.u32(key).ok().filter(|&i| (i as usize) < n);
         let bos = token("tokenizer.ggml.bos_token_id");
         let eos = token("tokenizer.ggml.eos_token_id");
+        let unknown = token("tokenizer.ggml.unknown_token_id");
+        let padding = token("tokenizer.ggml.padding_token_id");
+        let chat_template = meta.string("tokenizer.chat_template").ok();
         let add_bos = meta
             .bool("tokenizer.ggml.add_bos_token")
             .unwrap_or(matches!(algorithm, Algorithm::Spm(_)));
@@ -211,8 +217,11 @@ impl Tokenizer {
             algorithm,
             bos,
             eos,
+            unknown,
+            padding,
             add_bos,
             end_of_generation,
+            chat_template,
         })
     }
 
@@ -251,6 +260,26 @@ impl Tokenizer {
     /// The end-of-sequence token, if the model has one.
     pub fn eos(&self) -> Option<TokenId> {
         self.eos
+    }
+
+    /// The unknown-text token, if the model has one.
+    pub fn unknown(&self) -> Option<TokenId> {
+        self.unknown
+    }
+
+    /// The padding token, if the model names one.
+    pub fn padding(&self) -> Option<TokenId> {
+        self.padding
+    }
+
+    /// Whether a prompt starts with BOS ([`Self::encode_prompt`] adds it).
+    pub fn adds_bos(&self) -> bool {
+        self.add_bos && self.bos.is_some()
+    }
+
+    /// The chat template the file carries (`tokenizer.chat_template`, Jinja), if any.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
     }
 
     /// Tokens that end a generation (EOS, end-of-turn and the like).
@@ -308,6 +337,18 @@ impl Tokenizer {
         self.encode_into(text, parse_special, &AtomicBool::new(false), &mut ids)
             .expect("never cancelled");
         ids
+    }
+
+    /// [`Self::encode`] that gives up ([`Cancelled`]) once `cancelled` is set.
+    pub fn encode_until(
+        &self,
+        text: &str,
+        parse_special: bool,
+        cancelled: &AtomicBool,
+    ) -> Result<Vec<TokenId>, Cancelled> {
+        let mut ids = Vec::new();
+        self.encode_into(text, parse_special, cancelled, &mut ids)?;
+        Ok(ids)
     }
 
     fn encode_into(
@@ -373,6 +414,22 @@ impl Tokenizer {
         }
         String::from_utf8_lossy(&bytes).into_owned()
     }
+
+    /// The text each token adds when `ids` are decoded in order: a character split
+    /// across tokens belongs to the token that completes it, and bytes still pending at
+    /// the end (U+FFFD) to the last token. The pieces concatenate to
+    /// [`Self::decode`]'s text, so their running lengths index that text.
+    pub fn decode_pieces(&self, ids: &[TokenId], include_special: bool) -> Vec<String> {
+        let mut decoder = IncrementalDecoder::new();
+        let mut pieces: Vec<String> = ids
+            .iter()
+            .map(|&id| decoder.push(&self.token_bytes(id, include_special)))
+            .collect();
+        if let Some(last) = pieces.last_mut() {
+            last.push_str(&decoder.finish());
+        }
+        pieces
+    }
 }
 
 #[cfg(test)]
@@ -397,8 +454,10 @@ mod tests {
             "a",
             "b",
             "\u{2581}",
+            "<0xC3>",
+            "<0xA9>",
         ];
-        let kinds = [2, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1];
+        let kinds = [2, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 6, 6];
         let strings =
             |v: &[&str]| Value::Array(v.iter().map(|s| Value::String(s.to_string())).collect());
         let mut meta: HashMap<String, Value> = HashMap::from([
@@ -447,5 +506,23 @@ mod tests {
         let b = t.encode("b", false);
         let want: Vec<TokenId> = [vec![1, 3], a, vec![4], b, vec![5]].concat();
         assert_eq!(ids, want);
+    }
+
+    #[test]
+    fn decoded_pieces_concatenate_to_the_decoded_text() {
+        let t = tokenizer(false);
+        // BOS, " a", the two bytes of "é", " b".
+        let ids = [1, 6, 11, 12, 7];
+        let pieces = t.decode_pieces(&ids, false);
+        assert_eq!(pieces, ["", " a", "", "é", " b"]);
+        assert_eq!(pieces.concat(), t.decode(&ids, false));
+        let with_special = t.decode_pieces(&ids, true);
+        assert_eq!(with_special, ["<s>", " a", "", "é", " b"]);
+        assert_eq!(with_special.concat(), t.decode(&ids, true));
+        // A character never completed is U+FFFD on the last token, as in `decode`.
+        let cut = t.decode_pieces(&[6, 11], false);
+        assert_eq!(cut, [" a", "\u{FFFD}"]);
+        assert_eq!(cut.concat(), t.decode(&[6, 11], false));
+        assert!(t.decode_pieces(&[], false).is_empty());
     }
 }

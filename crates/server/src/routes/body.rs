@@ -1,11 +1,13 @@
-//! The raw body of a POST route, with body errors in the OpenAI shape: a body over
-//! `--max-body-size` is a 413, one that cannot be read a 400.
+//! The raw body of a POST route, with body errors in the OpenAI shape: a body whose
+//! `Content-Type` says it is not JSON is a 415, one over `--max-body-size` a 413, one that
+//! cannot be read a 400. A body without `Content-Type` is read as JSON.
 
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
-use axum::http::header::CONTENT_LENGTH;
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use axum::http::HeaderMap;
 use axum::http::StatusCode;
 
 use crate::error::ApiError;
@@ -19,6 +21,7 @@ impl FromRequest<Arc<AppState>> for RawBody {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
+        check_json_content_type(request.headers())?;
         let limits = &state.limits;
         // A declared length over the limit is refused before any byte is awaited.
         let declared = request
@@ -56,6 +59,34 @@ impl FromRequest<Arc<AppState>> for RawBody {
     }
 }
 
+/// A 415 when the body says it is something other than JSON (a form, plain text): serving
+/// it as JSON would hide a client's mistake. `application/json`, any `+json` type and a
+/// missing header are JSON.
+fn check_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(value) = headers.get(CONTENT_TYPE) else {
+        return Ok(());
+    };
+    let media = value
+        .to_str()
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    let json = media == "application/json"
+        || media
+            .strip_prefix("application/")
+            .is_some_and(|t| t.ends_with("+json"));
+    if json {
+        return Ok(());
+    }
+    let shown: String = media.chars().take(100).collect();
+    Err(ApiError::UnsupportedMediaType(format!(
+        "the body's Content-Type is `{shown}`; this route takes JSON: send `Content-Type: application/json`"
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,6 +98,37 @@ mod tests {
 
     async fn echo_len(RawBody(body): RawBody) -> String {
         body.len().to_string()
+    }
+
+    #[test]
+    fn only_json_content_types_are_read() {
+        let with = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(CONTENT_TYPE, value.parse().unwrap());
+            check_json_content_type(&headers)
+        };
+        assert!(check_json_content_type(&HeaderMap::new()).is_ok());
+        for ok in [
+            "application/json",
+            "Application/JSON; charset=utf-8",
+            "application/vnd.api+json",
+        ] {
+            assert!(with(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "application/x-www-form-urlencoded",
+            "text/plain",
+            "multipart/form-data; boundary=x",
+            "",
+            "application/jsonp",
+        ] {
+            let err = with(bad).unwrap_err();
+            assert_eq!(err.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE, "{bad}");
+            assert_eq!(
+                err.body().error.code.as_deref(),
+                Some("unsupported_media_type")
+            );
+        }
     }
 
     #[tokio::test]

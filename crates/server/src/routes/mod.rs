@@ -28,6 +28,7 @@ pub fn router(state: Arc<AppState>, with_metrics: bool) -> Router {
         .route("/v1/models/{*id}", get(models::retrieve))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
+        .route("/tokenizer_info", get(tokenize::tokenizer_info))
         .route("/openapi.json", get(openapi::openapi))
         .route_layer(middleware::from_fn_with_state(
             Arc::clone(&state),
@@ -43,6 +44,10 @@ pub fn router(state: Arc<AppState>, with_metrics: bool) -> Router {
     router
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(state.limits.max_body_bytes))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            crate::cors::cors,
+        ))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state),
             crate::observe::observe,

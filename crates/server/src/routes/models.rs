@@ -1,4 +1,6 @@
-//! `GET /v1/models` and `GET /v1/models/{id}`.
+//! `GET /v1/models` and `GET /v1/models/{id}`. Like every model route they answer 503
+//! with `Retry-After` until the model is loaded (and once shutting down): a script that
+//! waits for `/v1/models` to answer can then send completions.
 
 use std::sync::Arc;
 
@@ -9,23 +11,28 @@ use ferrite_protocol::{ModelCard, ModelList};
 use crate::error::ApiError;
 use crate::state::AppState;
 
-fn card(state: &AppState, name: &str) -> ModelCard {
+fn card(state: &AppState, name: &str, context_length: usize) -> ModelCard {
     ModelCard {
         id: name.to_string(),
         object: "model".into(),
         created: state.created,
         owned_by: "ferrite".into(),
-        max_model_len: state.engine.get().map_or(0, |e| e.context_length()),
+        max_model_len: context_length,
     }
 }
 
 /// Lists the served model under each of its names.
-pub async fn list(State(state): State<Arc<AppState>>) -> Json<ModelList> {
-    let data = state.names.iter().map(|name| card(&state, name)).collect();
-    Json(ModelList {
+pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<ModelList>, ApiError> {
+    let context = state.engine()?.context_length();
+    let data = state
+        .names
+        .iter()
+        .map(|name| card(&state, name, context))
+        .collect();
+    Ok(Json(ModelList {
         object: "list".into(),
         data,
-    })
+    }))
 }
 
 /// One model by any name a request may use for it; 404 `model_not_found` otherwise.
@@ -33,6 +40,7 @@ pub async fn retrieve(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> Result<Json<ModelCard>, ApiError> {
+    let context = state.engine()?.context_length();
     state.check_model(&id)?;
-    Ok(Json(card(&state, &id)))
+    Ok(Json(card(&state, &id, context)))
 }

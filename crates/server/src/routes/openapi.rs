@@ -1,6 +1,7 @@
 //! `GET /openapi.json`: an OpenAPI 3.1 description of every route, its bodies and the
 //! error shape. The request schema of `POST /v1/completions` lists every field the parser
-//! accepts (a test keeps the two equal), each with the rule API.md gives it.
+//! accepts (a test keeps the two equal), each with the rule `docs/API.md` gives it (the
+//! document links to that reference).
 
 use axum::Json;
 use serde_json::{json, Map, Value};
@@ -58,7 +59,12 @@ fn completion_fields() -> Vec<(&'static str, Value)> {
         ("top_logprobs", int("Alternatives per token, 0..20, with `logprobs: true`.")),
         ("return_token_log_probs", boolean("The same as `logprobs: 0`.")),
         ("return_tokens_as_token_ids", boolean("Write tokens in logprobs as `token_id:<id>`.")),
-        ("skip_special_tokens", boolean("Leave special tokens out of `text` (default true).")),
+        ("prompt_logprobs", int("vLLM: 0..20; each choice carries `prompt_logprobs`, null for the first prompt token, then \
+            token id → {logprob, rank, decoded_token} for the prompt's token and this many likely ones. Not with `stream`.")),
+        ("allowed_token_ids", list("integer", "vLLM: only these token ids may be generated (non-empty, in the vocabulary).")),
+        ("return_token_ids", boolean("vLLM: choices carry `prompt_token_ids` and `token_ids` (a stream's first chunk of a choice \
+            carries `prompt_token_ids`, every chunk the `token_ids` of its text).")),
+        ("skip_special_tokens", boolean("Leave special tokens out of `text`, the echoed prompt's included (default true).")),
         ("mirostat_target", number("Turns Mirostat 2.0 on with this target surprise (tau).")),
         ("mirostat_lr", number("Mirostat's learning rate (eta), default 0.1.")),
         ("dry_multiplier", number("DRY repetition penalty strength; 0 (default) is off.")),
@@ -82,7 +88,8 @@ fn completion_fields() -> Vec<(&'static str, Value)> {
         ("parallel_tool_calls", boolean("Accepted.")),
         ("images", list("string", "Data URIs; a text-only model answers 400.")),
         ("stream", boolean("Server-sent events, ending with `data: [DONE]`.")),
-        ("stream_options", json!({"type": "object", "description": "Only with `stream`.",
+        ("stream_options", json!({"type": "object", "description": "Only with `stream`. `include_usage` adds a last chunk with \
+            the usage; `continuous_usage_stats` (with `include_usage`) puts the running usage on every chunk.",
             "properties": {"include_usage": {"type": "boolean"}, "continuous_usage_stats": {"type": "boolean"}}})),
         ("inference_timeout", number(
             "Seconds the request may run; past it a 504 (or an error event on a stream). \
@@ -106,12 +113,17 @@ pub fn document() -> Value {
         properties.insert(name.to_string(), schema);
     }
     let usage = json!({"type": "object", "properties": {
-        "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}}});
+        "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"},
+        "prompt_tokens_details": {"type": "object", "properties": {"cached_tokens": {"type": "integer",
+            "description": "Prompt tokens the prefix cache served."}}}}});
+    let ids = json!({"type": "array", "items": {"type": "integer"}});
     let choice = json!({"type": "object", "properties": {
         "index": {"type": "integer"}, "text": {"type": "string"},
         "logprobs": {"type": ["object", "null"]},
         "finish_reason": {"type": ["string", "null"], "enum": ["stop", "length", null]},
-        "stop_reason": {"description": "The stop string or token id that ended the choice (vLLM)."}}});
+        "stop_reason": {"description": "The stop string or token id that ended the choice (vLLM)."},
+        "prompt_logprobs": {"type": "array", "items": {"type": ["object", "null"]}},
+        "prompt_token_ids": ids, "token_ids": ids}});
     let completion = |choice: Value, usage: Value| {
         json!({"type": "object", "properties": {
         "id": {"type": "string"}, "object": {"const": "text_completion"}, "created": {"type": "integer"},
@@ -148,8 +160,9 @@ pub fn document() -> Value {
             "title": "ferrite",
             "version": env!("CARGO_PKG_VERSION"),
             "description": "An OpenAI-compatible completion server for GGUF models. With API keys \
-                configured, every route but /health, /ready, /metrics and /openapi.json needs \
-                `Authorization: Bearer KEY` or `x-api-key: KEY`. Every response carries `x-request-id`."
+                configured, every route but /health, /ready and /metrics needs \
+                `Authorization: Bearer KEY` or `x-api-key: KEY`. Every response carries `x-request-id`. \
+                Every field, rule and error is described in the repository's docs/API.md."
         },
         "components": {
             "securitySchemes": {
@@ -168,7 +181,7 @@ pub fn document() -> Value {
             "/v1/completions": {"post": {
                 "summary": "Complete prompts",
                 "requestBody": json_body(json!({"$ref": "#/components/schemas/CompletionRequest"})),
-                "responses": with(errors(&["400", "401", "404", "413", "429", "503", "504"]), json!({"200": {
+                "responses": with(errors(&["400", "401", "404", "413", "415", "429", "500", "503", "504"]), json!({"200": {
                     "description": "The completion; with `stream`, server-sent events of CompletionChunk ending with `data: [DONE]`.",
                     "content": {
                         "application/json": {"schema": {"$ref": "#/components/schemas/Completion"}},
@@ -187,7 +200,13 @@ pub fn document() -> Value {
                 "responses": with(errors(&api_errors), json!({"200": ok("The tokens", json!({"type": "object", "properties": {
                     "count": {"type": "integer"}, "max_model_len": {"type": "integer"},
                     "tokens": {"type": "array", "items": {"type": "integer"}},
-                    "token_strs": {"type": "array", "items": {"type": "string"}}}}))}))}},
+                    "token_strs": {"type": ["array", "null"], "items": {"type": "string"},
+                        "description": "The vocabulary's own strings with return_token_strs, else null"}}}))}))}},
+            "/tokenizer_info": {"get": {"summary": "The tokenizer's configuration (vLLM's shape): special tokens, add_bos_token, model_max_length, chat_template, added_tokens_decoder",
+                "responses": with(errors(&["401", "503"]), json!({"200": ok("The configuration", json!({"type": "object", "properties": {
+                    "tokenizer_class": {"type": "string"}, "bos_token": {"type": ["string", "null"]},
+                    "eos_token": {"type": ["string", "null"]}, "model_max_length": {"type": "integer"},
+                    "chat_template": {"type": ["string", "null"]}, "added_tokens_decoder": {"type": "object"}}}))}))}},
             "/detokenize": {"post": {"summary": "Detokenize token ids (vLLM's shape)",
                 "requestBody": json_body(json!({"type": "object", "required": ["tokens"], "properties": {
                     "model": {"type": "string"}, "tokens": {"type": "array", "items": {"type": "integer"}}}})),
@@ -199,7 +218,7 @@ pub fn document() -> Value {
                 "responses": with(errors(&["503"]), json!({"200": {"description": "Ready"}}))}},
             "/metrics": {"get": {"summary": "Prometheus metrics (on --metrics-port when set)", "security": [],
                 "responses": {"200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
-            "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI 3.1"}}}}
+            "/openapi.json": {"get": {"summary": "This document", "responses": with(errors(&["401"]), json!({"200": {"description": "OpenAPI 3.1"}}))}}
         }
     })
 }
@@ -207,13 +226,16 @@ pub fn document() -> Value {
 /// What an error status means on this server.
 fn error_meaning(code: &str) -> &'static str {
     match code {
-        "400" => "invalid_request_error: bad JSON, a wrong type, a value out of range, an unknown or conflicting field, a prompt too long",
+        "400" => "invalid_request_error: bad JSON, a wrong type, a value out of range, an unknown or conflicting field; \
+            code context_length_exceeded when the prompt (or prompt plus max_tokens) does not fit the context",
         "401" => "authentication_error: a missing or wrong API key",
         "404" => "invalid_request_error (model_not_found): the model is not served",
         "413" => "invalid_request_error: the body is over --max-body-size",
+        "415" => "invalid_request_error (unsupported_media_type): the body's Content-Type is not JSON",
+        "500" => "server_error: a bug; the message says nothing internal",
         "429" => "rate_limit_error (server_overloaded): the waiting queue is full; see Retry-After",
-        "503" => "server_error: the model is still loading, or the server is shutting down",
-        "504" => "timeout_error: inference_timeout or --request-timeout passed",
+        "503" => "server_error: the model is still loading (every model route, with Retry-After), the server is shutting down, or too many connections",
+        "504" => "timeout_error: inference_timeout or --request-timeout passed; x-should-retry: false",
         _ => "an error",
     }
 }
@@ -251,6 +273,7 @@ mod tests {
             "/v1/models/{id}",
             "/tokenize",
             "/detokenize",
+            "/tokenizer_info",
             "/health",
             "/ready",
             "/metrics",
@@ -261,7 +284,9 @@ mod tests {
         let statuses = doc["paths"]["/v1/completions"]["post"]["responses"]
             .as_object()
             .unwrap();
-        for status in ["200", "400", "401", "404", "413", "429", "503", "504"] {
+        for status in [
+            "200", "400", "401", "404", "413", "415", "429", "503", "504",
+        ] {
             assert!(statuses.contains_key(status), "{status}");
         }
     }

@@ -1,4 +1,6 @@
-//! `POST /tokenize` and `POST /detokenize`, in vLLM's shapes.
+//! `POST /tokenize`, `POST /detokenize` and `GET /tokenizer_info`, in vLLM's shapes:
+//! with them, a client such as lm-evaluation-harness tokenizes through the server
+//! instead of downloading the model's tokenizer.
 
 use std::sync::Arc;
 
@@ -6,8 +8,10 @@ use crate::routes::body::RawBody;
 use crate::routes::cancel::CancelOnDrop;
 use axum::extract::State;
 use axum::Json;
+use ferrite_engine::tokenizer::{TokenKind, Tokenizer};
 use ferrite_protocol::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse};
 use serde::de::DeserializeOwned;
+use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -36,17 +40,21 @@ pub async fn tokenize(
     // A client that leaves stops the tokenization of a long prompt.
     let (_guard, cancelled) = CancelOnDrop::new();
     let (tokens, strs) = tokio::task::spawn_blocking(move || {
+        // Special tokens written in the text are their ids either way, as in a Hugging
+        // Face tokenizer (vLLM's): `add_special_tokens` only says whether BOS is added. So
+        // lm-evaluation-harness finds the EOS id by tokenizing `eos_token`.
         let tokens = if special {
-            tokenizer
-                .encode_prompt_until(&request.prompt, &cancelled)
-                .map_err(|_| ApiError::Unavailable("the request was cancelled".into()))?
+            tokenizer.encode_prompt_until(&request.prompt, &cancelled)
         } else {
-            tokenizer.encode(&request.prompt, false)
-        };
+            tokenizer.encode_until(&request.prompt, true, &cancelled)
+        }
+        .map_err(|_| ApiError::Unavailable("the request was cancelled".into()))?;
+        // The vocabulary's own strings, as a Hugging Face tokenizer's
+        // `convert_ids_to_tokens` gives them (vLLM's `token_strs`), not decoded text.
         let strs = with_strs.then(|| {
             tokens
                 .iter()
-                .map(|&t| String::from_utf8_lossy(&tokenizer.token_bytes(t, true)).into_owned())
+                .map(|&t| tokenizer.piece(t).unwrap_or_default().to_string())
                 .collect()
         });
         Ok::<_, ApiError>((tokens, strs))
@@ -86,4 +94,44 @@ pub async fn detokenize(
     Ok(Json(DetokenizeResponse {
         prompt: engine.tokenizer().decode(&ids, true),
     }))
+}
+
+/// `GET /tokenizer_info`: what a Hugging Face tokenizer's configuration would say, in
+/// vLLM's shape: the special tokens' text (`bos_token`, `eos_token`, `unk_token`,
+/// `pad_token`), whether prompts start with BOS, the context length, the model's chat
+/// template, and `added_tokens_decoder` (id → text of every special token).
+pub async fn tokenizer_info(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    let engine = state.engine()?;
+    Ok(Json(describe(
+        engine.tokenizer(),
+        engine.context_length(),
+        state.model_name(),
+    )))
+}
+
+fn describe(tokenizer: &Tokenizer, context: usize, name: &str) -> Value {
+    let text = |id: Option<u32>| id.and_then(|id| tokenizer.piece(id)).map(str::to_string);
+    let mut added = Map::new();
+    for id in 0..tokenizer.vocab_size() as u32 {
+        if matches!(
+            tokenizer.kind(id),
+            Some(TokenKind::Control | TokenKind::UserDefined | TokenKind::Unknown)
+        ) {
+            added.insert(id.to_string(), json!(tokenizer.piece(id)));
+        }
+    }
+    json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "name_or_path": name,
+        "bos_token": text(tokenizer.bos()),
+        "eos_token": text(tokenizer.eos()),
+        "unk_token": text(tokenizer.unknown()),
+        "pad_token": text(tokenizer.padding()),
+        "add_bos_token": tokenizer.adds_bos(),
+        "add_eos_token": false,
+        "clean_up_tokenization_spaces": false,
+        "model_max_length": context,
+        "chat_template": tokenizer.chat_template(),
+        "added_tokens_decoder": added,
+    })
 }

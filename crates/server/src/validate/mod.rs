@@ -11,6 +11,8 @@ mod sampling;
 #[cfg(test)]
 mod fuzz;
 
+use std::sync::Arc;
+
 use ferrite_engine::sampling::SamplingParams;
 use ferrite_protocol::{CompletionRequest, PredictionContent, Prompt, KNOWN_FIELDS};
 use serde_json::Value;
@@ -97,8 +99,10 @@ pub struct GenerateParams {
     pub stream: bool,
     /// Send a usage chunk at the end of a stream.
     pub include_usage: bool,
-    /// Put usage on every chunk.
+    /// Put usage on every chunk (`continuous_usage_stats` with `include_usage`).
     pub continuous_usage: bool,
+    /// vLLM's `allowed_token_ids`: only these may be sampled (sorted, distinct).
+    pub allowed_token_ids: Option<Arc<[u32]>>,
     /// Wall-clock limit in seconds.
     pub inference_timeout: Option<f64>,
     /// Predicted output text.
@@ -406,6 +410,7 @@ impl TryFrom<CompletionRequest> for GenerateParams {
             }
         };
         let (sampling, dry_breakers) = sampling::sampling_options(&r)?;
+        let allowed_token_ids = sampling::allowed_token_ids(&r)?;
         let stop = stop_strings(&r)?;
         let stop_token_ids = token_ids(
             "stop_token_ids",
@@ -469,7 +474,10 @@ impl TryFrom<CompletionRequest> for GenerateParams {
             suffix: r.suffix.filter(|s| !s.is_empty()),
             stream,
             include_usage: options.include_usage == Some(true),
-            continuous_usage: options.continuous_usage_stats == Some(true),
+            // vLLM's rule: running usage only where a final usage chunk is asked for.
+            continuous_usage: options.include_usage == Some(true)
+                && options.continuous_usage_stats == Some(true),
+            allowed_token_ids,
             inference_timeout,
             prediction,
             constraint,

@@ -1,13 +1,17 @@
 //! The sampling fields: temperature, truncation, penalties, logit bias, DRY, Mirostat.
 
+use std::sync::Arc;
+
 use ferrite_engine::sampling::{DryParams, MirostatParams, SamplingParams};
 use ferrite_protocol::CompletionRequest;
 
-use super::checks::{in_half_open, in_range, int_in_range};
+use super::checks::{in_half_open, in_range, int_in_range, token_ids};
 use crate::error::ApiError;
 
 /// Most `logit_bias` entries.
 pub const MAX_LOGIT_BIAS: usize = 1024;
+/// Most `allowed_token_ids` entries (the largest vocabularies served have 262,144 tokens).
+pub const MAX_ALLOWED_TOKEN_IDS: usize = 1 << 18;
 /// Most DRY sequence breakers.
 pub const MAX_DRY_BREAKERS: usize = 32;
 /// DRY's default sequence breakers.
@@ -50,6 +54,30 @@ pub fn sampling_options(r: &CompletionRequest) -> Result<(SamplingParams, Vec<St
         seed: 0,
     };
     Ok((params, dry_breakers))
+}
+
+/// vLLM's `allowed_token_ids`: a non-empty list of token ids (checked against the
+/// vocabulary once the model is known); only they may be sampled.
+pub fn allowed_token_ids(r: &CompletionRequest) -> Result<Option<Arc<[u32]>>, ApiError> {
+    let Some(ids) = &r.allowed_token_ids else {
+        return Ok(None);
+    };
+    if ids.is_empty() {
+        return Err(ApiError::invalid(
+            "allowed_token_ids",
+            "`allowed_token_ids` is empty: it would allow no token at all",
+        ));
+    }
+    if ids.len() > MAX_ALLOWED_TOKEN_IDS {
+        return Err(ApiError::invalid(
+            "allowed_token_ids",
+            format!("`allowed_token_ids` may hold at most {MAX_ALLOWED_TOKEN_IDS} ids"),
+        ));
+    }
+    let mut ids = token_ids("allowed_token_ids", ids.clone())?;
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(Some(ids.into()))
 }
 
 fn logit_bias(r: &CompletionRequest) -> Result<Vec<(u32, f32)>, ApiError> {

@@ -3,9 +3,9 @@
 
 use ferrite_engine::tokenizer::Tokenizer;
 use ferrite_engine::SequenceEvent;
-use ferrite_protocol::{Choice, CompletionResponse, Usage};
+use ferrite_protocol::{Choice, CompletionResponse, PromptTokensDetails, Usage};
 
-use super::logprobs::LogprobsBuilder;
+use super::logprobs::{prompt_logprobs, LogprobsBuilder};
 use super::timed::TimedEvents;
 use super::{finish_fields, ResponseMeta, SubmittedPrompt};
 use crate::error::ApiError;
@@ -16,6 +16,7 @@ struct Collected {
     choice: Choice,
     prompt_tokens: usize,
     completion_tokens: usize,
+    cached_tokens: usize,
     /// Mean log-probability of its tokens, the `best_of` ranking.
     mean_logprob: f64,
 }
@@ -30,16 +31,20 @@ pub(super) async fn respond(
 ) -> Result<CompletionResponse, ApiError> {
     let mut choices = Vec::new();
     let mut usage = Usage::default();
-    for prompt in submitted {
+    let mut cached_tokens = 0;
+    for mut prompt in submitted {
+        let events = std::mem::take(&mut prompt.events);
         let results = futures::future::join_all(
-            prompt
-                .events
+            events
                 .into_iter()
-                .map(|rx| collect_one(rx, params, tokenizer, &prompt.echo_text)),
+                .map(|rx| collect_one(rx, params, tokenizer, &prompt)),
         )
         .await;
         let mut results = results.into_iter().collect::<Result<Vec<_>, _>>()?;
-        usage.prompt_tokens += results.first().map_or(0, |r| r.prompt_tokens);
+        if let Some(first) = results.first() {
+            usage.prompt_tokens += first.prompt_tokens;
+            cached_tokens += first.cached_tokens;
+        }
         usage.completion_tokens += results.iter().map(|r| r.completion_tokens).sum::<usize>();
         if params.best_of > params.n {
             // Stable: equal means keep generation order.
@@ -54,6 +59,7 @@ pub(super) async fn respond(
         }
     }
     usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
+    usage.prompt_tokens_details = Some(PromptTokensDetails { cached_tokens });
     Ok(CompletionResponse {
         id: meta.id,
         object: "text_completion".into(),
@@ -69,26 +75,27 @@ async fn collect_one(
     mut events: TimedEvents,
     params: &GenerateParams,
     tokenizer: &Tokenizer,
-    echo_text: &str,
+    prompt: &SubmittedPrompt,
 ) -> Result<Collected, ApiError> {
     let echo = params.output.echo;
-    let mut text = if echo {
-        echo_text.to_string()
-    } else {
-        String::new()
-    };
+    let mut text = prompt.echo.text.clone();
     let echo_chars = text.chars().count();
     let mut builder = params
         .output
         .logprobs
-        .map(|_| LogprobsBuilder::new(params.output.tokens_as_ids, 0));
+        .map(|k| LogprobsBuilder::new(params.output.tokens_as_ids, k));
+    let mut scores = None;
+    let mut token_ids = Vec::new();
     let (mut sum, mut count) = (0f64, 0usize);
     while let Some(event) = events.recv().await {
         match event {
-            SequenceEvent::PromptLogprobs(scores) => {
-                if let Some(b) = builder.as_mut() {
-                    b.push_prompt(tokenizer, &scores);
+            SequenceEvent::PromptLogprobs(prompt_scores) => {
+                if let Some(b) = builder.as_mut().filter(|_| echo) {
+                    b.push_prompt(tokenizer, &prompt_scores, &prompt.echo.token_chars);
                     b.set_offset(echo_chars);
+                }
+                if let Some(k) = params.output.prompt_logprobs {
+                    scores = Some(prompt_logprobs(tokenizer, &prompt_scores, k));
                 }
             }
             SequenceEvent::Token {
@@ -101,9 +108,10 @@ async fn collect_one(
                     if count == 0 && echo {
                         b.set_offset(echo_chars);
                     }
-                    b.push(tokenizer, id, logprob, Some(&top));
+                    b.push(tokenizer, id, logprob, Some(&top), piece.chars().count());
                 }
                 text.push_str(&piece);
+                token_ids.push(id);
                 sum += f64::from(logprob.unwrap_or(0.0));
                 count += 1;
             }
@@ -111,8 +119,10 @@ async fn collect_one(
                 reason,
                 prompt_tokens,
                 completion_tokens,
+                cached_tokens,
             } => {
                 let (finish_reason, stop_reason) = finish_fields(&reason);
+                let return_ids = params.output.return_token_ids;
                 return Ok(Collected {
                     choice: Choice {
                         index: 0,
@@ -120,9 +130,13 @@ async fn collect_one(
                         logprobs: builder.as_mut().map(LogprobsBuilder::take),
                         finish_reason: Some(finish_reason),
                         stop_reason,
+                        prompt_logprobs: scores,
+                        prompt_token_ids: prompt.token_ids.clone(),
+                        token_ids: return_ids.then_some(token_ids),
                     },
                     prompt_tokens,
                     completion_tokens,
+                    cached_tokens,
                     mean_logprob: if count == 0 {
                         f64::NEG_INFINITY
                     } else {

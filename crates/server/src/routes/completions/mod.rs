@@ -21,15 +21,17 @@ use serde_json::Value;
 use crate::error::ApiError;
 use crate::state::{unix_now, AppState};
 use crate::validate::{parse_body, GenerateParams};
-use prepare::Prepared;
+use prepare::{Echo, Prepared};
 use timed::TimedEvents;
 
 /// One prompt's submitted sequences and what its choices repeat.
 struct SubmittedPrompt {
     /// The prompt's position in the request.
     prompt_index: usize,
-    /// The text `echo` prepends.
-    echo_text: String,
+    /// What `echo` prepends.
+    echo: Echo,
+    /// Its token ids, for `return_token_ids`.
+    token_ids: Option<Vec<u32>>,
     /// Its length in tokens.
     prompt_tokens: usize,
     /// Event streams of its sequences (`best_of` of them).
@@ -90,16 +92,17 @@ pub async fn completions(
     } = prepared;
     let (texts, groups): (Vec<_>, Vec<_>) = prompts
         .into_iter()
-        .map(|p| ((p.echo_text, p.prompt_tokens), p.requests))
+        .map(|p| ((p.echo, p.token_ids, p.prompt_tokens), p.requests))
         .unzip();
     let submitted: Vec<SubmittedPrompt> = texts
         .into_iter()
         .zip(engine.submit_groups(groups)?)
         .enumerate()
         .map(
-            |(prompt_index, ((echo_text, prompt_tokens), events))| SubmittedPrompt {
+            |(prompt_index, ((echo, token_ids, prompt_tokens), events))| SubmittedPrompt {
                 prompt_index,
-                echo_text,
+                echo,
+                token_ids,
                 prompt_tokens,
                 events: events
                     .into_iter()

@@ -13,11 +13,35 @@ use crate::error::ApiError;
 use crate::state::RequestLimits;
 use crate::validate::{GenerateParams, Overflow, PromptInput, DEFAULT_MAX_TOKENS};
 
+/// The prompt as `echo` returns it: its tokens decoded (special tokens spelled out only
+/// with `skip_special_tokens: false`), and the characters each token adds, so that the
+/// logprobs' `text_offset` of every echoed token indexes this text.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Echo {
+    /// The text `echo` prepends.
+    pub text: String,
+    /// Characters each prompt token adds to `text`, in order (empty without `echo`).
+    pub token_chars: Vec<usize>,
+}
+
+impl Echo {
+    /// The echo of `tokens`, the prompt as it runs (after the context rules).
+    fn of(tokenizer: &Tokenizer, tokens: &[TokenId], skip_special_tokens: bool) -> Self {
+        let pieces = tokenizer.decode_pieces(tokens, !skip_special_tokens);
+        Self {
+            token_chars: pieces.iter().map(|p| p.chars().count()).collect(),
+            text: pieces.concat(),
+        }
+    }
+}
+
 /// One prompt ready to run: its tokens, what to echo, and its sequences.
 #[derive(Debug)]
 pub struct PreparedPrompt {
-    /// The text `echo` prepends.
-    pub echo_text: String,
+    /// What `echo` prepends (empty without `echo`).
+    pub echo: Echo,
+    /// The prompt's token ids as they run, for `return_token_ids` (else `None`).
+    pub token_ids: Option<Vec<TokenId>>,
     /// Its length in tokens, after the context rules.
     pub prompt_tokens: usize,
     /// The sequences of its choices (`best_of` of them), sharing the prompt.
@@ -55,6 +79,9 @@ pub fn prepare(
         params.stop_token_ids.iter().copied(),
         vocab,
     )?;
+    if let Some(allowed) = &params.allowed_token_ids {
+        check_vocab("allowed_token_ids", allowed.iter().copied(), vocab)?;
+    }
     let fim = params.suffix.is_some() && tokenizer.fim().is_some();
     let base_seed = params.seed.unwrap_or_else(rand::random);
     let mut template = base_request(params, tokenizer);
@@ -62,24 +89,26 @@ pub fn prepare(
     template.constraint = constraint;
     let mut prompts = Vec::with_capacity(params.prompts.len());
     for (p, input) in params.prompts.iter().enumerate() {
-        let (tokens, echo_text) = match input {
-            PromptInput::Text(text) => {
-                let tokens = match (&params.suffix, fim) {
-                    (Some(suffix), true) => tokenizer
-                        .encode_fill_in_middle(text, suffix)
-                        .expect("the model has FIM tokens"),
-                    _ => tokenizer
-                        .encode_prompt_until(text, cancelled)
-                        .map_err(|_| ApiError::Unavailable("the request was cancelled".into()))?,
-                };
-                (tokens, text.clone())
-            }
+        let tokens = match input {
+            PromptInput::Text(text) => match (&params.suffix, fim) {
+                (Some(suffix), true) => tokenizer
+                    .encode_fill_in_middle(text, suffix)
+                    .expect("the model has FIM tokens"),
+                _ => tokenizer
+                    .encode_prompt_until(text, cancelled)
+                    .map_err(|_| ApiError::Unavailable("the request was cancelled".into()))?,
+            },
             PromptInput::Tokens(ids) => {
                 check_vocab("prompt", ids.iter().copied(), vocab)?;
-                (ids.clone(), tokenizer.decode(ids, false))
+                ids.clone()
             }
         };
         let (tokens, max_tokens) = fit_context(params, tokens, context)?;
+        let echo = if params.output.echo {
+            Echo::of(tokenizer, &tokens, params.output.skip_special_tokens)
+        } else {
+            Echo::default()
+        };
         let requests = (0..params.best_of)
             .map(|j| {
                 let mut r = template.clone();
@@ -91,7 +120,8 @@ pub fn prepare(
             })
             .collect();
         prompts.push(PreparedPrompt {
-            echo_text,
+            echo,
+            token_ids: params.output.return_token_ids.then(|| tokens.clone()),
             prompt_tokens: tokens.len(),
             requests,
         });
@@ -166,8 +196,10 @@ fn check_answer_size(
         }
     }
     let echo = params.output.echo;
+    let choices_of = |p: &PreparedPrompt| p.requests.len().min(params.n.max(1)).max(1);
+    let mut entries = 0usize;
     if let Some(k) = params.output.logprobs {
-        let entries: usize = prompts
+        entries = prompts
             .iter()
             .flat_map(|p| p.requests.iter().map(move |r| (p, r)))
             .map(|(p, r)| (if echo { p.prompt_tokens } else { 0 } + r.max_tokens) * (1 + k))
@@ -182,10 +214,26 @@ fn check_answer_size(
             ));
         }
     }
+    if let Some(k) = params.output.prompt_logprobs {
+        // Every returned choice repeats its prompt's scores: the token and k others.
+        entries += prompts
+            .iter()
+            .map(|p| p.prompt_tokens * (2 + k) * choices_of(p))
+            .sum::<usize>();
+        if entries > limits.max_logprob_entries {
+            return Err(ApiError::invalid(
+                "prompt_logprobs",
+                format!(
+                    "the answer could carry {entries} log-probabilities (with prompt_logprobs: prompt tokens times (2 + prompt_logprobs), in every choice); this server allows at most {}",
+                    limits.max_logprob_entries
+                ),
+            ));
+        }
+    }
     if echo {
         let bytes: usize = prompts
             .iter()
-            .map(|p| p.echo_text.len() * p.requests.len())
+            .map(|p| p.echo.text.len() * p.requests.len())
             .sum();
         if bytes > limits.max_echo_bytes {
             return Err(ApiError::invalid(
@@ -215,8 +263,16 @@ fn base_request(params: &GenerateParams, tokenizer: &Tokenizer) -> SequenceReque
     // Ranking best_of choices needs every token's log-probability.
     r.token_logprobs = params.best_of > params.n;
     r.skip_special_tokens = params.output.skip_special_tokens;
-    // Prompt logprobs are only shown with echo; the ranking of best_of needs none.
-    r.prompt_logprobs = params.output.logprobs.filter(|_| params.output.echo);
+    // Prompt logprobs are shown with echo and logprobs, and with vLLM's
+    // `prompt_logprobs`; the ranking of best_of needs none. One pass scores both.
+    r.prompt_logprobs = match (
+        params.output.logprobs.filter(|_| params.output.echo),
+        params.output.prompt_logprobs,
+    ) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    };
+    r.allowed_tokens = params.allowed_token_ids.clone();
     r.prediction = params
         .prediction
         .as_deref()
@@ -252,26 +308,26 @@ fn fit_context(
     let wanted = params.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
     if tokens.len() >= context {
         if !params.truncate_sequence {
-            return Err(ApiError::invalid(
-                "prompt",
-                format!(
+            return Err(ApiError::ContextLengthExceeded {
+                param: "prompt".into(),
+                message: format!(
                     "This model's maximum context length is {context} tokens, but the prompt has {} tokens; shorten it or set `truncate_sequence`",
                     tokens.len()
                 ),
-            ));
+            });
         }
         let keep = context.saturating_sub(wanted).max(1);
         tokens.drain(..tokens.len() - keep);
     }
     let room = context - tokens.len();
     if wanted > room && params.overflow == Overflow::Error {
-        return Err(ApiError::invalid(
-            "max_tokens",
-            format!(
+        return Err(ApiError::ContextLengthExceeded {
+            param: "max_tokens".into(),
+            message: format!(
                 "This model's maximum context length is {context} tokens; the prompt has {} tokens and {wanted} more were asked for",
                 tokens.len()
             ),
-        ));
+        });
     }
     Ok((tokens, wanted.min(room)))
 }
@@ -318,7 +374,8 @@ mod tests {
     #[test]
     fn requests_over_the_limits_are_refused_naming_the_field() {
         let prompt = |tokens: usize, choices: usize, max_tokens: usize| PreparedPrompt {
-            echo_text: String::new(),
+            echo: Echo::default(),
+            token_ids: None,
             prompt_tokens: tokens,
             requests: (0..choices)
                 .map(|_| SequenceRequest::new(vec![1; tokens], Default::default(), max_tokens))
@@ -355,9 +412,14 @@ mod tests {
         );
         let err = fit_context(&error, vec![1; 90], 100).unwrap_err();
         assert!(
-            matches!(err, ApiError::InvalidRequest { param: Some(p), .. } if p == "max_tokens")
+            matches!(&err, ApiError::ContextLengthExceeded { param, .. } if param == "max_tokens")
         );
-        assert!(fit_context(&truncate, vec![1; 100], 100).is_err());
+        assert_eq!(
+            err.body().error.code.as_deref(),
+            Some("context_length_exceeded")
+        );
+        let err = fit_context(&truncate, vec![1; 100], 100).unwrap_err();
+        assert!(matches!(&err, ApiError::ContextLengthExceeded { param, .. } if param == "prompt"));
         let keep_end =
             params(r#"{"model":"m","prompt":"x","max_tokens":10,"truncate_sequence":true}"#);
         let long: Vec<u32> = (0..150).collect();

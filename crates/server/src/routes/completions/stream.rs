@@ -9,23 +9,27 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use ferrite_engine::tokenizer::Tokenizer;
 use ferrite_engine::SequenceEvent;
-use ferrite_protocol::{ChunkChoice, CompletionChunk, Usage};
+use ferrite_protocol::{ChunkChoice, CompletionChunk, PromptTokensDetails, Usage};
 use futures::stream::{self, StreamExt};
 use serde_json::Value;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::Instrument;
 
 use super::logprobs::LogprobsBuilder;
-use super::{finish_fields, ResponseMeta, SubmittedPrompt};
+use super::{finish_fields, Echo, ResponseMeta, SubmittedPrompt};
 use crate::error::ApiError;
 use crate::validate::GenerateParams;
 
 /// One choice's state while it streams.
 struct ChoiceStream {
-    echo_text: String,
+    /// Which prompt of the request it answers.
+    prompt_index: usize,
+    echo: Echo,
     echoed: bool,
     logprobs: Option<LogprobsBuilder>,
     generated: usize,
+    /// The prompt's ids until the choice's first chunk carries them (`return_token_ids`).
+    prompt_token_ids: Option<Vec<u32>>,
 }
 
 /// Streams chunks as server-sent events. A task merges the choices' events; when the
@@ -48,19 +52,22 @@ pub(super) fn respond(
                 prompt_tokens: submitted.iter().map(|p| p.prompt_tokens).sum(),
                 ..Usage::default()
             };
+            let prompt_count = submitted.len();
             for prompt in submitted {
                 for (j, events) in prompt.events.into_iter().enumerate() {
                     let index = prompt.prompt_index * n + j;
                     states.push((
                         index,
                         ChoiceStream {
-                            echo_text: prompt.echo_text.clone(),
+                            prompt_index: prompt.prompt_index,
+                            echo: prompt.echo.clone(),
                             echoed: !params.output.echo,
                             logprobs: params
                                 .output
                                 .logprobs
-                                .map(|_| LogprobsBuilder::new(params.output.tokens_as_ids, 0)),
+                                .map(|k| LogprobsBuilder::new(params.output.tokens_as_ids, k)),
                             generated: 0,
+                            prompt_token_ids: prompt.token_ids.clone(),
                         },
                     ));
                     streams.push(Box::pin(events.into_stream().map(move |e| (index, e))));
@@ -76,13 +83,20 @@ pub(super) fn respond(
                 choices,
                 usage,
             };
-            let text_choice = |index, text: String, logprobs: Option<Value>| ChunkChoice {
-                index,
-                text,
-                logprobs,
-                finish_reason: None,
-                stop_reason: None,
-            };
+            let return_ids = params.output.return_token_ids;
+            // Prompt tokens the prefix cache served, per prompt (the same for each of its
+            // choices), known as its choices finish.
+            let mut cached: Vec<Option<usize>> = vec![None; prompt_count];
+            let text_choice =
+                |index, text: String, logprobs: Option<Value>, ids: Vec<u32>| ChunkChoice {
+                    index,
+                    text,
+                    logprobs,
+                    finish_reason: None,
+                    stop_reason: None,
+                    prompt_token_ids: None,
+                    token_ids: return_ids.then_some(ids),
+                };
             while let Some((index, event)) = merged.next().await {
                 let state = &mut states
                     .iter_mut()
@@ -93,17 +107,22 @@ pub(super) fn respond(
                 // The echoed prompt goes first, with its logprobs when they come.
                 if !state.echoed {
                     state.echoed = true;
-                    let echo_chars = state.echo_text.chars().count();
+                    let echo_chars = state.echo.text.chars().count();
                     let logprobs = match (&event, state.logprobs.as_mut()) {
                         (SequenceEvent::PromptLogprobs(scores), Some(b)) => {
-                            b.push_prompt(&tokenizer, scores);
+                            b.push_prompt(&tokenizer, scores, &state.echo.token_chars);
                             let taken = b.take();
                             b.set_offset(echo_chars);
                             Some(taken)
                         }
                         _ => None,
                     };
-                    out.push(text_choice(index, state.echo_text.clone(), logprobs));
+                    out.push(text_choice(
+                        index,
+                        state.echo.text.clone(),
+                        logprobs,
+                        Vec::new(),
+                    ));
                     if let Some(b) = state.logprobs.as_mut() {
                         b.set_offset(echo_chars);
                     }
@@ -119,14 +138,19 @@ pub(super) fn respond(
                         state.generated += 1;
                         usage.completion_tokens += 1;
                         let logprobs = state.logprobs.as_mut().map(|b| {
-                            b.push(&tokenizer, id, logprob, Some(&top));
+                            b.push(&tokenizer, id, logprob, Some(&top), text.chars().count());
                             b.take()
                         });
-                        if !text.is_empty() || logprobs.is_some() {
-                            out.push(text_choice(index, text, logprobs));
+                        if !text.is_empty() || logprobs.is_some() || return_ids {
+                            out.push(text_choice(index, text, logprobs, vec![id]));
                         }
                     }
-                    SequenceEvent::Finished { reason, .. } => {
+                    SequenceEvent::Finished {
+                        reason,
+                        cached_tokens,
+                        ..
+                    } => {
+                        cached[state.prompt_index].get_or_insert(cached_tokens);
                         let (finish_reason, stop_reason) = finish_fields(&reason);
                         out.push(ChunkChoice {
                             index,
@@ -134,6 +158,8 @@ pub(super) fn respond(
                             logprobs: None,
                             finish_reason: Some(finish_reason),
                             stop_reason: Some(stop_reason.unwrap_or(Value::Null)),
+                            prompt_token_ids: None,
+                            token_ids: return_ids.then(Vec::new),
                         });
                     }
                     SequenceEvent::Failed(message) => {
@@ -153,6 +179,10 @@ pub(super) fn respond(
                         return;
                     }
                 }
+                // The choice's first chunk carries the prompt's ids.
+                if let Some(first) = out.first_mut() {
+                    first.prompt_token_ids = state.prompt_token_ids.take();
+                }
                 for choice in out {
                     let running = params.continuous_usage.then(|| with_total(usage));
                     if tx
@@ -164,9 +194,13 @@ pub(super) fn respond(
                     }
                 }
             }
+            let mut last = with_total(usage);
+            last.prompt_tokens_details = Some(PromptTokensDetails {
+                cached_tokens: cached.iter().flatten().sum(),
+            });
             if params.include_usage
                 && tx
-                    .send(json_event(&chunk(Vec::new(), Some(with_total(usage)))))
+                    .send(json_event(&chunk(Vec::new(), Some(last))))
                     .await
                     .is_err()
             {
