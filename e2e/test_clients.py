@@ -119,6 +119,23 @@ def test_offsets_of_generated_special_tokens_and_split_characters(server):
     check_offsets(choice["text"], choice["logprobs"])
 
 
+@pytest.mark.parametrize("stop", ["\n\nX", "\n\nThe"])
+def test_offsets_around_text_held_back_for_a_stop_string(server, stop):
+    # Greedy: " Paris" "." "\n" "\n" "The" ...; "\n\n" is held back as a possible stop.
+    body = {"prompt": CAPITAL, "max_tokens": 8, "logprobs": 0, "temperature": 0, "stop": [stop]}
+    choice = post(server, body).json()["choices"][0]
+    text, lp = choice["text"], choice["logprobs"]
+    check_offsets(text, lp)
+    assert streamed_offsets(sse(server, body))[1]["text_offset"] == lp["text_offset"]
+    starts = [sum(len(t) for t in lp["tokens"][:i]) for i in range(len(lp["tokens"]))]
+    if stop == "\n\nX":
+        # Released later, the newlines still start where they decoded.
+        assert text.startswith(" Paris.\n\nThe") and lp["text_offset"] == starts
+    else:
+        # Matched and dropped: the tokens that spelled the stop string point at the end.
+        assert text == " Paris." and lp["text_offset"] == [min(o, len(text)) for o in starts]
+
+
 # ---- vLLM's tokenizer routes ------------------------------------------------------------
 
 
@@ -321,10 +338,13 @@ def test_disconnected_requests_are_logged_and_counted(server):
         lines = r.iter_lines()
         next(lines)
     assert wait_for(lambda: disconnected(server) == before + 2)
-    # A request answered in full is not one.
+    # A request answered in full is not one, nor a HEAD request (whose body is never sent).
     assert post(server, {"prompt": CAPITAL, "max_tokens": 1}).status_code == 200
+    answered = server.metrics().get('ferrite_requests_total{status="200"}', 0)
+    assert httpx.head(f"{server.base}/v1/models", timeout=10).status_code == 200
     time.sleep(0.2)
     assert disconnected(server) == before + 2
+    assert server.metrics()['ferrite_requests_total{status="200"}'] == answered + 1
     server.log.flush()
     log = open(server.log.name, encoding="utf-8", errors="replace").read()
     assert "client disconnected before the answer" in log
@@ -365,6 +385,9 @@ def test_cors_preflight_and_headers_for_listed_origins(cors):
     assert "evil.example" in other.json()["error"]["message"]
     r = httpx.get(f"{cors.base}/v1/models", headers={"origin": "https://evil.example", "x-api-key": "k"}, timeout=10)
     assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+    # The answer depends on Origin, so every answer says so to caches, without one too.
+    r = httpx.get(f"{cors.base}/v1/models", headers={"x-api-key": "k"}, timeout=10)
+    assert "origin" in r.headers["vary"].lower()
 
 
 def test_no_cross_origin_access_by_default(server):
@@ -395,31 +418,41 @@ def test_model_routes_answer_503_until_the_model_is_ready():
     log = open(ROOT / "target" / f"e2e-loading-{port}.log", "wb")
     proc = subprocess.Popen([str(BINARY), "serve", "--model", GEMMA, "--port", str(port)], stdout=log,
                             stderr=subprocess.STDOUT)
+    routes = [("GET", "/v1/models", None), ("GET", f"/v1/models/{GEMMA}", None),
+              ("POST", "/tokenize", {"prompt": "x"}), ("POST", "/detokenize", {"tokens": [1]}),
+              ("GET", "/tokenizer_info", None), ("GET", "/ready", None)]
     seen = []
     try:
         deadline = time.time() + 120
         while time.time() < deadline:
+            # /ready is asked last: the model becomes ready once and stays so, so a model
+            # route that said 200 before it means /ready must say 200 too.
             try:
-                ready = httpx.get(f"{base}/ready", timeout=2).status_code
-                models = httpx.get(f"{base}/v1/models", timeout=2)
-                tokenize = httpx.post(f"{base}/tokenize", json={"prompt": "x"}, timeout=2).status_code
+                answers = [httpx.request(m, f"{base}{path}", json=body, timeout=2) for m, path, body in routes]
             except httpx.TransportError:
                 time.sleep(0.01)
                 continue
-            seen.append((ready, models.status_code, tokenize))
-            if models.status_code == 503:
-                assert models.headers["retry-after"] and models.json()["error"]["code"] == "service_unavailable"
-            if models.status_code == 200:
+            statuses = tuple(a.status_code for a in answers)
+            seen.append(statuses)
+            for a in answers:
+                if a.status_code == 503:
+                    assert a.headers["retry-after"] and a.json()["error"]["code"] == "service_unavailable"
+            if statuses[0] == 200:
                 break
-        # /v1/models never says yes before the server can complete: once it answers 200,
-        # a completion does too.
         r = httpx.post(f"{base}/v1/completions", json={"model": GEMMA, "prompt": "Hi", "max_tokens": 1}, timeout=30)
         assert r.status_code == 200, r.text
-        assert seen[-1][1] == 200
-        for ready, models_status, tokenize in seen[:-1]:
-            assert models_status == tokenize == 503, seen
-        if any(ready == 503 for ready, _, _ in seen):
-            assert all(m == 503 for ready, m, _ in seen if ready == 503), seen
+        loading = [s for s in seen if s[-1] == 503]
+        assert (503,) * len(routes) in seen, f"never saw the model loading: {seen}"
+        # While /ready said 503, every model route that answered before it did too ...
+        for statuses in loading:
+            first_ok = next((i for i, code in enumerate(statuses) if code == 200), len(statuses))
+            assert all(code == 503 for code in statuses[:first_ok]), seen[-3:]
+        # ... and once a model route said 200, they all do.
+        for statuses in seen:
+            if 200 in statuses:
+                first_ok = statuses.index(200)
+                assert all(code == 200 for code in statuses[first_ok:]), seen[-3:]
+        assert seen[-1] == (200,) * len(routes), seen
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -448,9 +481,21 @@ def compute_threads_logged(args, prefix=()):
         p.wait(timeout=30)
 
 
+def cores_for_this_process():
+    """What the server should find: the affinity mask, capped by a cgroup CPU quota."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()
+        if quota != "max":
+            cores = min(cores, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return cores
+
+
 def test_threads_option_and_the_cpu_affinity_mask():
     threads, cores, names = compute_threads_logged(["--threads", "1"])
-    assert (threads, cores) == (1, len(os.sched_getaffinity(0)))
+    assert (threads, cores) == (1, cores_for_this_process())
     assert sum(n.startswith("ferrite-comput") for n in names) == 1, names
     if shutil.which("taskset") and len(os.sched_getaffinity(0)) > 1:
         cpu = str(min(os.sched_getaffinity(0)))

@@ -179,11 +179,13 @@ impl Sequence {
                 break;
             }
             let id = self.tokens[next];
-            let (logprob, top) = token_logprob(logits, id, k);
+            let (log_norm, rank) = normaliser_and_rank(logits, id);
+            let logprob = logits[id as usize] - log_norm;
+            let top = top_logprobs(logits, k, log_norm);
             self.prompt_scores.push(PromptLogprob {
                 id,
                 logprob: Some(logprob),
-                rank: Some(rank_of(logits, id)),
+                rank: Some(rank),
                 top,
             });
         }
@@ -352,6 +354,7 @@ impl Sequence {
             return true;
         }
         let stops_allowed = self.completion_tokens() >= self.min_tokens;
+        let mut decoded_chars = 0;
         let (mut text, mut finish) = if tokenizer.is_end_of_generation(id) && !self.ignore_eos {
             (self.release_all(), Some(FinishReason::EndOfSequence(id)))
         } else if self.stop_token_ids.contains(&id) {
@@ -359,6 +362,7 @@ impl Sequence {
         } else {
             let bytes = tokenizer.token_bytes(id, !self.skip_special_tokens);
             let delta = self.decoder.push(&bytes);
+            decoded_chars = delta.chars().count();
             if stops_allowed {
                 match self.stop.push(&delta) {
                     StopCheck::Continue { release } => (release, None),
@@ -411,6 +415,7 @@ impl Sequence {
             id,
             logprob,
             text,
+            decoded_chars,
             top,
         });
         match finish {
@@ -488,10 +493,29 @@ fn keep_only(row: &[f32], allowed: &[TokenId]) -> Vec<f32> {
     kept
 }
 
-/// The rank of `id` in a logits row: 1 plus the number of tokens with a higher logit.
-fn rank_of(logits: &[f32], id: TokenId) -> u32 {
+/// `ln Σ exp(logits)` (as [`log_sum_exp`] computes it) and the rank of `id` (1 plus the
+/// number of tokens with a higher logit), counted in the same pass: a prompt's every
+/// position is scored on the engine thread, so no pass over the vocabulary is spared.
+fn normaliser_and_rank(logits: &[f32], id: TokenId) -> (f32, u32) {
     let own = logits[id as usize];
-    1 + logits.iter().filter(|&&l| l > own).count() as u32
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let (mut sum, mut above) = (0f32, 0u32);
+    for &l in logits {
+        sum += (l - max).exp();
+        above += u32::from(l > own);
+    }
+    (max + sum.ln(), 1 + above)
+}
+
+/// The `k` most likely tokens with their log-probabilities under `log_norm`.
+fn top_logprobs(logits: &[f32], k: usize, log_norm: f32) -> Vec<(TokenId, f32)> {
+    if k == 0 {
+        return Vec::new();
+    }
+    top_k(logits, k)
+        .into_iter()
+        .map(|c| (c.id, c.value - log_norm))
+        .collect()
 }
 
 /// The log-probability of `id` under `logits`, and the `k` most likely tokens with theirs.
@@ -520,11 +544,18 @@ mod tests {
     }
 
     #[test]
-    fn ranks_count_the_tokens_above() {
+    fn ranks_count_the_tokens_above_and_logprobs_match_the_plain_ones() {
         let row = [0.5, 2.0, -1.0, 3.0, 2.0];
-        assert_eq!(rank_of(&row, 3), 1);
+        let rank = |id| normaliser_and_rank(&row, id).1;
+        assert_eq!(rank(3), 1);
         // Ties share the better rank.
-        assert_eq!((rank_of(&row, 1), rank_of(&row, 4)), (2, 2));
-        assert_eq!(rank_of(&row, 2), 5);
+        assert_eq!((rank(1), rank(4)), (2, 2));
+        assert_eq!(rank(2), 5);
+        for id in 0..5 {
+            let (log_norm, _) = normaliser_and_rank(&row, id);
+            let (plain, top) = token_logprob(&row, id, 2);
+            assert_eq!((row[id as usize] - log_norm).to_bits(), plain.to_bits());
+            assert_eq!(top, top_logprobs(&row, 2, log_norm));
+        }
     }
 }

@@ -129,6 +129,10 @@ pub enum SequenceEvent {
         logprob: Option<f32>,
         /// Text now safe to send.
         text: String,
+        /// Characters this token decoded to (special tokens per `skip_special_tokens`),
+        /// whether released now or held back; a character split across tokens counts for
+        /// the token that completes it.
+        decoded_chars: usize,
         /// The most likely tokens at this step with their log-probabilities, best first
         /// (empty unless asked for).
         top: Vec<(TokenId, f32)>,

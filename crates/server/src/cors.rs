@@ -41,10 +41,14 @@ impl AllowedOrigins {
         if values.iter().any(|v| v == "*") {
             return Ok(Self::Any);
         }
-        if let Some(bad) = values
-            .iter()
-            .find(|v| !(v.starts_with("http://") || v.starts_with("https://")) || v.contains(' '))
-        {
+        let is_origin = |v: &str| {
+            let rest = v
+                .strip_prefix("http://")
+                .or_else(|| v.strip_prefix("https://"));
+            // scheme://host[:port], no path, query or space.
+            rest.is_some_and(|r| !r.is_empty() && !r.contains(['/', '?', '#', ' ']))
+        };
+        if let Some(bad) = values.iter().find(|v| !is_origin(v)) {
             return Err(format!(
                 "`{bad}` is not an origin: write scheme://host[:port], such as https://app.example.com, or *"
             ));
@@ -83,8 +87,17 @@ const MAX_AGE: &str = "600";
 /// Answers preflights and marks the answers to allowed origins. Outside the key check:
 /// a preflight carries no key.
 pub async fn cors(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    // With a list of origins the answer depends on `Origin`, present or not: a cache
+    // must not give one origin's answer to another.
+    let varies = matches!(state.allowed_origins, AllowedOrigins::List(_));
     let Some(origin) = request.headers().get(ORIGIN).cloned() else {
-        return next.run(request).await;
+        let mut response = next.run(request).await;
+        if varies {
+            response
+                .headers_mut()
+                .append(VARY, HeaderValue::from_static("origin"));
+        }
+        return response;
     };
     let allowed = state.allowed_origins.allow(&origin);
     let preflight = request.method() == Method::OPTIONS
@@ -126,7 +139,10 @@ fn preflight_answer(allow: HeaderValue, request: &HeaderMap) -> Response {
     );
     headers.insert(ACCESS_CONTROL_ALLOW_HEADERS, asked);
     headers.insert(ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static(MAX_AGE));
-    headers.insert(VARY, HeaderValue::from_static("origin"));
+    headers.insert(
+        VARY,
+        HeaderValue::from_static("origin, access-control-request-headers"),
+    );
     response
 }
 
@@ -151,7 +167,15 @@ mod tests {
             AllowedOrigins::new(&["https://a.example".into(), "*".into()]).unwrap(),
             AllowedOrigins::Any
         );
-        assert!(AllowedOrigins::new(&["a.example".into()]).is_err());
+        for bad in [
+            "a.example",
+            "https://",
+            "https://a.example/app",
+            "http://a b",
+        ] {
+            assert!(AllowedOrigins::new(&[bad.into()]).is_err(), "{bad}");
+        }
+        assert!(AllowedOrigins::new(&["http://localhost:3000".into()]).is_ok());
         let list = AllowedOrigins::new(&["https://A.example/".into()]).unwrap();
         let origin = HeaderValue::from_static("https://a.example");
         assert_eq!(list.allow(&origin), Some(origin.clone()));

@@ -220,6 +220,9 @@ fn init_logs(format: LogFormat) {
 }
 
 fn serve(args: ServeArgs) -> Result<()> {
+    // Options are checked before the model is resolved (which may download it).
+    let allowed_origins = AllowedOrigins::new(&args.allowed_origins)
+        .map_err(|e| anyhow::anyhow!("--allowed-origins: {e}"))?;
     let (path, name) = fetch::resolve(args.model.as_deref())?;
     let names = if args.served_model_names.is_empty() {
         vec![name]
@@ -241,8 +244,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         max_echo_bytes: args.max_echo_bytes,
     };
     state.request_timeout = args.request_timeout.map(Duration::from_secs_f64);
-    state.allowed_origins = AllowedOrigins::new(&args.allowed_origins)
-        .map_err(|e| anyhow::anyhow!("--allowed-origins: {e}"))?;
+    state.allowed_origins = allowed_origins;
     let cores = threads::available_cores();
     let compute = args.threads.map_or(cores, usize::from);
     threads::set_compute_threads(compute).map_err(|e| anyhow::anyhow!(e))?;

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{Request, State};
-use axum::http::HeaderValue;
+use axum::http::{HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
 use http_body::{Frame, SizeHint};
@@ -56,11 +56,19 @@ pub async fn observe(State(state): State<Arc<AppState>>, request: Request, next:
     if !observed {
         return response;
     }
-    finished.status = Some(response.status().as_u16());
+    let status = response.status();
+    finished.status = Some(status.as_u16());
     let (parts, body) = response.into_parts();
+    // An answer with no body to send is complete as it stands: the body of a HEAD answer
+    // is dropped unread (by the router, outside this layer), as is that of a 1xx, 204 or
+    // 304.
+    let bodiless = method == Method::HEAD
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
     finished
         .ended
-        .store(body.is_end_stream(), Ordering::Relaxed);
+        .store(bodiless || body.is_end_stream(), Ordering::Relaxed);
     let ended = Arc::clone(&finished.ended);
     Response::from_parts(
         parts,

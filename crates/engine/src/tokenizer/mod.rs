@@ -415,15 +415,34 @@ impl Tokenizer {
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
-    /// The text each token adds when `ids` are decoded in order: a character split
-    /// across tokens belongs to the token that completes it, and bytes still pending at
-    /// the end (U+FFFD) to the last token. The pieces concatenate to
-    /// [`Self::decode`]'s text, so their running lengths index that text.
+    /// The text each token adds when a prompt's `ids` are decoded in order, so that the
+    /// pieces concatenate to the text that was tokenized: a character split across tokens
+    /// belongs to the token that completes it, bytes still pending at the end (U+FFFD) to
+    /// the last token, and the space a SentencePiece tokenizer puts before text that starts
+    /// the input or follows a special token is taken away again (as sentencepiece's own
+    /// decoder does). Their running lengths index the decoded prompt.
     pub fn decode_pieces(&self, ids: &[TokenId], include_special: bool) -> Vec<String> {
+        let strip_prefix = matches!(&self.algorithm, Algorithm::Spm(s) if s.adds_space_prefix());
         let mut decoder = IncrementalDecoder::new();
+        let mut at_text_start = true;
         let mut pieces: Vec<String> = ids
             .iter()
-            .map(|&id| decoder.push(&self.token_bytes(id, include_special)))
+            .map(|&id| {
+                let special = matches!(
+                    self.kind(id),
+                    Some(TokenKind::Control | TokenKind::UserDefined | TokenKind::Unknown)
+                );
+                let mut piece = decoder.push(&self.token_bytes(id, include_special));
+                if special {
+                    at_text_start = true;
+                } else if at_text_start && !piece.is_empty() {
+                    if strip_prefix && piece.starts_with(' ') {
+                        piece.remove(0);
+                    }
+                    at_text_start = false;
+                }
+                piece
+            })
             .collect();
         if let Some(last) = pieces.last_mut() {
             last.push_str(&decoder.finish());
@@ -513,16 +532,24 @@ mod tests {
         let t = tokenizer(false);
         // BOS, " a", the two bytes of "é", " b".
         let ids = [1, 6, 11, 12, 7];
+        // The space the tokenizer put before the text is taken away again.
         let pieces = t.decode_pieces(&ids, false);
-        assert_eq!(pieces, ["", " a", "", "é", " b"]);
-        assert_eq!(pieces.concat(), t.decode(&ids, false));
+        assert_eq!(pieces, ["", "a", "", "é", " b"]);
         let with_special = t.decode_pieces(&ids, true);
-        assert_eq!(with_special, ["<s>", " a", "", "é", " b"]);
-        assert_eq!(with_special.concat(), t.decode(&ids, true));
+        assert_eq!(with_special, ["<s>", "a", "", "é", " b"]);
         // A character never completed is U+FFFD on the last token, as in `decode`.
         let cut = t.decode_pieces(&[6, 11], false);
-        assert_eq!(cut, [" a", "\u{FFFD}"]);
-        assert_eq!(cut.concat(), t.decode(&[6, 11], false));
+        assert_eq!(cut, ["a", "\u{FFFD}"]);
+        assert_eq!(cut.concat(), t.decode(&[6, 11], false).trim_start());
         assert!(t.decode_pieces(&[], false).is_empty());
+        // A prompt's text comes back as it was sent, before and after special tokens.
+        for text in ["a b", " a", "a<s>b a", "ab  b"] {
+            let ids = t.encode_prompt(text);
+            assert_eq!(
+                t.decode_pieces(&ids, false).concat(),
+                text.replace("<s>", "")
+            );
+            assert_eq!(t.decode_pieces(&ids, true).concat(), format!("<s>{text}"));
+        }
     }
 }

@@ -58,6 +58,12 @@ impl Spm {
         }
     }
 
+    /// Whether encoding puts a space before text that starts the input or follows a
+    /// special token (which decoding then takes away again).
+    pub(super) fn adds_space_prefix(&self) -> bool {
+        self.add_space_prefix
+    }
+
     /// Appends the ids of `text` (no special tokens inside) to `out`, giving up once
     /// `cancelled` is set. `after_special` is
     /// true at the start of input and after a special token, where the model's space

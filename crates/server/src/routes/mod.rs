@@ -30,6 +30,7 @@ pub fn router(state: Arc<AppState>, with_metrics: bool) -> Router {
         .route("/detokenize", post(tokenize::detokenize))
         .route("/tokenizer_info", get(tokenize::tokenizer_info))
         .route("/openapi.json", get(openapi::openapi))
+        .route("/docs/API.md", get(openapi::api_reference))
         .route_layer(middleware::from_fn_with_state(
             Arc::clone(&state),
             crate::auth::require_key,

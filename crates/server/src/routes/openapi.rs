@@ -3,12 +3,26 @@
 //! accepts (a test keeps the two equal), each with the rule `docs/API.md` gives it (the
 //! document links to that reference).
 
+use axum::http::header;
+use axum::response::IntoResponse;
 use axum::Json;
 use serde_json::{json, Map, Value};
 
 /// `GET /openapi.json`.
 pub async fn openapi() -> Json<Value> {
     Json(document())
+}
+
+/// The API reference, `docs/API.md`, built into the binary so that the document's link
+/// works wherever the server runs.
+pub const API_REFERENCE: &str = include_str!("../../../../docs/API.md");
+
+/// `GET /docs/API.md`.
+pub async fn api_reference() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/markdown; charset=utf-8")],
+        API_REFERENCE,
+    )
 }
 
 /// Every request field of `POST /v1/completions`: its schema and what it does.
@@ -164,6 +178,10 @@ pub fn document() -> Value {
                 `Authorization: Bearer KEY` or `x-api-key: KEY`. Every response carries `x-request-id`. \
                 Every field, rule and error is described in the repository's docs/API.md."
         },
+        "externalDocs": {
+            "description": "The API reference: every route, field, rule and error (the repository's docs/API.md, served by this server)",
+            "url": "/docs/API.md"
+        },
         "components": {
             "securitySchemes": {
                 "bearer": {"type": "http", "scheme": "bearer"},
@@ -218,6 +236,8 @@ pub fn document() -> Value {
                 "responses": with(errors(&["503"]), json!({"200": {"description": "Ready"}}))}},
             "/metrics": {"get": {"summary": "Prometheus metrics (on --metrics-port when set)", "security": [],
                 "responses": {"200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+            "/docs/API.md": {"get": {"summary": "The API reference (Markdown)",
+                "responses": with(errors(&["401"]), json!({"200": {"description": "docs/API.md", "content": {"text/markdown": {"schema": {"type": "string"}}}}}))}},
             "/openapi.json": {"get": {"summary": "This document", "responses": with(errors(&["401"]), json!({"200": {"description": "OpenAPI 3.1"}}))}}
         }
     })
@@ -278,6 +298,7 @@ mod tests {
             "/ready",
             "/metrics",
             "/openapi.json",
+            "/docs/API.md",
         ] {
             assert!(doc["paths"][path].is_object(), "{path}");
         }

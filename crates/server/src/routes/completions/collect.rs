@@ -5,7 +5,7 @@ use ferrite_engine::tokenizer::Tokenizer;
 use ferrite_engine::SequenceEvent;
 use ferrite_protocol::{Choice, CompletionResponse, PromptTokensDetails, Usage};
 
-use super::logprobs::{prompt_logprobs, LogprobsBuilder};
+use super::logprobs::{logprobs_object, prompt_logprobs, TokenLedger};
 use super::timed::TimedEvents;
 use super::{finish_fields, ResponseMeta, SubmittedPrompt};
 use crate::error::ApiError;
@@ -79,20 +79,18 @@ async fn collect_one(
 ) -> Result<Collected, ApiError> {
     let echo = params.output.echo;
     let mut text = prompt.echo.text.clone();
-    let echo_chars = text.chars().count();
-    let mut builder = params
-        .output
-        .logprobs
-        .map(|k| LogprobsBuilder::new(params.output.tokens_as_ids, k));
+    // With logprobs, every token in order: the echoed prompt's (scored before the first
+    // generated token), then the generated ones.
+    let mut ledger = params.output.logprobs.map(|_| TokenLedger::new());
     let mut scores = None;
     let mut token_ids = Vec::new();
     let (mut sum, mut count) = (0f64, 0usize);
     while let Some(event) = events.recv().await {
         match event {
             SequenceEvent::PromptLogprobs(prompt_scores) => {
-                if let Some(b) = builder.as_mut().filter(|_| echo) {
-                    b.push_prompt(tokenizer, &prompt_scores, &prompt.echo.token_chars);
-                    b.set_offset(echo_chars);
+                if let Some(ledger) = ledger.as_mut().filter(|_| echo) {
+                    ledger.push_prompt(&prompt_scores, &prompt.echo.token_chars);
+                    ledger.release(prompt.echo.text.chars().count());
                 }
                 if let Some(k) = params.output.prompt_logprobs {
                     scores = Some(prompt_logprobs(tokenizer, &prompt_scores, k));
@@ -102,13 +100,12 @@ async fn collect_one(
                 id,
                 logprob,
                 text: piece,
+                decoded_chars,
                 top,
             } => {
-                if let Some(b) = builder.as_mut() {
-                    if count == 0 && echo {
-                        b.set_offset(echo_chars);
-                    }
-                    b.push(tokenizer, id, logprob, Some(&top), piece.chars().count());
+                if let Some(ledger) = ledger.as_mut() {
+                    ledger.push(id, false, logprob, Some(top), decoded_chars);
+                    ledger.release(piece.chars().count());
                 }
                 text.push_str(&piece);
                 token_ids.push(id);
@@ -123,11 +120,21 @@ async fn collect_one(
             } => {
                 let (finish_reason, stop_reason) = finish_fields(&reason);
                 let return_ids = params.output.return_token_ids;
+                let logprobs = ledger.as_mut().map(|ledger| {
+                    let alternatives = params.output.logprobs.unwrap_or(0);
+                    let tokens = ledger.take_all();
+                    logprobs_object(
+                        tokenizer,
+                        &tokens,
+                        alternatives,
+                        params.output.tokens_as_ids,
+                    )
+                });
                 return Ok(Collected {
                     choice: Choice {
                         index: 0,
                         text,
-                        logprobs: builder.as_mut().map(LogprobsBuilder::take),
+                        logprobs,
                         finish_reason: Some(finish_reason),
                         stop_reason,
                         prompt_logprobs: scores,

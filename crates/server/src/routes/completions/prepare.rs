@@ -83,6 +83,14 @@ pub fn prepare(
         check_vocab("allowed_token_ids", allowed.iter().copied(), vocab)?;
     }
     let fim = params.suffix.is_some() && tokenizer.fim().is_some();
+    if fim && params.output.echo {
+        // The prompt that runs interleaves the text and the suffix around FIM tokens: no
+        // echo of it would be the text the client sent.
+        return Err(ApiError::invalid(
+            "echo",
+            "`echo` cannot be combined with a `suffix` this model fills in the middle of",
+        ));
+    }
     let base_seed = params.seed.unwrap_or_else(rand::random);
     let mut template = base_request(params, tokenizer);
     // Each choice gets its own copy of the compiled grammar.

@@ -15,7 +15,7 @@ use serde_json::Value;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::Instrument;
 
-use super::logprobs::LogprobsBuilder;
+use super::logprobs::{logprobs_object, LedgerToken, TokenLedger};
 use super::{finish_fields, Echo, ResponseMeta, SubmittedPrompt};
 use crate::error::ApiError;
 use crate::validate::GenerateParams;
@@ -24,10 +24,10 @@ use crate::validate::GenerateParams;
 struct ChoiceStream {
     /// Which prompt of the request it answers.
     prompt_index: usize,
-    echo: Echo,
-    echoed: bool,
-    logprobs: Option<LogprobsBuilder>,
-    generated: usize,
+    /// The echo, until the choice's first chunk carries it.
+    echo: Option<Echo>,
+    /// Its tokens on their way out, with logprobs or `return_token_ids`.
+    ledger: Option<TokenLedger>,
     /// The prompt's ids until the choice's first chunk carries them (`return_token_ids`).
     prompt_token_ids: Option<Vec<u32>>,
 }
@@ -60,13 +60,10 @@ pub(super) fn respond(
                         index,
                         ChoiceStream {
                             prompt_index: prompt.prompt_index,
-                            echo: prompt.echo.clone(),
-                            echoed: !params.output.echo,
-                            logprobs: params
-                                .output
-                                .logprobs
-                                .map(|k| LogprobsBuilder::new(params.output.tokens_as_ids, k)),
-                            generated: 0,
+                            echo: params.output.echo.then(|| prompt.echo.clone()),
+                            ledger: (params.output.logprobs.is_some()
+                                || params.output.return_token_ids)
+                                .then(TokenLedger::new),
                             prompt_token_ids: prompt.token_ids.clone(),
                         },
                     ));
@@ -87,16 +84,20 @@ pub(super) fn respond(
             // Prompt tokens the prefix cache served, per prompt (the same for each of its
             // choices), known as its choices finish.
             let mut cached: Vec<Option<usize>> = vec![None; prompt_count];
-            let text_choice =
-                |index, text: String, logprobs: Option<Value>, ids: Vec<u32>| ChunkChoice {
-                    index,
-                    text,
-                    logprobs,
-                    finish_reason: None,
-                    stop_reason: None,
-                    prompt_token_ids: None,
-                    token_ids: return_ids.then_some(ids),
-                };
+            // A chunk of one choice: new text, and the tokens it came from.
+            let text_choice = |index, text: String, tokens: Vec<LedgerToken>| ChunkChoice {
+                index,
+                text,
+                logprobs: params
+                    .output
+                    .logprobs
+                    .filter(|_| !tokens.is_empty())
+                    .map(|k| logprobs_object(&tokenizer, &tokens, k, params.output.tokens_as_ids)),
+                finish_reason: None,
+                stop_reason: None,
+                prompt_token_ids: None,
+                token_ids: return_ids.then(|| generated_ids(&tokens)),
+            };
             while let Some((index, event)) = merged.next().await {
                 let state = &mut states
                     .iter_mut()
@@ -105,27 +106,24 @@ pub(super) fn respond(
                     .1;
                 let mut out = Vec::new();
                 // The echoed prompt goes first, with its logprobs when they come.
-                if !state.echoed {
-                    state.echoed = true;
-                    let echo_chars = state.echo.text.chars().count();
-                    let logprobs = match (&event, state.logprobs.as_mut()) {
-                        (SequenceEvent::PromptLogprobs(scores), Some(b)) => {
-                            b.push_prompt(&tokenizer, scores, &state.echo.token_chars);
-                            let taken = b.take();
-                            b.set_offset(echo_chars);
-                            Some(taken)
+                if let Some(echo) = state.echo.take() {
+                    let chars = echo.text.chars().count();
+                    match (&event, state.ledger.as_mut()) {
+                        (SequenceEvent::PromptLogprobs(scores), Some(ledger))
+                            if params.output.logprobs.is_some() =>
+                        {
+                            ledger.push_prompt(scores, &echo.token_chars);
+                            ledger.release(chars);
                         }
-                        _ => None,
-                    };
-                    out.push(text_choice(
-                        index,
-                        state.echo.text.clone(),
-                        logprobs,
-                        Vec::new(),
-                    ));
-                    if let Some(b) = state.logprobs.as_mut() {
-                        b.set_offset(echo_chars);
+                        (_, Some(ledger)) => ledger.skip(chars),
+                        (_, None) => {}
                     }
+                    let ready = state
+                        .ledger
+                        .as_mut()
+                        .map(TokenLedger::take_ready)
+                        .unwrap_or_default();
+                    out.push(text_choice(index, echo.text, ready));
                 }
                 match event {
                     SequenceEvent::PromptLogprobs(_) => {}
@@ -133,16 +131,20 @@ pub(super) fn respond(
                         id,
                         logprob,
                         text,
+                        decoded_chars,
                         top,
                     } => {
-                        state.generated += 1;
                         usage.completion_tokens += 1;
-                        let logprobs = state.logprobs.as_mut().map(|b| {
-                            b.push(&tokenizer, id, logprob, Some(&top), text.chars().count());
-                            b.take()
-                        });
-                        if !text.is_empty() || logprobs.is_some() || return_ids {
-                            out.push(text_choice(index, text, logprobs, vec![id]));
+                        let ready = match state.ledger.as_mut() {
+                            Some(ledger) => {
+                                ledger.push(id, false, logprob, Some(top), decoded_chars);
+                                ledger.release(text.chars().count());
+                                ledger.take_ready()
+                            }
+                            None => Vec::new(),
+                        };
+                        if !text.is_empty() || !ready.is_empty() {
+                            out.push(text_choice(index, text, ready));
                         }
                     }
                     SequenceEvent::Finished {
@@ -152,15 +154,17 @@ pub(super) fn respond(
                     } => {
                         cached[state.prompt_index].get_or_insert(cached_tokens);
                         let (finish_reason, stop_reason) = finish_fields(&reason);
-                        out.push(ChunkChoice {
-                            index,
-                            text: appended_suffix.clone().unwrap_or_default(),
-                            logprobs: None,
-                            finish_reason: Some(finish_reason),
-                            stop_reason: Some(stop_reason.unwrap_or(Value::Null)),
-                            prompt_token_ids: None,
-                            token_ids: return_ids.then(Vec::new),
-                        });
+                        // Tokens whose text never came out (a stop string's) end here.
+                        let rest = state
+                            .ledger
+                            .as_mut()
+                            .map(TokenLedger::take_all)
+                            .unwrap_or_default();
+                        let mut last =
+                            text_choice(index, appended_suffix.clone().unwrap_or_default(), rest);
+                        last.finish_reason = Some(finish_reason);
+                        last.stop_reason = Some(stop_reason.unwrap_or(Value::Null));
+                        out.push(last);
                     }
                     SequenceEvent::Failed(message) => {
                         tracing::error!(message, "sequence failed mid-stream");
@@ -222,4 +226,9 @@ fn with_total(mut usage: Usage) -> Usage {
 
 fn json_event<T: serde::Serialize>(value: &T) -> Event {
     Event::default().data(serde_json::to_string(value).expect("serializable"))
+}
+
+/// The ids of the generated tokens among `tokens` (`return_token_ids`).
+fn generated_ids(tokens: &[LedgerToken]) -> Vec<u32> {
+    tokens.iter().filter(|t| !t.prompt).map(|t| t.id).collect()
 }
