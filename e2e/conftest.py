@@ -60,12 +60,16 @@ class Server:
         return values
 
     def stop(self):
+        """SIGTERM; a server that does not then exit 0 within 20 s fails the test."""
         self.proc.terminate()
         try:
-            self.proc.wait(timeout=20)
+            code = self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-        self.log.close()
+            code = "no exit within 20 s"
+        finally:
+            self.log.close()
+        assert code == 0, f"ferrite ended with {code} on SIGTERM; see {self.log.name}"
 
 
 @pytest.fixture(scope="session")

@@ -26,19 +26,21 @@ def error_of(exc):
     return body.get("error", body)
 
 
-def test_non_streaming_greedy_matches_llama_cpp_start(client):
-    r = greedy(client, CAPITAL["prompt"], max_tokens=8)
+def test_non_streaming_greedy_matches_llama_cpp(client):
+    r = greedy(client, CAPITAL["prompt"], max_tokens=16, extra_body={"return_token_ids": True})
     assert r.object == "text_completion"
     assert r.id.startswith("cmpl-")
     assert r.model == MODEL
     [choice] = r.choices
     assert choice.index == 0
-    # llama.cpp's first greedy tokens are " Paris" "." "\n" "\n".
-    assert choice.text.startswith(" Paris.\n\n"), choice.text
+    # llama.cpp's whole greedy continuation, token for token.
+    assert choice.model_extra["prompt_token_ids"] == CAPITAL["prompt_ids_with_special"]
+    assert choice.model_extra["token_ids"] == [step["id"] for step in CAPITAL["steps"]]
+    assert choice.text == CAPITAL["greedy_text"], choice.text
     assert choice.finish_reason == "length"
     assert r.usage.prompt_tokens == len(CAPITAL["prompt_ids_with_special"])
-    assert r.usage.completion_tokens == 8
-    assert r.usage.total_tokens == r.usage.prompt_tokens + 8
+    assert r.usage.completion_tokens == 16
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 16
 
 
 def test_streaming_gives_the_same_text_and_ends_with_finish_reason(client):
@@ -161,6 +163,17 @@ def test_openapi_document_describes_the_real_answers(client, server):
     jsonschema.validate(error, schemas["Error"])
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**body, "no_such_field": 1}, schemas["CompletionRequest"])
+    # The answer schemas require what every answer has: an object missing it fails.
+    for schema, incomplete in [("Completion", {k: v for k, v in answer.items() if k != "choices"}),
+                               ("Completion", {**answer, "choices": [{"index": 0}]}),
+                               ("Completion", {**answer, "usage": {"prompt_tokens": 1}}),
+                               ("Error", {"error": {"message": "x"}}), ("Error", {})]:
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(incomplete, schemas[schema])
+    chunks = httpx.post(f"{server.base}/v1/completions", json={**body, "stream": True}, timeout=60).text
+    for line in chunks.splitlines():
+        if line.startswith("data: {"):
+            jsonschema.validate(json.loads(line[6:]), schemas["CompletionChunk"])
 
 
 def test_eight_concurrent_streams_all_finish(client):

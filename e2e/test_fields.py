@@ -138,6 +138,10 @@ def test_logit_bias_forces_a_token(client, server):
     (banana,) = tokenize(server, " banana")
     r = greedy(client, max_tokens=5, logit_bias={str(banana): 100}, logprobs=0)
     assert r.choices[0].text == " banana" * 5
+    # The logprobs are the model's own, before the bias: " banana" is unlikely after the
+    # prompt (a +100 bias would make it certain, logprob 0).
+    lp = r.choices[0].logprobs
+    assert lp.tokens == [" banana"] * 5 and lp.token_logprobs[0] < -5, lp.token_logprobs
     r = greedy(client, max_tokens=3, logit_bias={str(banana): -100}, prompt=REPETITIVE)
     assert "banana" not in r.choices[0].text
 
@@ -183,9 +187,13 @@ def test_stop_token_ids_end_and_report_the_id(client, server):
     assert s.choices[0].finish_reason == "stop"
     assert s.choices[0].model_extra["stop_reason"] == second_id
     assert s.choices[0].text == r.choices[0].logprobs.tokens[0]
-    held = greedy(client, max_tokens=8, stop_token_ids=[second_id], min_tokens=4)
-    assert held.usage.completion_tokens >= 4
-    assert held.choices[0].text != s.choices[0].text
+    # min_tokens 4: the stop token cannot come among the first four tokens even when a bias
+    # makes it the choice at every step; the fifth is then the stop token and ends it.
+    held = greedy(client, max_tokens=8, stop_token_ids=[second_id], min_tokens=4, logprobs=0,
+                  logit_bias={str(second_id): 100})
+    tokens = held.choices[0].logprobs.tokens
+    assert len(tokens) == 5 and second not in tokens[:4] and tokens[4] == second, tokens
+    assert held.choices[0].model_extra["stop_reason"] == second_id
 
 
 def test_min_tokens_holds_back_stop_strings(client):

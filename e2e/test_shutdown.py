@@ -12,9 +12,14 @@ import httpx
 from conftest import MODEL, Server
 
 
+# When each stream's events arrived, by the id of the `events` list start_streams returns.
+ARRIVALS = {}
+
+
 def start_streams(server, count, max_tokens):
     """Opens `count` streams; returns their threads and the data events each receives."""
     events = [[] for _ in range(count)]
+    arrivals = ARRIVALS.setdefault(id(events), [[] for _ in range(count)])
     started = [threading.Event() for _ in range(count)]
 
     def run(i):
@@ -25,6 +30,7 @@ def start_streams(server, count, max_tokens):
             for line in r.iter_lines():
                 if line.startswith("data: "):
                     events[i].append(line[6:])
+                    arrivals[i].append(time.time())
                     if len(events[i]) >= 3:
                         started[i].set()
 
@@ -62,6 +68,11 @@ def test_sigterm_ends_four_live_streams_cleanly_after_the_grace_period():
             t.join(timeout=60)
         assert server.proc.wait(timeout=60) == 0
         assert time.time() - signaled < 30
+        # The grace period was honoured: the streams kept getting tokens for its 1.5 s and
+        # were ended only after it.
+        for times in ARRIVALS[id(events)]:
+            assert times[-1] - signaled >= 1.4, f"ended {times[-1] - signaled:.2f} s after SIGTERM"
+            assert sum(signaled + 0.2 < t < signaled + 1.3 for t in times) >= 3, "no tokens during the grace"
         assert plain["r"].status_code == 503, plain["r"].text
         assert "shut down" in plain["r"].json()["error"]["message"]
         for stream in events:

@@ -109,14 +109,26 @@ def parses_arithmetic(text):
             number()
 
     def expr():
+        # `term (OP term){0,3}`: at most three operators per expression, as the grammar says.
         nonlocal pos
         term()
-        while text[pos:pos + 1] in ("+", "-", "*", "/") and pos < len(text):
+        for _ in range(3):
+            if pos >= len(text) or text[pos] not in "+-*/":
+                break
             pos += 1
             term()
 
     expr()
     return pos == len(text)
+
+
+def test_the_arithmetic_checker_refuses_what_the_grammar_refuses():
+    assert parses_arithmetic("1+2*(3-4)/5")
+    for bad in ["1+2+3+4+5", "(1+2+3+4+5)", "0", "1234", "1+", "(1"]:
+        try:
+            assert not parses_arithmetic(bad), bad
+        except ValueError:
+            pass
 
 
 def test_json_schema_twenty_seeds_all_validate(client):
@@ -140,10 +152,11 @@ def test_json_schema_with_n_constrains_every_choice(client, stream):
 
 
 def test_json_object_is_an_object(client):
+    # Seeded sequences draw the same tokens whatever else runs: these three complete.
     for seed in range(3):
-        (c,) = complete(client, "Some JSON:", seed=seed, response_format={"type": "json_object"}, max_tokens=120)
-        if c.finish_reason == "stop":
-            assert isinstance(json.loads(c.text), dict)
+        (c,) = complete(client, "Some JSON:", seed=seed, response_format={"type": "json_object"}, max_tokens=200)
+        assert c.finish_reason == "stop", c.text
+        assert isinstance(json.loads(c.text), dict)
     (c,) = complete(
         client, "Some JSON:", seed=1,
         response_format={"type": "json_object", "schema": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}},

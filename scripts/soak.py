@@ -279,16 +279,20 @@ def main():
         print(json.dumps(summary, indent=2))
         for f in soak.failures[:30]:
             print("FAIL", f, file=sys.stderr)
-        return 1 if soak.failures else 0
+        failed = bool(soak.failures)
     finally:
         proc.terminate()
         try:
             code = proc.wait(timeout=60)
-            if code != 0:
-                print(f"ferrite exited {code} on SIGTERM", file=sys.stderr)
         except subprocess.TimeoutExpired:
             proc.kill()
+            code = "no exit within 60 s"
         log.close()
+    # A server that does not stop cleanly on SIGTERM fails the soak too.
+    if code != 0:
+        print(f"FAIL ferrite ended with {code} on SIGTERM", file=sys.stderr)
+        return 1
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -216,13 +216,27 @@ fn stop_tokens_end_and_min_tokens_hold_them_back(h: &EngineHandle) {
     let out = collect(h.submit(r).unwrap());
     assert_eq!(out.tokens, free.tokens[..2]);
     assert_eq!(out.finish, Some(FinishReason::StopToken(second)));
-    // With min_tokens 4 the stop token cannot come before the fourth token.
+    // min_tokens 4: the stop token cannot come among the first four tokens, even with a
+    // logit bias that makes it the choice at every step (the ban comes after the bias); the
+    // fifth token is then the stop token, and ends the choice.
     let mut r = greedy(p, 8);
     r.stop_token_ids = vec![second];
+    r.sampling.logit_bias = vec![(second, 100.0)];
     r.min_tokens = 4;
     let out = collect(h.submit(r).unwrap());
-    assert!(out.tokens.len() >= 4);
-    assert_ne!(out.tokens[1], second);
+    assert_eq!(out.tokens.len(), 5, "{:?}", out.tokens);
+    assert!(!out.tokens[..4].contains(&second));
+    assert_eq!(out.tokens[4], second);
+    assert_eq!(out.finish, Some(FinishReason::StopToken(second)));
+    // And end-of-generation tokens likewise: forced by a bias, banned until min_tokens.
+    let eos = h.tokenizer().end_of_generation()[0];
+    let mut r = greedy(prompt(h, "The capital of France is"), 8);
+    r.ignore_eos = false;
+    r.sampling.logit_bias = vec![(eos, 100.0)];
+    r.min_tokens = 3;
+    let out = collect(h.submit(r).unwrap());
+    assert_eq!(out.tokens.len(), 4, "{:?}", out.tokens);
+    assert_eq!(out.finish, Some(FinishReason::EndOfSequence(eos)));
 }
 
 /// The waiting queue is bounded, `abort_all` ends everything with `Aborted` and frees

@@ -1,13 +1,16 @@
-//! Our forward pass reproduces llama.cpp's greedy continuations: the first 8 tokens at
-//! least, with the chosen token's log-probability within 0.05 at every matching step.
+//! Our forward pass reproduces llama.cpp's greedy continuations: all 16 tokens of every
+//! fixture prompt, with the chosen token's log-probability within 1e-3 at every step (the
+//! replays give at most 8e-4: the kernels follow llama.cpp's rounding, and where Gemma's
+//! prompt rows round by how llama-server batches them, each fixture is replayed with its
+//! own batching).
 
 mod common;
 
 use ferrite_engine::model::{self, BatchEntry, Logits, PromptBatching};
 use ferrite_engine::sampling::log_softmax;
 
-const MIN_MATCHING: usize = 8;
-const LOGPROB_TOLERANCE: f32 = 0.05;
+const MIN_MATCHING: usize = 16;
+const LOGPROB_TOLERANCE: f32 = 1e-3;
 
 /// One fixture prompt replayed greedily: the step reached and the largest log-probability
 /// difference on the way.

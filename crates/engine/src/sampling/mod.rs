@@ -297,13 +297,33 @@ mod tests {
             ..Default::default()
         };
         let logits: Vec<f32> = (0..64).map(|i| (i as f32 * 0.7).cos() * 3.0).collect();
-        let run = || {
+        let run = |params: &SamplingParams| {
             let mut s = Sampler::new(params.clone(), &[]);
             (0..30)
                 .map(|_| s.sample(&logits, &[], &[]))
                 .collect::<Vec<_>>()
         };
-        assert_eq!(run(), run());
+        let drawn = run(&params);
+        assert_eq!(drawn, run(&params), "seeded");
+        // Filters that alone would leave only the best token change nothing under Mirostat.
+        let filters = SamplingParams {
+            top_k: Some(1),
+            top_p: 0.01,
+            min_p: 0.99,
+            typical_p: 0.01,
+            ..params.clone()
+        };
+        assert_eq!(run(&filters), drawn);
+        let best = argmax(&logits) as TokenId;
+        assert!(
+            drawn.iter().any(|&t| t != best),
+            "Mirostat drew only the best token"
+        );
+        let without = SamplingParams {
+            mirostat: None,
+            ..filters
+        };
+        assert!(run(&without).iter().all(|&t| t == best));
     }
 
     fn logits_strategy() -> impl Strategy<Value = Vec<f32>> {

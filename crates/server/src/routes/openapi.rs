@@ -126,12 +126,12 @@ pub fn document() -> Value {
     for (name, schema) in completion_fields() {
         properties.insert(name.to_string(), schema);
     }
-    let usage = json!({"type": "object", "properties": {
+    let usage = json!({"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"], "properties": {
         "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"},
         "prompt_tokens_details": {"type": "object", "properties": {"cached_tokens": {"type": "integer",
             "description": "Prompt tokens the prefix cache served."}}}}});
     let ids = json!({"type": "array", "items": {"type": "integer"}});
-    let choice = json!({"type": "object", "properties": {
+    let choice = json!({"type": "object", "required": ["index", "text", "logprobs", "finish_reason"], "properties": {
         "index": {"type": "integer"}, "text": {"type": "string"},
         "logprobs": {"type": ["object", "null"]},
         "finish_reason": {"type": ["string", "null"], "enum": ["stop", "length", null]},
@@ -139,12 +139,13 @@ pub fn document() -> Value {
         "prompt_logprobs": {"type": "array", "items": {"type": ["object", "null"]}},
         "prompt_token_ids": ids, "token_ids": ids}});
     let completion = |choice: Value, usage: Value| {
-        json!({"type": "object", "properties": {
+        json!({"type": "object", "required": ["id", "object", "created", "model", "choices"], "properties": {
         "id": {"type": "string"}, "object": {"const": "text_completion"}, "created": {"type": "integer"},
         "model": {"type": "string"}, "system_fingerprint": {"type": "string"},
         "choices": {"type": "array", "items": choice}, "usage": usage}})
     };
-    let error = json!({"type": "object", "properties": {"error": {"type": "object", "properties": {
+    let error = json!({"type": "object", "required": ["error"], "properties": {"error": {"type": "object",
+        "required": ["message", "type", "param", "code"], "properties": {
         "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": ["string", "null"]},
         "code": {"type": ["string", "null"]}}}}});
     let errors = |codes: &[&str]| -> Value {
@@ -189,7 +190,7 @@ pub fn document() -> Value {
             },
             "schemas": {
                 "CompletionRequest": {"type": "object", "required": ["model", "prompt"], "additionalProperties": false, "properties": properties},
-                "Completion": completion(choice.clone(), usage.clone()),
+                "Completion": with_required(completion(choice.clone(), usage.clone()), "usage"),
                 "CompletionChunk": completion(choice, json!({"oneOf": [usage, {"type": "null"}]})),
                 "Error": error
             }
@@ -241,6 +242,14 @@ pub fn document() -> Value {
             "/openapi.json": {"get": {"summary": "This document", "responses": with(errors(&["401"]), json!({"200": {"description": "OpenAPI 3.1"}}))}}
         }
     })
+}
+
+/// `schema` with `field` required too.
+fn with_required(mut schema: Value, field: &str) -> Value {
+    if let Some(required) = schema["required"].as_array_mut() {
+        required.push(json!(field));
+    }
+    schema
 }
 
 /// What an error status means on this server.
