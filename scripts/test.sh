@@ -22,6 +22,10 @@ step "fetching the models (cached after the first run)"
 step "cargo test --release"
 cargo test --release --workspace
 
+step "llama.cpp's greedy fixtures on the AVX2 and portable kernel paths (FERRITE_CPU)"
+FERRITE_CPU=avx2 cargo test --release -p ferrite-engine --test greedy_fixtures
+FERRITE_CPU=portable cargo test --release -p ferrite-engine --test greedy_fixtures
+
 step "end-to-end tests (pytest + openai SDK)"
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv

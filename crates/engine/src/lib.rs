@@ -2,6 +2,7 @@
 //! worker thread. It knows nothing of HTTP or JSON.
 
 pub mod constrain;
+pub mod cpu;
 pub mod error;
 pub mod gguf;
 pub mod kv_cache;

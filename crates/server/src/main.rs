@@ -16,7 +16,7 @@ use ferrite_engine::sampling::SamplingParams;
 use ferrite_engine::scheduler::SchedulerConfig;
 use ferrite_engine::tokenizer::Tokenizer;
 use ferrite_engine::{
-    model, threads, Engine, EngineConfig, EngineHandle, SequenceEvent, SequenceRequest,
+    cpu, model, threads, Engine, EngineConfig, EngineHandle, SequenceEvent, SequenceRequest,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -223,6 +223,8 @@ fn serve(args: ServeArgs) -> Result<()> {
     // Options are checked before the model is resolved (which may download it).
     let allowed_origins = AllowedOrigins::new(&args.allowed_origins)
         .map_err(|e| anyhow::anyhow!("--allowed-origins: {e}"))?;
+    // FERRITE_CPU caps the kernels (portable, avx2, native): a wrong value stops here.
+    cpu::Cap::from_env().map_err(|e| anyhow::anyhow!(e))?;
     let (path, name) = fetch::resolve(args.model.as_deref())?;
     let names = if args.served_model_names.is_empty() {
         vec![name]
@@ -245,12 +247,15 @@ fn serve(args: ServeArgs) -> Result<()> {
     };
     state.request_timeout = args.request_timeout.map(Duration::from_secs_f64);
     state.allowed_origins = allowed_origins;
+    let kernels = cpu::features();
     let cores = threads::available_cores();
     let compute = args.threads.map_or(cores, usize::from);
     threads::set_compute_threads(compute).map_err(|e| anyhow::anyhow!(e))?;
     tracing::info!(
         compute_threads = threads::compute_threads(),
         available_cores = cores,
+        kernels = kernels.name(),
+        detected = cpu::detected().name(),
         "compute threads"
     );
     let state = Arc::new(state);

@@ -278,14 +278,11 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         {
             use super::super::attention_simd as simd;
-            let avx2 = crate::quant::simd::available();
+            // What the CPU can run, whatever FERRITE_CPU says.
+            let cpu = crate::cpu::detected();
             vec![
-                ("AVX2", simd::attend_avx2 as GroupKernel, avx2),
-                (
-                    "AVX-512",
-                    simd::attend_avx512 as GroupKernel,
-                    avx2 && simd::avx512_available(),
-                ),
+                ("AVX2", simd::attend_avx2 as GroupKernel, cpu.avx2),
+                ("AVX-512", simd::attend_avx512 as GroupKernel, cpu.avx512),
             ]
         }
         #[cfg(not(target_arch = "x86_64"))]

@@ -152,9 +152,9 @@ impl Lanes for Avx512 {
     }
 }
 
-/// Whether this CPU has the AVX-512 instructions [`attend_rows`] uses when it can.
+/// Whether [`attend_rows`] may use AVX-512 (the CPU has it, `FERRITE_CPU` allows it).
 pub(super) fn avx512_available() -> bool {
-    is_x86_feature_detected!("avx512f")
+    crate::cpu::features().avx512
 }
 
 /// The query rows of one group of heads sharing a KV head (`q` and `out` hold them one

@@ -12,11 +12,10 @@ use super::kquant::{Q8KRow, QK_K};
 use super::q8::Q8Row;
 use super::RowKernel;
 
-/// Whether this CPU can run the AVX2 kernels.
+/// Whether the AVX2 kernels run (this CPU has AVX2, FMA and F16C, and `FERRITE_CPU`
+/// allows them).
 pub fn available() -> bool {
-    is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
+    crate::cpu::features().avx2
 }
 
 /// Low nibbles of 16 bytes, then their high nibbles: 32 values 0..=15.
@@ -58,14 +57,10 @@ pub(super) unsafe fn hsum(acc: __m256) -> f32 {
     hsum8(&lanes)
 }
 
-/// Whether this CPU also has AVX-512 (F, VL, BW) with VNNI: one instruction for the
+/// Whether the AVX-512 (F, VL, BW) VNNI kernels run: one instruction for the
 /// four-product integer lanes that AVX2 computes in two, on 256- or 512-bit vectors.
 pub fn vnni_available() -> bool {
-    available()
-        && is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512vnni")
-        && is_x86_feature_detected!("avx512vl")
-        && is_x86_feature_detected!("avx512bw")
+    crate::cpu::features().vnni
 }
 
 /// [`super::q8::quantize_row`] eight values at a time: the same block maximum, scale and
