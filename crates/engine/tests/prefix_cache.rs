@@ -1,6 +1,8 @@
-//! The prefix cache on real models: a long shared prefix re-sent with a new tail reaches
-//! its first token much sooner, and the output is exactly what a cold run gives (Gemma's
-//! prompt rows round by how llama-server batches them, so reuse must respect that).
+//! The prefix cache on real models: a long shared prefix re-sent with a new tail is served
+//! from the cache (the engine's counters say how many prompt tokens were reused and how many
+//! computed; no wall-clock ratio, which another test on the same cores would upset), and
+//! the output is exactly what a cold run gives (Gemma's prompt rows round by how
+//! llama-server batches them, so reuse must respect that).
 
 mod common;
 
@@ -70,24 +72,30 @@ fn prompts(h: &EngineHandle, prefix_words: usize) -> (Vec<u32>, Vec<u32>) {
 }
 
 #[test]
-fn smollm2_a_shared_prefix_comes_back_five_times_sooner_and_unchanged() {
+fn smollm2_a_shared_prefix_is_not_computed_again_and_changes_nothing() {
     let engine = start("smollm2-135m", 8192);
     let h = engine.handle();
     let (first, second) = prompts(&h, 1000);
     assert!(first.len() > 1000, "{} tokens", first.len());
     let (cold, _) = run(&h, &first);
-    let before = h.stats().prefix_cache_hit_tokens;
+    let before = h.stats();
     let (warm, cached_output) = run(&h, &second);
-    let reused = h.stats().prefix_cache_hit_tokens - before;
+    let after = h.stats();
+    let reused = after.prefix_cache_hit_tokens - before.prefix_cache_hit_tokens;
+    let computed = after.prompt_tokens - before.prompt_tokens;
     eprintln!(
         "{} prompt tokens: first token after {cold:?} cold, {warm:?} with {reused} cached",
         second.len()
     );
+    // Counted, not timed: the shared prefix is served from the cache and only the new
+    // tail runs through the model.
+    let prefix = (0..first.len())
+        .take_while(|&i| first[i] == second[i])
+        .count();
     assert!(reused >= 1000, "{reused} positions reused");
-    assert!(
-        warm * 5 <= cold,
-        "first token after {warm:?} warm, {cold:?} cold"
-    );
+    assert!(reused as usize <= prefix, "{reused} reused of a {prefix}-token prefix");
+    assert_eq!(reused + computed, second.len() as u64);
+    assert!(computed < 64, "{computed} prompt tokens computed again");
     engine.shutdown();
 
     let cold_engine = start("smollm2-135m", 0);
