@@ -273,9 +273,30 @@ def test_the_server_request_timeout_ends_long_requests(timed):
 
 
 def test_kv_cache_pressure_queues_instead_of_failing(tight):
-    results = concurrently(4, lambda i: post(tight, body(prompt=f"{i} {i}", max_tokens=30, ignore_eos=True)))
+    # --kv-budget 100: each request reserves its prompt plus 40 positions, so two run at
+    # once and the others wait for them (all four at once would reserve about 180).
+    seen = []
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            m = tight.metrics()
+            seen.append((m["ferrite_requests_running"], m["ferrite_requests_waiting"],
+                         m["ferrite_kv_cache_usage_ratio"]))
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        results = concurrently(4, lambda i: post(tight, body(prompt=f"{i} {i}", max_tokens=40, ignore_eos=True)))
+    finally:
+        done.set()
+        watcher.join()
     assert [r.status_code for r in results] == [200] * 4, [r.text for r in results]
-    assert all(r.json()["usage"]["completion_tokens"] == 30 for r in results)
+    assert all(r.json()["usage"]["completion_tokens"] == 40 for r in results)
+    assert max(running for running, _, _ in seen) == 2, seen
+    assert max(waiting for _, waiting, _ in seen) >= 1, "nothing waited for KV room"
+    assert max(ratio for _, _, ratio in seen) <= 1.0
 
 
 # ---- bad model files ----------------------------------------------------------------------
