@@ -93,7 +93,10 @@ fn smollm2_a_shared_prefix_is_not_computed_again_and_changes_nothing() {
         .take_while(|&i| first[i] == second[i])
         .count();
     assert!(reused >= 1000, "{reused} positions reused");
-    assert!(reused as usize <= prefix, "{reused} reused of a {prefix}-token prefix");
+    assert!(
+        reused as usize <= prefix,
+        "{reused} reused of a {prefix}-token prefix"
+    );
     assert_eq!(reused + computed, second.len() as u64);
     assert!(computed < 64, "{computed} prompt tokens computed again");
     engine.shutdown();

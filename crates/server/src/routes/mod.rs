@@ -12,36 +12,57 @@ use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
 use axum::middleware;
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::Router;
 
 use crate::error::ApiError;
 use crate::state::AppState;
 
+/// The routes that need an API key when the server has any: path (axum's syntax), the
+/// method and its handler. The router is built from this table and the OpenAPI document's
+/// test compares its paths with it, so neither can leave a route out.
+fn protected_routes() -> Vec<(&'static str, MethodRouter<Arc<AppState>>)> {
+    vec![
+        ("/v1/completions", post(completions::completions)),
+        ("/v1/models", get(models::list)),
+        ("/v1/models/{*id}", get(models::retrieve)),
+        ("/tokenize", post(tokenize::tokenize)),
+        ("/detokenize", post(tokenize::detokenize)),
+        ("/tokenizer_info", get(tokenize::tokenizer_info)),
+        ("/openapi.json", get(openapi::openapi)),
+        ("/docs/API.md", get(openapi::api_reference)),
+    ]
+}
+
+/// The probes, open whatever keys the server has (`/metrics` only without a port of its
+/// own).
+fn open_routes(with_metrics: bool) -> Vec<(&'static str, MethodRouter<Arc<AppState>>)> {
+    let mut routes = vec![
+        ("/health", get(health::health)),
+        ("/ready", get(health::ready)),
+    ];
+    if with_metrics {
+        routes.push(("/metrics", get(health::metrics)));
+    }
+    routes
+}
+
 /// The router with every route of the API; all but `/health`, `/ready` and `/metrics`
 /// need an API key when the server has any. `/metrics` is left out when it has a port
 /// of its own ([`metrics_router`]).
 pub fn router(state: Arc<AppState>, with_metrics: bool) -> Router {
-    let protected = Router::new()
-        .route("/v1/completions", post(completions::completions))
-        .route("/v1/models", get(models::list))
-        .route("/v1/models/{*id}", get(models::retrieve))
-        .route("/tokenize", post(tokenize::tokenize))
-        .route("/detokenize", post(tokenize::detokenize))
-        .route("/tokenizer_info", get(tokenize::tokenizer_info))
-        .route("/openapi.json", get(openapi::openapi))
-        .route("/docs/API.md", get(openapi::api_reference))
+    let protected = protected_routes()
+        .into_iter()
+        .fold(Router::new(), |r, (path, route)| r.route(path, route))
         .route_layer(middleware::from_fn_with_state(
             Arc::clone(&state),
             crate::auth::require_key,
         ));
-    let mut router = Router::new()
-        .merge(protected)
-        .route("/health", get(health::health))
-        .route("/ready", get(health::ready));
-    if with_metrics {
-        router = router.route("/metrics", get(health::metrics));
-    }
+    let router = open_routes(with_metrics)
+        .into_iter()
+        .fold(Router::new().merge(protected), |r, (path, route)| {
+            r.route(path, route)
+        });
     router
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(state.limits.max_body_bytes))
@@ -66,4 +87,14 @@ pub fn metrics_router(state: Arc<AppState>) -> Router {
 
 async fn not_found(uri: axum::http::Uri) -> ApiError {
     ApiError::RouteNotFound(uri.path().to_string())
+}
+
+/// Every path the API router serves, in OpenAPI's syntax (`{*id}` written `{id}`).
+#[cfg(test)]
+pub(crate) fn served_paths() -> Vec<String> {
+    protected_routes()
+        .into_iter()
+        .chain(open_routes(true))
+        .map(|(path, _)| path.replace("{*", "{"))
+        .collect()
 }
