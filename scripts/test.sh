@@ -26,6 +26,9 @@ step "llama.cpp's greedy fixtures on the AVX2 and portable kernel paths (FERRITE
 FERRITE_CPU=avx2 cargo test --release -p ferrite-engine --test greedy_fixtures
 FERRITE_CPU=portable cargo test --release -p ferrite-engine --test greedy_fixtures
 
+step "cargo-fuzz targets: built, and run briefly from their seeds"
+./scripts/fuzz_smoke.sh
+
 step "end-to-end tests (pytest + openai SDK)"
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv

@@ -1,6 +1,7 @@
 //! libFuzzer target: any bytes as a GGUF file, read, tokenizer built and used, model
-//! loaded, and a forward step run on whatever loads. Only a panic or a crash is a
-//! finding. Seeds: `corpus/gguf/` (complete one-layer llama and gemma3 models, written by
+//! loaded, and a forward step run on whatever loads. A panic (one inside candle's reader
+//! that the loader catches included) or a crash is a finding. Seeds: `corpus/gguf/`
+//! (complete one-layer llama and gemma3 models, written by
 //! `FERRITE_WRITE_FUZZ_SEEDS=1 cargo test -p ferrite-engine --test fuzz_gguf`).
 //!
 //!     cd crates/engine && cargo fuzz run gguf corpus/gguf -- -max_total_time=600
@@ -12,6 +13,17 @@ use ferrite_engine::model::{self, BatchEntry, Logits};
 use ferrite_engine::tokenizer::Tokenizer;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    let caught = ferrite_engine::gguf::caught_panics();
+    run(data);
+    // A panic inside candle's reader, caught and turned into an error, is a finding too.
+    assert_eq!(
+        ferrite_engine::gguf::caught_panics(),
+        caught,
+        "a panic inside candle's GGUF reader was caught"
+    );
+});
+
+fn run(data: &[u8]) {
     let Ok(mut gguf) = GgufFile::from_bytes("fuzz.gguf", data.to_vec()) else {
         return;
     };
@@ -31,4 +43,4 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         logits: Logits::Last,
         prompt_len: tokens.len(),
     }]);
-});
+}
