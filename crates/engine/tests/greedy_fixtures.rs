@@ -67,7 +67,7 @@ fn replay(name: &str, data: &serde_json::Value, batching: PromptBatching) -> Vec
 }
 
 fn assert_tokens(name: &str, replays: &[Replay]) {
-    assert_eq!(replays.len(), 5);
+    assert!(!replays.is_empty());
     for r in replays {
         assert!(
             r.matched >= MIN_MATCHING,
@@ -126,4 +126,25 @@ fn gemma3_token_by_token_matches_llama_cpp_token_by_token() {
     );
     assert_tokens("gemma3-270m", &replays);
     assert_logprobs("gemma3-270m", &replays);
+}
+
+/// Prompts of 50 to 1,200 tokens, which llama-server computes in one to three 512-token
+/// ubatches (`fixtures/make_long.py`), against llama.cpp itself.
+///
+/// Ignored: ferrite follows llama.cpp exactly up to about 50 tokens, but from about 150 the
+/// chosen token's logprob differs by 0.03 to 0.2 (and a late greedy token can change):
+/// llama.cpp's attention changes how it orders its work on longer sequences, which ferrite
+/// does not reproduce yet. Run with `--ignored` to see where it stands.
+#[test]
+#[ignore = "ferrite's attention departs from llama.cpp's beyond about 50 positions"]
+fn long_prompts_match_llama_cpp_across_its_batches() {
+    for (name, file) in [
+        ("smollm2-135m", "smollm2-135m-q4_1.llamacpp-long.json"),
+        ("gemma3-270m", "gemma3-270m-q4_k_m.llamacpp-long.json"),
+    ] {
+        let replays = replay(name, &common::fixture(file), PromptBatching::default());
+        assert_eq!(replays.len(), 6);
+        assert_tokens(name, &replays);
+        assert_logprobs(name, &replays);
+    }
 }
