@@ -123,8 +123,11 @@ def test_the_sdk_sees_429_as_a_rate_limit_error(limited):
     try:
         next(iter(streams[0]))
         streams += [client.completions.create(**long) for _ in range(2)]
-        with pytest.raises(openai.RateLimitError):
+        with pytest.raises(openai.RateLimitError) as e:
             client.completions.create(model=MODEL, prompt="Hi", max_tokens=1)
+        # The SDK reads Retry-After to pace its retries.
+        assert e.value.response.headers["retry-after"] == "1"
+        assert e.value.code == "server_overloaded"
     finally:
         for s in streams:
             s.close()
