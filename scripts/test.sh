@@ -41,5 +41,6 @@ fi
 .venv-clients/bin/python -m pip install --disable-pip-version-check -q -r e2e/clients/requirements.txt
 .venv/bin/python -m pytest e2e -q
 
-step "soak test (500 mixed requests at concurrency 16, loopback)"
+step "soak test (500 mixed requests at concurrency 16, loopback), SmolLM2 then Gemma 3"
 .venv/bin/python scripts/soak.py
+.venv/bin/python scripts/soak.py --model gemma3-270m --warmup 200
