@@ -167,8 +167,10 @@ def test_bans_yield_to_what_the_grammar_allows(srv):
 def test_a_request_with_ten_thousand_prompts_does_not_starve_others(srv):
     body = {"model": MODEL, "prompt": ["x"] * 10_000, "max_tokens": 1, "temperature": 0}
     client = httpx.Client(timeout=300)
+    before = srv.metrics()["ferrite_generation_tokens_total"]
     get = in_background(lambda: client.post(f"{srv.base}/v1/completions", json=body))
-    time.sleep(1.0)
+    # Once its prompts are being served (the counters move), the small ones go beside them.
+    wait_for(lambda: srv.metrics()["ferrite_generation_tokens_total"] > before + 10)
     for _ in range(3):
         assert small(srv) < FEW_SECONDS
     r = get(timeout=300)
@@ -179,9 +181,11 @@ def test_a_request_with_ten_thousand_prompts_does_not_starve_others(srv):
 def test_streams_keep_their_pace_while_a_long_prompt_is_prefilled(srv):
     long_prompt = "hello world " * 4000  # 8,000 tokens
     body = json.dumps({"model": MODEL, "prompt": long_prompt, "max_tokens": 1}).encode()
+    started = srv.metrics()["ferrite_prompt_tokens_total"]
     long = raw(srv, b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                + f"content-length: {len(body)}\r\n\r\n".encode() + body, read=False)
-    time.sleep(1.0)
+    # Its prefill has begun when the prompt-token counter moves.
+    wait_for(lambda: srv.metrics()["ferrite_prompt_tokens_total"] > started)
     prefilled = srv.metrics()["ferrite_prompt_tokens_total"]
     gaps = []
     try:
@@ -309,3 +313,13 @@ def test_sigterm_during_a_pathological_request_exits_zero_within_grace_plus_five
         if s.proc.poll() is None:
             s.proc.kill()
         s.log.close()
+
+
+def wait_for(predicate, seconds=60):
+    """Polls until `predicate()` holds: a state the server's counters report."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.01)
+    raise AssertionError("the server did not get there in time")

@@ -42,6 +42,23 @@ def start_streams(server, count, max_tokens):
     return threads, events
 
 
+def wait_for(predicate, seconds=10):
+    """Polls until `predicate()` holds: a state the server reports, not a guessed delay."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.01)
+    raise AssertionError("the server did not get there in time")
+
+
+def shutting_down(server):
+    try:
+        return httpx.get(f"{server.base}/ready", timeout=5).status_code == 503
+    except httpx.TransportError:
+        return False
+
+
 def check_refusing(server):
     assert httpx.get(f"{server.base}/ready", timeout=5).status_code == 503
     r = httpx.post(f"{server.base}/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2}, timeout=5)
@@ -59,10 +76,11 @@ def test_sigterm_ends_four_live_streams_cleanly_after_the_grace_period():
         body = {"model": MODEL, "prompt": "1, 2,", "max_tokens": 5000, "ignore_eos": True}
         waiting = threading.Thread(target=lambda: plain.update(r=httpx.post(f"{server.base}/v1/completions", json=body, timeout=120)))
         waiting.start()
-        time.sleep(0.3)
+        # Signal once the engine runs all five (the counters say so), not after a guess.
+        wait_for(lambda: server.metrics()["ferrite_requests_running"] == 5)
         signaled = time.time()
         server.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
+        wait_for(lambda: shutting_down(server))
         check_refusing(server)
         for t in threads + [waiting]:
             t.join(timeout=60)
@@ -89,7 +107,7 @@ def test_sigterm_lets_short_streams_finish():
     try:
         threads, events = start_streams(server, 4, max_tokens=48)
         server.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.1)
+        wait_for(lambda: shutting_down(server))
         check_refusing(server)
         for t in threads:
             t.join(timeout=120)
@@ -108,7 +126,7 @@ def test_a_second_signal_ends_the_grace_period_at_once():
     try:
         threads, events = start_streams(server, 2, max_tokens=5000)
         server.proc.send_signal(signal.SIGINT)
-        time.sleep(0.5)
+        wait_for(lambda: shutting_down(server))
         check_refusing(server)
         signaled = time.time()
         server.proc.send_signal(signal.SIGINT)
