@@ -21,6 +21,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for(predicate, seconds=10):
+    """Polls until `predicate()` holds (a state the server reports, not a guessed delay);
+    fails the test when it does not within `seconds`."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.01)
+    assert predicate(), f"the server did not get there within {seconds} s"
+
+
 class Server:
     """A running `ferrite serve` process."""
 

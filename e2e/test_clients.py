@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import BINARY, MODEL, ROOT, Server, free_port
+from conftest import BINARY, MODEL, ROOT, Server, free_port, wait_for
 
 GEMMA = "gemma3-270m"
 CAPITAL = "The capital of France is"
@@ -315,29 +315,20 @@ def disconnected(server):
     return server.metrics().get('ferrite_requests_total{status="disconnected"}', 0)
 
 
-def wait_for(predicate, seconds=3):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
 def test_disconnected_requests_are_logged_and_counted(server):
     before = disconnected(server)
     # Before the answer: a non-streaming request whose client gives up.
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server.base}/v1/completions", timeout=0.5,
                    json={"model": MODEL, "prompt": CAPITAL, "max_tokens": 3000, "ignore_eos": True})
-    assert wait_for(lambda: disconnected(server) == before + 1)
+    wait_for(lambda: disconnected(server) == before + 1, 3)
     # In the middle of a stream.
     with httpx.stream("POST", f"{server.base}/v1/completions", timeout=30,
                       json={"model": MODEL, "prompt": CAPITAL, "max_tokens": 3000, "ignore_eos": True,
                             "stream": True}) as r:
         lines = r.iter_lines()
         next(lines)
-    assert wait_for(lambda: disconnected(server) == before + 2)
+    wait_for(lambda: disconnected(server) == before + 2, 3)
     # A request answered in full is not one, nor a HEAD request (whose body is never sent).
     assert post(server, {"prompt": CAPITAL, "max_tokens": 1}).status_code == 200
     answered = server.metrics().get('ferrite_requests_total{status="200"}', 0)

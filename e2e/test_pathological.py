@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from conftest import MODEL, Server
+from conftest import MODEL, Server, wait_for
 
 # Another client's small request must finish within this while a pathological one runs
 # (alone it takes well under a second).
@@ -170,7 +170,7 @@ def test_a_request_with_ten_thousand_prompts_does_not_starve_others(srv):
     before = srv.metrics()["ferrite_generation_tokens_total"]
     get = in_background(lambda: client.post(f"{srv.base}/v1/completions", json=body))
     # Once its prompts are being served (the counters move), the small ones go beside them.
-    wait_for(lambda: srv.metrics()["ferrite_generation_tokens_total"] > before + 10)
+    wait_for(lambda: srv.metrics()["ferrite_generation_tokens_total"] > before + 10, 60)
     for _ in range(3):
         assert small(srv) < FEW_SECONDS
     r = get(timeout=300)
@@ -185,7 +185,7 @@ def test_streams_keep_their_pace_while_a_long_prompt_is_prefilled(srv):
     long = raw(srv, b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                + f"content-length: {len(body)}\r\n\r\n".encode() + body, read=False)
     # Its prefill has begun when the prompt-token counter moves.
-    wait_for(lambda: srv.metrics()["ferrite_prompt_tokens_total"] > started)
+    wait_for(lambda: srv.metrics()["ferrite_prompt_tokens_total"] > started, 60)
     prefilled = srv.metrics()["ferrite_prompt_tokens_total"]
     gaps = []
     try:
@@ -313,13 +313,3 @@ def test_sigterm_during_a_pathological_request_exits_zero_within_grace_plus_five
         if s.proc.poll() is None:
             s.proc.kill()
         s.log.close()
-
-
-def wait_for(predicate, seconds=60):
-    """Polls until `predicate()` holds: a state the server's counters report."""
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if predicate():
-            return
-        time.sleep(0.01)
-    raise AssertionError("the server did not get there in time")

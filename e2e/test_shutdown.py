@@ -9,7 +9,7 @@ import time
 
 import httpx
 
-from conftest import MODEL, Server
+from conftest import MODEL, Server, wait_for
 
 
 # When each stream's events arrived, by the id of the `events` list start_streams returns.
@@ -40,16 +40,6 @@ def start_streams(server, count, max_tokens):
     for s in started:
         assert s.wait(60), "a stream did not start"
     return threads, events
-
-
-def wait_for(predicate, seconds=10):
-    """Polls until `predicate()` holds: a state the server reports, not a guessed delay."""
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if predicate():
-            return
-        time.sleep(0.01)
-    raise AssertionError("the server did not get there in time")
 
 
 def shutting_down(server):

@@ -146,27 +146,19 @@ impl Drop for Finished {
         if self.is_completion {
             self.state.metrics.request_duration.observe(elapsed);
         }
-        self.span.in_scope(|| match (self.status, complete) {
-            (Some(status), true) => tracing::info!(
+        let message = match (self.status, complete) {
+            (Some(_), true) => "request finished",
+            (Some(_), false) => "client disconnected before the end of the answer",
+            (None, _) => "client disconnected before the answer",
+        };
+        self.span.in_scope(|| {
+            tracing::info!(
                 method = %self.method,
                 path = %self.path,
-                status,
+                status = self.status,
                 ms,
-                "request finished"
-            ),
-            (Some(status), false) => tracing::info!(
-                method = %self.method,
-                path = %self.path,
-                status,
-                ms,
-                "client disconnected before the end of the answer"
-            ),
-            (None, _) => tracing::info!(
-                method = %self.method,
-                path = %self.path,
-                ms,
-                "client disconnected before the answer"
-            ),
+                "{message}"
+            )
         });
     }
 }

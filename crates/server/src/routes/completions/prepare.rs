@@ -204,7 +204,6 @@ fn check_answer_size(
         }
     }
     let echo = params.output.echo;
-    let choices_of = |p: &PreparedPrompt| p.requests.len().min(params.n.max(1)).max(1);
     let mut entries = 0usize;
     if let Some(k) = params.output.logprobs {
         entries = prompts
@@ -223,10 +222,11 @@ fn check_answer_size(
         }
     }
     if let Some(k) = params.output.prompt_logprobs {
-        // Every returned choice repeats its prompt's scores: the token and k others.
+        // Every returned choice (`n` per prompt) repeats its prompt's scores: the token
+        // and k others.
         entries += prompts
             .iter()
-            .map(|p| p.prompt_tokens * (2 + k) * choices_of(p))
+            .map(|p| p.prompt_tokens * (2 + k) * params.n)
             .sum::<usize>();
         if entries > limits.max_logprob_entries {
             return Err(ApiError::invalid(
