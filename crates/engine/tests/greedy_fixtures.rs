@@ -129,26 +129,26 @@ fn gemma3_token_by_token_matches_llama_cpp_token_by_token() {
 }
 
 /// Prompts of 50 to 1,200 tokens, which llama-server computes in one to three 512-token
-/// ubatches (`fixtures/make_long.py`), against llama.cpp itself.
-///
-/// Ignored: ferrite follows llama.cpp exactly up to about 50 tokens, but from about 150 the
-/// chosen token's logprob differs by 0.03 to 0.2 (and a late greedy token can change).
-/// The cause, read in ggml's CPU flash attention (`ggml-cpu/ops.cpp`,
-/// `ggml_compute_forward_flash_attn_ext_f16`): a micro-batch of 64 or more query rows takes
-/// a tiled kernel (Q kept in f32, V accumulated in f32, the sum in f64 per 64-cell tile),
-/// and a one-row decode step over 512 or more KV cells splits the cells between the
-/// threads and combines the partial softmaxes; ferrite implements only the kernel llama.cpp
-/// uses below those sizes. Run with `--ignored` to see where it stands.
+/// micro-batches (`fixtures/make_long.py`), against llama.cpp itself: micro-batches of 64
+/// rows or more take llama.cpp's tiled attention, decode steps over 512 cells or more its
+/// split attention, and ferrite follows both (`model/attention.rs`).
+fn long_prompts(name: &str, file: &str) {
+    let replays = replay(name, &common::fixture(file), PromptBatching::default());
+    assert_eq!(replays.len(), 6);
+    assert_tokens(name, &replays);
+    assert_logprobs(name, &replays);
+}
+
 #[test]
-#[ignore = "llama.cpp's tiled (64+ rows) and split-KV (512+ cells) attention kernels are not reproduced yet"]
-fn long_prompts_match_llama_cpp_across_its_batches() {
-    for (name, file) in [
-        ("smollm2-135m", "smollm2-135m-q4_1.llamacpp-long.json"),
-        ("gemma3-270m", "gemma3-270m-q4_k_m.llamacpp-long.json"),
-    ] {
-        let replays = replay(name, &common::fixture(file), PromptBatching::default());
-        assert_eq!(replays.len(), 6);
-        assert_tokens(name, &replays);
-        assert_logprobs(name, &replays);
-    }
+fn smollm2_long_prompts_match_llama_cpp_across_its_batches() {
+    long_prompts("smollm2-135m", "smollm2-135m-q4_1.llamacpp-long.json");
+}
+
+/// Ignored: Gemma's attention follows llama.cpp here too, but from a micro-batch of 16 rows
+/// llama.cpp's AVX-512 Q4_K matrix kernel takes a second code path that ferrite does not
+/// reproduce yet, so prompt rows round differently (the logprobs drift by up to 0.1).
+#[test]
+#[ignore = "llama.cpp's 16-row AVX-512 Q4_K GEMM path is not reproduced yet"]
+fn gemma3_long_prompts_match_llama_cpp_across_its_batches() {
+    long_prompts("gemma3-270m", "gemma3-270m-q4_k_m.llamacpp-long.json");
 }

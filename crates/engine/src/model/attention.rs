@@ -1,14 +1,26 @@
 //! Causal attention against a sequence's paged f16 KV cache, with the numerics of
-//! llama.cpp's CPU flash attention (one query row at a time): the query is rounded to
-//! f16, key dot products accumulate in f32 over 4 × 16 lanes, and the weighted sum of
-//! values accumulates in f16 with an online softmax. The models are sensitive enough to
-//! these roundings that matching them is what makes greedy output agree with llama.cpp.
-//! The AVX2 and AVX-512 versions in `attention_simd.rs` give bit-identical results
-//! faster.
+//! llama.cpp's CPU flash attention. llama.cpp has three ways to attend and picks one by
+//! the shape of the work, so a row's result depends on how llama-server batched it; each
+//! row here carries the [`AttentionKernel`] llama.cpp would use for it:
+//!
+//! - [`AttentionKernel::Row`] (`one_chunk` in ggml): one query row at a time, the query
+//!   rounded to f16, key dot products accumulated in f32 over 4 × 16 lanes, values summed
+//!   in f16 with an online softmax. Micro-batches of fewer than 64 rows.
+//! - [`AttentionKernel::Tiled`] (`attention_tiled.rs`): 64-key tiles, the query kept in f32,
+//!   values summed in f32, the softmax's sum in f64 per tile. Micro-batches of 64 rows or
+//!   more.
+//! - [`AttentionKernel::Split`]: a row alone over 512 cells or more is attended as two
+//!   halves by the row kernel (one per thread in llama.cpp), and the halves combined.
+//!
+//! The models are sensitive enough to these roundings that matching them is what makes
+//! greedy output agree with llama.cpp beyond the first few dozen tokens. The AVX2 and
+//! AVX-512 versions (`attention_simd.rs`, `attention_tiled_simd.rs`) give bit-identical
+//! results faster.
 
 use half::f16;
 use rayon::prelude::*;
 
+use super::attention_tiled::{self, Query, TiledKernel};
 use crate::kv_cache::LayerView;
 
 /// The geometry of one attention layer.
@@ -26,6 +38,46 @@ pub struct AttentionShape {
     pub window: Option<usize>,
 }
 
+/// Which of llama.cpp's flash-attention kernels a query row's rounding follows (see the
+/// module's documentation). Chosen by [`super::PromptBatching`] from the row's micro-batch
+/// and position, never from what else ferrite happens to batch with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionKernel {
+    /// One row at a time, f16 query and accumulator.
+    Row,
+    /// 64-key tiles, f32 query and accumulator.
+    Tiled,
+    /// The row kernel over each half of `cells` KV cells, then the halves combined.
+    Split {
+        /// The cells llama.cpp attends over: the used ones padded to a multiple of 256.
+        cells: usize,
+    },
+}
+
+impl AttentionKernel {
+    /// Query rows in a micro-batch from which llama.cpp takes the tiled kernel.
+    pub const TILED_FROM_ROWS: usize = 64;
+    /// KV cells from which llama.cpp splits a lone row's work between two threads.
+    pub const SPLIT_FROM_CELLS: usize = 512;
+    /// llama.cpp attends over the used cells padded to a multiple of this.
+    pub const CELL_PADDING: usize = 256;
+
+    /// The kernel of a row at `pos` in a micro-batch of `rows` rows.
+    pub fn for_micro_batch(rows: usize, pos: usize) -> Self {
+        if rows >= Self::TILED_FROM_ROWS {
+            return Self::Tiled;
+        }
+        let cells = (pos + 1)
+            .next_multiple_of(Self::CELL_PADDING)
+            .max(Self::CELL_PADDING);
+        if rows == 1 && cells >= Self::SPLIT_FROM_CELLS {
+            Self::Split { cells }
+        } else {
+            Self::Row
+        }
+    }
+}
+
 /// The new rows of one sequence: their queries, and the cache they attend to, whose last
 /// `n` positions are theirs.
 #[derive(Clone, Copy)]
@@ -36,6 +88,8 @@ pub struct AttentionInput<'a> {
     pub kv: LayerView<'a>,
     /// New rows.
     pub n: usize,
+    /// The kernel of each new row.
+    pub kernels: &'a [AttentionKernel],
 }
 
 /// The keys and values one query row attends to: positions `first..=last` of one KV head.
@@ -62,14 +116,91 @@ impl<'a> KvRows<'a> {
     }
 }
 
+/// A query row's attention before normalisation: the largest score seen and the sum of
+/// the weights (relative to it). The weighted values are kept beside it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Partial {
+    pub(super) max: f32,
+    pub(super) sum: f32,
+}
+
+impl Partial {
+    /// Nothing attended yet.
+    pub(super) const EMPTY: Self = Self {
+        max: f32::NEG_INFINITY,
+        sum: 0.0,
+    };
+}
+
+/// Divides the weighted values by the sum of the weights (nothing when it is zero).
+pub(super) fn normalise(acc: &mut [f32], sum: f32) {
+    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+    for a in acc {
+        *a *= inv;
+    }
+}
+
+/// Combines the halves of a split row as ggml's `reduce_partials` does (each half's
+/// values rescaled to the larger maximum with `expf`, added with one fused multiply-add
+/// per value, then normalised) into `out`.
+fn combine(halves: [(Partial, &[f32]); 2], out: &mut [f32]) {
+    out.fill(0.0);
+    let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
+    for (part, acc) in halves {
+        if part.sum == 0.0 {
+            continue;
+        }
+        let new_max = max.max(part.max);
+        let (old, new) = ((max - new_max).exp(), (part.max - new_max).exp());
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = o.mul_add(old, a * new);
+        }
+        sum = sum.mul_add(old, part.sum * new);
+        max = new_max;
+    }
+    if sum != 0.0 {
+        let inv = 1.0 / sum;
+        for o in out {
+            *o *= inv;
+        }
+    }
+}
+
+/// The row kernel for the query rows of one group of heads sharing a KV head (`q` holds
+/// them one after another, `head_dim` each), with the given scale: each row's weighted
+/// values go to `acc` (unnormalised) and its maximum and sum to `partials`.
+pub(super) type GroupKernel = unsafe fn(
+    q: &[f32],
+    kv: &KvRows<'_>,
+    head_dim: usize,
+    scale: f32,
+    acc: &mut [f32],
+    partials: &mut [Partial],
+);
+
+/// The kernels one attention pass runs with.
+#[derive(Clone, Copy)]
+struct Kernels {
+    row: GroupKernel,
+    tiled: TiledKernel,
+}
+
+/// Tiled rows of one sequence and KV head handled by one task (they share each tile's
+/// keys and values, converted once).
+const TILED_TASK_ROWS: usize = 16;
+
 /// Causal attention of the new rows of several sequences (in order; each one's keys and
 /// values already written to its cache). Returns every row's `n_head × head_dim` output,
 /// in input order. Query rows are independent and all run in one parallel pass.
 pub fn attend_many(shape: &AttentionShape, inputs: &[AttentionInput<'_>]) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
     if shape.head_dim.is_multiple_of(64) && crate::quant::simd::available() {
+        let kernels = Kernels {
+            row: super::attention_simd::attend_rows,
+            tiled: super::attention_tiled_simd::attend_tiled,
+        };
         // SAFETY: AVX2, FMA and F16C are available and the head size is a multiple of 64.
-        return unsafe { attend_with(shape, inputs, super::attention_simd::attend_rows) };
+        return unsafe { attend_with(shape, inputs, kernels) };
     }
     attend_portable_many(shape, inputs)
 }
@@ -85,28 +216,114 @@ pub fn attend_portable(shape: &AttentionShape, input: AttentionInput<'_>) -> Vec
 }
 
 fn attend_portable_many(shape: &AttentionShape, inputs: &[AttentionInput<'_>]) -> Vec<f32> {
-    let portable: GroupKernel = |q, kv, head_dim, scale, out| {
-        for (q, o) in q.chunks_exact(head_dim).zip(out.chunks_exact_mut(head_dim)) {
-            attend_row(q, kv, scale, o);
-        }
+    let kernels = Kernels {
+        row: attend_rows_portable,
+        tiled: attention_tiled::attend_tiled_portable,
     };
-    // SAFETY: the portable kernel has no requirements.
-    unsafe { attend_with(shape, inputs, portable) }
+    // SAFETY: the portable kernels have no requirements.
+    unsafe { attend_with(shape, inputs, kernels) }
 }
 
-/// Attention for the query rows of one group of heads sharing a KV head (`q` and `out`
-/// hold them one after another, `head_dim` each), with the given scale.
-pub(super) type GroupKernel =
-    unsafe fn(q: &[f32], kv: &KvRows<'_>, head_dim: usize, scale: f32, out: &mut [f32]);
+/// [`GroupKernel`] in portable code.
+unsafe fn attend_rows_portable(
+    q: &[f32],
+    kv: &KvRows<'_>,
+    head_dim: usize,
+    scale: f32,
+    acc: &mut [f32],
+    partials: &mut [Partial],
+) {
+    let rows = q.chunks_exact(head_dim).zip(acc.chunks_exact_mut(head_dim));
+    for ((q, acc), partial) in rows.zip(partials) {
+        *partial = attend_row(q, kv, scale, acc);
+    }
+}
 
-/// Attention with `kernel` for every row and KV head, in one parallel pass.
+/// Some rows of one sequence attending with one KV head's keys and values, with one
+/// kernel.
+struct Task {
+    input: usize,
+    kv_head: usize,
+    /// The rows, numbered within the input.
+    rows: std::ops::Range<usize>,
+    /// The first row's number among all inputs' rows.
+    first_row: usize,
+}
+
+/// Attention with `kernels` for every row and KV head, in one parallel pass.
 ///
 /// # Safety
-/// `kernel`'s requirements must hold for `shape`.
+/// The kernels' requirements must hold for `shape`.
 unsafe fn attend_with(
     shape: &AttentionShape,
     inputs: &[AttentionInput<'_>],
-    kernel: GroupKernel,
+    kernels: Kernels,
+) -> Vec<f32> {
+    let AttentionShape {
+        n_head,
+        n_kv_head,
+        head_dim,
+        ..
+    } = *shape;
+    let group = n_head / n_kv_head;
+    let mut tasks = Vec::new();
+    let mut first_row = 0;
+    for (i, input) in inputs.iter().enumerate() {
+        assert!(
+            input.kv.kv_width() == n_kv_head * head_dim
+                && input.kv.positions() >= input.n
+                && input.q.len() >= input.n * n_head * head_dim
+                && input.kernels.len() == input.n
+        );
+        for kv_head in 0..n_kv_head {
+            let mut t = 0;
+            while t < input.n {
+                let mut end = t + 1;
+                if input.kernels[t] == AttentionKernel::Tiled {
+                    while end < input.n
+                        && end - t < TILED_TASK_ROWS
+                        && input.kernels[end] == AttentionKernel::Tiled
+                    {
+                        end += 1;
+                    }
+                }
+                tasks.push(Task {
+                    input: i,
+                    kv_head,
+                    rows: t..end,
+                    first_row: first_row + t,
+                });
+                t = end;
+            }
+        }
+        first_row += input.n;
+    }
+    let results: Vec<Vec<f32>> = tasks
+        .par_iter()
+        // SAFETY: the caller guarantees the kernels' requirements.
+        .map(|task| unsafe { run_task(shape, &inputs[task.input], task, kernels) })
+        .collect();
+    let width = n_head * head_dim;
+    let group_width = group * head_dim;
+    let mut out = vec![0.0f32; first_row * width];
+    for (task, result) in tasks.iter().zip(&results) {
+        for (k, chunk) in result.chunks_exact(group_width).enumerate() {
+            let at = (task.first_row + k) * width + task.kv_head * group_width;
+            out[at..at + group_width].copy_from_slice(chunk);
+        }
+    }
+    out
+}
+
+/// One task's output: its rows' `group × head_dim` values, one row after another.
+///
+/// # Safety
+/// The kernels' requirements must hold for `shape`.
+unsafe fn run_task(
+    shape: &AttentionShape,
+    input: &AttentionInput<'_>,
+    task: &Task,
+    kernels: Kernels,
 ) -> Vec<f32> {
     let AttentionShape {
         n_head,
@@ -116,46 +333,77 @@ unsafe fn attend_with(
         window,
     } = *shape;
     let group = n_head / n_kv_head;
-    // Each new row: its input and its index within it.
-    let rows: Vec<(usize, usize)> = inputs
-        .iter()
-        .enumerate()
-        .flat_map(|(i, input)| (0..input.n).map(move |t| (i, t)))
-        .collect();
-    for input in inputs {
-        assert!(
-            input.kv.kv_width() == n_kv_head * head_dim
-                && input.kv.positions() >= input.n
-                && input.q.len() >= input.n * n_head * head_dim
-        );
-    }
-    let mut out = vec![0.0f32; rows.len() * n_head * head_dim];
-    // One task per new row and KV head: the `group` query heads that share it.
-    out.par_chunks_mut(group * head_dim)
-        .enumerate()
-        .for_each(|(task, o)| {
-            let ((i, t), kv_head) = (rows[task / n_kv_head], task % n_kv_head);
-            let input = &inputs[i];
-            let pos = input.kv.positions() - input.n + t;
+    let offset = task.kv_head * head_dim;
+    let position = |t: usize| input.kv.positions() - input.n + t;
+    let first = |pos: usize| window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    let queries =
+        |t: usize| &input.q[(t * n_head + task.kv_head * group) * head_dim..][..group * head_dim];
+    let mut out = vec![0.0f32; task.rows.len() * group * head_dim];
+    let t = task.rows.start;
+    let pos = position(t);
+    match input.kernels[t] {
+        AttentionKernel::Tiled => {
+            let queries: Vec<Query<'_>> = task
+                .rows
+                .clone()
+                .flat_map(|t| {
+                    let pos = position(t);
+                    queries(t).chunks_exact(head_dim).map(move |q| Query {
+                        q,
+                        first: first(pos),
+                        last: pos,
+                    })
+                })
+                .collect();
+            (kernels.tiled)(&queries, input.kv, offset, scale, &mut out);
+        }
+        AttentionKernel::Row => {
             let kv = KvRows {
                 view: input.kv,
-                offset: kv_head * head_dim,
-                first: window.map_or(0, |w| (pos + 1).saturating_sub(w)),
+                offset,
+                first: first(pos),
                 last: pos,
             };
-            let q = &input.q[(t * n_head + kv_head * group) * head_dim..][..group * head_dim];
-            // SAFETY: the caller guarantees `kernel`'s requirements.
-            unsafe { kernel(q, &kv, head_dim, scale, o) };
-        });
+            let mut partials = vec![Partial::EMPTY; group];
+            (kernels.row)(queries(t), &kv, head_dim, scale, &mut out, &mut partials);
+            for (o, p) in out.chunks_exact_mut(head_dim).zip(&partials) {
+                normalise(o, p.sum);
+            }
+        }
+        AttentionKernel::Split { cells } => {
+            // The second half always reaches the row's own position.
+            let half = cells.div_ceil(2);
+            let bounds = [(0, half), (half, cells.max(pos + 1))];
+            let halves = bounds.map(|(start, end)| {
+                let mut acc = vec![0.0f32; group * head_dim];
+                let mut partials = vec![Partial::EMPTY; group];
+                let (lo, hi) = (first(pos).max(start), pos.min(end - 1));
+                if lo <= hi && start < end {
+                    let kv = KvRows {
+                        view: input.kv,
+                        offset,
+                        first: lo,
+                        last: hi,
+                    };
+                    (kernels.row)(queries(t), &kv, head_dim, scale, &mut acc, &mut partials);
+                }
+                (acc, partials)
+            });
+            for (h, o) in out.chunks_exact_mut(head_dim).enumerate() {
+                let part = |k: usize| (halves[k].1[h], &halves[k].0[h * head_dim..][..head_dim]);
+                combine([part(0), part(1)], o);
+            }
+        }
+    }
     out
 }
 
-/// One query row in portable code.
-fn attend_row(q: &[f32], kv: &KvRows<'_>, scale: f32, out: &mut [f32]) {
+/// One query row in portable code: its unnormalised weighted values in `acc`.
+fn attend_row(q: &[f32], kv: &KvRows<'_>, scale: f32, acc: &mut [f32]) -> Partial {
     let head_dim = q.len();
     let stride = kv.view.kv_width();
     let q16: Vec<f16> = q.iter().map(|&x| f16::from_f32(x)).collect();
-    let mut acc = vec![f16::ZERO; head_dim];
+    let mut acc16 = vec![f16::ZERO; head_dim];
     let mut max = f32::NEG_INFINITY;
     let mut sum = 0.0f32;
     for (keys, values, len) in kv.runs() {
@@ -166,22 +414,22 @@ fn attend_row(q: &[f32], kv: &KvRows<'_>, scale: f32, out: &mut [f32]) {
             if s > max {
                 rescale = (max - s).exp();
                 max = s;
-                for a in acc.iter_mut() {
+                for a in acc16.iter_mut() {
                     *a = f16::from_f32(a.to_f32() * rescale);
                 }
             } else {
                 weight = (s - max).exp();
             }
-            for (a, v) in acc.iter_mut().zip(&values[at..at + head_dim]) {
+            for (a, v) in acc16.iter_mut().zip(&values[at..at + head_dim]) {
                 *a = f16::from_f32(v.to_f32().mul_add(weight, a.to_f32()));
             }
             sum = sum.mul_add(rescale, weight);
         }
     }
-    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-    for (o, a) in out.iter_mut().zip(&acc) {
-        *o = a.to_f32() * inv;
+    for (o, a) in acc.iter_mut().zip(&acc16) {
+        *o = a.to_f32();
     }
+    Partial { max, sum }
 }
 
 /// f16 dot product accumulated in f32 the way ggml's AVX-512 `ggml_vec_dot_f16` does:
@@ -215,7 +463,7 @@ fn dot_f16(a: &[f16], b: &[f16]) -> f32 {
 }
 
 /// `_mm512_reduce_add_ps`: halves added, then quarters, then pairs, then neighbours.
-fn reduce_add_16(v: &[f32; 16]) -> f32 {
+pub(super) fn reduce_add_16(v: &[f32; 16]) -> f32 {
     let mut h = [0f32; 8];
     for i in 0..8 {
         h[i] = v[i] + v[i + 8];
@@ -229,6 +477,8 @@ fn reduce_add_16(v: &[f32; 16]) -> f32 {
 mod tests {
     use super::*;
     use crate::kv_cache::SequenceCache;
+    use crate::quant::sample::Xorshift;
+    use AttentionKernel::{Row, Split, Tiled};
 
     /// A one-layer cache holding `keys` and `values` (`kv_width` per position).
     fn cache(kv_width: usize, keys: &[f32], values: &[f32]) -> SequenceCache {
@@ -238,12 +488,21 @@ mod tests {
         c
     }
 
-    fn input<'a>(c: &'a SequenceCache, q: &'a [f32], n: usize) -> AttentionInput<'a> {
+    fn input<'a>(
+        c: &'a SequenceCache,
+        q: &'a [f32],
+        kernels: &'a [AttentionKernel],
+    ) -> AttentionInput<'a> {
         AttentionInput {
             q,
             kv: c.layer(0, c.len()),
-            n,
+            n: kernels.len(),
+            kernels,
         }
+    }
+
+    fn random(rng: &mut Xorshift, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| rng.next_f32() * scale).collect()
     }
 
     #[test]
@@ -256,8 +515,10 @@ mod tests {
             window: None,
         };
         let c = cache(2, &[0.5, 0.5], &[2.0, 3.0]);
-        let out = attend(&shape, input(&c, &[1.0, 0.0, 0.0, 1.0], 1));
-        assert_eq!(out, vec![2.0, 3.0, 2.0, 3.0]);
+        for kernel in [Row, Tiled, Split { cells: 512 }] {
+            let out = attend(&shape, input(&c, &[1.0, 0.0, 0.0, 1.0], &[kernel]));
+            assert_eq!(out, vec![2.0, 3.0, 2.0, 3.0], "{kernel:?}");
+        }
     }
 
     #[test]
@@ -270,31 +531,149 @@ mod tests {
             window: Some(1),
         };
         let c = cache(1, &[1.0, 1.0], &[5.0, 7.0]);
-        assert_eq!(attend(&shape, input(&c, &[1.0], 1)), vec![7.0]);
+        for kernel in [Row, Tiled, Split { cells: 512 }] {
+            assert_eq!(attend(&shape, input(&c, &[1.0], &[kernel])), vec![7.0]);
+        }
+    }
+
+    #[test]
+    fn kernels_follow_llama_cpps_choice() {
+        assert_eq!(AttentionKernel::for_micro_batch(64, 10), Tiled);
+        assert_eq!(AttentionKernel::for_micro_batch(512, 2000), Tiled);
+        assert_eq!(AttentionKernel::for_micro_batch(63, 2000), Row);
+        assert_eq!(AttentionKernel::for_micro_batch(1, 254), Row);
+        // 256 used cells pad to 256, 257 to 512.
+        assert_eq!(AttentionKernel::for_micro_batch(1, 255), Row);
+        assert_eq!(
+            AttentionKernel::for_micro_batch(1, 256),
+            Split { cells: 512 }
+        );
+        assert_eq!(
+            AttentionKernel::for_micro_batch(1, 1000),
+            Split { cells: 1024 }
+        );
+    }
+
+    /// Attention computed in f64 from the f16 keys and values, without any of llama.cpp's
+    /// roundings.
+    fn exact(shape: &AttentionShape, c: &SequenceCache, q: &[f32], n: usize) -> Vec<f32> {
+        let (hd, group) = (shape.head_dim, shape.n_head / shape.n_kv_head);
+        let view = c.layer(0, c.len());
+        let mut out = Vec::new();
+        for t in 0..n {
+            let pos = c.len() - n + t;
+            let first = shape.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+            for h in 0..shape.n_head {
+                let qh = &q[(t * shape.n_head + h) * hd..][..hd];
+                let off = h / group * hd;
+                let scores: Vec<f64> = (first..=pos)
+                    .map(|p| {
+                        let k = &view.keys(p)[off..off + hd];
+                        qh.iter()
+                            .zip(k)
+                            .map(|(a, b)| *a as f64 * b.to_f64())
+                            .sum::<f64>()
+                            * shape.scale as f64
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let w: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let total: f64 = w.iter().sum();
+                for d in 0..hd {
+                    let v: f64 = (first..=pos)
+                        .zip(&w)
+                        .map(|(p, w)| w * view.values(p)[off + d].to_f64())
+                        .sum();
+                    out.push((v / total) as f32);
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_kernel_computes_attention() {
+        let shape = AttentionShape {
+            n_head: 4,
+            n_kv_head: 2,
+            head_dim: 64,
+            scale: 0.125,
+            window: None,
+        };
+        let mut rng = Xorshift::new(3);
+        let positions = 600;
+        let width = shape.n_kv_head * shape.head_dim;
+        let c = cache(
+            width,
+            &random(&mut rng, positions * width, 2.0),
+            &random(&mut rng, positions * width, 3.0),
+        );
+        let q = random(&mut rng, 2 * shape.n_head * shape.head_dim, 2.0);
+        let want = exact(&shape, &c, &q, 2);
+        for kernel in [Row, Tiled, Split { cells: 768 }] {
+            let got = attend(&shape, input(&c, &q, &[kernel, kernel]));
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(worst < 2e-2, "{kernel:?}: {worst}");
+        }
+    }
+
+    #[test]
+    fn a_split_whose_second_half_is_empty_is_the_row_kernel() {
+        let shape = AttentionShape {
+            n_head: 2,
+            n_kv_head: 1,
+            head_dim: 64,
+            scale: 0.125,
+            window: None,
+        };
+        let mut rng = Xorshift::new(5);
+        let c = cache(
+            64,
+            &random(&mut rng, 64 * 300, 3.0),
+            &random(&mut rng, 64 * 300, 3.0),
+        );
+        let q = random(&mut rng, 128, 3.0);
+        let row = attend(&shape, input(&c, &q, &[Row]));
+        let split = attend(&shape, input(&c, &q, &[Split { cells: 1024 }]));
+        assert_eq!(row, split);
+        // Over both halves the rounding differs.
+        let split = attend(&shape, input(&c, &q, &[Split { cells: 512 }]));
+        assert_ne!(row, split);
     }
 
     /// The SIMD kernels, each with whether this CPU can run it.
-    fn simd_kernels() -> Vec<(&'static str, GroupKernel, bool)> {
+    fn simd_kernels() -> Vec<(&'static str, Kernels, bool)> {
         #[cfg(target_arch = "x86_64")]
         {
-            use super::super::attention_simd as simd;
+            use super::super::{attention_simd as row, attention_tiled_simd as tiled};
             // What the CPU can run, whatever FERRITE_CPU says.
             let cpu = crate::cpu::detected();
-            vec![
-                ("AVX2", simd::attend_avx2 as GroupKernel, cpu.avx2),
-                ("AVX-512", simd::attend_avx512 as GroupKernel, cpu.avx512),
-            ]
+            let avx2 = Kernels {
+                row: row::attend_avx2,
+                tiled: tiled::attend_avx2,
+            };
+            let avx512 = Kernels {
+                row: row::attend_avx512,
+                tiled: tiled::attend_avx512,
+            };
+            vec![("AVX2", avx2, cpu.avx2), ("AVX-512", avx512, cpu.avx512)]
         }
         #[cfg(not(target_arch = "x86_64"))]
         Vec::new()
     }
 
     #[test]
-    fn simd_kernels_are_bit_identical_to_the_portable_one() {
-        for (head_dim, n_head, n_kv_head, window) in [
-            (64, 9, 3, None),
-            (256, 4, 1, Some(21)),
-            (128, 14, 2, Some(30)),
+    fn simd_kernels_are_bit_identical_to_the_portable_ones() {
+        for (head_dim, n_head, n_kv_head, window, positions) in [
+            (64, 9, 3, None, 80),
+            (256, 4, 1, Some(21), 90),
+            (128, 14, 2, Some(30), 75),
+            (64, 9, 3, None, 300),
+            (256, 4, 1, Some(100), 530),
         ] {
             let shape = AttentionShape {
                 n_head,
@@ -303,34 +682,36 @@ mod tests {
                 scale: 0.125,
                 window,
             };
-            // Enough positions to span several cache blocks.
-            let positions = 40;
-            let n = 5;
-            let mut rng = crate::quant::sample::Xorshift::new(head_dim as u64);
+            let n = 70;
+            let mut rng = Xorshift::new(head_dim as u64 + positions as u64);
             let width = n_kv_head * head_dim;
-            let keys: Vec<f32> = (0..positions * width)
-                .map(|_| rng.next_f32() * 4.0)
-                .collect();
-            let values: Vec<f32> = (0..positions * width)
-                .map(|_| rng.next_f32() * 6.0)
-                .collect();
-            let q: Vec<f32> = (0..n * n_head * head_dim)
-                .map(|_| rng.next_f32() * 4.0)
-                .collect();
+            // Scores far apart, so that some weights underflow.
+            let keys = random(&mut rng, positions * width, 12.0);
+            let values = random(&mut rng, positions * width, 6.0);
+            let q = random(&mut rng, n * n_head * head_dim, 12.0);
             let c = cache(width, &keys, &values);
-            let slow = attend_portable(&shape, input(&c, &q, n));
-            for (name, kernel, usable) in simd_kernels() {
+            // Every kind of row, in runs of several lengths.
+            let kinds = [
+                Tiled,
+                Row,
+                Split { cells: 512 },
+                Tiled,
+                Split { cells: 768 },
+            ];
+            let kernels: Vec<AttentionKernel> = (0..n).map(|t| kinds[t * t / 50 % 5]).collect();
+            let slow = attend_portable(&shape, input(&c, &q, &kernels));
+            for (name, kernels_simd, usable) in simd_kernels() {
                 if !usable {
                     continue;
                 }
-                // SAFETY: the kernel's CPU features are present; head sizes are multiples
+                // SAFETY: the kernels' CPU features are present; head sizes are multiples
                 // of 64.
-                let fast = unsafe { attend_with(&shape, &[input(&c, &q, n)], kernel) };
+                let fast = unsafe { attend_with(&shape, &[input(&c, &q, &kernels)], kernels_simd) };
                 assert!(
                     slow.iter()
                         .zip(&fast)
                         .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{name}, head_dim {head_dim}"
+                    "{name}, head_dim {head_dim}, {positions} positions"
                 );
             }
         }
@@ -345,16 +726,17 @@ mod tests {
             scale: 0.125,
             window: None,
         };
-        let mut rng = crate::quant::sample::Xorshift::new(9);
-        let mut r = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.next_f32()).collect() };
+        let mut rng = Xorshift::new(9);
+        let mut r = |n: usize| random(&mut rng, n, 1.0);
         let (a, b) = (
-            cache(64, &r(64 * 20), &r(64 * 20)),
+            cache(64, &r(64 * 100), &r(64 * 100)),
             cache(64, &r(64 * 3), &r(64 * 3)),
         );
-        let (qa, qb) = (r(2 * 128), r(128));
-        let together = attend_many(&shape, &[input(&a, &qa, 2), input(&b, &qb, 1)]);
-        let mut alone = attend(&shape, input(&a, &qa, 2));
-        alone.extend(attend(&shape, input(&b, &qb, 1)));
+        let (qa, qb) = (r(70 * 128), r(128));
+        let ka = vec![Tiled; 70];
+        let together = attend_many(&shape, &[input(&a, &qa, &ka), input(&b, &qb, &[Row])]);
+        let mut alone = attend(&shape, input(&a, &qa, &ka));
+        alone.extend(attend(&shape, input(&b, &qb, &[Row])));
         assert_eq!(together, alone);
     }
 }

@@ -10,11 +10,9 @@
 
 #![cfg(target_arch = "x86_64")]
 
-use std::arch::x86_64::*;
-
 use half::f16;
 
-use super::attention::KvRows;
+use super::attention::{KvRows, Partial};
 
 /// Keys scored before their values are added: one KV cache block's positions.
 const KEYS: usize = crate::kv_cache::BLOCK_POSITIONS;
@@ -22,144 +20,16 @@ const KEYS: usize = crate::kv_cache::BLOCK_POSITIONS;
 /// Query rows whose accumulators are updated together.
 const ROW_TILE: usize = 4;
 
-/// The vector operations the kernel needs, at one width. Every method is always inlined
-/// into a function that enables the width's instructions.
-trait Lanes {
-    /// A vector of `WIDTH` f32 lanes.
-    type V: Copy;
-    /// Lanes per vector.
-    const WIDTH: usize;
-    /// Vectors per row updated together while adding values (bounded by the registers).
-    const VALUE_VECTORS: usize;
-    unsafe fn zero() -> Self::V;
-    unsafe fn splat(x: f32) -> Self::V;
-    unsafe fn load(p: *const f32) -> Self::V;
-    unsafe fn store(p: *mut f32, v: Self::V);
-    unsafe fn load_f16(p: *const f16) -> Self::V;
-    /// Rounds every lane to f16 (nearest, ties to even) and back.
-    unsafe fn round16(v: Self::V) -> Self::V;
-    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
-    unsafe fn fmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
-    /// The sum of ggml's four 16-lane dot product accumulators (`64 / WIDTH` vectors
-    /// each, one after another) in `ggml_vec_dot_f16`'s order: accumulators 0 + 2 and
-    /// 1 + 3, those two, then `_mm512_reduce_add_ps` (halves, quarters, pairs, neighbours).
-    unsafe fn reduce64(acc: &[Self::V]) -> f32;
-}
-
-/// `hsum_float_8` order: halves, pairs, neighbours.
-#[inline(always)]
-unsafe fn hsum8(v: __m256) -> f32 {
-    let r = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
-    let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
-}
-
-const ROUND: i32 = _MM_FROUND_TO_NEAREST_INT;
-
-/// AVX2, FMA and F16C.
-struct Avx2;
-
-impl Lanes for Avx2 {
-    type V = __m256;
-    const WIDTH: usize = 8;
-    const VALUE_VECTORS: usize = 2;
-    #[inline(always)]
-    unsafe fn zero() -> __m256 {
-        _mm256_setzero_ps()
-    }
-    #[inline(always)]
-    unsafe fn splat(x: f32) -> __m256 {
-        _mm256_set1_ps(x)
-    }
-    #[inline(always)]
-    unsafe fn load(p: *const f32) -> __m256 {
-        _mm256_loadu_ps(p)
-    }
-    #[inline(always)]
-    unsafe fn store(p: *mut f32, v: __m256) {
-        _mm256_storeu_ps(p, v)
-    }
-    #[inline(always)]
-    unsafe fn load_f16(p: *const f16) -> __m256 {
-        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
-    }
-    #[inline(always)]
-    unsafe fn round16(v: __m256) -> __m256 {
-        _mm256_cvtph_ps(_mm256_cvtps_ph::<ROUND>(v))
-    }
-    #[inline(always)]
-    unsafe fn mul(a: __m256, b: __m256) -> __m256 {
-        _mm256_mul_ps(a, b)
-    }
-    #[inline(always)]
-    unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
-        _mm256_fmadd_ps(a, b, c)
-    }
-    #[inline(always)]
-    unsafe fn reduce64(a: &[__m256]) -> f32 {
-        // Accumulator c's halves are vectors 2c and 2c + 1.
-        let lo = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
-        let hi = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
-        hsum8(_mm256_add_ps(lo, hi))
-    }
-}
-
-/// AVX-512F (with F16C and FMA).
-struct Avx512;
-
-impl Lanes for Avx512 {
-    type V = __m512;
-    const WIDTH: usize = 16;
-    const VALUE_VECTORS: usize = 4;
-    #[inline(always)]
-    unsafe fn zero() -> __m512 {
-        _mm512_setzero_ps()
-    }
-    #[inline(always)]
-    unsafe fn splat(x: f32) -> __m512 {
-        _mm512_set1_ps(x)
-    }
-    #[inline(always)]
-    unsafe fn load(p: *const f32) -> __m512 {
-        _mm512_loadu_ps(p)
-    }
-    #[inline(always)]
-    unsafe fn store(p: *mut f32, v: __m512) {
-        _mm512_storeu_ps(p, v)
-    }
-    #[inline(always)]
-    unsafe fn load_f16(p: *const f16) -> __m512 {
-        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
-    }
-    #[inline(always)]
-    unsafe fn round16(v: __m512) -> __m512 {
-        _mm512_cvtph_ps(_mm512_cvtps_ph::<ROUND>(v))
-    }
-    #[inline(always)]
-    unsafe fn mul(a: __m512, b: __m512) -> __m512 {
-        _mm512_mul_ps(a, b)
-    }
-    #[inline(always)]
-    unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
-        _mm512_fmadd_ps(a, b, c)
-    }
-    #[inline(always)]
-    unsafe fn reduce64(a: &[__m512]) -> f32 {
-        let v = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
-        let lo = _mm512_castps512_ps256(v);
-        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-        hsum8(_mm256_add_ps(lo, hi))
-    }
-}
+use super::lanes::{Avx2, Avx512, Lanes};
 
 /// Whether [`attend_rows`] may use AVX-512 (the CPU has it, `FERRITE_CPU` allows it).
 pub(super) fn avx512_available() -> bool {
     crate::cpu::features().avx512
 }
 
-/// The query rows of one group of heads sharing a KV head (`q` and `out` hold them one
-/// after another), each bit-identical to [`super::attention`]'s portable row code, with
-/// AVX-512 where the CPU has it.
+/// The row kernel ([`super::attention::GroupKernel`]) for the query rows of one group of
+/// heads sharing a KV head, each bit-identical to [`super::attention`]'s portable row
+/// code, with AVX-512 where the CPU has it.
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available; the head size is a multiple of 64.
@@ -168,12 +38,13 @@ pub unsafe fn attend_rows(
     kv: &KvRows<'_>,
     head_dim: usize,
     scale: f32,
-    out: &mut [f32],
+    acc: &mut [f32],
+    partials: &mut [Partial],
 ) {
     if avx512_available() {
-        attend_avx512(q, kv, head_dim, scale, out)
+        attend_avx512(q, kv, head_dim, scale, acc, partials)
     } else {
-        attend_avx2(q, kv, head_dim, scale, out)
+        attend_avx2(q, kv, head_dim, scale, acc, partials)
     }
 }
 
@@ -187,9 +58,10 @@ pub(super) unsafe fn attend_avx512(
     kv: &KvRows<'_>,
     head_dim: usize,
     scale: f32,
-    out: &mut [f32],
+    acc: &mut [f32],
+    partials: &mut [Partial],
 ) {
-    attend_body::<Avx512>(q, kv, head_dim, scale, out)
+    attend_body::<Avx512>(q, kv, head_dim, scale, acc, partials)
 }
 
 /// [`attend_rows`] with AVX2 alone.
@@ -202,9 +74,10 @@ pub(super) unsafe fn attend_avx2(
     kv: &KvRows<'_>,
     head_dim: usize,
     scale: f32,
-    out: &mut [f32],
+    acc: &mut [f32],
+    partials: &mut [Partial],
 ) {
-    attend_body::<Avx2>(q, kv, head_dim, scale, out)
+    attend_body::<Avx2>(q, kv, head_dim, scale, acc, partials)
 }
 
 /// The dot products of `R` query rows (f32 holding f16 values, `head_dim` apart) with
@@ -306,10 +179,16 @@ unsafe fn attend_body<L: Lanes>(
     kv: &KvRows<'_>,
     head_dim: usize,
     scale: f32,
-    out: &mut [f32],
+    acc: &mut [f32],
+    partials: &mut [Partial],
 ) {
     let rows = q.len() / head_dim;
-    assert!(out.len() == q.len() && rows * head_dim == q.len() && head_dim.is_multiple_of(64));
+    assert!(
+        acc.len() == q.len()
+            && partials.len() == rows
+            && rows * head_dim == q.len()
+            && head_dim.is_multiple_of(64)
+    );
     // The queries rounded to f16, held as f32.
     let mut q16 = vec![0f32; q.len()];
     for i in (0..q.len()).step_by(L::WIDTH) {
@@ -318,7 +197,7 @@ unsafe fn attend_body<L: Lanes>(
             L::round16(L::load(q.as_ptr().add(i))),
         );
     }
-    let mut acc = vec![0f32; q.len()];
+    acc.fill(0.0);
     let mut max = vec![f32::NEG_INFINITY; rows];
     let mut sum = vec![0.0f32; rows];
     let step = Step {
@@ -370,11 +249,7 @@ unsafe fn attend_body<L: Lanes>(
             }
         }
     }
-    for (g, &sum) in sum.iter().enumerate() {
-        let inv = L::splat(if sum == 0.0 { 0.0 } else { 1.0 / sum });
-        for i in (g * head_dim..(g + 1) * head_dim).step_by(L::WIDTH) {
-            let a = L::load(acc.as_ptr().add(i));
-            L::store(out.as_mut_ptr().add(i), L::mul(a, inv));
-        }
+    for ((partial, max), sum) in partials.iter_mut().zip(max).zip(sum) {
+        *partial = Partial { max, sum };
     }
 }

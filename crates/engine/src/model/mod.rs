@@ -6,7 +6,10 @@
 
 pub mod attention;
 mod attention_simd;
+mod attention_tiled;
+mod attention_tiled_simd;
 mod gemma3;
+mod lanes;
 mod llama;
 pub mod ops;
 mod prompt_batching;
@@ -87,7 +90,9 @@ pub trait Model: Send + Sync {
 
     /// How many of the first `common` positions of a cache computed for a sequence whose
     /// prompt had `old_prompt_len` tokens a new sequence with `new_prompt_len` prompt
-    /// tokens can reuse and get exactly the keys and values it would compute itself.
+    /// tokens can reuse and get exactly the keys and values it would compute itself: those
+    /// whose rows went through the same attention (and, where rows round by kernel, matrix)
+    /// kernels.
     fn reusable_prefix(
         &self,
         old_prompt_len: usize,
@@ -95,12 +100,16 @@ pub trait Model: Send + Sync {
         common: usize,
     ) -> usize {
         let info = self.info();
-        if !info.rounds_by_kernel {
-            return common;
-        }
         let batching = self.prompt_batching();
-        let old = batching.kernels(old_prompt_len, info.sliding_window, 0..common);
-        let new = batching.kernels(new_prompt_len, info.sliding_window, 0..common);
+        let sw = info.sliding_window;
+        let old = batching.attention_kernels(old_prompt_len, sw, 0..common);
+        let new = batching.attention_kernels(new_prompt_len, sw, 0..common);
+        let same_attention = old.iter().zip(&new).take_while(|(a, b)| a == b).count();
+        if !info.rounds_by_kernel {
+            return same_attention;
+        }
+        let old = batching.kernels(old_prompt_len, sw, 0..same_attention);
+        let new = batching.kernels(new_prompt_len, sw, 0..same_attention);
         old.iter().zip(&new).take_while(|(a, b)| a == b).count()
     }
 
@@ -198,6 +207,8 @@ struct StepLayout {
     logit_rows: Vec<usize>,
     /// The kernel each row's matrix products follow.
     kernels: Vec<RowKernel>,
+    /// The attention kernel each row follows.
+    attention: Vec<attention::AttentionKernel>,
     /// The kernel of each logit row in the last layer's feed-forward, which runs on those
     /// rows only: alone for a last-token row (llama.cpp picks the output rows out first),
     /// as in the other layers when an entry wants every row.
@@ -211,11 +222,17 @@ impl StepLayout {
         let mut spans = Vec::with_capacity(batch.len());
         let mut logit_rows = Vec::new();
         let mut kernels = Vec::new();
+        let mut attention = Vec::new();
         let mut logit_kernels = Vec::new();
         for entry in batch {
             let start = positions.len();
             let new = entry.cache.len()..entry.cache.len() + entry.tokens.len();
             kernels.extend(batching.kernels(entry.prompt_len, sliding_window, new.clone()));
+            attention.extend(batching.attention_kernels(
+                entry.prompt_len,
+                sliding_window,
+                new.clone(),
+            ));
             positions.extend(new);
             spans.push(start..positions.len());
             match entry.logits {
@@ -236,6 +253,7 @@ impl StepLayout {
             spans,
             logit_rows,
             kernels,
+            attention,
             logit_kernels,
         }
     }
@@ -276,6 +294,7 @@ fn attend_batch(
             q: &q[span.start * q_width..span.end * q_width],
             kv: entry.cache.layer(layer, entry.cache.len() + span.len()),
             n: span.len(),
+            kernels: &layout.attention[span.clone()],
         })
         .collect();
     attention::attend_many(shape, &inputs)

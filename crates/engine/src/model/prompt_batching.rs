@@ -1,18 +1,22 @@
-//! Which of llama.cpp's matrix kernels each prompt row goes through when llama-server
-//! evaluates a prompt, so that ferrite rounds every row as it does (see [`RowKernel`]).
+//! Which of llama.cpp's matrix and attention kernels each prompt row goes through when
+//! llama-server evaluates a prompt, so that ferrite rounds every row as it does (see
+//! [`RowKernel`] and [`AttentionKernel`]).
 //!
 //! llama-server cuts a prompt into batches of at most `n_batch` tokens; for models with
 //! sliding-window attention, whose cache it checkpoints, it also ends a batch `4 + n_ubatch`
 //! and `4` tokens before the end of the prompt. llama.cpp splits each batch into
 //! micro-batches of `n_ubatch` tokens, and its repacked Q4_K kernels multiply the rows of a
-//! micro-batch four at a time, the last (fewer than four) one at a time. Tokens generated
-//! after the prompt are decoded one at a time.
+//! micro-batch four at a time, the last (fewer than four) one at a time. Its flash
+//! attention tiles a micro-batch of 64 rows or more, and splits a lone row's keys between
+//! its threads once they fill 512 cells. Tokens generated after the prompt are decoded one
+//! at a time.
 //!
 //! The choice is a function of the prompt's length and the row's position only, never of
 //! how ferrite's scheduler happens to split the prompt or what else is in the batch.
 
 use std::ops::Range;
 
+use super::attention::AttentionKernel;
 use crate::quant::RowKernel;
 
 /// Tokens from the end of the prompt at which llama-server ends a batch to checkpoint a
@@ -68,6 +72,30 @@ impl PromptBatching {
                 } else {
                     RowKernel::Gemv
                 }
+            })
+            .collect()
+    }
+
+    /// The attention kernel of each row at `positions` of a sequence whose prompt has
+    /// `prompt_len` tokens (a generated token is a micro-batch of its own).
+    pub fn attention_kernels(
+        &self,
+        prompt_len: usize,
+        checkpoints: bool,
+        positions: Range<usize>,
+    ) -> Vec<AttentionKernel> {
+        let micro = if positions.start < prompt_len {
+            self.micro_batches(prompt_len, checkpoints)
+        } else {
+            Vec::new()
+        };
+        positions
+            .map(|pos| {
+                let rows = micro
+                    .iter()
+                    .find(|ub| ub.contains(&pos))
+                    .map_or(1, |ub| ub.len());
+                AttentionKernel::for_micro_batch(rows, pos)
             })
             .collect()
     }
@@ -151,6 +179,27 @@ mod tests {
         let k = b.kernels(1200, true, 680..690);
         assert_eq!(k, [M, M, M, M, M, M, M, M, M, M]);
         assert_eq!(b.kernels(686, false, 684..686), [V, V]);
+    }
+
+    #[test]
+    fn attention_tiles_large_micro_batches_and_splits_long_decodes() {
+        use AttentionKernel::{Row, Split, Tiled};
+        let b = PromptBatching::default();
+        // 0..512, 512..684, 684..1196, 1196..1200.
+        let k = b.attention_kernels(1200, true, 0..1200);
+        assert!(k[..1196].iter().all(|&k| k == Tiled));
+        assert_eq!(k[1196..], [Row; 4]);
+        // A 40-token prompt is one small micro-batch; its decode splits from 256 cells on.
+        assert_eq!(b.attention_kernels(40, false, 0..40), [Row; 40]);
+        assert_eq!(b.attention_kernels(40, false, 255..256), [Row]);
+        assert_eq!(
+            b.attention_kernels(40, false, 300..301),
+            [Split { cells: 512 }]
+        );
+        // Token by token, every prompt row is a lone row too.
+        let k = PromptBatching::TOKEN_BY_TOKEN.attention_kernels(600, false, 0..600);
+        assert_eq!(k[255], Row);
+        assert_eq!(k[599], Split { cells: 768 });
     }
 
     #[test]

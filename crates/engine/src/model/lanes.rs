@@ -1,0 +1,260 @@
+//! The vector operations the attention kernels are written in, at two widths: AVX2
+//! (eight f32 lanes) and AVX-512 (sixteen). A kernel is written once, generic over
+//! [`Lanes`], and instantiated inside a function that enables the width's instructions.
+//! Every operation is an exact IEEE operation or one of ggml's, so both widths give the
+//! same bits.
+
+#![cfg(target_arch = "x86_64")]
+
+use std::arch::x86_64::*;
+
+use half::f16;
+
+/// The vector operations the kernels need, at one width. Every method is always inlined
+/// into a function that enables the width's instructions.
+pub(super) trait Lanes {
+    /// A vector of `WIDTH` f32 lanes.
+    type V: Copy;
+    /// Lanes per vector.
+    const WIDTH: usize;
+    /// Vectors per row updated together while adding values (bounded by the registers).
+    const VALUE_VECTORS: usize;
+    unsafe fn zero() -> Self::V;
+    unsafe fn splat(x: f32) -> Self::V;
+    unsafe fn load(p: *const f32) -> Self::V;
+    unsafe fn store(p: *mut f32, v: Self::V);
+    unsafe fn load_f16(p: *const f16) -> Self::V;
+    /// Rounds every lane to f16 (nearest, ties to even) and back.
+    unsafe fn round16(v: Self::V) -> Self::V;
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn fmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// The sum of ggml's four 16-lane dot product accumulators (`64 / WIDTH` vectors
+    /// each, one after another) in `ggml_vec_dot_f16`'s order: accumulators 0 + 2 and
+    /// 1 + 3, those two, then `_mm512_reduce_add_ps` (halves, quarters, pairs, neighbours).
+    unsafe fn reduce64(acc: &[Self::V]) -> f32;
+    unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
+    /// ggml's AVX-512 `ggml_v_expf` on every lane (bit for bit, at either width; see
+    /// [`super::attention_tiled::expf`]).
+    unsafe fn expf(x: Self::V) -> Self::V;
+    /// `_mm512_reduce_add_ps` of sixteen lanes held in `16 / WIDTH` vectors: halves,
+    /// quarters, pairs, neighbours.
+    unsafe fn sum16(v: &[Self::V]) -> f32;
+}
+
+/// A vector of the constant whose f32 bit pattern is `bits`.
+#[inline(always)]
+unsafe fn c256(bits: u32) -> __m256 {
+    _mm256_set1_ps(f32::from_bits(bits))
+}
+
+/// A vector of the constant whose f32 bit pattern is `bits`.
+#[inline(always)]
+unsafe fn c512(bits: u32) -> __m512 {
+    _mm512_set1_ps(f32::from_bits(bits))
+}
+
+/// Four lanes of `j × 2^n` (`n` integral, held as i32), exact in f64 and rounded once to
+/// f32: what `_mm512_scalef_ps` gives for exponents within ±192.
+#[inline(always)]
+unsafe fn scalef4(j: __m128, n: __m128i) -> __m128 {
+    let wide = _mm256_cvtps_pd(j);
+    let n = _mm256_cvtepi32_epi64(n);
+    let power = _mm256_slli_epi64::<52>(_mm256_add_epi64(n, _mm256_set1_epi64x(1023)));
+    _mm256_cvtpd_ps(_mm256_mul_pd(wide, _mm256_castsi256_pd(power)))
+}
+
+/// `hsum_float_8` order: halves, pairs, neighbours.
+#[inline(always)]
+unsafe fn hsum8(v: __m256) -> f32 {
+    let r = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
+    let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
+}
+
+const F16_ROUNDING: i32 = _MM_FROUND_TO_NEAREST_INT;
+
+/// AVX2, FMA and F16C.
+pub(super) struct Avx2;
+
+impl Lanes for Avx2 {
+    type V = __m256;
+    const WIDTH: usize = 8;
+    const VALUE_VECTORS: usize = 2;
+    #[inline(always)]
+    unsafe fn zero() -> __m256 {
+        _mm256_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> __m256 {
+        _mm256_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m256 {
+        _mm256_loadu_ps(p)
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m256) {
+        _mm256_storeu_ps(p, v)
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const f16) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+    #[inline(always)]
+    unsafe fn round16(v: __m256) -> __m256 {
+        _mm256_cvtph_ps(_mm256_cvtps_ph::<F16_ROUNDING>(v))
+    }
+    #[inline(always)]
+    unsafe fn mul(a: __m256, b: __m256) -> __m256 {
+        _mm256_mul_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
+        _mm256_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn reduce64(a: &[__m256]) -> f32 {
+        // Accumulator c's halves are vectors 2c and 2c + 1.
+        let lo = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
+        let hi = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
+        hsum8(_mm256_add_ps(lo, hi))
+    }
+    #[inline(always)]
+    unsafe fn sub(a: __m256, b: __m256) -> __m256 {
+        _mm256_sub_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn expf(x: __m256) -> __m256 {
+        use super::attention_tiled::expf_consts::*;
+        let r = c256(ROUND);
+        let z = _mm256_fmadd_ps(x, c256(LOG2E), r);
+        let n = _mm256_sub_ps(z, r);
+        let b = _mm256_fnmadd_ps(n, c256(LN2_LO), _mm256_fnmadd_ps(n, c256(LN2_HI), x));
+        let abs = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+        let d = _mm256_cmp_ps::<_CMP_GT_OQ>(abs, _mm256_set1_ps(LIMIT));
+        let u = _mm256_mul_ps(b, b);
+        let j = _mm256_fmadd_ps(
+            _mm256_fmadd_ps(
+                _mm256_fmadd_ps(c256(C[0]), b, c256(C[1])),
+                u,
+                _mm256_fmadd_ps(c256(C[2]), b, c256(C[3])),
+            ),
+            u,
+            _mm256_fmadd_ps(c256(C[4]), b, _mm256_set1_ps(1.0)),
+        );
+        // Exponents beyond ±192 are replaced below; clamping keeps the f64 power finite.
+        let limit = _mm256_set1_epi32(200);
+        let ni = _mm256_min_epi32(
+            _mm256_max_epi32(
+                _mm256_cvtps_epi32(n),
+                _mm256_sub_epi32(_mm256_setzero_si256(), limit),
+            ),
+            limit,
+        );
+        let lo = scalef4(_mm256_castps256_ps128(j), _mm256_castsi256_si128(ni));
+        let hi = scalef4(
+            _mm256_extractf128_ps::<1>(j),
+            _mm256_extracti128_si256::<1>(ni),
+        );
+        let res = _mm256_set_m128(hi, lo);
+        // NaN stays NaN, as scalef leaves it.
+        let res = _mm256_blendv_ps(res, j, _mm256_cmp_ps::<_CMP_UNORD_Q>(n, n));
+        let alt = _mm256_blendv_ps(
+            _mm256_set1_ps(f32::INFINITY),
+            _mm256_setzero_ps(),
+            _mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps()),
+        );
+        _mm256_blendv_ps(res, alt, d)
+    }
+    #[inline(always)]
+    unsafe fn sum16(v: &[__m256]) -> f32 {
+        hsum8(_mm256_add_ps(v[0], v[1]))
+    }
+}
+
+/// AVX-512F (with F16C and FMA).
+pub(super) struct Avx512;
+
+impl Lanes for Avx512 {
+    type V = __m512;
+    const WIDTH: usize = 16;
+    const VALUE_VECTORS: usize = 4;
+    #[inline(always)]
+    unsafe fn zero() -> __m512 {
+        _mm512_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> __m512 {
+        _mm512_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m512 {
+        _mm512_loadu_ps(p)
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m512) {
+        _mm512_storeu_ps(p, v)
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const f16) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+    #[inline(always)]
+    unsafe fn round16(v: __m512) -> __m512 {
+        _mm512_cvtph_ps(_mm512_cvtps_ph::<F16_ROUNDING>(v))
+    }
+    #[inline(always)]
+    unsafe fn mul(a: __m512, b: __m512) -> __m512 {
+        _mm512_mul_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
+        _mm512_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn reduce64(a: &[__m512]) -> f32 {
+        let v = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
+        let lo = _mm512_castps512_ps256(v);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+        hsum8(_mm256_add_ps(lo, hi))
+    }
+    #[inline(always)]
+    unsafe fn sub(a: __m512, b: __m512) -> __m512 {
+        _mm512_sub_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn expf(x: __m512) -> __m512 {
+        use super::attention_tiled::expf_consts::*;
+        let r = c512(ROUND);
+        let z = _mm512_fmadd_ps(x, c512(LOG2E), r);
+        let n = _mm512_sub_ps(z, r);
+        let b = _mm512_fnmadd_ps(n, c512(LN2_LO), _mm512_fnmadd_ps(n, c512(LN2_HI), x));
+        let d = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), _mm512_set1_ps(LIMIT));
+        let u = _mm512_mul_ps(b, b);
+        let j = _mm512_fmadd_ps(
+            _mm512_fmadd_ps(
+                _mm512_fmadd_ps(c512(C[0]), b, c512(C[1])),
+                u,
+                _mm512_fmadd_ps(c512(C[2]), b, c512(C[3])),
+            ),
+            u,
+            _mm512_fmadd_ps(c512(C[4]), b, _mm512_set1_ps(1.0)),
+        );
+        let res = _mm512_scalef_ps(j, n);
+        if d == 0 {
+            return res;
+        }
+        let alt = _mm512_mask_blend_ps(
+            _mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, _mm512_setzero_ps()),
+            _mm512_set1_ps(f32::INFINITY),
+            _mm512_setzero_ps(),
+        );
+        _mm512_mask_blend_ps(d, res, alt)
+    }
+    #[inline(always)]
+    unsafe fn sum16(v: &[__m512]) -> f32 {
+        let lo = _mm512_castps512_ps256(v[0]);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v[0])));
+        hsum8(_mm256_add_ps(lo, hi))
+    }
+}
