@@ -158,12 +158,7 @@ fn combine(halves: [(Partial, &[f32]); 2], out: &mut [f32]) {
         sum = sum.mul_add(old, part.sum * new);
         max = new_max;
     }
-    if sum != 0.0 {
-        let inv = 1.0 / sum;
-        for o in out {
-            *o *= inv;
-        }
-    }
+    normalise(out, sum);
 }
 
 /// The row kernel for the query rows of one group of heads sharing a KV head (`q` holds
@@ -341,9 +336,26 @@ unsafe fn run_task(
     let mut out = vec![0.0f32; task.rows.len() * group * head_dim];
     let t = task.rows.start;
     let pos = position(t);
+    // The row kernel over positions `lo..=hi` (none when empty): the group's unnormalised
+    // values and partials.
+    let attend_range = |lo: usize, hi: usize| {
+        let mut acc = vec![0.0f32; group * head_dim];
+        let mut partials = vec![Partial::EMPTY; group];
+        if lo <= hi {
+            let kv = KvRows {
+                view: input.kv,
+                offset,
+                first: lo,
+                last: hi,
+            };
+            // SAFETY: the caller guarantees the row kernel's requirements.
+            unsafe { (kernels.row)(queries(t), &kv, head_dim, scale, &mut acc, &mut partials) };
+        }
+        (acc, partials)
+    };
     match input.kernels[t] {
         AttentionKernel::Tiled => {
-            let queries: Vec<Query<'_>> = task
+            let rows: Vec<Query<'_>> = task
                 .rows
                 .clone()
                 .flat_map(|t| {
@@ -355,17 +367,11 @@ unsafe fn run_task(
                     })
                 })
                 .collect();
-            (kernels.tiled)(&queries, input.kv, offset, scale, &mut out);
+            (kernels.tiled)(&rows, input.kv, offset, scale, &mut out);
         }
         AttentionKernel::Row => {
-            let kv = KvRows {
-                view: input.kv,
-                offset,
-                first: first(pos),
-                last: pos,
-            };
-            let mut partials = vec![Partial::EMPTY; group];
-            (kernels.row)(queries(t), &kv, head_dim, scale, &mut out, &mut partials);
+            let (acc, partials) = attend_range(first(pos), pos);
+            out = acc;
             for (o, p) in out.chunks_exact_mut(head_dim).zip(&partials) {
                 normalise(o, p.sum);
             }
@@ -374,21 +380,8 @@ unsafe fn run_task(
             // The second half always reaches the row's own position.
             let half = cells.div_ceil(2);
             let bounds = [(0, half), (half, cells.max(pos + 1))];
-            let halves = bounds.map(|(start, end)| {
-                let mut acc = vec![0.0f32; group * head_dim];
-                let mut partials = vec![Partial::EMPTY; group];
-                let (lo, hi) = (first(pos).max(start), pos.min(end - 1));
-                if lo <= hi && start < end {
-                    let kv = KvRows {
-                        view: input.kv,
-                        offset,
-                        first: lo,
-                        last: hi,
-                    };
-                    (kernels.row)(queries(t), &kv, head_dim, scale, &mut acc, &mut partials);
-                }
-                (acc, partials)
-            });
+            let halves =
+                bounds.map(|(start, end)| attend_range(first(pos).max(start), pos.min(end - 1)));
             for (h, o) in out.chunks_exact_mut(head_dim).enumerate() {
                 let part = |k: usize| (halves[k].1[h], &halves[k].0[h * head_dim..][..head_dim]);
                 combine([part(0), part(1)], o);

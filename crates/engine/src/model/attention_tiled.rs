@@ -182,51 +182,49 @@ mod tests {
         assert_eq!(expf(100.0), f32::INFINITY);
     }
 
+    /// The portable port against the vector versions (`lanes.rs`): AVX-512's is ggml's
+    /// instruction sequence itself, AVX2's emulates its `scalef` in f64.
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn ggml_expf_port_matches_the_avx512_instructions() {
-        if !crate::cpu::detected().avx512 {
-            return;
-        }
-        use expf_consts::*;
+    fn ggml_expf_port_matches_the_vector_versions() {
+        use super::super::lanes::{Avx2, Avx512, Lanes};
         use std::arch::x86_64::*;
-        // ggml_v_expf written with the AVX-512 intrinsics it uses, one line each.
-        #[target_feature(enable = "avx512f")]
-        unsafe fn v_expf(x: __m512) -> __m512 {
-            let c = |bits: u32| _mm512_set1_ps(f32::from_bits(bits));
-            let r = c(ROUND);
-            let z = _mm512_fmadd_ps(x, c(LOG2E), r);
-            let n = _mm512_sub_ps(z, r);
-            let b = _mm512_fnmadd_ps(n, c(LN2_LO), _mm512_fnmadd_ps(n, c(LN2_HI), x));
-            let d = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), _mm512_set1_ps(LIMIT));
-            let u = _mm512_mul_ps(b, b);
-            let j = _mm512_fmadd_ps(
-                _mm512_fmadd_ps(
-                    _mm512_fmadd_ps(c(C[0]), b, c(C[1])),
-                    u,
-                    _mm512_fmadd_ps(c(C[2]), b, c(C[3])),
-                ),
-                u,
-                _mm512_fmadd_ps(c(C[4]), b, _mm512_set1_ps(1.0)),
-            );
-            let res = _mm512_scalef_ps(j, n);
-            let alt = _mm512_mask_blend_ps(
-                _mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, _mm512_setzero_ps()),
-                _mm512_set1_ps(f32::INFINITY),
-                _mm512_setzero_ps(),
-            );
-            _mm512_mask_blend_ps(d, res, alt)
+        #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+        unsafe fn expf512(x: &[f32; 16]) -> [f32; 16] {
+            let mut out = [0f32; 16];
+            _mm512_storeu_ps(out.as_mut_ptr(), Avx512::expf(_mm512_loadu_ps(x.as_ptr())));
+            out
         }
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn expf256(x: &[f32; 16]) -> [f32; 16] {
+            let mut out = [0f32; 16];
+            for h in [0, 8] {
+                let v = Avx2::expf(_mm256_loadu_ps(x.as_ptr().add(h)));
+                _mm256_storeu_ps(out.as_mut_ptr().add(h), v);
+            }
+            out
+        }
+        let cpu = crate::cpu::detected();
         let mut rng = crate::quant::sample::Xorshift::new(11);
         for round in 0..20_000 {
             // Mostly the softmax's range, with the underflow edge and beyond.
             let spread = [1.0f32, 30.0, 110.0, 140.0][round % 4];
-            let x: [f32; 16] = std::array::from_fn(|_| rng.next_f32() * spread);
-            let mut hw = [0f32; 16];
-            // SAFETY: AVX-512F is present.
-            unsafe { _mm512_storeu_ps(hw.as_mut_ptr(), v_expf(_mm512_loadu_ps(x.as_ptr()))) };
-            for (x, hw) in x.iter().zip(hw) {
-                assert_eq!(expf(*x).to_bits(), hw.to_bits(), "expf({x})");
+            let mut x: [f32; 16] = std::array::from_fn(|_| rng.next_f32() * spread);
+            x[round % 16] = [f32::NEG_INFINITY, -200.0, 95.0, f32::NAN][round % 4];
+            let want = x.map(expf);
+            // SAFETY: each version runs only where the CPU has its features.
+            let versions = unsafe {
+                [
+                    ("AVX-512", cpu.avx512.then(|| expf512(&x))),
+                    ("AVX2", cpu.avx2.then(|| expf256(&x))),
+                ]
+            };
+            for (name, got) in versions {
+                let Some(got) = got else { continue };
+                for ((x, w), g) in x.iter().zip(want).zip(got) {
+                    let same = w.to_bits() == g.to_bits() || (w.is_nan() && g.is_nan());
+                    assert!(same, "{name} expf({x}): {g} against {w}");
+                }
             }
         }
     }

@@ -14,7 +14,7 @@ mod llama;
 pub mod ops;
 mod prompt_batching;
 
-pub use prompt_batching::PromptBatching;
+pub use prompt_batching::{PromptBatching, RowPlan};
 
 use std::path::Path;
 
@@ -101,16 +101,14 @@ pub trait Model: Send + Sync {
     ) -> usize {
         let info = self.info();
         let batching = self.prompt_batching();
-        let sw = info.sliding_window;
-        let old = batching.attention_kernels(old_prompt_len, sw, 0..common);
-        let new = batching.attention_kernels(new_prompt_len, sw, 0..common);
-        let same_attention = old.iter().zip(&new).take_while(|(a, b)| a == b).count();
-        if !info.rounds_by_kernel {
-            return same_attention;
-        }
-        let old = batching.kernels(old_prompt_len, sw, 0..same_attention);
-        let new = batching.kernels(new_prompt_len, sw, 0..same_attention);
-        old.iter().zip(&new).take_while(|(a, b)| a == b).count()
+        let old = batching.plan(old_prompt_len, info.sliding_window, 0..common);
+        let new = batching.plan(new_prompt_len, info.sliding_window, 0..common);
+        old.iter()
+            .zip(&new)
+            .take_while(|(a, b)| {
+                a.attention == b.attention && (!info.rounds_by_kernel || a.matmul == b.matmul)
+            })
+            .count()
     }
 
     /// An empty cache sized for this model with room for `capacity` positions.
@@ -227,12 +225,10 @@ impl StepLayout {
         for entry in batch {
             let start = positions.len();
             let new = entry.cache.len()..entry.cache.len() + entry.tokens.len();
-            kernels.extend(batching.kernels(entry.prompt_len, sliding_window, new.clone()));
-            attention.extend(batching.attention_kernels(
-                entry.prompt_len,
-                sliding_window,
-                new.clone(),
-            ));
+            for plan in batching.plan(entry.prompt_len, sliding_window, new.clone()) {
+                kernels.push(plan.matmul);
+                attention.push(plan.attention);
+            }
             positions.extend(new);
             spans.push(start..positions.len());
             match entry.logits {

@@ -23,6 +23,15 @@ use crate::quant::RowKernel;
 /// sliding-window cache: `n_ubatch` plus this, and this.
 const CHECKPOINT_TAIL: usize = 4;
 
+/// The kernels one row goes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowPlan {
+    /// Its matrix products'.
+    pub matmul: RowKernel,
+    /// Its attention's.
+    pub attention: AttentionKernel,
+}
+
 /// llama-server's prompt batching parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PromptBatching {
@@ -49,41 +58,15 @@ impl PromptBatching {
         n_ubatch: 1,
     };
 
-    /// The kernel of each row at `positions` of a sequence whose prompt has `prompt_len`
-    /// tokens; `checkpoints` is whether the model has sliding-window layers.
-    pub fn kernels(
+    /// The kernels of each row at `positions` of a sequence whose prompt has `prompt_len`
+    /// tokens; `checkpoints` is whether the model has sliding-window layers. A generated
+    /// token is a micro-batch of its own.
+    pub fn plan(
         &self,
         prompt_len: usize,
         checkpoints: bool,
         positions: Range<usize>,
-    ) -> Vec<RowKernel> {
-        if positions.start >= prompt_len {
-            return vec![RowKernel::Gemv; positions.len()];
-        }
-        let micro = self.micro_batches(prompt_len, checkpoints);
-        positions
-            .map(|pos| {
-                let Some(ub) = micro.iter().find(|ub| ub.contains(&pos)) else {
-                    return RowKernel::Gemv;
-                };
-                let grouped_end = ub.end - ub.len() % 4;
-                if pos < grouped_end {
-                    RowKernel::Gemm4
-                } else {
-                    RowKernel::Gemv
-                }
-            })
-            .collect()
-    }
-
-    /// The attention kernel of each row at `positions` of a sequence whose prompt has
-    /// `prompt_len` tokens (a generated token is a micro-batch of its own).
-    pub fn attention_kernels(
-        &self,
-        prompt_len: usize,
-        checkpoints: bool,
-        positions: Range<usize>,
-    ) -> Vec<AttentionKernel> {
+    ) -> Vec<RowPlan> {
         let micro = if positions.start < prompt_len {
             self.micro_batches(prompt_len, checkpoints)
         } else {
@@ -91,13 +74,45 @@ impl PromptBatching {
         };
         positions
             .map(|pos| {
-                let rows = micro
-                    .iter()
-                    .find(|ub| ub.contains(&pos))
-                    .map_or(1, |ub| ub.len());
-                AttentionKernel::for_micro_batch(rows, pos)
+                let Some(ub) = micro.iter().find(|ub| ub.contains(&pos)) else {
+                    return RowPlan {
+                        matmul: RowKernel::Gemv,
+                        attention: AttentionKernel::for_micro_batch(1, pos),
+                    };
+                };
+                let grouped_end = ub.end - ub.len() % 4;
+                RowPlan {
+                    matmul: if pos < grouped_end {
+                        RowKernel::Gemm4
+                    } else {
+                        RowKernel::Gemv
+                    },
+                    attention: AttentionKernel::for_micro_batch(ub.len(), pos),
+                }
             })
             .collect()
+    }
+
+    /// The matrix kernel of each row at `positions` (see [`Self::plan`]).
+    pub fn kernels(
+        &self,
+        prompt_len: usize,
+        checkpoints: bool,
+        positions: Range<usize>,
+    ) -> Vec<RowKernel> {
+        let plan = self.plan(prompt_len, checkpoints, positions);
+        plan.iter().map(|p| p.matmul).collect()
+    }
+
+    /// The attention kernel of each row at `positions` (see [`Self::plan`]).
+    pub fn attention_kernels(
+        &self,
+        prompt_len: usize,
+        checkpoints: bool,
+        positions: Range<usize>,
+    ) -> Vec<AttentionKernel> {
+        let plan = self.plan(prompt_len, checkpoints, positions);
+        plan.iter().map(|p| p.attention).collect()
     }
 
     /// The micro-batches llama-server evaluates a prompt of `prompt_len` tokens in.
