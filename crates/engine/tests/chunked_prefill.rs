@@ -93,7 +93,10 @@ fn chunked_prefill_gives_the_unchunked_answer() {
 fn chunked_prefill_gives_llama_cpps_answer() {
     for (name, file) in [
         ("smollm2-135m", "smollm2-135m-q4_1.llamacpp-long.json"),
-        ("gemma3-270m", "gemma3-270m-q4_k_m.llamacpp-long-untiled.json"),
+        (
+            "gemma3-270m",
+            "gemma3-270m-q4_k_m.llamacpp-long-untiled.json",
+        ),
     ] {
         let data = common::fixture(file);
         for case in &data["greedy_16"].as_array().unwrap()[4..] {

@@ -152,7 +152,10 @@ fn smollm2_long_prompts_match_llama_cpp_across_its_batches() {
 /// kernels, the prompt's micro-batches, the split decode steps) is llama.cpp's default.
 #[test]
 fn gemma3_long_prompts_match_llama_cpp_untiled_across_its_batches() {
-    long_prompts("gemma3-270m", "gemma3-270m-q4_k_m.llamacpp-long-untiled.json");
+    long_prompts(
+        "gemma3-270m",
+        "gemma3-270m-q4_k_m.llamacpp-long-untiled.json",
+    );
 }
 
 /// Ignored: llama.cpp's default, tiled K-quant matmul is not reproduced. It is as far from

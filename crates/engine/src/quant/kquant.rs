@@ -403,6 +403,49 @@ mod tests {
         }
     }
 
+    /// Against llama.cpp's own two quantizers, called on rows that hit every tie rule
+    /// (`fixtures/make_q8k.py`): the one-row one for GEMV, the four-row one for the
+    /// repacked GEMM. Both of ours, SIMD and portable.
+    #[test]
+    fn q8k_quantization_matches_llama_cpps_quantizers() {
+        let data: serde_json::Value =
+            serde_json::from_str(include_str!("../../../../fixtures/q8k.llamacpp.json")).unwrap();
+        for (kernel, name) in [
+            (RowKernel::Gemv, "quantize_row_q8_K"),
+            (RowKernel::Gemm4, "ggml_quantize_mat_q8_K_4x8"),
+        ] {
+            for (r, row) in data["rows"].as_array().unwrap().iter().enumerate() {
+                let x: Vec<f32> = row
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_f64().unwrap() as f32)
+                    .collect();
+                let want = data[name][r].as_array().unwrap();
+                for got in [
+                    quantize_row_q8k(&x, kernel),
+                    quantize_row_q8k_portable(&x, kernel),
+                ] {
+                    for (b, block) in want.iter().enumerate() {
+                        let d = block["d"].as_f64().unwrap() as f32;
+                        assert_eq!(got.d[b].to_bits(), d.to_bits(), "{name} row {r} block {b}");
+                        let qs: Vec<i8> = block["qs"]
+                            .as_array()
+                            .unwrap()
+                            .iter()
+                            .map(|q| q.as_i64().unwrap() as i8)
+                            .collect();
+                        assert_eq!(
+                            &got.qs[b * QK_K..(b + 1) * QK_K],
+                            &qs[..],
+                            "{name} row {r} block {b}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn q8k_ties_follow_the_kernel() {
         let mut x = vec![0.5f32; QK_K];
