@@ -1,187 +1,39 @@
-//! The `llama` architecture (Llama 2/3, SmolLM2, …): pre-norm blocks of grouped-query
-//! attention with rotary embeddings and a SiLU-gated feed-forward.
-
-use candle_core::quantized::QTensor;
-use candle_core::Tensor;
+//! The `llama` architecture (Llama 2 and 3, Mistral, SmolLM2, …): the shared decoder with
+//! interleaved rotary embeddings, attention scaled by 1/√head_dim inside the kernel, and a
+//! SiLU-gated feed-forward. Llama 3.1's `llama3` RoPE scaling comes as a `rope_freqs`
+//! tensor of per-frequency factors.
 
 use super::attention::AttentionShape;
-use super::ops::{self, Rope, RopeStyle};
-use super::Dimensions;
-use super::{
-    attend_batch, gather_rows, split_rows, BatchEntry, Model, ModelInfo, PromptBatching, StepLayout,
-};
+use super::decoder::{plain_block, Activation, Decoder, Hyper};
+use super::ops::{Rope, RopeStyle};
 use crate::gguf::GgufFile;
-use crate::quant::QMatrix;
 use crate::EngineError;
 
-struct Layer {
-    attn_norm: Vec<f32>,
-    wq: QMatrix,
-    wk: QMatrix,
-    wv: QMatrix,
-    wo: QMatrix,
-    ffn_norm: Vec<f32>,
-    gate: QMatrix,
-    up: QMatrix,
-    down: QMatrix,
-}
-
-/// A llama-architecture model.
-pub struct Llama {
-    info: ModelInfo,
-    embedding: QTensor,
-    layers: Vec<Layer>,
-    output_norm: Vec<f32>,
-    output: QMatrix,
-    shape: AttentionShape,
-    rope: Rope,
-    hidden: usize,
-    eps: f32,
-    batching: PromptBatching,
-}
-
-impl Llama {
-    /// Loads the weights and hyper-parameters from a GGUF file.
-    pub fn load(gguf: &mut GgufFile) -> Result<Self, EngineError> {
-        let m = gguf.meta.clone();
-        let key = |k: &str| format!("llama.{k}");
-        let hidden = m.u32(&key("embedding_length"))? as usize;
-        let n_layers = m.u32(&key("block_count"))? as usize;
-        let n_head = m.u32(&key("attention.head_count"))? as usize;
-        let n_kv_head = m
-            .u32(&key("attention.head_count_kv"))
-            .map_or(n_head, |v| v as usize);
-        let head_dim = m
-            .u32(&key("rope.dimension_count"))
-            .map_or(hidden / n_head.max(1), |v| v as usize);
-        let eps = m.f32(&key("attention.layer_norm_rms_epsilon"))?;
-        let theta = m.f32(&key("rope.freq_base")).unwrap_or(10_000.0);
-        let rope_scale = m.f32(&key("rope.scaling.factor")).unwrap_or(1.0);
-        let context_length = m.u32(&key("context_length")).unwrap_or(4096) as usize;
-        let dims = Dimensions {
-            hidden,
-            n_layers,
-            n_head,
-            n_kv_head,
-            head_dim,
-            context_length,
-        }
-        .check(gguf)?;
-        let vocab_size = dims.vocab_size(gguf)?;
-        let embedding = gguf.qtensor("token_embd.weight")?;
-        let mut layers = Vec::with_capacity(n_layers);
-        for i in 0..n_layers {
-            let p = |n: &str| format!("blk.{i}.{n}.weight");
-            // The feed-forward width is whatever the gate matrix has.
-            let ff = gguf.dims(&p("ffn_gate"))?.first().copied().unwrap_or(0);
-            layers.push(Layer {
-                attn_norm: gguf.vector_of(&p("attn_norm"), hidden)?,
-                wq: gguf.matmul_shaped(&p("attn_q"), n_head * head_dim, hidden)?,
-                wk: gguf.matmul_shaped(&p("attn_k"), n_kv_head * head_dim, hidden)?,
-                wv: gguf.matmul_shaped(&p("attn_v"), n_kv_head * head_dim, hidden)?,
-                wo: gguf.matmul_shaped(&p("attn_output"), hidden, n_head * head_dim)?,
-                ffn_norm: gguf.vector_of(&p("ffn_norm"), hidden)?,
-                gate: gguf.matmul_shaped(&p("ffn_gate"), ff, hidden)?,
-                up: gguf.matmul_shaped(&p("ffn_up"), ff, hidden)?,
-                down: gguf.matmul_shaped(&p("ffn_down"), hidden, ff)?,
-            });
-        }
-        let output = if gguf.has_tensor("output.weight") {
-            gguf.matmul_shaped("output.weight", vocab_size, hidden)?
-        } else {
-            gguf.matmul("token_embd.weight")?
-        };
-        Ok(Self {
-            info: ModelInfo {
-                architecture: "llama".into(),
-                name: m.string("general.name").ok(),
-                n_layers,
-                kv_width: n_kv_head * head_dim,
-                vocab_size,
-                context_length,
-                sliding_window: false,
-                rounds_by_kernel: gguf.rounds_by_kernel(),
-            },
-            embedding,
-            layers,
-            output_norm: gguf.vector_of("output_norm.weight", hidden)?,
-            output,
-            shape: AttentionShape {
-                n_head,
-                n_kv_head,
-                head_dim,
-                scale: 1.0 / (head_dim as f32).sqrt(),
-                window: None,
-            },
-            rope: Rope::new(head_dim, theta, rope_scale, RopeStyle::Interleaved),
-            hidden,
-            eps,
-            batching: PromptBatching::default(),
-        })
-    }
-}
-
-impl Model for Llama {
-    fn info(&self) -> &ModelInfo {
-        &self.info
-    }
-
-    fn forward(&self, batch: &mut [BatchEntry<'_>]) -> Result<Vec<Vec<f32>>, EngineError> {
-        let layout = StepLayout::new(batch, &self.batching, false);
-        if layout.rows() == 0 {
-            return Ok(Vec::new());
-        }
-        let ids = Tensor::new(StepLayout::tokens(batch), &candle_core::Device::Cpu)?;
-        let mut x = self
-            .embedding
-            .embedding(&ids)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
-        let q_width = self.shape.n_head * self.shape.head_dim;
-        let kv_width = self.info.kv_width;
-        let all = &layout.kernels;
-        let mut ffn_kernels = all.clone();
-        for (li, layer) in self.layers.iter().enumerate() {
-            let mut h = x.clone();
-            ops::rms_norm(&mut h, &layer.attn_norm, self.eps);
-            let [mut q, mut k, v] = ops::matmul_many([&layer.wq, &layer.wk, &layer.wv], &h, all)?;
-            for (r, &pos) in layout.positions.iter().enumerate() {
-                self.rope.apply(&mut q[r * q_width..(r + 1) * q_width], pos);
-                self.rope
-                    .apply(&mut k[r * kv_width..(r + 1) * kv_width], pos);
-            }
-            let attn = attend_batch(&self.shape, li, &layout, &q, &k, &v, batch);
-            ops::add_assign(&mut x, &ops::matmul(&layer.wo, &attn, all)?);
-            if li + 1 == self.layers.len() {
-                // Only the rows whose logits are wanted need the last feed-forward.
-                x = gather_rows(&x, self.hidden, &layout.logit_rows);
-                ffn_kernels = layout.logit_kernels.clone();
-                if ffn_kernels.is_empty() {
-                    break;
-                }
-            }
-            let mut h = x.clone();
-            ops::rms_norm(&mut h, &layer.ffn_norm, self.eps);
-            let [mut gate, up] = ops::matmul_many([&layer.gate, &layer.up], &h, &ffn_kernels)?;
-            ops::silu_mul(&mut gate, &up);
-            ops::add_assign(&mut x, &ops::matmul(&layer.down, &gate, &ffn_kernels)?);
-        }
-        for entry in batch.iter_mut() {
-            entry.cache.commit(entry.tokens.len());
-        }
-        if layout.logit_rows.is_empty() {
-            return Ok(Vec::new());
-        }
-        ops::rms_norm(&mut x, &self.output_norm, self.eps);
-        let logits = ops::matmul(&self.output, &x, &layout.logit_kernels)?;
-        Ok(split_rows(logits, self.info.vocab_size))
-    }
-
-    fn set_prompt_batching(&mut self, batching: PromptBatching) {
-        self.batching = batching;
-    }
-
-    fn prompt_batching(&self) -> PromptBatching {
-        self.batching
-    }
+/// Loads a `llama` model.
+pub(super) fn load(gguf: &mut GgufFile) -> Result<Decoder, EngineError> {
+    let hyper = Hyper::read(gguf, "llama", 10_000.0, 4096, None)?;
+    let head_dim = hyper.dims.head_dim;
+    let freq_factors = if gguf.has_tensor("rope_freqs.weight") {
+        Some(gguf.vector_of("rope_freqs.weight", head_dim / 2)?)
+    } else {
+        None
+    };
+    let rope = Rope::new(
+        head_dim,
+        hyper.rope_theta,
+        hyper.rope_scale,
+        RopeStyle::Interleaved,
+    )
+    .with_freq_factors(freq_factors);
+    let shape = AttentionShape {
+        n_head: hyper.dims.n_head,
+        n_kv_head: hyper.dims.n_kv_head,
+        head_dim,
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        window: None,
+    };
+    let blocks = (0..hyper.dims.n_layers)
+        .map(|i| plain_block(gguf, i, &hyper, shape, rope.clone(), Activation::Silu))
+        .collect::<Result<_, _>>()?;
+    Decoder::new(gguf, "llama", &hyper, blocks)
 }

@@ -8,11 +8,14 @@ pub mod attention;
 mod attention_simd;
 mod attention_tiled;
 mod attention_tiled_simd;
+mod decoder;
 mod gemma3;
 mod lanes;
 mod llama;
 pub mod ops;
 mod prompt_batching;
+mod qwen2;
+mod qwen3;
 
 pub use prompt_batching::{PromptBatching, RowPlan};
 
@@ -27,7 +30,7 @@ use crate::EngineError;
 /// What the engine needs to know about a loaded model.
 #[derive(Debug, Clone)]
 pub struct ModelInfo {
-    /// GGUF architecture name (`llama`, `gemma3`).
+    /// GGUF architecture name (`llama`, `qwen2`, …).
     pub architecture: String,
     /// Human-readable name from the file's metadata, if any.
     pub name: Option<String>,
@@ -179,10 +182,12 @@ impl Dimensions {
 pub fn load(gguf: &mut GgufFile) -> Result<Box<dyn Model>, EngineError> {
     let arch = gguf.meta.string("general.architecture")?;
     match arch.as_str() {
-        "llama" => Ok(Box::new(llama::Llama::load(gguf)?)),
-        "gemma3" => Ok(Box::new(gemma3::Gemma3::load(gguf)?)),
+        "llama" => Ok(Box::new(llama::load(gguf)?)),
+        "gemma3" => Ok(Box::new(gemma3::load(gguf)?)),
+        "qwen2" => Ok(Box::new(qwen2::load(gguf)?)),
+        "qwen3" => Ok(Box::new(qwen3::load(gguf)?)),
         other => Err(EngineError::Unsupported(format!(
-            "model architecture `{other}` in {} (supported: llama, gemma3)",
+            "model architecture `{other}` in {} (supported: llama, qwen2, qwen3, gemma3)",
             gguf.path().display()
         ))),
     }

@@ -55,36 +55,62 @@ pub enum RopeStyle {
     Neox,
 }
 
-/// Rotary position embedding for one frequency base.
+/// Rotary position embedding for one frequency base, computed as ggml computes it.
 #[derive(Debug, Clone)]
 pub struct Rope {
     half: usize,
     theta_scale: f32,
-    position_scale: f32,
+    freq_scale: f32,
+    /// Per-pair divisors of the angle (Llama 3.1's `rope_freqs`, Phi-3's LongRoPE factors).
+    freq_factors: Option<Vec<f32>>,
+    /// Factor on every cosine and sine (LongRoPE's attention factor); 1.0 for none.
+    magnitude: f32,
     style: RopeStyle,
 }
 
 impl Rope {
-    /// Rotary embedding over `head_dim` dimensions with base `theta`, positions divided by
+    /// Rotary embedding over `head_dim` dimensions with base `theta`, angles divided by
     /// `scale` (linear scaling; 1.0 for none).
     pub fn new(head_dim: usize, theta: f32, scale: f32, style: RopeStyle) -> Self {
         Self {
             half: head_dim / 2,
             theta_scale: theta.powf(-2.0 / head_dim as f32),
-            position_scale: 1.0 / scale,
+            freq_scale: 1.0 / scale,
+            freq_factors: None,
+            magnitude: 1.0,
             style,
         }
+    }
+
+    /// The same with pair `i`'s angle divided by `factors[i]` (one per pair), if any.
+    pub fn with_freq_factors(mut self, factors: Option<Vec<f32>>) -> Self {
+        if let Some(f) = &factors {
+            assert_eq!(f.len(), self.half, "one frequency factor per pair");
+        }
+        self.freq_factors = factors;
+        self
+    }
+
+    /// The same with every cosine and sine multiplied by `magnitude`.
+    pub fn with_magnitude(mut self, magnitude: f32) -> Self {
+        self.magnitude = magnitude;
+        self
     }
 
     /// Rotates every head of one token's row (`n_heads × head_dim` floats) for `pos`.
     pub fn apply(&self, row: &mut [f32], pos: usize) {
         let half = self.half;
         // The angle of pair i is pos·base^(-2i/d), built by repeated multiplication in f32
-        // as ggml builds it.
+        // as ggml builds it, then divided by the pair's factor and scaled, in that order.
         let mut angles = Vec::with_capacity(half);
-        let mut theta = pos as f32 * self.position_scale;
-        for _ in 0..half {
-            angles.push(theta.sin_cos());
+        let mut theta = pos as f32;
+        for i in 0..half {
+            let extrapolated = match &self.freq_factors {
+                Some(f) => theta / f[i],
+                None => theta,
+            };
+            let (sin, cos) = (self.freq_scale * extrapolated).sin_cos();
+            angles.push((sin * self.magnitude, cos * self.magnitude));
             theta *= self.theta_scale;
         }
         for head in row.chunks_exact_mut(half * 2) {

@@ -236,6 +236,15 @@ impl QMatrix {
         })
     }
 
+    /// Output features (the rows of the stored matrix).
+    pub fn rows(&self) -> usize {
+        match self {
+            Self::Own { rows, .. } => *rows,
+            Self::Candle(QMatMul::QTensor(t)) => t.shape().dims()[0],
+            Self::Candle(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) => t.dims()[0],
+        }
+    }
+
     /// Whether a row's result depends on its [`RowKernel`] (only the Q4_K kernels round
     /// differently as GEMV and GEMM).
     pub fn rounds_by_kernel(&self) -> bool {
