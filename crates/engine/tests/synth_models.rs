@@ -1,0 +1,157 @@
+//! Every architecture in every weight type, against llama.cpp: `ferrite-synth` regenerates
+//! each random-weight model of `fixtures/synth/` bit for bit, and ferrite's greedy tokens
+//! after each prompt must be llama-server's, with log-probabilities within 1e-3
+//! (`fixtures/make_synth.py` recorded them; see `fixtures/README.md`).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use ferrite_engine::model::{self, BatchEntry, Logits};
+use ferrite_engine::sampling::{argmax, log_softmax};
+use ferrite_synth::{write_model, Arch, Spec, WeightType};
+
+const LOGPROB_TOLERANCE: f32 = 1e-3;
+
+/// Why ferrite does not give llama.cpp's numbers yet on a kind of file, or `None` where it
+/// must (README.md's model table says the same).
+fn known_gap(arch: Arch, ty: WeightType) -> Option<&'static str> {
+    use WeightType::*;
+    let _ = arch;
+    match ty {
+        Q4_1 | Q5_0 | Q8_0 | Q4K | Q6K => None,
+        F32 | F16 | Bf16 | Q5_1 | Q2K | Q3K | Q5K => {
+            Some("multiplied by candle's kernels, which round differently from llama.cpp's")
+        }
+        Q4_0 => Some("llama.cpp multiplies Q4_0 repacked (q4_0_8x8), which rounds differently"),
+        Iq4Nl | Iq4Xs => Some("the weight type does not load"),
+    }
+}
+
+/// Architectures not served yet.
+fn unsupported(arch: Arch) -> bool {
+    matches!(arch, Arch::Phi3 | Arch::Gemma2)
+}
+
+/// The fixture files, sorted.
+fn fixtures() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/synth");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Replays one fixture; the first disagreement with llama.cpp, if any.
+fn check(fixture: &Path, scratch: &Path) -> Result<String, String> {
+    let data: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
+    let arch = Arch::from_name(data["arch"].as_str().unwrap()).unwrap();
+    let ty = WeightType::from_name(data["type"].as_str().unwrap()).unwrap();
+    let spec = Spec::small(arch, ty);
+    let path = scratch.join(spec.file_name());
+    write_model(&spec, &common::model_path("smollm2-135m"), &path).unwrap();
+    let loaded = model::load_path(&path);
+    std::fs::remove_file(&path).unwrap();
+    let (_gguf, model) = loaded.map_err(|e| format!("does not load: {e}"))?;
+    let mut worst = 0f32;
+    for (c, case) in data["cases"].as_array().unwrap().iter().enumerate() {
+        let prompt = common::ids(&case["prompt_ids"]);
+        let steps = case["steps"].as_array().unwrap();
+        let mut cache = model.new_cache(prompt.len() + steps.len());
+        let mut input = prompt.clone();
+        for (s, step) in steps.iter().enumerate() {
+            let logits = model
+                .forward(&mut [BatchEntry {
+                    tokens: &input,
+                    cache: &mut cache,
+                    logits: Logits::Last,
+                    prompt_len: prompt.len(),
+                }])
+                .map_err(|e| format!("prompt {c}: {e}"))?
+                .remove(0);
+            let logprobs = log_softmax(&logits);
+            let best = argmax(&logprobs) as u32;
+            let want = step["id"].as_u64().unwrap() as u32;
+            if best != want {
+                return Err(format!("prompt {c}, token {s}: {best}, llama.cpp {want}"));
+            }
+            // llama-server does not report the log-probability of a token that ends inside
+            // a UTF-8 character (null in the fixture).
+            let Some(want) = step["logprob"].as_f64() else {
+                input = vec![best];
+                continue;
+            };
+            let diff = (logprobs[best as usize] - want as f32).abs();
+            if diff > LOGPROB_TOLERANCE {
+                return Err(format!("prompt {c}, token {s}: logprob off by {diff}"));
+            }
+            worst = worst.max(diff);
+            input = vec![best];
+        }
+    }
+    Ok(format!("worst logprob diff {worst:.1e}"))
+}
+
+#[test]
+fn every_architecture_and_weight_type_matches_llama_cpp() {
+    let scratch = std::env::temp_dir().join(format!("ferrite-synth-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).unwrap();
+    let files = fixtures();
+    assert!(files.len() >= 2, "no fixtures in fixtures/synth");
+    let mut failures = Vec::new();
+    let (mut matched, mut gaps) = (0, 0);
+    for file in &files {
+        let name = file.file_stem().unwrap().to_string_lossy().into_owned();
+        let (arch, ty) = kind(file);
+        let outcome = check(file, &scratch);
+        let gap = if unsupported(arch) {
+            Some("the architecture is not served yet")
+        } else {
+            known_gap(arch, ty)
+        };
+        match (outcome, gap) {
+            (Ok(summary), None) => {
+                matched += 1;
+                eprintln!("{name}: ok, {summary}");
+            }
+            (Err(problem), Some(why)) => {
+                gaps += 1;
+                eprintln!("{name}: known gap ({why}): {problem}");
+            }
+            (Err(problem), None) => {
+                eprintln!("{name}: FAILED, {problem}");
+                failures.push(format!("{name}: {problem}"));
+            }
+            // Within the tolerance by luck (an f32 product's rounding often is): a gap
+            // still, until the kernel follows llama.cpp's.
+            (Ok(summary), Some(why)) => {
+                gaps += 1;
+                eprintln!("{name}: known gap ({why}), matches this time: {summary}");
+            }
+        }
+    }
+    std::fs::remove_dir_all(&scratch).ok();
+    eprintln!("{matched} models match llama.cpp, {gaps} are known gaps");
+    assert!(
+        failures.is_empty(),
+        "{} of {} models:\n{}",
+        failures.len(),
+        files.len(),
+        failures.join("\n")
+    );
+    assert!(matched >= 20, "only {matched} models checked");
+}
+
+/// The architecture and weight type a fixture is for.
+fn kind(fixture: &Path) -> (Arch, WeightType) {
+    let data: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
+    (
+        Arch::from_name(data["arch"].as_str().unwrap()).unwrap(),
+        WeightType::from_name(data["type"].as_str().unwrap()).unwrap(),
+    )
+}

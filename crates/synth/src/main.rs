@@ -1,0 +1,62 @@
+//! `ferrite-synth`: writes a seeded random-weight GGUF model (see the library's docs).
+//!
+//!     ferrite-synth --arch qwen2 --type q4_k [--shape small|1b] [--seed N] \
+//!         --tokenizer-from smollm2-135m.gguf --out qwen2-q4_k.gguf
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use ferrite_synth::{write_model, Arch, Spec, WeightType};
+
+fn main() -> ExitCode {
+    match run(std::env::args().skip(1).collect()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("ferrite-synth: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Vec<String>) -> Result<(), String> {
+    let (mut arch, mut ty, mut shape, mut seed) = (None, None, "small".to_string(), 0u64);
+    let (mut tokenizer, mut out) = (None, None);
+    let mut it = args.into_iter();
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--arch" => {
+                let v = value()?;
+                let names: Vec<_> = Arch::ALL.iter().map(|a| a.name()).collect();
+                arch = Some(Arch::from_name(&v).ok_or(format!("--arch {v}: one of {names:?}"))?);
+            }
+            "--type" => {
+                let v = value()?;
+                let names: Vec<_> = WeightType::ALL.iter().map(|t| t.name()).collect();
+                ty =
+                    Some(WeightType::from_name(&v).ok_or(format!("--type {v}: one of {names:?}"))?);
+            }
+            "--shape" => shape = value()?,
+            "--seed" => seed = value()?.parse().map_err(|e| format!("--seed: {e}"))?,
+            "--tokenizer-from" => tokenizer = Some(PathBuf::from(value()?)),
+            "--out" => out = Some(PathBuf::from(value()?)),
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    let arch = arch.ok_or("--arch is required")?;
+    let weights = ty.ok_or("--type is required")?;
+    let shape = match shape.as_str() {
+        "small" => arch.small_shape(),
+        "1b" => arch.one_b_shape(),
+        other => return Err(format!("--shape {other}: small or 1b")),
+    };
+    let spec = Spec {
+        arch,
+        weights,
+        shape,
+        seed,
+    };
+    let tokenizer = tokenizer.ok_or("--tokenizer-from is required")?;
+    let out = out.ok_or("--out is required")?;
+    write_model(&spec, &tokenizer, &out).map_err(|e| format!("{}: {e}", out.display()))
+}
