@@ -75,7 +75,7 @@ impl GgufFile {
                     panic_message(&panic)
                 ))
             })?
-            .map_err(|e| bad(candle_message(e)))?;
+            .map_err(|e| bad(describe_type_error(candle_message(e))))?;
         check_tensors(&content, size).map_err(bad)?;
         let meta = GgufMetadata {
             values: content.metadata.clone(),
@@ -230,6 +230,32 @@ fn candle_message(e: candle_core::Error) -> String {
         candle_core::Error::WithBacktrace { inner, .. } => candle_message(*inner),
         other => other.to_string(),
     }
+}
+
+/// ggml's name of a tensor type id.
+fn ggml_type_name(id: u32) -> Option<&'static str> {
+    const NAMES: [&str; 31] = [
+        "F32", "F16", "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K",
+        "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL",
+        "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16", "I32", "I64", "F64", "IQ1_M", "BF16",
+    ];
+    NAMES.get(id as usize).copied()
+}
+
+/// candle's "unknown dtype for tensor 23" as a sentence naming the weight type and the
+/// ones ferrite reads.
+fn describe_type_error(message: String) -> String {
+    let Some(id) = message
+        .strip_prefix("unknown dtype for tensor ")
+        .and_then(|n| n.trim().parse::<u32>().ok())
+    else {
+        return message;
+    };
+    let name = ggml_type_name(id).unwrap_or("unknown");
+    format!(
+        "it has tensors of type {name} (ggml type {id}), which ferrite does not read yet \
+         (it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)"
+    )
 }
 
 /// The text of a caught panic.

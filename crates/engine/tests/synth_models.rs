@@ -155,3 +155,26 @@ fn kind(fixture: &Path) -> (Arch, WeightType) {
         WeightType::from_name(data["type"].as_str().unwrap()).unwrap(),
     )
 }
+
+/// A file with a weight type ferrite does not read names the type, not candle's number.
+#[test]
+fn an_unread_weight_type_is_named() {
+    use candle_core::quantized::gguf_file::Value;
+    use ferrite_synth::gguf_writer::{GgufWriter, TensorData};
+    let mut w = GgufWriter::default();
+    w.meta("general.architecture", Value::String("llama".into()));
+    // IQ1_S: 256 values in 50 bytes.
+    w.tensor(TensorData {
+        name: "token_embd.weight".into(),
+        dims: vec![2, 256],
+        ggml_type: 19,
+        bytes: vec![0; 100],
+    });
+    let mut bytes = Vec::new();
+    w.write(&mut bytes).unwrap();
+    let err = match ferrite_engine::gguf::GgufFile::from_bytes("iq1.gguf", bytes) {
+        Ok(_) => panic!("an IQ1_S file opened"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("IQ1_S"), "{err}");
+}
