@@ -15,6 +15,8 @@ pub const QK_K: usize = 256;
 pub const Q4_K: usize = 144;
 /// Bytes of a Q6_K super-block: 128 low-nibble bytes, 64 high-bit bytes, 16 scales, d.
 pub const Q6_K: usize = 210;
+/// Bytes per Q5_K super-block.
+pub const Q5_K: usize = 176;
 
 /// One row of activations quantized to Q8_K super-blocks.
 pub struct Q8KRow {
@@ -284,6 +286,54 @@ pub fn dot_q6k_portable(w: &[u8], a: &Q8KRow) -> f32 {
         }
     }
     hsum8(&acc)
+}
+
+/// Q5_K dot products of one weight row with up to four activation rows (entries past the
+/// given rows are zero).
+pub fn dot_q5k_tile(w: &[u8], a: &[&Q8KRow]) -> [f32; 4] {
+    assert!(a.len() <= 4);
+    let mut out = [0f32; 4];
+    for (r, a) in a.iter().enumerate() {
+        out[r] = dot_q5k_portable(w, a);
+    }
+    out
+}
+
+/// The dot product of a Q5_K weight row with a Q8_K activation row, rounded as llama.cpp's
+/// x86 `ggml_vec_dot_q5_K_q8_K` (Q5_K is not repacked there): eight integer lanes per
+/// super-block, each lane folded into its float accumulator with one fused multiply-add by
+/// `d`, the minimums' integer sum folded into a scalar by another, and
+/// `hsum(lanes) + minimums` at the end.
+pub fn dot_q5k_portable(w: &[u8], a: &Q8KRow) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut mins = 0f32;
+    for (b, block) in w.chunks_exact(Q5_K).enumerate() {
+        let d = a.d[b] * f16_at(block, 0);
+        let dmin = -a.d[b] * f16_at(block, 2);
+        let scales = &block[4..16];
+        let qh = &block[16..48];
+        let qs = &block[48..176];
+        let q8 = &a.qs[b * QK_K..(b + 1) * QK_K];
+        let bsums = &a.bsums[b * 16..(b + 1) * 16];
+        let mut imin = 0i32;
+        let mut lanes = [0i32; 8];
+        for j in 0..8 {
+            let (sc, m) = scale_min_k4(j, scales);
+            imin += m * (bsums[2 * j] + bsums[2 * j + 1]);
+            // Sub-block j: the low or high nibbles of 32 bytes, and bit j of each `qh` byte.
+            let bytes = &qs[(j / 2) * 32..(j / 2) * 32 + 32];
+            for (e, (&byte, &h)) in bytes.iter().zip(qh).enumerate() {
+                let low = if j % 2 == 0 { byte & 0x0F } else { byte >> 4 };
+                let q = (low | (((h >> j) & 1) << 4)) as i32;
+                lanes[e / 4] += sc * q * q8[j * 32 + e] as i32;
+            }
+        }
+        mins = (imin as f32).mul_add(dmin, mins);
+        for (l, &lane) in lanes.iter().enumerate() {
+            acc[l] = d.mul_add(lane as f32, acc[l]);
+        }
+    }
+    hsum8(&acc) + mins
 }
 
 #[cfg(test)]

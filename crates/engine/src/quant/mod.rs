@@ -1,6 +1,7 @@
 //! Quantized weight matrices and their products with f32 activations.
 //!
-//! For the block formats whose kernels we own (Q4_0, Q4_1, Q5_0, Q8_0) the arithmetic follows
+//! For the formats whose kernels we own (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K) the
+//! arithmetic follows
 //! ggml's x86 kernels step for step: activations are quantized to Q8 blocks the same way
 //! (scale `127/amax`, round half to even), each block's integer dot product is split into
 //! the same eight lanes, lanes are accumulated with fused multiply-adds and summed in the
@@ -69,6 +70,8 @@ pub enum OwnFormat {
     Blocks(BlockFormat),
     /// Q4_K against Q8_K activations.
     Q4K,
+    /// Q5_K against Q8_K activations.
+    Q5K,
     /// Q6_K against Q8_K activations.
     Q6K,
 }
@@ -79,6 +82,7 @@ impl OwnFormat {
         match self {
             Self::Blocks(f) => f.row_bytes(cols),
             Self::Q4K => cols / kquant::QK_K * kquant::Q4_K,
+            Self::Q5K => cols / kquant::QK_K * kquant::Q5_K,
             Self::Q6K => cols / kquant::QK_K * kquant::Q6_K,
         }
     }
@@ -87,7 +91,7 @@ impl OwnFormat {
     pub fn block_len(self) -> usize {
         match self {
             Self::Blocks(_) => 32,
-            Self::Q4K | Self::Q6K => kquant::QK_K,
+            Self::Q4K | Self::Q5K | Self::Q6K => kquant::QK_K,
         }
     }
 }
@@ -108,7 +112,7 @@ impl ActivationKind {
         match format {
             OwnFormat::Blocks(_) => Self::Q8,
             OwnFormat::Q4K => Self::Q8KByKernel,
-            OwnFormat::Q6K => Self::Q8KGemv,
+            OwnFormat::Q5K | OwnFormat::Q6K => Self::Q8KGemv,
         }
     }
 }
@@ -177,6 +181,7 @@ impl QMatrix {
             GgmlDType::Q5_0 => Some(OwnFormat::Blocks(BlockFormat::Q5_0)),
             GgmlDType::Q8_0 => Some(OwnFormat::Blocks(BlockFormat::Q8_0)),
             GgmlDType::Q4K => Some(OwnFormat::Q4K),
+            GgmlDType::Q5K => Some(OwnFormat::Q5K),
             GgmlDType::Q6K => Some(OwnFormat::Q6K),
             _ => None,
         };
@@ -226,7 +231,7 @@ impl QMatrix {
             OwnFormat::Q6K if simd_wide_tiles() => {
                 Weights::Q6kLanes(Q6kLanes::new(data, rows, cols / kquant::QK_K))
             }
-            OwnFormat::Q4K | OwnFormat::Q6K => Weights::Rows(data.to_vec()),
+            OwnFormat::Q4K | OwnFormat::Q5K | OwnFormat::Q6K => Weights::Rows(data.to_vec()),
         };
         Ok(Self::Own {
             format,
@@ -453,6 +458,7 @@ impl QMatrix {
                                 OwnFormat::Q4K => {
                                     kquant::dot_q4k_tile(w, &a[g.clone()], &kernels[g.clone()])
                                 }
+                                OwnFormat::Q5K => kquant::dot_q5k_tile(w, &a[g.clone()]),
                                 _ => kquant::dot_q6k_tile(w, &a[g.clone()]),
                             };
                             for (k, &v) in got.iter().enumerate().take(g.len()) {
@@ -541,6 +547,7 @@ mod tests {
             OwnFormat::Blocks(BlockFormat::Q5_0),
             OwnFormat::Blocks(BlockFormat::Q8_0),
             OwnFormat::Q4K,
+            OwnFormat::Q5K,
             OwnFormat::Q6K,
         ];
         for format in formats {
@@ -570,6 +577,10 @@ mod tests {
                                 w,
                                 &kquant::quantize_row_q8k(xt, kernels[t]),
                                 kernels[t],
+                            ),
+                            OwnFormat::Q5K => kquant::dot_q5k_portable(
+                                w,
+                                &kquant::quantize_row_q8k(xt, RowKernel::Gemv),
                             ),
                             OwnFormat::Q6K => kquant::dot_q6k_portable(
                                 w,

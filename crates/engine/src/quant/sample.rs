@@ -4,7 +4,7 @@
 
 use half::f16;
 
-use super::kquant::{Q4_K, Q6_K};
+use super::kquant::{Q4_K, Q5_K, Q6_K};
 use super::OwnFormat;
 
 /// A small deterministic generator (xorshift64*), so tests need no seed plumbing.
@@ -39,6 +39,7 @@ fn scale_offsets(format: OwnFormat) -> (&'static [usize], usize) {
         OwnFormat::Blocks(Q5_0) => (&[0], super::Q5_0),
         OwnFormat::Blocks(Q8_0) => (&[0], super::Q8_0),
         OwnFormat::Q4K => (&[0, 2], Q4_K),
+        OwnFormat::Q5K => (&[0, 2], Q5_K),
         OwnFormat::Q6K => (&[208], Q6_K),
     }
 }
