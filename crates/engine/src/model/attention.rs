@@ -456,7 +456,7 @@ fn dot_f16(a: &[f16], b: &[f16]) -> f32 {
 }
 
 /// `_mm512_reduce_add_ps`: halves added, then quarters, then pairs, then neighbours.
-pub(super) fn reduce_add_16(v: &[f32; 16]) -> f32 {
+pub(crate) fn reduce_add_16(v: &[f32; 16]) -> f32 {
     let mut h = [0f32; 8];
     for i in 0..8 {
         h[i] = v[i] + v[i + 8];

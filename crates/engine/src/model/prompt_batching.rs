@@ -84,6 +84,8 @@ impl PromptBatching {
                 RowPlan {
                     matmul: if pos < grouped_end {
                         RowKernel::Gemm4
+                    } else if ub.len() >= 2 {
+                        RowKernel::GemvInBatch
                     } else {
                         RowKernel::Gemv
                     },
@@ -149,13 +151,14 @@ impl PromptBatching {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use RowKernel::{Gemm4 as M, Gemv as V};
+    use RowKernel::{Gemm4 as M, Gemv as V, GemvInBatch as B};
 
     #[test]
     fn without_checkpoints_rows_go_four_at_a_time_from_the_start() {
         let b = PromptBatching::default();
-        assert_eq!(b.kernels(6, false, 0..6), [M, M, M, M, V, V]);
-        assert_eq!(b.kernels(3, false, 0..3), [V, V, V]);
+        assert_eq!(b.kernels(6, false, 0..6), [M, M, M, M, B, B]);
+        assert_eq!(b.kernels(3, false, 0..3), [B, B, B]);
+        assert_eq!(b.kernels(1, false, 0..1), [V]);
         // Generated tokens are decoded alone.
         assert_eq!(b.kernels(6, false, 6..7), [V]);
     }
@@ -163,8 +166,10 @@ mod tests {
     #[test]
     fn checkpoints_cut_the_last_four_tokens_off() {
         let b = PromptBatching::default();
-        assert_eq!(b.kernels(6, true, 0..6), [V, V, M, M, M, M]);
-        assert_eq!(b.kernels(9, true, 0..9), [M, M, M, M, V, M, M, M, M]);
+        assert_eq!(b.kernels(6, true, 0..6), [B, B, M, M, M, M]);
+        assert_eq!(b.kernels(9, true, 0..9), [M, M, M, M, B, M, M, M, M]);
+        // A micro-batch of one row is a lone row.
+        assert_eq!(b.kernels(5, true, 0..5), [V, M, M, M, M]);
         assert_eq!(b.micro_batches(4, true), vec![0..4]);
         assert_eq!(b.micro_batches(5, true), [0..1, 1..5]);
     }
@@ -193,7 +198,7 @@ mod tests {
         );
         let k = b.kernels(1200, true, 680..690);
         assert_eq!(k, [M, M, M, M, M, M, M, M, M, M]);
-        assert_eq!(b.kernels(686, false, 684..686), [V, V]);
+        assert_eq!(b.kernels(686, false, 684..686), [B, B]);
     }
 
     #[test]

@@ -26,6 +26,7 @@
 
 mod act_tile;
 mod dot;
+mod float;
 #[macro_use]
 mod kquant;
 mod kquant_simd;
@@ -56,11 +57,23 @@ pub use dot::{BlockFormat, Q4_0, Q4_1, Q5_0, Q8_0};
 /// the rest, including every decoded token, one at a time (GEMV).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RowKernel {
-    /// The row alone (matrix × vector).
+    /// The row alone (matrix × vector): a generated token, a lone prompt row, a row whose
+    /// logits are computed alone.
     #[default]
     Gemv,
+    /// A row of a micro-batch of two or more rows that is not in one of its groups of
+    /// four: the K-quant kernels take it as a GEMV row, the float formats' batched
+    /// product (llama.cpp's tinyBLAS) with the rest of the batch.
+    GemvInBatch,
     /// The row as one of a group of four (matrix × four rows).
     Gemm4,
+}
+
+impl RowKernel {
+    /// Whether the row is multiplied as part of a batch of two or more rows.
+    pub fn batched(self) -> bool {
+        self != Self::Gemv
+    }
 }
 
 /// Weight formats with kernels of our own.
@@ -72,6 +85,10 @@ pub enum OwnFormat {
     Q4K,
     /// Q5_K against Q8_K activations.
     Q5K,
+    /// F32 against f32 activations (llama.cpp's tinyBLAS).
+    F32,
+    /// F16 against activations rounded to F16 (llama.cpp's tinyBLAS).
+    F16,
     /// Q6_K against Q8_K activations.
     Q6K,
 }
@@ -83,6 +100,8 @@ impl OwnFormat {
             Self::Blocks(f) => f.row_bytes(cols),
             Self::Q4K => cols / kquant::QK_K * kquant::Q4_K,
             Self::Q5K => cols / kquant::QK_K * kquant::Q5_K,
+            Self::F32 => cols * 4,
+            Self::F16 => cols * 2,
             Self::Q6K => cols / kquant::QK_K * kquant::Q6_K,
         }
     }
@@ -92,6 +111,7 @@ impl OwnFormat {
         match self {
             Self::Blocks(_) => 32,
             Self::Q4K | Self::Q5K | Self::Q6K => kquant::QK_K,
+            Self::F32 | Self::F16 => 16,
         }
     }
 }
@@ -105,6 +125,10 @@ enum ActivationKind {
     Q8KByKernel,
     /// Q8_K super-blocks quantized as the GEMV does (Q6_K, whichever the kernel).
     Q8KGemv,
+    /// The f32 rows as they are.
+    F32,
+    /// The rows rounded to F16.
+    F16,
 }
 
 impl ActivationKind {
@@ -113,6 +137,8 @@ impl ActivationKind {
             OwnFormat::Blocks(_) => Self::Q8,
             OwnFormat::Q4K => Self::Q8KByKernel,
             OwnFormat::Q5K | OwnFormat::Q6K => Self::Q8KGemv,
+            OwnFormat::F32 => Self::F32,
+            OwnFormat::F16 => Self::F16,
         }
     }
 }
@@ -122,6 +148,8 @@ enum Activations {
     /// Q8 rows, and for a prompt under AVX-512 VNNI the same rows as tiles.
     Q8(Vec<q8::Q8Row>, Vec<ActTile>),
     Q8K(Vec<kquant::Q8KRow>),
+    /// Float rows, row-major.
+    Float(Vec<f32>),
 }
 
 impl Activations {
@@ -147,6 +175,8 @@ impl Activations {
                 rows.map(|(r, &kernel)| kquant::quantize_row_q8k(r, kernel))
                     .collect(),
             ),
+            ActivationKind::F32 => Self::Float(x.to_vec()),
+            ActivationKind::F16 => Self::Float(float::round_to_f16(x)),
             ActivationKind::Q8KGemv => Self::Q8K(
                 rows.map(|(r, _)| kquant::quantize_row_q8k(r, RowKernel::Gemv))
                     .collect(),
@@ -183,6 +213,14 @@ impl QMatrix {
             GgmlDType::Q4K => Some(OwnFormat::Q4K),
             GgmlDType::Q5K => Some(OwnFormat::Q5K),
             GgmlDType::Q6K => Some(OwnFormat::Q6K),
+            GgmlDType::F32 | GgmlDType::F16 => {
+                let (rows, cols) = tensor.shape().dims2()?;
+                float::tinyblas_takes(rows, cols).then_some(if tensor.dtype() == GgmlDType::F32 {
+                    OwnFormat::F32
+                } else {
+                    OwnFormat::F16
+                })
+            }
             _ => None,
         };
         match format {
@@ -232,6 +270,16 @@ impl QMatrix {
                 Weights::Q6kLanes(Q6kLanes::new(data, rows, cols / kquant::QK_K))
             }
             OwnFormat::Q4K | OwnFormat::Q5K | OwnFormat::Q6K => Weights::Rows(data.to_vec()),
+            OwnFormat::F32 => Weights::F32(
+                data.chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect(),
+            ),
+            OwnFormat::F16 => Weights::F16(
+                data.chunks_exact(2)
+                    .map(|b| half::f16::from_le_bytes([b[0], b[1]]))
+                    .collect(),
+            ),
         };
         Ok(Self::Own {
             format,
@@ -256,7 +304,7 @@ impl QMatrix {
         matches!(
             self,
             Self::Own {
-                format: OwnFormat::Q4K,
+                format: OwnFormat::Q4K | OwnFormat::F32 | OwnFormat::F16,
                 ..
             }
         )
@@ -469,6 +517,24 @@ impl QMatrix {
                     }
                 }
             }
+            (Weights::F32(w), Activations::Float(x)) => {
+                for r in start..end {
+                    let w = &w[r * cols..(r + 1) * cols];
+                    for (t, &kernel) in kernels.iter().enumerate() {
+                        let x = &x[t * cols..(t + 1) * cols];
+                        out.set(t, r, float::dot_f32(w, x, kernel.batched()));
+                    }
+                }
+            }
+            (Weights::F16(w), Activations::Float(x)) => {
+                for r in start..end {
+                    let w = &w[r * cols..(r + 1) * cols];
+                    for (t, &kernel) in kernels.iter().enumerate() {
+                        let x = &x[t * cols..(t + 1) * cols];
+                        out.set(t, r, float::dot_f16(w, x, kernel.batched()));
+                    }
+                }
+            }
             _ => unreachable!("activations are quantized for the matrix's format"),
         }
     }
@@ -484,6 +550,10 @@ pub enum Weights {
     Q4kLanes(Q4kLanes),
     /// Q6_K likewise.
     Q6kLanes(Q6kLanes),
+    /// F32 values, row after row.
+    F32(Vec<f32>),
+    /// F16 values, row after row.
+    F16(Vec<half::f16>),
 }
 
 /// Weight rows per group of the interleaved K-quant layouts (one per 512-bit lane).
@@ -549,6 +619,8 @@ mod tests {
             OwnFormat::Q4K,
             OwnFormat::Q5K,
             OwnFormat::Q6K,
+            OwnFormat::F32,
+            OwnFormat::F16,
         ];
         for format in formats {
             let data = sample::weights(format, rows, cols, &mut rng);
@@ -578,6 +650,20 @@ mod tests {
                                 &kquant::quantize_row_q8k(xt, kernels[t]),
                                 kernels[t],
                             ),
+                            OwnFormat::F32 => {
+                                let w: Vec<f32> = w
+                                    .chunks_exact(4)
+                                    .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                                    .collect();
+                                float::dot_f32(&w, xt, kernels[t].batched())
+                            }
+                            OwnFormat::F16 => {
+                                let w: Vec<half::f16> = w
+                                    .chunks_exact(2)
+                                    .map(|b| half::f16::from_le_bytes(b.try_into().unwrap()))
+                                    .collect();
+                                float::dot_f16(&w, &float::round_to_f16(xt), kernels[t].batched())
+                            }
                             OwnFormat::Q5K => kquant::dot_q5k_portable(
                                 w,
                                 &kquant::quantize_row_q8k(xt, RowKernel::Gemv),

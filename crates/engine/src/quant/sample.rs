@@ -41,11 +41,22 @@ fn scale_offsets(format: OwnFormat) -> (&'static [usize], usize) {
         OwnFormat::Q4K => (&[0, 2], Q4_K),
         OwnFormat::Q5K => (&[0, 2], Q5_K),
         OwnFormat::Q6K => (&[208], Q6_K),
+        OwnFormat::F32 | OwnFormat::F16 => unreachable!("float formats have no scales"),
     }
 }
 
 /// `rows × cols` random weights of `format`, row after row.
 pub fn weights(format: OwnFormat, rows: usize, cols: usize, rng: &mut Xorshift) -> Vec<u8> {
+    let values = (0..rows * cols).map(|_| rng.next_f32() * 0.05);
+    match format {
+        OwnFormat::F32 => return values.flat_map(f32::to_le_bytes).collect(),
+        OwnFormat::F16 => {
+            return values
+                .flat_map(|v| f16::from_f32(v).to_le_bytes())
+                .collect()
+        }
+        _ => {}
+    }
     let mut data: Vec<u8> = (0..rows * format.row_bytes(cols))
         .map(|_| rng.next_u64() as u8)
         .collect();
