@@ -22,8 +22,9 @@ step "fetching the models (cached after the first run)"
 step "cargo test --release"
 cargo test --release --workspace
 
-step "llama.cpp's greedy fixtures on the AVX2 and portable kernel paths (FERRITE_CPU)"
+step "llama.cpp's greedy fixtures (real and random-weight models) on the AVX2 and portable kernel paths (FERRITE_CPU)"
 FERRITE_CPU=avx2 cargo test --release -p ferrite-engine --test greedy_fixtures
+FERRITE_CPU=avx2 cargo test --release -p ferrite-engine --test synth_models
 # The scalar kernels take minutes per long prompt; their bit-identity with the SIMD ones
 # is unit-tested, and the short fixtures run on them end to end.
 FERRITE_CPU=portable cargo test --release -p ferrite-engine --test greedy_fixtures -- --skip long_prompts
