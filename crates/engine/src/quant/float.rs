@@ -7,9 +7,12 @@
 //! meet activations rounded to F16 either way (llama.cpp converts them to the weights' dot
 //! product type first). The loops below are those chains written per lane; the compiler
 //! vectorises them, and the order of operations is fixed by the code, so they are their
-//! own portable twins.
+//! own portable twins. BF16 follows the AVX512-BF16 instructions (see [`dot_bf16`]). All
+//! three follow llama.cpp built for this machine's kind of CPU (AVX-512, AVX512-BF16, no
+//! AVX512-FP16); on other CPUs llama.cpp sums in other orders, which ferrite does not follow
+//! yet.
 
-use half::f16;
+use half::{bf16, f16};
 
 use crate::model::attention::reduce_add_16;
 
@@ -19,9 +22,10 @@ const LANES: usize = 16;
 const ACCUMULATORS: usize = 4;
 
 /// Whether llama.cpp's tinyBLAS takes a matrix of `rows × cols` (otherwise it falls back
-/// to other kernels, which ferrite does not follow for float weights).
-pub fn tinyblas_takes(rows: usize, cols: usize) -> bool {
-    rows.is_multiple_of(4) && cols.is_multiple_of(LANES)
+/// to other kernels, which ferrite does not follow for float weights); BF16 rows go 32
+/// values at a time.
+pub fn tinyblas_takes(rows: usize, cols: usize, bf16: bool) -> bool {
+    rows.is_multiple_of(4) && cols.is_multiple_of(if bf16 { 2 * BF16_PAIRS } else { LANES })
 }
 
 /// `Σ w[k]·x[k]`, rounded as llama.cpp's batched (`batched`) or lone-row kernel.
@@ -69,6 +73,63 @@ fn dot<W: Copy>(w: &[W], x: &[f32], batched: bool, widen: impl Fn(W) -> f32) -> 
         sum += (widen(w) * x) as f64;
     }
     sum as f32
+}
+
+/// Lanes of one `vdpbf16ps` accumulator, and the values one instruction takes.
+const BF16_PAIRS: usize = 16;
+
+/// `Σ w[k]·x[k]` of BF16 weights and activations already rounded to BF16 (held as f32),
+/// as llama.cpp computes it on a CPU with AVX512-BF16: `vdpbf16ps`, whose lane `j` adds the
+/// exact products of values `2j + 1` and then `2j` of every 32, each addition rounded to
+/// nearest even with subnormals flushed to zero. A batched row takes one accumulator per
+/// output (tinyBLAS); a lone row two, over alternate blocks of 32, each summed as
+/// `_mm512_reduce_add_ps` and added in f64 (`ggml_vec_dot_bf16`), with any values past the
+/// last whole block of 64 added one by one.
+pub fn dot_bf16(w: &[bf16], x: &[f32], batched: bool) -> f32 {
+    let block = 2 * BF16_PAIRS;
+    let step = |acc: &mut [f32; BF16_PAIRS], w: &[bf16], x: &[f32]| {
+        for j in 0..BF16_PAIRS {
+            for k in [2 * j + 1, 2 * j] {
+                let product = flush(flush(w[k].to_f32()) * flush(x[k]));
+                acc[j] = flush(acc[j] + product);
+            }
+        }
+    };
+    if batched {
+        let mut acc = [0f32; BF16_PAIRS];
+        for (w, x) in w.chunks_exact(block).zip(x.chunks_exact(block)) {
+            step(&mut acc, w, x);
+        }
+        return reduce_add_16(&acc);
+    }
+    let mut acc = [[0f32; BF16_PAIRS]; 2];
+    let whole = w.len() / (2 * block) * (2 * block);
+    let blocks = w[..whole]
+        .chunks_exact(block)
+        .zip(x[..whole].chunks_exact(block));
+    for (i, (w, x)) in blocks.enumerate() {
+        step(&mut acc[i % 2], w, x);
+    }
+    let mut sum = reduce_add_16(&acc[0]) as f64 + reduce_add_16(&acc[1]) as f64;
+    for (&w, &x) in w[whole..].iter().zip(&x[whole..]) {
+        sum += (w.to_f32() * x) as f64;
+    }
+    sum as f32
+}
+
+/// A subnormal flushed to zero (keeping its sign), as `vdpbf16ps` treats them.
+fn flush(v: f32) -> f32 {
+    if v != 0.0 && v.abs() < f32::MIN_POSITIVE {
+        0.0f32.copysign(v)
+    } else {
+        v
+    }
+}
+
+/// Activations rounded to BF16 and back, as llama.cpp converts them for BF16 weights
+/// (round to nearest even).
+pub fn round_to_bf16(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect()
 }
 
 /// Activations rounded to F16 and back, as llama.cpp converts them for F16 weights.
@@ -121,6 +182,29 @@ mod tests {
         let w: Vec<f32> = (0..80).map(|i| (i as f32 - 40.0) / 9.0).collect();
         let x: Vec<f32> = (0..80).map(|i| (i as f32).sin()).collect();
         assert!((dot_f32(&w, &x, false) as f64 - exact(&w, &x)).abs() < 1e-4);
+    }
+
+    #[test]
+    fn bf16_lanes_add_the_odd_product_first() {
+        // Lane 0 takes values 1, 0, 33, 32 in that order: 2^27 + 1 rounds back to 2^27, so
+        // ((2^27 + 1) − 2^27) + 1 = 1, where the even-first order would give
+        // ((1 + 2^27) + 1) − 2^27 = 0.
+        let big = (1u32 << 27) as f32;
+        let mut x = vec![0f32; 64];
+        (x[1], x[0], x[33], x[32]) = (big, 1.0, -big, 1.0);
+        let x = round_to_bf16(&x);
+        let w = vec![bf16::ONE; 64];
+        assert_eq!(dot_bf16(&w, &x, true), 1.0);
+        // The lone-row kernel puts the two blocks of 32 in different accumulators, where
+        // each 1 is lost beside ±2^27: 2^27 + (−2^27) = 0.
+        assert_eq!(dot_bf16(&w, &x, false), 0.0);
+    }
+
+    #[test]
+    fn bf16_flushes_subnormal_products() {
+        let x = round_to_bf16(&[1e-20f32; 32]);
+        let w = vec![bf16::from_f32(1e-20); 32];
+        assert_eq!(dot_bf16(&w, &x, true), 0.0);
     }
 
     #[test]

@@ -85,12 +85,14 @@ pub enum OwnFormat {
     Q4K,
     /// Q5_K against Q8_K activations.
     Q5K,
-    /// F32 against f32 activations (llama.cpp's tinyBLAS).
-    F32,
-    /// F16 against activations rounded to F16 (llama.cpp's tinyBLAS).
-    F16,
     /// Q6_K against Q8_K activations.
     Q6K,
+    /// F32 against f32 activations (llama.cpp's tinyBLAS and vector dot product).
+    F32,
+    /// F16 against activations rounded to F16 (likewise).
+    F16,
+    /// BF16 against activations rounded to BF16 (llama.cpp's AVX512-BF16 kernels).
+    Bf16,
 }
 
 impl OwnFormat {
@@ -101,7 +103,7 @@ impl OwnFormat {
             Self::Q4K => cols / kquant::QK_K * kquant::Q4_K,
             Self::Q5K => cols / kquant::QK_K * kquant::Q5_K,
             Self::F32 => cols * 4,
-            Self::F16 => cols * 2,
+            Self::F16 | Self::Bf16 => cols * 2,
             Self::Q6K => cols / kquant::QK_K * kquant::Q6_K,
         }
     }
@@ -112,6 +114,7 @@ impl OwnFormat {
             Self::Blocks(_) => 32,
             Self::Q4K | Self::Q5K | Self::Q6K => kquant::QK_K,
             Self::F32 | Self::F16 => 16,
+            Self::Bf16 => 32,
         }
     }
 }
@@ -129,6 +132,8 @@ enum ActivationKind {
     F32,
     /// The rows rounded to F16.
     F16,
+    /// The rows rounded to BF16.
+    Bf16,
 }
 
 impl ActivationKind {
@@ -139,6 +144,7 @@ impl ActivationKind {
             OwnFormat::Q5K | OwnFormat::Q6K => Self::Q8KGemv,
             OwnFormat::F32 => Self::F32,
             OwnFormat::F16 => Self::F16,
+            OwnFormat::Bf16 => Self::Bf16,
         }
     }
 }
@@ -177,6 +183,7 @@ impl Activations {
             ),
             ActivationKind::F32 => Self::Float(x.to_vec()),
             ActivationKind::F16 => Self::Float(float::round_to_f16(x)),
+            ActivationKind::Bf16 => Self::Float(float::round_to_bf16(x)),
             ActivationKind::Q8KGemv => Self::Q8K(
                 rows.map(|(r, _)| kquant::quantize_row_q8k(r, RowKernel::Gemv))
                     .collect(),
@@ -213,13 +220,14 @@ impl QMatrix {
             GgmlDType::Q4K => Some(OwnFormat::Q4K),
             GgmlDType::Q5K => Some(OwnFormat::Q5K),
             GgmlDType::Q6K => Some(OwnFormat::Q6K),
-            GgmlDType::F32 | GgmlDType::F16 => {
+            dtype @ (GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) => {
                 let (rows, cols) = tensor.shape().dims2()?;
-                float::tinyblas_takes(rows, cols).then_some(if tensor.dtype() == GgmlDType::F32 {
-                    OwnFormat::F32
-                } else {
-                    OwnFormat::F16
-                })
+                let format = match dtype {
+                    GgmlDType::F32 => OwnFormat::F32,
+                    GgmlDType::F16 => OwnFormat::F16,
+                    _ => OwnFormat::Bf16,
+                };
+                float::tinyblas_takes(rows, cols, format == OwnFormat::Bf16).then_some(format)
             }
             _ => None,
         };
@@ -280,6 +288,11 @@ impl QMatrix {
                     .map(|b| half::f16::from_le_bytes([b[0], b[1]]))
                     .collect(),
             ),
+            OwnFormat::Bf16 => Weights::Bf16(
+                data.chunks_exact(2)
+                    .map(|b| half::bf16::from_le_bytes([b[0], b[1]]))
+                    .collect(),
+            ),
         };
         Ok(Self::Own {
             format,
@@ -304,7 +317,7 @@ impl QMatrix {
         matches!(
             self,
             Self::Own {
-                format: OwnFormat::Q4K | OwnFormat::F32 | OwnFormat::F16,
+                format: OwnFormat::Q4K | OwnFormat::F32 | OwnFormat::F16 | OwnFormat::Bf16,
                 ..
             }
         )
@@ -535,6 +548,15 @@ impl QMatrix {
                     }
                 }
             }
+            (Weights::Bf16(w), Activations::Float(x)) => {
+                for r in start..end {
+                    let w = &w[r * cols..(r + 1) * cols];
+                    for (t, &kernel) in kernels.iter().enumerate() {
+                        let x = &x[t * cols..(t + 1) * cols];
+                        out.set(t, r, float::dot_bf16(w, x, kernel.batched()));
+                    }
+                }
+            }
             _ => unreachable!("activations are quantized for the matrix's format"),
         }
     }
@@ -554,6 +576,8 @@ pub enum Weights {
     F32(Vec<f32>),
     /// F16 values, row after row.
     F16(Vec<half::f16>),
+    /// BF16 values, row after row.
+    Bf16(Vec<half::bf16>),
 }
 
 /// Weight rows per group of the interleaved K-quant layouts (one per 512-bit lane).
@@ -621,6 +645,7 @@ mod tests {
             OwnFormat::Q6K,
             OwnFormat::F32,
             OwnFormat::F16,
+            OwnFormat::Bf16,
         ];
         for format in formats {
             let data = sample::weights(format, rows, cols, &mut rng);
@@ -663,6 +688,13 @@ mod tests {
                                     .map(|b| half::f16::from_le_bytes(b.try_into().unwrap()))
                                     .collect();
                                 float::dot_f16(&w, &float::round_to_f16(xt), kernels[t].batched())
+                            }
+                            OwnFormat::Bf16 => {
+                                let w: Vec<half::bf16> = w
+                                    .chunks_exact(2)
+                                    .map(|b| half::bf16::from_le_bytes(b.try_into().unwrap()))
+                                    .collect();
+                                float::dot_bf16(&w, &float::round_to_bf16(xt), kernels[t].batched())
                             }
                             OwnFormat::Q5K => kquant::dot_q5k_portable(
                                 w,
