@@ -57,6 +57,11 @@ pub fn weights(format: OwnFormat, rows: usize, cols: usize, rng: &mut Xorshift) 
                 .flat_map(|v| f16::from_f32(v).to_le_bytes())
                 .collect()
         }
+        OwnFormat::Bf16 => {
+            return values
+                .flat_map(|v| half::bf16::from_f32(v).to_le_bytes())
+                .collect()
+        }
         _ => {}
     }
     let mut data: Vec<u8> = (0..rows * format.row_bytes(cols))
