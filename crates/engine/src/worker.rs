@@ -341,7 +341,8 @@ pub struct Engine {
 
 impl Engine {
     /// Starts the engine thread for `model`.
-    pub fn start(model: Box<dyn Model>, tokenizer: Tokenizer, config: EngineConfig) -> Self {
+    pub fn start(mut model: Box<dyn Model>, tokenizer: Tokenizer, config: EngineConfig) -> Self {
+        model.set_context_length(config.context_length);
         let (tx, rx) = mpsc::channel();
         let tokenizer = Arc::new(tokenizer);
         let stats = Arc::new(EngineStats::default());

@@ -36,6 +36,57 @@ pub struct AttentionShape {
     pub scale: f32,
     /// Sliding window: a query at position p sees keys at positions > p - window.
     pub window: Option<usize>,
+    /// Soft cap of the scores (Gemma 2): `cap · tanh(score / cap)`.
+    pub softcap: Option<f32>,
+}
+
+impl AttentionShape {
+    /// How a query·key dot product becomes a score for this shape.
+    pub fn score_scale(&self) -> ScoreScale {
+        match self.softcap {
+            // ggml divides the scale by the cap first, then multiplies tanh's result back.
+            Some(cap) => ScoreScale {
+                factor: self.scale / cap,
+                cap,
+            },
+            None => ScoreScale {
+                factor: self.scale,
+                cap: 0.0,
+            },
+        }
+    }
+}
+
+/// How a query·key dot product becomes a score, as ggml's flash attention computes it:
+/// `dot · factor`, then, with a soft cap, `cap · tanhf(that)` (libm's `tanhf`, as ggml).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScoreScale {
+    factor: f32,
+    /// Zero for no cap.
+    cap: f32,
+}
+
+impl ScoreScale {
+    /// The factor the dot product is multiplied by.
+    pub fn factor(self) -> f32 {
+        self.factor
+    }
+
+    /// The score of a dot product.
+    #[inline]
+    pub fn apply(self, dot: f32) -> f32 {
+        self.cap(dot * self.factor)
+    }
+
+    /// A scaled score, soft-capped if the shape says so.
+    #[inline]
+    pub fn cap(self, scaled: f32) -> f32 {
+        if self.cap != 0.0 {
+            self.cap * scaled.tanh()
+        } else {
+            scaled
+        }
+    }
 }
 
 /// Which of llama.cpp's flash-attention kernels a query row's rounding follows (see the
@@ -168,7 +219,7 @@ pub(super) type GroupKernel = unsafe fn(
     q: &[f32],
     kv: &KvRows<'_>,
     head_dim: usize,
-    scale: f32,
+    scale: ScoreScale,
     acc: &mut [f32],
     partials: &mut [Partial],
 );
@@ -224,7 +275,7 @@ unsafe fn attend_rows_portable(
     q: &[f32],
     kv: &KvRows<'_>,
     head_dim: usize,
-    scale: f32,
+    scale: ScoreScale,
     acc: &mut [f32],
     partials: &mut [Partial],
 ) {
@@ -324,9 +375,10 @@ unsafe fn run_task(
         n_head,
         n_kv_head,
         head_dim,
-        scale,
         window,
+        ..
     } = *shape;
+    let scale = shape.score_scale();
     let group = n_head / n_kv_head;
     let offset = task.kv_head * head_dim;
     let position = |t: usize| input.kv.positions() - input.n + t;
@@ -392,7 +444,7 @@ unsafe fn run_task(
 }
 
 /// One query row in portable code: its unnormalised weighted values in `acc`.
-fn attend_row(q: &[f32], kv: &KvRows<'_>, scale: f32, acc: &mut [f32]) -> Partial {
+fn attend_row(q: &[f32], kv: &KvRows<'_>, scale: ScoreScale, acc: &mut [f32]) -> Partial {
     let head_dim = q.len();
     let stride = kv.view.kv_width();
     let q16: Vec<f16> = q.iter().map(|&x| f16::from_f32(x)).collect();
@@ -402,7 +454,7 @@ fn attend_row(q: &[f32], kv: &KvRows<'_>, scale: f32, acc: &mut [f32]) -> Partia
     for (keys, values, len) in kv.runs() {
         for j in 0..len {
             let at = j * stride + kv.offset;
-            let s = dot_f16(&q16, &keys[at..at + head_dim]) * scale;
+            let s = scale.apply(dot_f16(&q16, &keys[at..at + head_dim]));
             let (mut rescale, mut weight) = (1.0f32, 1.0f32);
             if s > max {
                 rescale = (max - s).exp();
@@ -506,6 +558,7 @@ mod tests {
             head_dim: 2,
             scale: 1.0,
             window: None,
+            softcap: None,
         };
         let c = cache(2, &[0.5, 0.5], &[2.0, 3.0]);
         for kernel in [Row, Tiled, Split { cells: 512 }] {
@@ -522,6 +575,7 @@ mod tests {
             head_dim: 1,
             scale: 1.0,
             window: Some(1),
+            softcap: None,
         };
         let c = cache(1, &[1.0, 1.0], &[5.0, 7.0]);
         for kernel in [Row, Tiled, Split { cells: 512 }] {
@@ -562,11 +616,16 @@ mod tests {
                 let scores: Vec<f64> = (first..=pos)
                     .map(|p| {
                         let k = &view.keys(p)[off..off + hd];
-                        qh.iter()
+                        let dot = qh
+                            .iter()
                             .zip(k)
                             .map(|(a, b)| *a as f64 * b.to_f64())
                             .sum::<f64>()
-                            * shape.scale as f64
+                            * shape.scale as f64;
+                        match shape.softcap {
+                            Some(cap) => cap as f64 * (dot / cap as f64).tanh(),
+                            None => dot,
+                        }
                     })
                     .collect();
                 let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -586,12 +645,19 @@ mod tests {
 
     #[test]
     fn every_kernel_computes_attention() {
+        for softcap in [None, Some(3.0)] {
+            every_kernel_computes_attention_with(softcap);
+        }
+    }
+
+    fn every_kernel_computes_attention_with(softcap: Option<f32>) {
         let shape = AttentionShape {
             n_head: 4,
             n_kv_head: 2,
             head_dim: 64,
             scale: 0.125,
             window: None,
+            softcap,
         };
         let mut rng = Xorshift::new(3);
         let positions = 600;
@@ -610,7 +676,7 @@ mod tests {
                 .zip(&want)
                 .map(|(a, b)| (a - b).abs())
                 .fold(0.0, f32::max);
-            assert!(worst < 2e-2, "{kernel:?}: {worst}");
+            assert!(worst < 2e-2, "{kernel:?}, soft cap {softcap:?}: {worst}");
         }
     }
 
@@ -622,6 +688,7 @@ mod tests {
             head_dim: 64,
             scale: 0.125,
             window: None,
+            softcap: None,
         };
         let mut rng = Xorshift::new(5);
         let c = cache(
@@ -661,12 +728,13 @@ mod tests {
 
     #[test]
     fn simd_kernels_are_bit_identical_to_the_portable_ones() {
-        for (head_dim, n_head, n_kv_head, window, positions) in [
-            (64, 9, 3, None, 80),
-            (256, 4, 1, Some(21), 90),
-            (128, 14, 2, Some(30), 75),
-            (64, 9, 3, None, 300),
-            (256, 4, 1, Some(100), 530),
+        for (head_dim, n_head, n_kv_head, window, positions, softcap) in [
+            (64, 9, 3, None, 80, None),
+            (256, 4, 1, Some(21), 90, None),
+            (128, 14, 2, Some(30), 75, Some(50.0)),
+            (64, 9, 3, None, 300, Some(20.0)),
+            (256, 4, 1, Some(100), 530, None),
+            (128, 4, 2, Some(16), 600, Some(50.0)),
         ] {
             let shape = AttentionShape {
                 n_head,
@@ -674,6 +742,7 @@ mod tests {
                 head_dim,
                 scale: 0.125,
                 window,
+                softcap,
             };
             let n = 70;
             let mut rng = Xorshift::new(head_dim as u64 + positions as u64);
@@ -718,6 +787,7 @@ mod tests {
             head_dim: 64,
             scale: 0.125,
             window: None,
+            softcap: None,
         };
         let mut rng = Xorshift::new(9);
         let mut r = |n: usize| random(&mut rng, n, 1.0);

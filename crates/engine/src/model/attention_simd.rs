@@ -12,7 +12,7 @@
 
 use half::f16;
 
-use super::attention::{KvRows, Partial};
+use super::attention::{KvRows, Partial, ScoreScale};
 
 /// Keys scored before their values are added: one KV cache block's positions.
 const KEYS: usize = crate::kv_cache::BLOCK_POSITIONS;
@@ -37,7 +37,7 @@ pub unsafe fn attend_rows(
     q: &[f32],
     kv: &KvRows<'_>,
     head_dim: usize,
-    scale: f32,
+    scale: ScoreScale,
     acc: &mut [f32],
     partials: &mut [Partial],
 ) {
@@ -57,7 +57,7 @@ pub(super) unsafe fn attend_avx512(
     q: &[f32],
     kv: &KvRows<'_>,
     head_dim: usize,
-    scale: f32,
+    scale: ScoreScale,
     acc: &mut [f32],
     partials: &mut [Partial],
 ) {
@@ -73,7 +73,7 @@ pub(super) unsafe fn attend_avx2(
     q: &[f32],
     kv: &KvRows<'_>,
     head_dim: usize,
-    scale: f32,
+    scale: ScoreScale,
     acc: &mut [f32],
     partials: &mut [Partial],
 ) {
@@ -178,7 +178,7 @@ unsafe fn attend_body<L: Lanes>(
     q: &[f32],
     kv: &KvRows<'_>,
     head_dim: usize,
-    scale: f32,
+    scale: ScoreScale,
     acc: &mut [f32],
     partials: &mut [Partial],
 ) {
@@ -225,7 +225,7 @@ unsafe fn attend_body<L: Lanes>(
         }
         for ((steps, max), sum) in steps.iter_mut().zip(&mut max).zip(&mut sum) {
             for step in &mut steps[..len] {
-                let s = step.score * scale;
+                let s = scale.apply(step.score);
                 step.raised = s > *max;
                 (step.rescale, step.weight) = if step.raised {
                     let rescale = (*max - s).exp();

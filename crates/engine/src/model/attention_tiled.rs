@@ -13,7 +13,7 @@
 
 use crate::kv_cache::LayerView;
 
-use super::attention::{normalise, reduce_add_16};
+use super::attention::{normalise, reduce_add_16, ScoreScale};
 
 /// Cells per tile (`GGML_FA_TILE_KV`).
 pub(super) const TILE: usize = 64;
@@ -36,7 +36,7 @@ pub(super) type TiledKernel = unsafe fn(
     queries: &[Query<'_>],
     view: LayerView<'_>,
     offset: usize,
-    scale: f32,
+    scale: ScoreScale,
     out: &mut [f32],
 );
 
@@ -48,7 +48,7 @@ pub(super) unsafe fn attend_tiled_portable(
     queries: &[Query<'_>],
     view: LayerView<'_>,
     offset: usize,
-    scale: f32,
+    scale: ScoreScale,
     out: &mut [f32],
 ) {
     let Some(head_dim) = queries.first().map(|q| q.q.len()) else {
@@ -59,7 +59,13 @@ pub(super) unsafe fn attend_tiled_portable(
     }
 }
 
-fn attend_row(query: &Query<'_>, view: LayerView<'_>, offset: usize, scale: f32, out: &mut [f32]) {
+fn attend_row(
+    query: &Query<'_>,
+    view: LayerView<'_>,
+    offset: usize,
+    scale: ScoreScale,
+    out: &mut [f32],
+) {
     let head_dim = query.q.len();
     out.fill(0.0);
     let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
@@ -73,7 +79,7 @@ fn attend_row(query: &Query<'_>, view: LayerView<'_>, offset: usize, scale: f32,
             for (k, q) in key.iter().zip(query.q) {
                 s = k.to_f32().mul_add(*q, s);
             }
-            scores[p - base] = s * scale;
+            scores[p - base] = scale.apply(s);
         }
         let tile_max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let new_max = max.max(tile_max);

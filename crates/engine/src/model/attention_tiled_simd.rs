@@ -11,7 +11,7 @@
 
 use crate::kv_cache::LayerView;
 
-use super::attention::normalise;
+use super::attention::{normalise, ScoreScale};
 use super::attention_tiled::{Query, TILE};
 use super::lanes::{Avx2, Avx512, Lanes};
 
@@ -24,7 +24,7 @@ pub unsafe fn attend_tiled(
     queries: &[Query<'_>],
     view: LayerView<'_>,
     offset: usize,
-    scale: f32,
+    scale: ScoreScale,
     out: &mut [f32],
 ) {
     if super::attention_simd::avx512_available() {
@@ -43,7 +43,7 @@ pub(super) unsafe fn attend_avx512(
     queries: &[Query<'_>],
     view: LayerView<'_>,
     offset: usize,
-    scale: f32,
+    scale: ScoreScale,
     out: &mut [f32],
 ) {
     tiled_body::<Avx512>(queries, view, offset, scale, out)
@@ -58,7 +58,7 @@ pub(super) unsafe fn attend_avx2(
     queries: &[Query<'_>],
     view: LayerView<'_>,
     offset: usize,
-    scale: f32,
+    scale: ScoreScale,
     out: &mut [f32],
 ) {
     tiled_body::<Avx2>(queries, view, offset, scale, out)
@@ -72,7 +72,7 @@ unsafe fn tiled_body<L: Lanes>(
     queries: &[Query<'_>],
     view: LayerView<'_>,
     offset: usize,
-    scale: f32,
+    scale: ScoreScale,
     out: &mut [f32],
 ) {
     let Some(head_dim) = queries.first().map(|q| q.q.len()) else {
@@ -168,7 +168,7 @@ unsafe fn tiled_body<L: Lanes>(
 unsafe fn scores<L: Lanes>(
     q: &[f32],
     keys: &[f32],
-    scale: f32,
+    scale: ScoreScale,
     base: usize,
     seen: &std::ops::Range<usize>,
 ) -> [f32; TILE] {
@@ -183,14 +183,16 @@ unsafe fn scores<L: Lanes>(
         }
     }
     let mut scores = [f32::NEG_INFINITY; TILE];
-    let s = L::splat(scale);
+    let s = L::splat(scale.factor());
     for (v, a) in acc.iter().take(n).enumerate() {
         L::store(scores.as_mut_ptr().add(v * L::WIDTH), L::mul(*a, s));
     }
     for (j, score) in scores.iter_mut().enumerate() {
-        if !seen.contains(&(base + j)) {
-            *score = f32::NEG_INFINITY;
-        }
+        *score = if seen.contains(&(base + j)) {
+            scale.cap(*score)
+        } else {
+            f32::NEG_INFINITY
+        };
     }
     scores
 }

@@ -164,6 +164,29 @@ pub(super) struct Block {
     pub post_ffn_norm: Option<Vec<f32>>,
 }
 
+/// Rotary embeddings that depend on the context length served (Phi-3's LongRoPE): the
+/// `short` one up to the `original` training context, the `long` one beyond, chosen as
+/// llama.cpp chooses them from its per-sequence context.
+pub(super) struct ContextRopes {
+    /// The original (pre-extension) training context.
+    pub original: usize,
+    /// For contexts up to `original`.
+    pub short: Rope,
+    /// For longer contexts.
+    pub long: Rope,
+}
+
+impl ContextRopes {
+    /// The embedding for a context of `context` positions.
+    pub fn for_context(&self, context: usize) -> &Rope {
+        if context > self.original {
+            &self.long
+        } else {
+            &self.short
+        }
+    }
+}
+
 /// A decoder-only transformer: the model every architecture builds.
 pub(super) struct Decoder {
     /// Facts for the engine.
@@ -184,6 +207,10 @@ pub(super) struct Decoder {
     pub eps: f32,
     /// How prompt rows are rounded.
     pub batching: PromptBatching,
+    /// Soft cap of the logits (Gemma 2): `cap · tanh(logit / cap)`.
+    pub final_softcap: Option<f32>,
+    /// Rotary embeddings chosen by the context length served, if they are (Phi-3).
+    pub context_ropes: Option<ContextRopes>,
 }
 
 impl Decoder {
@@ -223,6 +250,8 @@ impl Decoder {
             hidden: dims.hidden,
             eps: hyper.eps,
             batching: PromptBatching::default(),
+            final_softcap: None,
+            context_ropes: None,
         })
     }
 }
@@ -408,8 +437,24 @@ impl Model for Decoder {
             return Ok(Vec::new());
         }
         ops::rms_norm(&mut x, &self.output_norm, self.eps);
-        let logits = ops::matmul(&self.output, &x, &layout.logit_kernels)?;
+        let mut logits = ops::matmul(&self.output, &x, &layout.logit_kernels)?;
+        if let Some(cap) = self.final_softcap {
+            // Three roundings, as ggml's scale, tanh and scale.
+            let inverse = 1.0 / cap;
+            logits
+                .iter_mut()
+                .for_each(|l| *l = (*l * inverse).tanh() * cap);
+        }
         Ok(split_rows(logits, self.info.vocab_size))
+    }
+
+    fn set_context_length(&mut self, context: usize) {
+        if let Some(ropes) = &self.context_ropes {
+            let rope = ropes.for_context(context);
+            for block in &mut self.blocks {
+                block.attention.rope = rope.clone();
+            }
+        }
     }
 
     fn set_prompt_batching(&mut self, batching: PromptBatching) {

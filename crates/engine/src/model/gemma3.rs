@@ -40,6 +40,7 @@ pub(super) fn load(gguf: &mut GgufFile) -> Result<Decoder, EngineError> {
             // Queries are scaled before attention, as Gemma specifies.
             scale: 1.0,
             window: local.then_some(window),
+            softcap: None,
         };
         let rope = if local { &local_rope } else { &global_rope };
         let mut block = plain_block(gguf, i, &hyper, shape, rope.clone(), Activation::GeluTanh)?;

@@ -31,6 +31,7 @@ pub(super) fn load(gguf: &mut GgufFile) -> Result<Decoder, EngineError> {
         head_dim,
         scale: 1.0 / (head_dim as f32).sqrt(),
         window: None,
+        softcap: None,
     };
     let blocks = (0..hyper.dims.n_layers)
         .map(|i| plain_block(gguf, i, &hyper, shape, rope.clone(), Activation::Silu))

@@ -9,10 +9,12 @@ mod attention_simd;
 mod attention_tiled;
 mod attention_tiled_simd;
 mod decoder;
+mod gemma2;
 mod gemma3;
 mod lanes;
 mod llama;
 pub mod ops;
+mod phi3;
 mod prompt_batching;
 mod qwen2;
 mod qwen3;
@@ -90,6 +92,10 @@ pub trait Model: Send + Sync {
 
     /// The batching parameters prompt rows are rounded by.
     fn prompt_batching(&self) -> PromptBatching;
+
+    /// Tells the model the longest context it will be run with (Phi-3's rotary embeddings
+    /// depend on it, as llama.cpp's do on its per-sequence context). The default ignores it.
+    fn set_context_length(&mut self, _context: usize) {}
 
     /// How many of the first `common` positions of a cache computed for a sequence whose
     /// prompt had `old_prompt_len` tokens a new sequence with `new_prompt_len` prompt
@@ -186,8 +192,10 @@ pub fn load(gguf: &mut GgufFile) -> Result<Box<dyn Model>, EngineError> {
         "gemma3" => Ok(Box::new(gemma3::load(gguf)?)),
         "qwen2" => Ok(Box::new(qwen2::load(gguf)?)),
         "qwen3" => Ok(Box::new(qwen3::load(gguf)?)),
+        "phi3" => Ok(Box::new(phi3::load(gguf)?)),
+        "gemma2" => Ok(Box::new(gemma2::load(gguf)?)),
         other => Err(EngineError::Unsupported(format!(
-            "model architecture `{other}` in {} (supported: llama, qwen2, qwen3, gemma3)",
+            "model architecture `{other}` in {} (supported: llama, qwen2, qwen3, phi3, gemma2, gemma3)",
             gguf.path().display()
         ))),
     }

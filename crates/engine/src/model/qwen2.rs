@@ -23,6 +23,7 @@ pub(super) fn load(gguf: &mut GgufFile) -> Result<Decoder, EngineError> {
         head_dim,
         scale: 1.0 / (head_dim as f32).sqrt(),
         window: None,
+        softcap: None,
     };
     let mut blocks = Vec::with_capacity(hyper.dims.n_layers);
     for i in 0..hyper.dims.n_layers {

@@ -88,10 +88,10 @@ const BF16_PAIRS: usize = 16;
 pub fn dot_bf16(w: &[bf16], x: &[f32], batched: bool) -> f32 {
     let block = 2 * BF16_PAIRS;
     let step = |acc: &mut [f32; BF16_PAIRS], w: &[bf16], x: &[f32]| {
-        for j in 0..BF16_PAIRS {
+        for (j, lane) in acc.iter_mut().enumerate() {
             for k in [2 * j + 1, 2 * j] {
                 let product = flush(flush(w[k].to_f32()) * flush(x[k]));
-                acc[j] = flush(acc[j] + product);
+                *lane = flush(*lane + product);
             }
         }
     };
