@@ -116,6 +116,25 @@ impl BlockFormat {
     }
 }
 
+/// The dot product of a Q4_0 weight row with a Q8 activation row as llama.cpp computes it
+/// once it has repacked the matrix eight rows at a time (x86 with AVX2, rows a multiple of
+/// eight): each block's integer sum, converted, is folded into one accumulator with a
+/// fused multiply-add by `d_w · d_a`, block after block. Its GEMV and four-row GEMM give
+/// the same sums, so the row's kernel does not matter.
+pub fn dot_q4_0_repacked(w: &[u8], a: &Q8Row) -> f32 {
+    let mut acc = 0f32;
+    for (b, block) in w.chunks_exact(Q4_0).enumerate() {
+        let q = &a.qs[b * 32..(b + 1) * 32];
+        let mut sum = 0i32;
+        for j in 0..16 {
+            sum += ((block[2 + j] & 0x0F) as i32 - 8) * q[j] as i32;
+            sum += ((block[2 + j] >> 4) as i32 - 8) * q[j + 16] as i32;
+        }
+        acc = (sum as f32).mul_add(f16_at(block, 0) * a.d[b], acc);
+    }
+    acc
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,8 +1,7 @@
 //! Quantized weight matrices and their products with f32 activations.
 //!
-//! For the formats whose kernels we own (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K) the
-//! arithmetic follows
-//! ggml's x86 kernels step for step: activations are quantized to Q8 blocks the same way
+//! For the formats whose kernels we own (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, and the
+//! float types in `float.rs`) the arithmetic follows ggml's x86 kernels step for step: activations are quantized to Q8 blocks the same way
 //! (scale `127/amax`, round half to even), each block's integer dot product is split into
 //! the same eight lanes, lanes are accumulated with fused multiply-adds and summed in the
 //! same order. The small models served here are chaotic enough that this is what keeps
@@ -12,9 +11,9 @@
 //! row which of its kernels to follow ([`RowKernel`]); the result still depends only on
 //! the row and that choice. Other formats use candle's kernels.
 //!
-//! Q4_0 follows ggml's plain dot product (`ggml_vec_dot_q4_0_q8_0`); llama.cpp repacks Q4_0
-//! on x86 CPUs with AVX2, whose rounding ferrite does not emulate (neither served model has
-//! Q4_0 tensors, so there is no fixture to check it against).
+//! Q4_0 in a matrix whose rows are a multiple of eight follows llama.cpp's repacked kernel
+//! (`dot::dot_q4_0_repacked`: one fused multiply-add per block, no lanes), which is what
+//! llama.cpp runs on x86 CPUs with AVX2; other Q4_0 matrices follow its plain dot product.
 //!
 //! Products run in tiles: a few weight rows by several activation rows, each weight block
 //! decoded once per tile and each activation block loaded once per tile, over activation
@@ -93,6 +92,9 @@ pub enum OwnFormat {
     F16,
     /// BF16 against activations rounded to BF16 (llama.cpp's AVX512-BF16 kernels).
     Bf16,
+    /// Q4_0 in a matrix llama.cpp repacks (rows a multiple of eight), against Q8
+    /// activations.
+    Q4_0Repacked,
 }
 
 impl OwnFormat {
@@ -100,6 +102,7 @@ impl OwnFormat {
     pub fn row_bytes(self, cols: usize) -> usize {
         match self {
             Self::Blocks(f) => f.row_bytes(cols),
+            Self::Q4_0Repacked => BlockFormat::Q4_0.row_bytes(cols),
             Self::Q4K => cols / kquant::QK_K * kquant::Q4_K,
             Self::Q5K => cols / kquant::QK_K * kquant::Q5_K,
             Self::F32 => cols * 4,
@@ -111,7 +114,7 @@ impl OwnFormat {
     /// Values per block.
     pub fn block_len(self) -> usize {
         match self {
-            Self::Blocks(_) => 32,
+            Self::Blocks(_) | Self::Q4_0Repacked => 32,
             Self::Q4K | Self::Q5K | Self::Q6K => kquant::QK_K,
             Self::F32 | Self::F16 => 16,
             Self::Bf16 => 32,
@@ -139,7 +142,7 @@ enum ActivationKind {
 impl ActivationKind {
     fn of(format: OwnFormat) -> Self {
         match format {
-            OwnFormat::Blocks(_) => Self::Q8,
+            OwnFormat::Blocks(_) | OwnFormat::Q4_0Repacked => Self::Q8,
             OwnFormat::Q4K => Self::Q8KByKernel,
             OwnFormat::Q5K | OwnFormat::Q6K => Self::Q8KGemv,
             OwnFormat::F32 => Self::F32,
@@ -213,6 +216,10 @@ impl QMatrix {
     /// Wraps a GGUF tensor (`[rows, cols]`).
     pub fn new(tensor: QTensor) -> Result<Self, EngineError> {
         let format = match tensor.dtype() {
+            // llama.cpp repacks Q4_0 eight rows at a time where the rows allow it.
+            GgmlDType::Q4_0 if tensor.shape().dims2()?.0.is_multiple_of(8) => {
+                Some(OwnFormat::Q4_0Repacked)
+            }
             GgmlDType::Q4_0 => Some(OwnFormat::Blocks(BlockFormat::Q4_0)),
             GgmlDType::Q4_1 => Some(OwnFormat::Blocks(BlockFormat::Q4_1)),
             GgmlDType::Q5_0 => Some(OwnFormat::Blocks(BlockFormat::Q5_0)),
@@ -277,7 +284,9 @@ impl QMatrix {
             OwnFormat::Q6K if simd_wide_tiles() => {
                 Weights::Q6kLanes(Q6kLanes::new(data, rows, cols / kquant::QK_K))
             }
-            OwnFormat::Q4K | OwnFormat::Q5K | OwnFormat::Q6K => Weights::Rows(data.to_vec()),
+            OwnFormat::Q4K | OwnFormat::Q5K | OwnFormat::Q6K | OwnFormat::Q4_0Repacked => {
+                Weights::Rows(data.to_vec())
+            }
             OwnFormat::F32 => Weights::F32(
                 data.chunks_exact(4)
                     .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -503,6 +512,15 @@ impl QMatrix {
                     got
                 });
             }
+            (Weights::Rows(data), Activations::Q8(a, _)) => {
+                let row_bytes = format.row_bytes(*cols);
+                for r in start..end {
+                    let w = &data[r * row_bytes..(r + 1) * row_bytes];
+                    for (t, a) in a.iter().enumerate() {
+                        out.set(t, r, dot::dot_q4_0_repacked(w, a));
+                    }
+                }
+            }
             (Weights::Rows(data), Activations::Q8K(a)) => {
                 // One weight row by up to four activation rows (the layout of CPUs without
                 // AVX-512 VNNI): each super-block is decoded once for all of them.
@@ -646,6 +664,7 @@ mod tests {
             OwnFormat::F32,
             OwnFormat::F16,
             OwnFormat::Bf16,
+            OwnFormat::Q4_0Repacked,
         ];
         for format in formats {
             let data = sample::weights(format, rows, cols, &mut rng);
@@ -688,6 +707,9 @@ mod tests {
                                     .map(|b| half::f16::from_le_bytes(b.try_into().unwrap()))
                                     .collect();
                                 float::dot_f16(&w, &float::round_to_f16(xt), kernels[t].batched())
+                            }
+                            OwnFormat::Q4_0Repacked => {
+                                dot::dot_q4_0_repacked(w, &q8::quantize_row_portable(xt))
                             }
                             OwnFormat::Bf16 => {
                                 let w: Vec<half::bf16> = w
