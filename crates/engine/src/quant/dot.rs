@@ -116,6 +116,39 @@ impl BlockFormat {
     }
 }
 
+/// Q5_1 block size in bytes.
+pub const Q5_1: usize = 24;
+
+/// The dot product of a Q5_1 weight row with a Q8 activation row, as llama.cpp's x86
+/// `ggml_vec_dot_q5_1_q8_1` computes it (Q5_1 is not repacked): eight lanes of four
+/// products per block, one fused multiply-add of `d_w · d_a` into each lane, the minimums'
+/// `m · s` folded into a scalar, then `hsum(lanes) + minimums`.
+pub fn dot_q5_1(w: &[u8], a: &Q8Row) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut mins = 0f32;
+    for (b, block) in w.chunks_exact(Q5_1).enumerate() {
+        let (d, m) = (f16_at(block, 0), f16_at(block, 2));
+        let qh = u32::from_le_bytes([block[4], block[5], block[6], block[7]]);
+        let q = &a.qs[b * 32..(b + 1) * 32];
+        mins = m.mul_add(a.s[b], mins);
+        let dd = d * a.d[b];
+        for (lane, acc) in acc.iter_mut().enumerate() {
+            let mut sum = 0i32;
+            for e in lane * 4..lane * 4 + 4 {
+                let nibble = if e < 16 {
+                    block[8 + e] & 0x0F
+                } else {
+                    block[8 + e - 16] >> 4
+                };
+                let value = nibble as i32 | ((((qh >> e) & 1) as i32) << 4);
+                sum += value * q[e] as i32;
+            }
+            *acc = (sum as f32).mul_add(dd, *acc);
+        }
+    }
+    hsum8(&acc) + mins
+}
+
 /// The dot product of a Q4_0 weight row with a Q8 activation row as llama.cpp computes it
 /// once it has repacked the matrix eight rows at a time (x86 with AVX2, rows a multiple of
 /// eight): each block's integer sum, converted, is folded into one accumulator with a

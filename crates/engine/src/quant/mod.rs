@@ -95,6 +95,8 @@ pub enum OwnFormat {
     /// Q4_0 in a matrix llama.cpp repacks (rows a multiple of eight), against Q8
     /// activations.
     Q4_0Repacked,
+    /// Q5_1 against Q8 activations.
+    Q5_1,
 }
 
 impl OwnFormat {
@@ -103,6 +105,7 @@ impl OwnFormat {
         match self {
             Self::Blocks(f) => f.row_bytes(cols),
             Self::Q4_0Repacked => BlockFormat::Q4_0.row_bytes(cols),
+            Self::Q5_1 => cols / 32 * dot::Q5_1,
             Self::Q4K => cols / kquant::QK_K * kquant::Q4_K,
             Self::Q5K => cols / kquant::QK_K * kquant::Q5_K,
             Self::F32 => cols * 4,
@@ -114,7 +117,7 @@ impl OwnFormat {
     /// Values per block.
     pub fn block_len(self) -> usize {
         match self {
-            Self::Blocks(_) | Self::Q4_0Repacked => 32,
+            Self::Blocks(_) | Self::Q4_0Repacked | Self::Q5_1 => 32,
             Self::Q4K | Self::Q5K | Self::Q6K => kquant::QK_K,
             Self::F32 | Self::F16 => 16,
             Self::Bf16 => 32,
@@ -142,7 +145,7 @@ enum ActivationKind {
 impl ActivationKind {
     fn of(format: OwnFormat) -> Self {
         match format {
-            OwnFormat::Blocks(_) | OwnFormat::Q4_0Repacked => Self::Q8,
+            OwnFormat::Blocks(_) | OwnFormat::Q4_0Repacked | OwnFormat::Q5_1 => Self::Q8,
             OwnFormat::Q4K => Self::Q8KByKernel,
             OwnFormat::Q5K | OwnFormat::Q6K => Self::Q8KGemv,
             OwnFormat::F32 => Self::F32,
@@ -223,6 +226,7 @@ impl QMatrix {
             GgmlDType::Q4_0 => Some(OwnFormat::Blocks(BlockFormat::Q4_0)),
             GgmlDType::Q4_1 => Some(OwnFormat::Blocks(BlockFormat::Q4_1)),
             GgmlDType::Q5_0 => Some(OwnFormat::Blocks(BlockFormat::Q5_0)),
+            GgmlDType::Q5_1 => Some(OwnFormat::Q5_1),
             GgmlDType::Q8_0 => Some(OwnFormat::Blocks(BlockFormat::Q8_0)),
             GgmlDType::Q4K => Some(OwnFormat::Q4K),
             GgmlDType::Q5K => Some(OwnFormat::Q5K),
@@ -284,9 +288,11 @@ impl QMatrix {
             OwnFormat::Q6K if simd_wide_tiles() => {
                 Weights::Q6kLanes(Q6kLanes::new(data, rows, cols / kquant::QK_K))
             }
-            OwnFormat::Q4K | OwnFormat::Q5K | OwnFormat::Q6K | OwnFormat::Q4_0Repacked => {
-                Weights::Rows(data.to_vec())
-            }
+            OwnFormat::Q4K
+            | OwnFormat::Q5K
+            | OwnFormat::Q6K
+            | OwnFormat::Q4_0Repacked
+            | OwnFormat::Q5_1 => Weights::Rows(data.to_vec()),
             OwnFormat::F32 => Weights::F32(
                 data.chunks_exact(4)
                     .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -517,7 +523,11 @@ impl QMatrix {
                 for r in start..end {
                     let w = &data[r * row_bytes..(r + 1) * row_bytes];
                     for (t, a) in a.iter().enumerate() {
-                        out.set(t, r, dot::dot_q4_0_repacked(w, a));
+                        let v = match format {
+                            OwnFormat::Q5_1 => dot::dot_q5_1(w, a),
+                            _ => dot::dot_q4_0_repacked(w, a),
+                        };
+                        out.set(t, r, v);
                     }
                 }
             }
@@ -665,6 +675,7 @@ mod tests {
             OwnFormat::F16,
             OwnFormat::Bf16,
             OwnFormat::Q4_0Repacked,
+            OwnFormat::Q5_1,
         ];
         for format in formats {
             let data = sample::weights(format, rows, cols, &mut rng);
@@ -708,6 +719,7 @@ mod tests {
                                     .collect();
                                 float::dot_f16(&w, &float::round_to_f16(xt), kernels[t].batched())
                             }
+                            OwnFormat::Q5_1 => dot::dot_q5_1(w, &q8::quantize_row_portable(xt)),
                             OwnFormat::Q4_0Repacked => {
                                 dot::dot_q4_0_repacked(w, &q8::quantize_row_portable(xt))
                             }

@@ -35,6 +35,7 @@ fn scale_offsets(format: OwnFormat) -> (&'static [usize], usize) {
     use super::BlockFormat::*;
     match format {
         OwnFormat::Blocks(Q4_0) | OwnFormat::Q4_0Repacked => (&[0], super::Q4_0),
+        OwnFormat::Q5_1 => (&[0, 2], super::dot::Q5_1),
         OwnFormat::Blocks(Q4_1) => (&[0, 2], super::Q4_1),
         OwnFormat::Blocks(Q5_0) => (&[0], super::Q5_0),
         OwnFormat::Blocks(Q8_0) => (&[0], super::Q8_0),
