@@ -17,6 +17,8 @@ pub const Q4_K: usize = 144;
 pub const Q6_K: usize = 210;
 /// Bytes per Q5_K super-block.
 pub const Q5_K: usize = 176;
+/// Bytes per Q3_K super-block.
+pub const Q3_K: usize = 110;
 
 /// One row of activations quantized to Q8_K super-blocks.
 pub struct Q8KRow {
@@ -288,6 +290,68 @@ pub fn dot_q6k_portable(w: &[u8], a: &Q8KRow) -> f32 {
     hsum8(&acc)
 }
 
+/// The sixteen signed 6-bit scales of a Q3_K super-block.
+fn q3k_scales(packed: &[u8]) -> [i32; 16] {
+    let word = |i: usize| u32::from_le_bytes(packed[4 * i..4 * i + 4].try_into().unwrap());
+    let (a0, a1, a2) = (word(0), word(1), word(2));
+    let (low, high) = (0x0f0f_0f0fu32, 0x0303_0303u32);
+    let words = [
+        (a0 & low) | ((a2 & high) << 4),
+        (a1 & low) | (((a2 >> 2) & high) << 4),
+        ((a0 >> 4) & low) | (((a2 >> 4) & high) << 4),
+        ((a1 >> 4) & low) | (((a2 >> 6) & high) << 4),
+    ];
+    let mut out = [0i32; 16];
+    for (i, w) in words.iter().enumerate() {
+        for (k, b) in w.to_le_bytes().iter().enumerate() {
+            out[4 * i + k] = *b as i32 - 32;
+        }
+    }
+    out
+}
+
+/// The dot product of a Q3_K weight row with a Q8_K activation row, rounded as llama.cpp's
+/// x86 `ggml_vec_dot_q3_K_q8_K` (Q3_K is not repacked there): eight integer lanes per
+/// super-block folded into float lanes with one fused multiply-add by `d`, then
+/// `hsum_float_8`.
+pub fn dot_q3k_portable(w: &[u8], a: &Q8KRow) -> f32 {
+    let mut acc = [0f32; 8];
+    for (b, block) in w.chunks_exact(Q3_K).enumerate() {
+        let hmask = &block[0..32];
+        let qs = &block[32..96];
+        let scales = q3k_scales(&block[96..108]);
+        let d = a.d[b] * f16_at(block, 108);
+        let q8 = &a.qs[b * QK_K..(b + 1) * QK_K];
+        let mut lanes = [0i32; 8];
+        for j in 0..2 {
+            for c in 0..4 {
+                let bit = 4 * j + c;
+                for e in 0..32 {
+                    let low = ((qs[32 * j + e] >> (2 * c)) & 3) as i32;
+                    let high = if hmask[e] >> bit & 1 == 1 { 0 } else { 4 };
+                    let at = 128 * j + 32 * c + e;
+                    lanes[e / 4] += scales[at / 16] * (low - high) * q8[at] as i32;
+                }
+            }
+        }
+        for (l, &lane) in lanes.iter().enumerate() {
+            acc[l] = d.mul_add(lane as f32, acc[l]);
+        }
+    }
+    hsum8(&acc)
+}
+
+/// Q3_K dot products of one weight row with up to four activation rows (entries past the
+/// given rows are zero).
+pub fn dot_q3k_tile(w: &[u8], a: &[&Q8KRow]) -> [f32; 4] {
+    assert!(a.len() <= 4);
+    let mut out = [0f32; 4];
+    for (r, a) in a.iter().enumerate() {
+        out[r] = dot_q3k_portable(w, a);
+    }
+    out
+}
+
 /// Q5_K dot products of one weight row with up to four activation rows (entries past the
 /// given rows are zero).
 pub fn dot_q5k_tile(w: &[u8], a: &[&Q8KRow]) -> [f32; 4] {
@@ -417,6 +481,47 @@ mod tests {
             (got - exact).abs() < 1e-3 * exact.abs().max(1.0),
             "{got} vs {exact}"
         );
+    }
+
+    /// The weights as candle decodes them (an independent reading of the format).
+    fn candle_dequantized(block: &[u8], dtype: candle_core::quantized::GgmlDType) -> Vec<f32> {
+        use candle_core::quantized::{QStorage, QTensor};
+        use candle_core::Device;
+        let storage =
+            QStorage::from_data(std::borrow::Cow::Borrowed(block), &Device::Cpu, dtype).unwrap();
+        QTensor::new(storage, (1, QK_K))
+            .unwrap()
+            .dequantize(&Device::Cpu)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+    }
+
+    #[test]
+    fn q3k_and_q5k_dots_match_candles_dequantized_product() {
+        use candle_core::quantized::GgmlDType;
+        let mut rng = crate::quant::sample::Xorshift::new(5);
+        let x: Vec<f32> = (0..QK_K).map(|_| rng.next_f32() * 2.0).collect();
+        let a = quantize_row_q8k(&x, RowKernel::Gemv);
+        for (dtype, size, scale_at) in [(GgmlDType::Q3K, Q3_K, 108), (GgmlDType::Q5K, Q5_K, 0)] {
+            let mut block: Vec<u8> = (0..size).map(|_| rng.next_u64() as u8).collect();
+            block[scale_at..scale_at + 2].copy_from_slice(&f16::from_f32(0.01).to_le_bytes());
+            if dtype == GgmlDType::Q5K {
+                block[2..4].copy_from_slice(&f16::from_f32(0.02).to_le_bytes());
+            }
+            let w = candle_dequantized(&block, dtype);
+            let exact: f32 = (0..QK_K).map(|i| w[i] * a.d[0] * a.qs[i] as f32).sum();
+            let got = match dtype {
+                GgmlDType::Q3K => dot_q3k_portable(&block, &a),
+                _ => dot_q5k_portable(&block, &a),
+            };
+            assert!(
+                (got - exact).abs() < 1e-3 * exact.abs().max(1.0),
+                "{dtype:?}: {got} vs {exact}"
+            );
+        }
     }
 
     #[test]

@@ -97,6 +97,8 @@ pub enum OwnFormat {
     Q4_0Repacked,
     /// Q5_1 against Q8 activations.
     Q5_1,
+    /// Q3_K against Q8_K activations.
+    Q3K,
 }
 
 impl OwnFormat {
@@ -108,6 +110,7 @@ impl OwnFormat {
             Self::Q5_1 => cols / 32 * dot::Q5_1,
             Self::Q4K => cols / kquant::QK_K * kquant::Q4_K,
             Self::Q5K => cols / kquant::QK_K * kquant::Q5_K,
+            Self::Q3K => cols / kquant::QK_K * kquant::Q3_K,
             Self::F32 => cols * 4,
             Self::F16 | Self::Bf16 => cols * 2,
             Self::Q6K => cols / kquant::QK_K * kquant::Q6_K,
@@ -118,7 +121,7 @@ impl OwnFormat {
     pub fn block_len(self) -> usize {
         match self {
             Self::Blocks(_) | Self::Q4_0Repacked | Self::Q5_1 => 32,
-            Self::Q4K | Self::Q5K | Self::Q6K => kquant::QK_K,
+            Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K => kquant::QK_K,
             Self::F32 | Self::F16 => 16,
             Self::Bf16 => 32,
         }
@@ -147,7 +150,7 @@ impl ActivationKind {
         match format {
             OwnFormat::Blocks(_) | OwnFormat::Q4_0Repacked | OwnFormat::Q5_1 => Self::Q8,
             OwnFormat::Q4K => Self::Q8KByKernel,
-            OwnFormat::Q5K | OwnFormat::Q6K => Self::Q8KGemv,
+            OwnFormat::Q3K | OwnFormat::Q5K | OwnFormat::Q6K => Self::Q8KGemv,
             OwnFormat::F32 => Self::F32,
             OwnFormat::F16 => Self::F16,
             OwnFormat::Bf16 => Self::Bf16,
@@ -229,6 +232,7 @@ impl QMatrix {
             GgmlDType::Q5_1 => Some(OwnFormat::Q5_1),
             GgmlDType::Q8_0 => Some(OwnFormat::Blocks(BlockFormat::Q8_0)),
             GgmlDType::Q4K => Some(OwnFormat::Q4K),
+            GgmlDType::Q3K => Some(OwnFormat::Q3K),
             GgmlDType::Q5K => Some(OwnFormat::Q5K),
             GgmlDType::Q6K => Some(OwnFormat::Q6K),
             dtype @ (GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) => {
@@ -288,7 +292,8 @@ impl QMatrix {
             OwnFormat::Q6K if simd_wide_tiles() => {
                 Weights::Q6kLanes(Q6kLanes::new(data, rows, cols / kquant::QK_K))
             }
-            OwnFormat::Q4K
+            OwnFormat::Q3K
+            | OwnFormat::Q4K
             | OwnFormat::Q5K
             | OwnFormat::Q6K
             | OwnFormat::Q4_0Repacked
@@ -548,6 +553,7 @@ impl QMatrix {
                                     kquant::dot_q4k_tile(w, &a[g.clone()], &kernels[g.clone()])
                                 }
                                 OwnFormat::Q5K => kquant::dot_q5k_tile(w, &a[g.clone()]),
+                                OwnFormat::Q3K => kquant::dot_q3k_tile(w, &a[g.clone()]),
                                 _ => kquant::dot_q6k_tile(w, &a[g.clone()]),
                             };
                             for (k, &v) in got.iter().enumerate().take(g.len()) {
@@ -676,6 +682,7 @@ mod tests {
             OwnFormat::Bf16,
             OwnFormat::Q4_0Repacked,
             OwnFormat::Q5_1,
+            OwnFormat::Q3K,
         ];
         for format in formats {
             let data = sample::weights(format, rows, cols, &mut rng);
@@ -730,6 +737,10 @@ mod tests {
                                     .collect();
                                 float::dot_bf16(&w, &float::round_to_bf16(xt), kernels[t].batched())
                             }
+                            OwnFormat::Q3K => kquant::dot_q3k_portable(
+                                w,
+                                &kquant::quantize_row_q8k(xt, RowKernel::Gemv),
+                            ),
                             OwnFormat::Q5K => kquant::dot_q5k_portable(
                                 w,
                                 &kquant::quantize_row_q8k(xt, RowKernel::Gemv),
