@@ -19,6 +19,8 @@ pub const Q6_K: usize = 210;
 pub const Q5_K: usize = 176;
 /// Bytes per Q3_K super-block.
 pub const Q3_K: usize = 110;
+/// Bytes per Q2_K super-block.
+pub const Q2_K: usize = 84;
 
 /// One row of activations quantized to Q8_K super-blocks.
 pub struct Q8KRow {
@@ -288,6 +290,42 @@ pub fn dot_q6k_portable(w: &[u8], a: &Q8KRow) -> f32 {
         }
     }
     hsum8(&acc)
+}
+
+/// The dot product of a Q2_K weight row with a Q8_K activation row as llama.cpp computes
+/// it once it has repacked the matrix eight rows at a time (x86 with AVX-512, rows a
+/// multiple of eight): the integer sums of the scaled values and of the scaled minimums,
+/// each folded into its own accumulator with one fused multiply-add, per super-block by
+/// the GEMV and per half super-block by the four-row GEMM; the minimums' accumulator is
+/// subtracted at the end.
+pub fn dot_q2k_repacked(w: &[u8], a: &Q8KRow, kernel: RowKernel) -> f32 {
+    let mut sums = Q4kSums::new(kernel);
+    for (b, block) in w.chunks_exact(Q2_K).enumerate() {
+        let scales = &block[0..16];
+        let qs = &block[16..80];
+        let (dd, dm) = (f16_at(block, 80) * a.d[b], f16_at(block, 82) * a.d[b]);
+        let q8 = &a.qs[b * QK_K..(b + 1) * QK_K];
+        let bsums = &a.bsums[b * 16..(b + 1) * 16];
+        for half in 0..2 {
+            let (mut psum, mut pmin) = (0i32, 0i32);
+            for shift in 0..4 {
+                for part in 0..2 {
+                    let j = 8 * half + 2 * shift + part;
+                    let (sc, m) = ((scales[j] & 0x0F) as i32, (scales[j] >> 4) as i32);
+                    let mut dot = 0i32;
+                    for e in 16 * part..16 * part + 16 {
+                        let q = ((qs[32 * half + e] >> (2 * shift)) & 3) as i32;
+                        dot += q * q8[128 * half + 32 * shift + e] as i32;
+                    }
+                    psum += sc * dot;
+                    pmin += m * bsums[j];
+                }
+            }
+            sums.pair(psum, pmin, dd, dm);
+        }
+        sums.end_block(dd, dm);
+    }
+    sums.result()
 }
 
 /// The sixteen signed 6-bit scales of a Q3_K super-block.

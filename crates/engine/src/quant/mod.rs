@@ -99,6 +99,9 @@ pub enum OwnFormat {
     Q5_1,
     /// Q3_K against Q8_K activations.
     Q3K,
+    /// Q2_K in a matrix llama.cpp repacks (rows a multiple of eight), against Q8_K
+    /// activations quantized as each row's kernel does.
+    Q2KRepacked,
 }
 
 impl OwnFormat {
@@ -111,6 +114,7 @@ impl OwnFormat {
             Self::Q4K => cols / kquant::QK_K * kquant::Q4_K,
             Self::Q5K => cols / kquant::QK_K * kquant::Q5_K,
             Self::Q3K => cols / kquant::QK_K * kquant::Q3_K,
+            Self::Q2KRepacked => cols / kquant::QK_K * kquant::Q2_K,
             Self::F32 => cols * 4,
             Self::F16 | Self::Bf16 => cols * 2,
             Self::Q6K => cols / kquant::QK_K * kquant::Q6_K,
@@ -121,7 +125,7 @@ impl OwnFormat {
     pub fn block_len(self) -> usize {
         match self {
             Self::Blocks(_) | Self::Q4_0Repacked | Self::Q5_1 => 32,
-            Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K => kquant::QK_K,
+            Self::Q2KRepacked | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K => kquant::QK_K,
             Self::F32 | Self::F16 => 16,
             Self::Bf16 => 32,
         }
@@ -149,7 +153,7 @@ impl ActivationKind {
     fn of(format: OwnFormat) -> Self {
         match format {
             OwnFormat::Blocks(_) | OwnFormat::Q4_0Repacked | OwnFormat::Q5_1 => Self::Q8,
-            OwnFormat::Q4K => Self::Q8KByKernel,
+            OwnFormat::Q4K | OwnFormat::Q2KRepacked => Self::Q8KByKernel,
             OwnFormat::Q3K | OwnFormat::Q5K | OwnFormat::Q6K => Self::Q8KGemv,
             OwnFormat::F32 => Self::F32,
             OwnFormat::F16 => Self::F16,
@@ -233,6 +237,10 @@ impl QMatrix {
             GgmlDType::Q8_0 => Some(OwnFormat::Blocks(BlockFormat::Q8_0)),
             GgmlDType::Q4K => Some(OwnFormat::Q4K),
             GgmlDType::Q3K => Some(OwnFormat::Q3K),
+            // llama.cpp repacks Q2_K eight rows at a time on AVX-512 CPUs.
+            GgmlDType::Q2K if tensor.shape().dims2()?.0.is_multiple_of(8) => {
+                Some(OwnFormat::Q2KRepacked)
+            }
             GgmlDType::Q5K => Some(OwnFormat::Q5K),
             GgmlDType::Q6K => Some(OwnFormat::Q6K),
             dtype @ (GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) => {
@@ -292,7 +300,8 @@ impl QMatrix {
             OwnFormat::Q6K if simd_wide_tiles() => {
                 Weights::Q6kLanes(Q6kLanes::new(data, rows, cols / kquant::QK_K))
             }
-            OwnFormat::Q3K
+            OwnFormat::Q2KRepacked
+            | OwnFormat::Q3K
             | OwnFormat::Q4K
             | OwnFormat::Q5K
             | OwnFormat::Q6K
@@ -337,7 +346,11 @@ impl QMatrix {
         matches!(
             self,
             Self::Own {
-                format: OwnFormat::Q4K | OwnFormat::F32 | OwnFormat::F16 | OwnFormat::Bf16,
+                format: OwnFormat::Q4K
+                    | OwnFormat::Q2KRepacked
+                    | OwnFormat::F32
+                    | OwnFormat::F16
+                    | OwnFormat::Bf16,
                 ..
             }
         )
@@ -554,6 +567,13 @@ impl QMatrix {
                                 }
                                 OwnFormat::Q5K => kquant::dot_q5k_tile(w, &a[g.clone()]),
                                 OwnFormat::Q3K => kquant::dot_q3k_tile(w, &a[g.clone()]),
+                                OwnFormat::Q2KRepacked => {
+                                    let mut got = [0f32; 4];
+                                    for (k, t) in g.clone().enumerate() {
+                                        got[k] = kquant::dot_q2k_repacked(w, a[t], kernels[t]);
+                                    }
+                                    got
+                                }
                                 _ => kquant::dot_q6k_tile(w, &a[g.clone()]),
                             };
                             for (k, &v) in got.iter().enumerate().take(g.len()) {
@@ -683,6 +703,7 @@ mod tests {
             OwnFormat::Q4_0Repacked,
             OwnFormat::Q5_1,
             OwnFormat::Q3K,
+            OwnFormat::Q2KRepacked,
         ];
         for format in formats {
             let data = sample::weights(format, rows, cols, &mut rng);
@@ -737,6 +758,11 @@ mod tests {
                                     .collect();
                                 float::dot_bf16(&w, &float::round_to_bf16(xt), kernels[t].batched())
                             }
+                            OwnFormat::Q2KRepacked => kquant::dot_q2k_repacked(
+                                w,
+                                &kquant::quantize_row_q8k(xt, kernels[t]),
+                                kernels[t],
+                            ),
                             OwnFormat::Q3K => kquant::dot_q3k_portable(
                                 w,
                                 &kquant::quantize_row_q8k(xt, RowKernel::Gemv),
