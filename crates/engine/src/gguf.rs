@@ -1,30 +1,34 @@
-//! Reading GGUF files: typed metadata access and tensor loading on top of candle's reader.
-//! A malformed file (truncated, corrupted, hostile) is an [`EngineError::InvalidModel`]
-//! naming the file and the problem: the header's sizes are checked against the file
-//! before anything is allocated for them, and a panic inside candle's reader is caught.
+//! Reading GGUF files: typed metadata access and tensor loading. The header is read by
+//! our own reader (`gguf_header.rs`), so that tensors of types candle does not know are
+//! listed too; tensors of the types candle reads become candle tensors, IQ4 ones go to our
+//! own kernels. A malformed file (truncated, corrupted, hostile) is an
+//! [`EngineError::InvalidModel`] naming the file and the problem: the header's sizes are
+//! checked against the file before anything is allocated for them, and a panic inside
+//! candle while building a tensor is caught.
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufReader, Cursor, Read, Seek};
+use std::io::{BufReader, Cursor, Read, Seek, SeekFrom};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use candle_core::quantized::gguf_file::{Content, Value};
-use candle_core::quantized::QTensor;
-
-use crate::quant::QMatrix;
+use candle_core::quantized::gguf_file::Value;
+use candle_core::quantized::{GgmlDType, QStorage, QTensor};
 use candle_core::Device;
+
+use crate::gguf_header::{self, Header, TensorInfo};
+use crate::quant::{Embedding, QMatrix};
 
 use crate::EngineError;
 
-/// Panics inside candle's GGUF reader caught so far, in this process. A malformed file
-/// must give an error, and it does either way; but each caught panic is a case that
-/// candle's reader does not check and ours does not check first: the fuzz targets count
-/// one as a finding.
+/// Panics inside candle caught so far while building tensors, in this process. A malformed
+/// file must give an error, and it does either way; but each caught panic is a case that
+/// candle does not check and we do not check first: the fuzz targets count one as a
+/// finding.
 static CAUGHT_PANICS: AtomicU64 = AtomicU64::new(0);
 
-/// How many panics inside candle's GGUF reader were caught (turned into errors) so far.
+/// How many panics inside candle were caught (turned into errors) so far.
 pub fn caught_panics() -> u64 {
     CAUGHT_PANICS.load(Ordering::Relaxed)
 }
@@ -37,7 +41,8 @@ impl<T: Read + Seek + Send> Source for T {}
 /// An open GGUF file: its metadata, tensor directory and a reader for tensor data.
 pub struct GgufFile {
     path: PathBuf,
-    content: Content,
+    tensors: HashMap<String, TensorInfo>,
+    data_offset: u64,
     reader: Box<dyn Source>,
     /// Typed view of the metadata.
     pub meta: GgufMetadata,
@@ -67,24 +72,18 @@ impl GgufFile {
                 path.display()
             ))
         };
-        let content = catch_unwind(AssertUnwindSafe(|| Content::read(&mut reader)))
-            .map_err(|panic| {
-                CAUGHT_PANICS.fetch_add(1, Ordering::Relaxed);
-                bad(format!(
-                    "its header is malformed ({})",
-                    panic_message(&panic)
-                ))
-            })?
-            .map_err(|e| bad(describe_type_error(candle_message(e))))?;
-        check_tensors(&content, size).map_err(bad)?;
-        let meta = GgufMetadata {
-            values: content.metadata.clone(),
-        };
+        let Header {
+            metadata,
+            tensors,
+            data_offset,
+        } = gguf_header::read(&mut reader, size).map_err(bad)?;
+        check_tensors(&tensors, data_offset, size).map_err(bad)?;
         Ok(Self {
             path: path.to_path_buf(),
-            content,
+            tensors,
+            data_offset,
             reader,
-            meta,
+            meta: GgufMetadata { values: metadata },
             rounds_by_kernel: false,
         })
     }
@@ -96,20 +95,47 @@ impl GgufFile {
 
     /// Whether the file has a tensor of this name.
     pub fn has_tensor(&self, name: &str) -> bool {
-        self.content.tensor_infos.contains_key(name)
+        self.tensors.contains_key(name)
     }
 
-    /// Loads a tensor in its stored (possibly quantized) form.
+    fn info(&self, name: &str) -> Result<TensorInfo, EngineError> {
+        self.tensors
+            .get(name)
+            .cloned()
+            .ok_or_else(|| EngineError::InvalidModel(format!("missing tensor `{name}`")))
+    }
+
+    /// A tensor's bytes as stored (its size was checked against the file when opened).
+    fn bytes(&mut self, name: &str, info: &TensorInfo) -> Result<Vec<u8>, EngineError> {
+        let (_, block_len, block_bytes) = type_geometry(info.ggml_type).expect("checked at open");
+        let elements: usize = info.dims.iter().product();
+        let mut bytes = vec![0u8; elements / block_len * block_bytes];
+        let read = self
+            .reader
+            .seek(SeekFrom::Start(self.data_offset + info.offset))
+            .and_then(|_| self.reader.read_exact(&mut bytes));
+        read.map_err(|e| {
+            EngineError::InvalidModel(format!("{}: tensor `{name}`: {e}", self.path.display()))
+        })?;
+        Ok(bytes)
+    }
+
+    /// Loads a tensor in its stored (possibly quantized) form, for the types candle reads.
     pub fn qtensor(&mut self, name: &str) -> Result<QTensor, EngineError> {
-        if !self.has_tensor(name) {
+        let info = self.info(name)?;
+        let Some(dtype) = candle_type(info.ggml_type) else {
             return Err(EngineError::InvalidModel(format!(
-                "missing tensor `{name}`"
+                "{}: tensor `{name}` is {}, which is read only as a weight matrix or embedding",
+                self.path.display(),
+                type_name(info.ggml_type)
             )));
-        }
-        let read = catch_unwind(AssertUnwindSafe(|| {
-            self.content.tensor(&mut self.reader, name, &Device::Cpu)
+        };
+        let bytes = self.bytes(name, &info)?;
+        let build = catch_unwind(AssertUnwindSafe(|| {
+            let storage = QStorage::from_data(std::borrow::Cow::Owned(bytes), &Device::Cpu, dtype)?;
+            QTensor::new(storage, info.dims.clone())
         }));
-        match read {
+        match build {
             Ok(tensor) => tensor.map_err(|e| {
                 EngineError::InvalidModel(format!(
                     "{}: tensor `{name}`: {}",
@@ -130,9 +156,41 @@ impl GgufFile {
 
     /// Loads a weight matrix for matrix products.
     pub fn matmul(&mut self, name: &str) -> Result<QMatrix, EngineError> {
+        let info = self.info(name)?;
+        if candle_type(info.ggml_type).is_none() {
+            let [rows, cols] = info.dims[..] else {
+                return Err(EngineError::InvalidModel(format!(
+                    "{}: tensor `{name}` is not a matrix",
+                    self.path.display()
+                )));
+            };
+            let bytes = self.bytes(name, &info)?;
+            return QMatrix::from_raw(info.ggml_type, &bytes, rows, cols).unwrap_or_else(|| {
+                Err(EngineError::Unsupported(format!(
+                    "{}: matrix `{name}` is {} with {rows} rows, which ferrite multiplies only with a multiple of 8 rows",
+                    self.path.display(),
+                    type_name(info.ggml_type)
+                )))
+            });
+        }
         let m = QMatrix::new(self.qtensor(name)?)?;
         self.rounds_by_kernel |= m.rounds_by_kernel();
         Ok(m)
+    }
+
+    /// Loads a token embedding (`[vocabulary, width]`).
+    pub fn embedding(&mut self, name: &str) -> Result<Embedding, EngineError> {
+        let info = self.info(name)?;
+        if candle_type(info.ggml_type).is_some() {
+            return Ok(Embedding::Candle(self.qtensor(name)?));
+        }
+        let width = info.dims.last().copied().unwrap_or(0);
+        let data = self.bytes(name, &info)?;
+        Ok(Embedding::Iq4 {
+            ggml_type: info.ggml_type,
+            data,
+            width,
+        })
     }
 
     /// Whether a matrix loaded so far rounds a row differently by its [`RowKernel`]
@@ -145,11 +203,7 @@ impl GgufFile {
 
     /// The dimensions of a tensor (outermost first: `[rows, cols]` for a matrix).
     pub fn dims(&self, name: &str) -> Result<Vec<usize>, EngineError> {
-        self.content
-            .tensor_infos
-            .get(name)
-            .map(|info| info.shape.dims().to_vec())
-            .ok_or_else(|| EngineError::InvalidModel(format!("missing tensor `{name}`")))
+        Ok(self.info(name)?.dims)
     }
 
     /// Checks that a tensor has the dimensions the model's hyper-parameters imply.
@@ -188,30 +242,36 @@ impl GgufFile {
     }
 }
 
-/// Checks every tensor of the directory against the file: its element count fits in
-/// memory arithmetic, is whole blocks of its type, and its bytes lie inside the file.
-fn check_tensors(content: &Content, file_size: u64) -> Result<(), String> {
-    for (name, info) in &content.tensor_infos {
-        let dims = info.shape.dims();
+/// Checks every tensor of the directory against the file: its type is one ferrite reads,
+/// its element count fits in memory arithmetic and is whole blocks of its type, and its
+/// bytes lie inside the file.
+fn check_tensors(
+    tensors: &HashMap<String, TensorInfo>,
+    data_offset: u64,
+    file_size: u64,
+) -> Result<(), String> {
+    for (name, info) in tensors {
+        let dims = &info.dims;
+        let Some((type_name, block, block_bytes)) = type_geometry(info.ggml_type) else {
+            return Err(format!(
+                "tensor `{name}` is of type {} (ggml type {}), which ferrite does not read yet \
+                 (it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)",
+                ggml_type_name(info.ggml_type).unwrap_or("unknown"),
+                info.ggml_type
+            ));
+        };
         let elements = dims
             .iter()
             .try_fold(1usize, |n, &d| n.checked_mul(d))
             .filter(|&n| n > 0)
             .ok_or_else(|| format!("tensor `{name}` has an impossible shape {dims:?}"))?;
-        let block = info.ggml_dtype.block_size();
-        if elements % block != 0 {
+        if elements % block != 0 || dims.last().is_some_and(|w| w % block != 0) {
             return Err(format!(
-                "tensor `{name}` has {elements} elements, not whole blocks of {block} for {:?}",
-                info.ggml_dtype
+                "tensor `{name}` of {dims:?} values is not whole blocks of {block} for {type_name}"
             ));
         }
-        let bytes = ((elements / block) as u64).checked_mul(info.ggml_dtype.type_size() as u64);
-        let end = bytes.and_then(|bytes| {
-            content
-                .tensor_data_offset
-                .checked_add(info.offset)?
-                .checked_add(bytes)
-        });
+        let bytes = ((elements / block) as u64).checked_mul(block_bytes as u64);
+        let end = bytes.and_then(|bytes| data_offset.checked_add(info.offset)?.checked_add(bytes));
         if end.is_none_or(|end| end > file_size) {
             return Err(format!(
                 "tensor `{name}` ({} bytes at offset {}) runs past the end of the file ({file_size} bytes): is the file truncated?",
@@ -221,6 +281,53 @@ fn check_tensors(content: &Content, file_size: u64) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The types ferrite reads: name, values per block and bytes per block.
+fn type_geometry(id: u32) -> Option<(&'static str, usize, usize)> {
+    Some(match id {
+        0 => ("F32", 1, 4),
+        1 => ("F16", 1, 2),
+        2 => ("Q4_0", 32, 18),
+        3 => ("Q4_1", 32, 20),
+        6 => ("Q5_0", 32, 22),
+        7 => ("Q5_1", 32, 24),
+        8 => ("Q8_0", 32, 34),
+        10 => ("Q2_K", 256, 84),
+        11 => ("Q3_K", 256, 110),
+        12 => ("Q4_K", 256, 144),
+        13 => ("Q5_K", 256, 176),
+        14 => ("Q6_K", 256, 210),
+        20 => ("IQ4_NL", 32, 18),
+        23 => ("IQ4_XS", 256, 136),
+        30 => ("BF16", 1, 2),
+        _ => return None,
+    })
+}
+
+/// candle's type for a ggml type id, for the types candle reads.
+fn candle_type(id: u32) -> Option<GgmlDType> {
+    Some(match id {
+        0 => GgmlDType::F32,
+        1 => GgmlDType::F16,
+        2 => GgmlDType::Q4_0,
+        3 => GgmlDType::Q4_1,
+        6 => GgmlDType::Q5_0,
+        7 => GgmlDType::Q5_1,
+        8 => GgmlDType::Q8_0,
+        10 => GgmlDType::Q2K,
+        11 => GgmlDType::Q3K,
+        12 => GgmlDType::Q4K,
+        13 => GgmlDType::Q5K,
+        14 => GgmlDType::Q6K,
+        30 => GgmlDType::BF16,
+        _ => return None,
+    })
+}
+
+/// A type's name for messages.
+fn type_name(id: u32) -> String {
+    ggml_type_name(id).map_or_else(|| format!("ggml type {id}"), str::to_string)
 }
 
 /// A candle error's message without the backtrace candle attaches when `RUST_BACKTRACE`
@@ -240,22 +347,6 @@ fn ggml_type_name(id: u32) -> Option<&'static str> {
         "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16", "I32", "I64", "F64", "IQ1_M", "BF16",
     ];
     NAMES.get(id as usize).copied()
-}
-
-/// candle's "unknown dtype for tensor 23" as a sentence naming the weight type and the
-/// ones ferrite reads.
-fn describe_type_error(message: String) -> String {
-    let Some(id) = message
-        .strip_prefix("unknown dtype for tensor ")
-        .and_then(|n| n.trim().parse::<u32>().ok())
-    else {
-        return message;
-    };
-    let name = ggml_type_name(id).unwrap_or("unknown");
-    format!(
-        "it has tensors of type {name} (ggml type {id}), which ferrite does not read yet \
-         (it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)"
-    )
 }
 
 /// The text of a caught panic.

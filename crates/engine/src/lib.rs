@@ -5,6 +5,7 @@ pub mod constrain;
 pub mod cpu;
 pub mod error;
 pub mod gguf;
+mod gguf_header;
 pub mod kv_cache;
 pub mod model;
 mod prefix_cache;

@@ -13,17 +13,6 @@ use ferrite_synth::{write_model, Arch, Spec, WeightType};
 
 const LOGPROB_TOLERANCE: f32 = 1e-3;
 
-/// Why ferrite does not give llama.cpp's numbers yet on a kind of file, or `None` where it
-/// must (README.md's model table says the same).
-fn known_gap(arch: Arch, ty: WeightType) -> Option<&'static str> {
-    use WeightType::*;
-    let _ = arch;
-    match ty {
-        F32 | F16 | Bf16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K => None,
-        Iq4Nl | Iq4Xs => Some("the weight type does not load"),
-    }
-}
-
 /// The fixture files, sorted.
 fn fixtures() -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/synth");
@@ -96,43 +85,36 @@ fn every_architecture_and_weight_type_matches_llama_cpp() {
     let files = fixtures();
     assert!(files.len() >= 2, "no fixtures in fixtures/synth");
     let mut failures = Vec::new();
-    let (mut matched, mut gaps) = (0, 0);
     for file in &files {
         let name = file.file_stem().unwrap().to_string_lossy().into_owned();
-        let (arch, ty) = kind(file);
-        let outcome = check(file, &scratch);
-        let gap = known_gap(arch, ty);
-        match (outcome, gap) {
-            (Ok(summary), None) => {
-                matched += 1;
-                eprintln!("{name}: ok, {summary}");
-            }
-            (Err(problem), Some(why)) => {
-                gaps += 1;
-                eprintln!("{name}: known gap ({why}): {problem}");
-            }
-            (Err(problem), None) => {
+        match check(file, &scratch) {
+            Ok(summary) => eprintln!("{name}: ok, {summary}"),
+            Err(problem) => {
                 eprintln!("{name}: FAILED, {problem}");
                 failures.push(format!("{name}: {problem}"));
-            }
-            // Within the tolerance by luck (an f32 product's rounding often is): a gap
-            // still, until the kernel follows llama.cpp's.
-            (Ok(summary), Some(why)) => {
-                gaps += 1;
-                eprintln!("{name}: known gap ({why}), matches this time: {summary}");
             }
         }
     }
     std::fs::remove_dir_all(&scratch).ok();
-    eprintln!("{matched} models match llama.cpp, {gaps} are known gaps");
     assert!(
         failures.is_empty(),
-        "{} of {} models:\n{}",
+        "{} of {} models differ from llama.cpp:\n{}",
         failures.len(),
         files.len(),
         failures.join("\n")
     );
-    assert!(matched >= 20, "only {matched} models checked");
+    // Every architecture in every weight type.
+    assert_eq!(files.len(), Arch::ALL.len() * WeightType::ALL.len());
+    for arch in Arch::ALL {
+        for ty in WeightType::ALL {
+            assert!(
+                files.iter().any(|f| kind(f) == (arch, ty)),
+                "no fixture for {} {}",
+                arch.name(),
+                ty.name()
+            );
+        }
+    }
 }
 
 /// The architecture and weight type a fixture is for.

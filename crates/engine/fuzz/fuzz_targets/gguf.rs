@@ -1,6 +1,6 @@
 //! libFuzzer target: any bytes as a GGUF file, read, tokenizer built and used, model
-//! loaded, and a forward step run on whatever loads. A panic (one inside candle's reader
-//! that the loader catches included) or a crash is a finding. Seeds: `corpus/gguf/`
+//! loaded, and a forward step run on whatever loads. A panic (one inside candle that the
+//! loader catches included) or a crash is a finding. Seeds: `corpus/gguf/`
 //! (complete one-layer llama and gemma3 models, written by
 //! `FERRITE_WRITE_FUZZ_SEEDS=1 cargo test -p ferrite-engine --test fuzz_gguf`).
 //!
@@ -15,11 +15,11 @@ use ferrite_engine::tokenizer::Tokenizer;
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let caught = ferrite_engine::gguf::caught_panics();
     run(data);
-    // A panic inside candle's reader, caught and turned into an error, is a finding too.
+    // A panic inside candle, caught and turned into an error, is a finding too.
     assert_eq!(
         ferrite_engine::gguf::caught_panics(),
         caught,
-        "a panic inside candle's GGUF reader was caught"
+        "a panic inside candle was caught while loading"
     );
 });
 

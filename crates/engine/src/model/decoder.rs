@@ -3,9 +3,6 @@
 //! and the output matrix. An architecture file reads its hyper-parameters and tensors and
 //! fills in the options here: what it does differently is data, not a copy of this loop.
 
-use candle_core::quantized::QTensor;
-use candle_core::Tensor;
-
 use super::attention::AttentionShape;
 use super::ops::{self, Rope};
 use super::{
@@ -13,7 +10,7 @@ use super::{
     PromptBatching, StepLayout,
 };
 use crate::gguf::GgufFile;
-use crate::quant::{QMatrix, RowKernel};
+use crate::quant::{Embedding, QMatrix, RowKernel};
 use crate::EngineError;
 
 /// The hyper-parameters every architecture has, read from `<arch>.*` metadata keys.
@@ -192,7 +189,7 @@ pub(super) struct Decoder {
     /// Facts for the engine.
     pub info: ModelInfo,
     /// Token embedding.
-    pub embedding: QTensor,
+    pub embedding: Embedding,
     /// Factor the embedding is multiplied by (Gemma's √hidden); 1.0 for none.
     pub embedding_scale: f32,
     /// The blocks.
@@ -242,7 +239,7 @@ impl Decoder {
                 sliding_window,
                 rounds_by_kernel: gguf.rounds_by_kernel(),
             },
-            embedding: gguf.qtensor("token_embd.weight")?,
+            embedding: gguf.embedding("token_embd.weight")?,
             embedding_scale: 1.0,
             blocks,
             output_norm: gguf.vector_of("output_norm.weight", dims.hidden)?,
@@ -392,12 +389,7 @@ impl Model for Decoder {
         if layout.rows() == 0 {
             return Ok(Vec::new());
         }
-        let ids = Tensor::new(StepLayout::tokens(batch), &candle_core::Device::Cpu)?;
-        let mut x = self
-            .embedding
-            .embedding(&ids)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
+        let mut x = self.embedding.rows(&StepLayout::tokens(batch))?;
         if self.embedding_scale != 1.0 {
             x.iter_mut().for_each(|v| *v *= self.embedding_scale);
         }

@@ -26,6 +26,7 @@
 mod act_tile;
 mod dot;
 mod float;
+mod iq4;
 #[macro_use]
 mod kquant;
 mod kquant_simd;
@@ -102,6 +103,11 @@ pub enum OwnFormat {
     /// Q2_K in a matrix llama.cpp repacks (rows a multiple of eight), against Q8_K
     /// activations quantized as each row's kernel does.
     Q2KRepacked,
+    /// IQ4_XS against Q8_K activations.
+    Iq4Xs,
+    /// IQ4_NL in a matrix llama.cpp repacks (rows a multiple of eight), against Q8
+    /// activations.
+    Iq4NlRepacked,
 }
 
 impl OwnFormat {
@@ -115,6 +121,8 @@ impl OwnFormat {
             Self::Q5K => cols / kquant::QK_K * kquant::Q5_K,
             Self::Q3K => cols / kquant::QK_K * kquant::Q3_K,
             Self::Q2KRepacked => cols / kquant::QK_K * kquant::Q2_K,
+            Self::Iq4Xs => cols / kquant::QK_K * iq4::IQ4_XS,
+            Self::Iq4NlRepacked => cols / 32 * iq4::IQ4_NL,
             Self::F32 => cols * 4,
             Self::F16 | Self::Bf16 => cols * 2,
             Self::Q6K => cols / kquant::QK_K * kquant::Q6_K,
@@ -124,8 +132,10 @@ impl OwnFormat {
     /// Values per block.
     pub fn block_len(self) -> usize {
         match self {
-            Self::Blocks(_) | Self::Q4_0Repacked | Self::Q5_1 => 32,
-            Self::Q2KRepacked | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K => kquant::QK_K,
+            Self::Blocks(_) | Self::Q4_0Repacked | Self::Q5_1 | Self::Iq4NlRepacked => 32,
+            Self::Q2KRepacked | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K | Self::Iq4Xs => {
+                kquant::QK_K
+            }
             Self::F32 | Self::F16 => 16,
             Self::Bf16 => 32,
         }
@@ -152,9 +162,12 @@ enum ActivationKind {
 impl ActivationKind {
     fn of(format: OwnFormat) -> Self {
         match format {
-            OwnFormat::Blocks(_) | OwnFormat::Q4_0Repacked | OwnFormat::Q5_1 => Self::Q8,
+            OwnFormat::Blocks(_)
+            | OwnFormat::Q4_0Repacked
+            | OwnFormat::Q5_1
+            | OwnFormat::Iq4NlRepacked => Self::Q8,
             OwnFormat::Q4K | OwnFormat::Q2KRepacked => Self::Q8KByKernel,
-            OwnFormat::Q3K | OwnFormat::Q5K | OwnFormat::Q6K => Self::Q8KGemv,
+            OwnFormat::Q3K | OwnFormat::Q5K | OwnFormat::Q6K | OwnFormat::Iq4Xs => Self::Q8KGemv,
             OwnFormat::F32 => Self::F32,
             OwnFormat::F16 => Self::F16,
             OwnFormat::Bf16 => Self::Bf16,
@@ -263,6 +276,22 @@ impl QMatrix {
         }
     }
 
+    /// A matrix of a type candle does not read, from the file's bytes: IQ4_XS, and IQ4_NL
+    /// where llama.cpp repacks it (rows a multiple of eight); `None` for another type.
+    pub fn from_raw(
+        ggml_type: u32,
+        data: &[u8],
+        rows: usize,
+        cols: usize,
+    ) -> Option<Result<Self, EngineError>> {
+        let format = match ggml_type {
+            IQ4_XS_TYPE => OwnFormat::Iq4Xs,
+            IQ4_NL_TYPE if rows.is_multiple_of(8) => OwnFormat::Iq4NlRepacked,
+            _ => return None,
+        };
+        Some(Self::from_slice(format, data, rows, cols))
+    }
+
     /// A `rows × cols` matrix of `format` from its raw blocks, row after row.
     pub fn from_blocks(
         format: OwnFormat,
@@ -300,7 +329,9 @@ impl QMatrix {
             OwnFormat::Q6K if simd_wide_tiles() => {
                 Weights::Q6kLanes(Q6kLanes::new(data, rows, cols / kquant::QK_K))
             }
-            OwnFormat::Q2KRepacked
+            OwnFormat::Iq4Xs
+            | OwnFormat::Iq4NlRepacked
+            | OwnFormat::Q2KRepacked
             | OwnFormat::Q3K
             | OwnFormat::Q4K
             | OwnFormat::Q5K
@@ -543,6 +574,7 @@ impl QMatrix {
                     for (t, a) in a.iter().enumerate() {
                         let v = match format {
                             OwnFormat::Q5_1 => dot::dot_q5_1(w, a),
+                            OwnFormat::Iq4NlRepacked => iq4::dot_iq4_nl_repacked(w, a),
                             _ => dot::dot_q4_0_repacked(w, a),
                         };
                         out.set(t, r, v);
@@ -567,6 +599,13 @@ impl QMatrix {
                                 }
                                 OwnFormat::Q5K => kquant::dot_q5k_tile(w, &a[g.clone()]),
                                 OwnFormat::Q3K => kquant::dot_q3k_tile(w, &a[g.clone()]),
+                                OwnFormat::Iq4Xs => {
+                                    let mut got = [0f32; 4];
+                                    for (k, t) in g.clone().enumerate() {
+                                        got[k] = iq4::dot_iq4_xs(w, a[t]);
+                                    }
+                                    got
+                                }
                                 OwnFormat::Q2KRepacked => {
                                     let mut got = [0f32; 4];
                                     for (k, t) in g.clone().enumerate() {
@@ -612,6 +651,62 @@ impl QMatrix {
                 }
             }
             _ => unreachable!("activations are quantized for the matrix's format"),
+        }
+    }
+}
+
+/// ggml's type id of IQ4_NL.
+pub const IQ4_NL_TYPE: u32 = 20;
+/// ggml's type id of IQ4_XS.
+pub const IQ4_XS_TYPE: u32 = 23;
+
+/// Dequantizes one row of a format, appending its values.
+type Dequantize = fn(&[u8], &mut Vec<f32>);
+
+/// A token embedding: rows looked up by token id, as f32.
+pub enum Embedding {
+    /// A type candle reads (it dequantizes the rows).
+    Candle(QTensor),
+    /// IQ4_NL or IQ4_XS rows, dequantized here.
+    Iq4 {
+        /// ggml's type id.
+        ggml_type: u32,
+        /// The rows' bytes.
+        data: Vec<u8>,
+        /// Values per row.
+        width: usize,
+    },
+}
+
+impl Embedding {
+    /// The rows of `ids`, one after another.
+    pub fn rows(&self, ids: &[u32]) -> Result<Vec<f32>, EngineError> {
+        match self {
+            Self::Candle(t) => {
+                let ids = candle_core::Tensor::new(ids, &candle_core::Device::Cpu)?;
+                Ok(t.embedding(&ids)?.flatten_all()?.to_vec1::<f32>()?)
+            }
+            Self::Iq4 {
+                ggml_type,
+                data,
+                width,
+            } => {
+                let (row_bytes, dequantize): (usize, Dequantize) = if *ggml_type == IQ4_XS_TYPE {
+                    (width / kquant::QK_K * iq4::IQ4_XS, iq4::dequantize_iq4_xs)
+                } else {
+                    (width / 32 * iq4::IQ4_NL, iq4::dequantize_iq4_nl)
+                };
+                let mut out = Vec::with_capacity(ids.len() * width);
+                for &id in ids {
+                    let row = data
+                        .get(id as usize * row_bytes..(id as usize + 1) * row_bytes)
+                        .ok_or_else(|| {
+                            EngineError::InvalidModel(format!("token {id} has no embedding row"))
+                        })?;
+                    dequantize(row, &mut out);
+                }
+                Ok(out)
+            }
         }
     }
 }
@@ -704,6 +799,8 @@ mod tests {
             OwnFormat::Q5_1,
             OwnFormat::Q3K,
             OwnFormat::Q2KRepacked,
+            OwnFormat::Iq4Xs,
+            OwnFormat::Iq4NlRepacked,
         ];
         for format in formats {
             let data = sample::weights(format, rows, cols, &mut rng);
@@ -757,6 +854,12 @@ mod tests {
                                     .map(|b| half::bf16::from_le_bytes(b.try_into().unwrap()))
                                     .collect();
                                 float::dot_bf16(&w, &float::round_to_bf16(xt), kernels[t].batched())
+                            }
+                            OwnFormat::Iq4Xs => {
+                                iq4::dot_iq4_xs(w, &kquant::quantize_row_q8k(xt, RowKernel::Gemv))
+                            }
+                            OwnFormat::Iq4NlRepacked => {
+                                iq4::dot_iq4_nl_repacked(w, &q8::quantize_row_portable(xt))
                             }
                             OwnFormat::Q2KRepacked => kquant::dot_q2k_repacked(
                                 w,

@@ -43,6 +43,8 @@ fn scale_offsets(format: OwnFormat) -> (&'static [usize], usize) {
         OwnFormat::Q5K => (&[0, 2], Q5_K),
         OwnFormat::Q3K => (&[108], super::kquant::Q3_K),
         OwnFormat::Q2KRepacked => (&[80, 82], super::kquant::Q2_K),
+        OwnFormat::Iq4Xs => (&[0], super::iq4::IQ4_XS),
+        OwnFormat::Iq4NlRepacked => (&[0], super::iq4::IQ4_NL),
         OwnFormat::Q6K => (&[208], Q6_K),
         OwnFormat::F32 | OwnFormat::F16 | OwnFormat::Bf16 => {
             unreachable!("float formats have no scales")
