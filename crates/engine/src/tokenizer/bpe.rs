@@ -5,7 +5,7 @@ use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::atomic::{self, AtomicBool};
 
-use super::pretokenize::{Splitter, GPT2};
+use super::pretokenize::{GiveBack, Splitter, GPT2, LLAMA3, QWEN2, TEKKEN};
 use super::{Cancelled, TokenId, MERGES_PER_CHECK};
 use crate::EngineError;
 
@@ -17,6 +17,9 @@ pub(super) struct Bpe {
     /// Regexes applied one after another; each splits the pieces the previous one left.
     pre: Vec<Splitter>,
     byte_to_char: [char; 256],
+    /// Whether a pre-token that is itself in the vocabulary becomes that one token without
+    /// merging (llama.cpp's `ignore_merges`: Llama 3, Tekken).
+    ignore_merges: bool,
 }
 
 impl Bpe {
@@ -38,26 +41,37 @@ impl Bpe {
                 ranks.entry((a, b)).or_insert((rank, merged));
             }
         }
-        let patterns: Vec<(&str, bool)> = match pre {
+        use GiveBack::{LastSpace, LastSpaceUnlessLineBreak as UnlessLineBreak, Never};
+        // The patterns llama.cpp runs for each name (`llama-vocab.cpp`), and whether a
+        // pre-token that is a whole vocabulary entry is taken as it is, merges or not.
+        let (patterns, ignore_merges): (Vec<(&str, GiveBack)>, bool) = match pre {
             // Digits are split one by one before the GPT-2 pattern runs.
             "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" => {
-                vec![(r"\p{N}", false), (GPT2, true)]
+                (vec![(r"\p{N}", Never), (GPT2, LastSpace)], false)
             }
-            "gpt-2" | "gpt2" | "default" | "" | "mpt" | "olmo" | "jais" => vec![(GPT2, true)],
+            "gpt-2" | "gpt2" | "default" | "" | "mpt" | "olmo" | "jais" => {
+                (vec![(GPT2, LastSpace)], false)
+            }
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral" | "midm-2.0" => {
+                (vec![(LLAMA3, UnlessLineBreak)], true)
+            }
+            "qwen2" | "deepseek-r1-qwen" | "megrez" => (vec![(QWEN2, UnlessLineBreak)], false),
+            "tekken" => (vec![(TEKKEN, UnlessLineBreak)], true),
             other => {
                 return Err(EngineError::Unsupported(format!(
-                    "BPE pre-tokenizer `{other}` (supported: smollm, starcoder, gpt-2)"
+                    "BPE pre-tokenizer `{other}` (supported: gpt-2, smollm, starcoder, llama-bpe, qwen2, tekken)"
                 )))
             }
         };
         let pre = patterns
             .into_iter()
-            .map(|(pattern, look_ahead)| Splitter::new(pattern, look_ahead))
+            .map(|(pattern, give_back)| Splitter::new(pattern, give_back))
             .collect::<Result<_, _>>()?;
         Ok(Self {
             ranks,
             pre,
             byte_to_char: byte_to_char_table(),
+            ignore_merges,
         })
     }
 
@@ -97,6 +111,16 @@ impl Bpe {
         for word in self.pre_tokenize(text) {
             if cancelled.load(atomic::Ordering::Relaxed) {
                 return Err(Cancelled);
+            }
+            if self.ignore_merges {
+                let mapped: String = word
+                    .bytes()
+                    .map(|b| self.byte_to_char[b as usize])
+                    .collect();
+                if let Some(&id) = vocab.get(&mapped) {
+                    out.push(id);
+                    continue;
+                }
             }
             // A byte-level vocabulary holds every single mapped byte; a byte it lacks is
             // dropped rather than guessed.

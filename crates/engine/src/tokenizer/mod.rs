@@ -107,17 +107,32 @@ const FIM_TEXTS: [(&str, &str, &str); 4] = [
     ("<PRE>", "<SUF>", "<MID>"),
 ];
 
-/// Texts of tokens that end a generation when the vocabulary has them as control tokens,
-/// the same list llama.cpp uses to build its end-of-generation set.
+/// Texts of tokens that end a generation, the list llama.cpp detects them by: whatever
+/// type the vocabulary gives such a token, llama.cpp makes it a control token too (it then
+/// matches in text only as a special token), and so does ferrite.
 const END_OF_GENERATION_TEXTS: &[&str] = &[
     "<|eot_id|>",
     "<|im_end|>",
     "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
     "<end_of_turn>",
     "<|endoftext|>",
-    "<|end_of_text|>",
-    "<EOT>",
+    "</s>",
     "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
 ];
 
 impl Tokenizer {
@@ -126,7 +141,7 @@ impl Tokenizer {
         let model = meta.string("tokenizer.ggml.model")?;
         let pieces = meta.string_array("tokenizer.ggml.tokens")?;
         let n = pieces.len();
-        let kinds: Vec<TokenKind> = match meta.i32_array("tokenizer.ggml.token_type") {
+        let mut kinds: Vec<TokenKind> = match meta.i32_array("tokenizer.ggml.token_type") {
             Ok(v) if v.len() == n => v.into_iter().map(TokenKind::from_gguf).collect(),
             _ => vec![TokenKind::Normal; n],
         };
@@ -135,6 +150,13 @@ impl Tokenizer {
             .enumerate()
             .map(|(i, p)| (p.clone(), i as TokenId))
             .collect();
+        let end_of_generation_ids: Vec<TokenId> = END_OF_GENERATION_TEXTS
+            .iter()
+            .filter_map(|text| piece_to_id.get(*text).copied())
+            .collect();
+        for &id in &end_of_generation_ids {
+            kinds[id as usize] = TokenKind::Control;
+        }
         let algorithm = match model.as_str() {
             "gpt2" => {
                 let merges = meta.string_array("tokenizer.ggml.merges")?;
@@ -183,11 +205,9 @@ impl Tokenizer {
         if let Some(eot) = token("tokenizer.ggml.eot_token_id") {
             end_of_generation.push(eot);
         }
-        for text in END_OF_GENERATION_TEXTS {
-            if let Some(&id) = piece_to_id.get(*text) {
-                if kinds[id as usize] == TokenKind::Control && !end_of_generation.contains(&id) {
-                    end_of_generation.push(id);
-                }
+        for id in end_of_generation_ids {
+            if !end_of_generation.contains(&id) {
+                end_of_generation.push(id);
             }
         }
         let fim = match (

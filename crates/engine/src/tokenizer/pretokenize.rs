@@ -13,25 +13,48 @@ use regex::Regex;
 
 use crate::EngineError;
 
+/// How a pattern's `\s+(?!\S)` look-ahead is applied to its matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum GiveBack {
+    /// The pattern had no look-ahead.
+    Never,
+    /// The pattern ended in `\s+(?!\S)|\s+`: a whitespace match of two characters or more
+    /// followed by text gives its last character back.
+    LastSpace,
+    /// The same, but the pattern had `\s*[\r\n]+` before those alternatives (Llama 3,
+    /// Qwen 2, Tekken): a whitespace match ending in a line break came from it and keeps
+    /// its last character.
+    LastSpaceUnlessLineBreak,
+}
+
 /// One pre-tokenizer regex.
 #[derive(Debug)]
 pub(super) struct Splitter {
     regex: Regex,
-    /// Whether the original pattern's whitespace alternatives were `\s+(?!\S)|\s+`.
-    gives_back_last_space: bool,
+    give_back: GiveBack,
 }
 
 /// The GPT-2 pre-tokenizer pattern with its final `\s+(?!\S)|\s+` written as `\s+`.
 pub(super) const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+";
 
+/// Llama 3's (`llama-bpe`) pattern, its `\s+(?!\S)|\s+` written as `\s+`: letters may take
+/// one leading non-letter, numbers go three digits at a time, line breaks form their own
+/// pieces with the whitespace before them.
+pub(super) const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+";
+
+/// Qwen 2's pattern: Llama 3's with one digit at a time.
+pub(super) const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+";
+
+/// Mistral's Tekken pattern as llama.cpp writes it, each `(?=[\p{L}])[^a-z]` (a letter
+/// that is not a lower-case ASCII one) written as the class `[\p{L}&&[^a-z]]`: words split
+/// where case changes, one digit at a time.
+pub(super) const TEKKEN: &str = r"[^\r\n\p{L}\p{N}]?[\p{L}&&[^a-z]]*[\p{L}&&[^A-Z]]+|[^\r\n\p{L}\p{N}]?[\p{L}&&[^a-z]]+[\p{L}&&[^A-Z]]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+";
+
 impl Splitter {
-    /// A splitter for `pattern`; `gives_back_last_space` applies `\s+(?!\S)` as above.
-    pub(super) fn new(pattern: &str, gives_back_last_space: bool) -> Result<Self, EngineError> {
+    /// A splitter for `pattern`, applying the look-ahead it stood for as `give_back` says.
+    pub(super) fn new(pattern: &str, give_back: GiveBack) -> Result<Self, EngineError> {
         let regex = Regex::new(pattern).map_err(|e| EngineError::InvalidModel(e.to_string()))?;
-        Ok(Self {
-            regex,
-            gives_back_last_space,
-        })
+        Ok(Self { regex, give_back })
     }
 
     /// The byte ranges the pattern matches in `text`, in order, never empty.
@@ -48,10 +71,15 @@ impl Splitter {
                 at = end + text[end..].chars().next().map_or(1, char::len_utf8);
                 continue;
             }
-            if self.gives_back_last_space && end < text.len() {
+            if self.give_back != GiveBack::Never && end < text.len() {
                 let mut chars = m.as_str().chars();
                 let last = chars.next_back().expect("a match is not empty");
-                if chars.clone().next().is_some() && m.as_str().chars().all(char::is_whitespace) {
+                let line_break = matches!(last, '\r' | '\n');
+                let keeps = self.give_back == GiveBack::LastSpaceUnlessLineBreak && line_break;
+                if !keeps
+                    && chars.clone().next().is_some()
+                    && m.as_str().chars().all(char::is_whitespace)
+                {
                     end -= last.len_utf8();
                 }
             }
@@ -71,13 +99,28 @@ mod tests {
     const GPT2_ORIGINAL: &str =
         r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 
+    /// llama.cpp's patterns with their look-aheads (`src/llama-vocab.cpp`).
+    const LLAMA3_ORIGINAL: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    const QWEN2_ORIGINAL: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    const TEKKEN_ORIGINAL: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
     #[test]
     fn splits_exactly_like_the_look_ahead_pattern() {
-        let original = fancy_regex::Regex::new(GPT2_ORIGINAL).unwrap();
-        let ours = Splitter::new(GPT2, true).unwrap();
+        for (original, ours, give_back) in [
+            (GPT2_ORIGINAL, GPT2, GiveBack::LastSpace),
+            (LLAMA3_ORIGINAL, LLAMA3, GiveBack::LastSpaceUnlessLineBreak),
+            (QWEN2_ORIGINAL, QWEN2, GiveBack::LastSpaceUnlessLineBreak),
+            (TEKKEN_ORIGINAL, TEKKEN, GiveBack::LastSpaceUnlessLineBreak),
+        ] {
+            splits_like(original, &Splitter::new(ours, give_back).unwrap());
+        }
+    }
+
+    fn splits_like(original: &str, ours: &Splitter) {
+        let original = fancy_regex::Regex::new(original).unwrap();
         let alphabet = [
-            "a", "Z", "é", "字", "1", "٣", " ", "  ", "\n", "\t", "\u{a0}", "\u{3000}", "'", "'s",
-            "'ll", "!", "-", "😀", "\r\n",
+            "a", "Z", "é", "É", "字", "1", "٣", "12345", " ", "  ", "\n", "\t", "\u{a0}",
+            "\u{3000}", "'", "'s", "'S", "'ll", "!", "-", "/", "😀", "\r\n", "\r",
         ];
         let mut rng = ChaCha8Rng::seed_from_u64(7);
         for round in 0..3000 {
@@ -89,13 +132,13 @@ mod tests {
                 .map(|m| m.unwrap())
                 .map(|m| (m.start(), m.end()))
                 .collect();
-            assert_eq!(ours.matches(&text), want, "{text:?}");
+            assert_eq!(ours.matches(&text), want, "{original:?}: {text:?}");
         }
     }
 
     #[test]
     fn a_megabyte_of_one_letter_is_one_piece_in_linear_time() {
-        let ours = Splitter::new(GPT2, true).unwrap();
+        let ours = Splitter::new(GPT2, GiveBack::LastSpace).unwrap();
         let text = "a".repeat(1 << 20);
         let started = std::time::Instant::now();
         assert_eq!(ours.matches(&text), vec![(0, 1 << 20)]);
