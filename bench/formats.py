@@ -4,9 +4,10 @@ shaped random-weight model in each weight type, in one run. Not a test.
 
 Each model is written by `ferrite-synth --arch llama --shape 1b --type T` (every weight
 matrix in that type; seed 0; SmolLM2's tokenizer) into a scratch model cache, then both
-servers are measured on the same file the way bench/bench.py measures them (prefill: TTFT
-of a ~500-token prompt; decode: 128 streamed tokens, single stream), each measurement
-under bench/quiet.py. Prints a Markdown table of tokens/s and ratios.
+servers are measured on the same file with bench/bench.py's servers and load generator
+(prefill: TTFT of a ~500-token prompt, median of 3; decode: 32 streamed tokens, single
+stream, mean of 2 requests), each measurement under bench/quiet.py. Prints a Markdown table
+of tokens/s and ratios.
 
     cargo build --release
     python3 bench/formats.py --llama-server /path/to/llama-server [--types q4_k q8_0 ...]
@@ -23,6 +24,43 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SYNTH = ROOT / "target" / "release" / "ferrite-synth"
+
+
+def start(bench, kind, model, llama_server, work):
+    """bench.py's servers, started on the model file by its path."""
+    port = bench.free_port()
+    url = f"http://127.0.0.1:{port}"
+    path = str(bench.cache_path(model))
+    log = open(work / f"{kind}-{model}.log", "wb")
+    if kind == "ferrite":
+        cmd, ready = [str(bench.FERRITE), "serve", "--model", path, "--port", str(port)], "/ready"
+    else:
+        cmd = [llama_server, "-m", path, "--port", str(port), "-t", "2", "-c", "8192"]
+        ready = "/health"
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    bench.wait_ready(url, ready, proc, timeout=600)
+    return proc, url
+
+
+def measure(bench, kind, model, llama_server, work, long_prompt):
+    """Prefill and decode tokens/s of one server on one model (fewer and shorter requests
+    than bench.py's: some of these kernels are slow at this size)."""
+    proc, url = start(bench, kind, model, llama_server, work)
+    try:
+        pre = bench.loadgen(url, proc.pid, work, f"{kind}-{model}-prefill",
+                            ["-c", "1", "-n", "3", "--max-tokens", "1", "--stream",
+                             "--vary-prompt", "--prompt-file", str(long_prompt)])
+        dec = bench.loadgen(url, proc.pid, work, f"{kind}-{model}-decode",
+                            ["-c", "1", "-n", "2", "--max-tokens", "32", "--stream"])
+        return {"prefill_tok_s": pre["prompt_tokens_per_request"] / pre["ttft_p50_s"],
+                "decode_tok_s": dec["per_request_decode_tok_per_s_mean"],
+                "quiet": [pre["quiet"], dec["quiet"]]}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except Exception:  # noqa: BLE001 - a server that will not stop is killed
+            proc.kill()
 
 
 def main():
@@ -51,8 +89,7 @@ def main():
                         "--tokenizer-from", str(tokenizer), "--out", str(path)], check=True)
         for kind in ("ferrite", "llama-server"):
             print(f"measuring {kind} on {name} ...", file=sys.stderr, flush=True)
-            table[(ty, kind)] = bench.measure(kind, name, args.llama_server, scratch, long_prompt,
-                                              with_load=False)
+            table[(ty, kind)] = measure(bench, kind, name, args.llama_server, scratch, long_prompt)
         path.unlink()
     rows = ["| weights (1B shape) | prefill tok/s ferrite | llama-server | ratio "
             "| decode tok/s ferrite | llama-server | ratio |", "|---|---|---|---|---|---|---|"]
