@@ -4,7 +4,7 @@
 //! fills in the options here: what it does differently is data, not a copy of this loop.
 
 use super::attention::AttentionShape;
-use super::ops::{self, Rope};
+use super::ops::{self, Rope, RopeStyle};
 use super::{
     attend_batch, gather_rows, split_rows, BatchEntry, Dimensions, Model, ModelInfo,
     PromptBatching, StepLayout,
@@ -67,6 +67,24 @@ impl Hyper {
             rope_scale: m.f32(&key("rope.scaling.factor")).unwrap_or(1.0),
             vocab_size: dims.vocab_size(gguf)?,
         })
+    }
+
+    /// The attention most architectures have: every layer global, query·key scaled by
+    /// 1/√head_dim inside the kernel, no soft cap.
+    pub fn plain_shape(&self) -> AttentionShape {
+        AttentionShape {
+            n_head: self.dims.n_head,
+            n_kv_head: self.dims.n_kv_head,
+            head_dim: self.dims.head_dim,
+            scale: 1.0 / (self.dims.head_dim as f32).sqrt(),
+            window: None,
+            softcap: None,
+        }
+    }
+
+    /// A rotary embedding with the file's base frequency and linear scaling.
+    pub fn rope(&self, style: RopeStyle) -> Rope {
+        Rope::new(self.dims.head_dim, self.rope_theta, self.rope_scale, style)
     }
 
     /// Width of all query heads together.

@@ -3,9 +3,8 @@
 //! SiLU-gated feed-forward. Llama 3.1's `llama3` RoPE scaling comes as a `rope_freqs`
 //! tensor of per-frequency factors.
 
-use super::attention::AttentionShape;
 use super::decoder::{plain_block, Activation, Decoder, Hyper};
-use super::ops::{Rope, RopeStyle};
+use super::ops::RopeStyle;
 use crate::gguf::GgufFile;
 use crate::EngineError;
 
@@ -18,21 +17,10 @@ pub(super) fn load(gguf: &mut GgufFile) -> Result<Decoder, EngineError> {
     } else {
         None
     };
-    let rope = Rope::new(
-        head_dim,
-        hyper.rope_theta,
-        hyper.rope_scale,
-        RopeStyle::Interleaved,
-    )
-    .with_freq_factors(freq_factors);
-    let shape = AttentionShape {
-        n_head: hyper.dims.n_head,
-        n_kv_head: hyper.dims.n_kv_head,
-        head_dim,
-        scale: 1.0 / (head_dim as f32).sqrt(),
-        window: None,
-        softcap: None,
-    };
+    let rope = hyper
+        .rope(RopeStyle::Interleaved)
+        .with_freq_factors(freq_factors);
+    let shape = hyper.plain_shape();
     let blocks = (0..hyper.dims.n_layers)
         .map(|i| plain_block(gguf, i, &hyper, shape, rope.clone(), Activation::Silu))
         .collect::<Result<_, _>>()?;

@@ -1,30 +1,15 @@
 //! The `qwen2` architecture (Qwen 2 and 2.5): the shared decoder with biases on the query,
 //! key and value projections, NeoX rotary embeddings and a SiLU-gated feed-forward.
 
-use super::attention::AttentionShape;
 use super::decoder::{plain_block, Activation, Decoder, Hyper};
-use super::ops::{Rope, RopeStyle};
+use super::ops::RopeStyle;
 use crate::gguf::GgufFile;
 use crate::EngineError;
 
 /// Loads a `qwen2` model.
 pub(super) fn load(gguf: &mut GgufFile) -> Result<Decoder, EngineError> {
     let hyper = Hyper::read(gguf, "qwen2", 10_000.0, 32_768, None)?;
-    let head_dim = hyper.dims.head_dim;
-    let rope = Rope::new(
-        head_dim,
-        hyper.rope_theta,
-        hyper.rope_scale,
-        RopeStyle::Neox,
-    );
-    let shape = AttentionShape {
-        n_head: hyper.dims.n_head,
-        n_kv_head: hyper.dims.n_kv_head,
-        head_dim,
-        scale: 1.0 / (head_dim as f32).sqrt(),
-        window: None,
-        softcap: None,
-    };
+    let (rope, shape) = (hyper.rope(RopeStyle::Neox), hyper.plain_shape());
     let mut blocks = Vec::with_capacity(hyper.dims.n_layers);
     for i in 0..hyper.dims.n_layers {
         let mut block = plain_block(gguf, i, &hyper, shape, rope.clone(), Activation::Silu)?;
