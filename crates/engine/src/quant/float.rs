@@ -38,6 +38,35 @@ pub fn dot_f16(w: &[f16], x: &[f32], batched: bool) -> f32 {
     dot(w, x, batched, f16::to_f32)
 }
 
+/// [`dot_f32`] of four weight rows with one activation row.
+pub fn dot4_f32(ws: [&[f32]; 4], x: &[f32], batched: bool) -> [f32; 4] {
+    dot4(ws, x, batched, |v| v)
+}
+
+/// [`dot_f16`] of four weight rows with one activation row.
+pub fn dot4_f16(ws: [&[f16]; 4], x: &[f32], batched: bool) -> [f32; 4] {
+    dot4(ws, x, batched, f16::to_f32)
+}
+
+/// Four rows' [`dot`]s. A batched row's one chain per lane waits on each fused
+/// multiply-add before the next, so the four rows' chains run interleaved (as tinyBLAS
+/// interleaves a tile's cells); each cell's operations and their order are [`dot`]'s.
+fn dot4<W: Copy>(ws: [&[W]; 4], x: &[f32], batched: bool, widen: impl Fn(W) -> f32) -> [f32; 4] {
+    if !batched {
+        return ws.map(|w| dot(w, x, false, &widen));
+    }
+    let mut acc = [[0f32; LANES]; 4];
+    for (k, x) in x.chunks_exact(LANES).enumerate() {
+        for (acc, w) in acc.iter_mut().zip(&ws) {
+            let w = &w[k * LANES..(k + 1) * LANES];
+            for l in 0..LANES {
+                acc[l] = widen(w[l]).mul_add(x[l], acc[l]);
+            }
+        }
+    }
+    acc.map(|a| reduce_add_16(&a))
+}
+
 fn dot<W: Copy>(w: &[W], x: &[f32], batched: bool, widen: impl Fn(W) -> f32) -> f32 {
     if batched {
         // tinyBLAS: lane l accumulates k ≡ l (mod 16) in order.

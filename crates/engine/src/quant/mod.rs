@@ -623,24 +623,26 @@ impl QMatrix {
                     }
                 }
             }
-            (Weights::F32(w), Activations::Float(x)) => {
-                for r in start..end {
-                    let w = &w[r * cols..(r + 1) * cols];
-                    for (t, &kernel) in kernels.iter().enumerate() {
-                        let x = &x[t * cols..(t + 1) * cols];
-                        out.set(t, r, float::dot_f32(w, x, kernel.batched()));
-                    }
-                }
-            }
-            (Weights::F16(w), Activations::Float(x)) => {
-                for r in start..end {
-                    let w = &w[r * cols..(r + 1) * cols];
-                    for (t, &kernel) in kernels.iter().enumerate() {
-                        let x = &x[t * cols..(t + 1) * cols];
-                        out.set(t, r, float::dot_f16(w, x, kernel.batched()));
-                    }
-                }
-            }
+            (Weights::F32(w), Activations::Float(x)) => float_rows(
+                w,
+                x,
+                *cols,
+                start..end,
+                kernels,
+                out,
+                float::dot_f32,
+                float::dot4_f32,
+            ),
+            (Weights::F16(w), Activations::Float(x)) => float_rows(
+                w,
+                x,
+                *cols,
+                start..end,
+                kernels,
+                out,
+                float::dot_f16,
+                float::dot4_f16,
+            ),
             (Weights::Bf16(w), Activations::Float(x)) => {
                 for r in start..end {
                     let w = &w[r * cols..(r + 1) * cols];
@@ -651,6 +653,44 @@ impl QMatrix {
                 }
             }
             _ => unreachable!("activations are quantized for the matrix's format"),
+        }
+    }
+}
+
+/// A float format's dot product of a weight row with an activation row (batched or not).
+type FloatDot<W> = fn(&[W], &[f32], bool) -> f32;
+/// The same for four weight rows at once.
+type FloatDot4<W> = fn([&[W]; 4], &[f32], bool) -> [f32; 4];
+
+/// Output features `range` of a float matrix `w` for every activation row of `x`: four
+/// weight rows at a time against each activation row, the rest one by one.
+#[allow(clippy::too_many_arguments)]
+fn float_rows<W>(
+    w: &[W],
+    x: &[f32],
+    cols: usize,
+    range: std::ops::Range<usize>,
+    kernels: &[RowKernel],
+    out: &Columns,
+    dot: FloatDot<W>,
+    dot4: FloatDot4<W>,
+) {
+    let row = |r: usize| &w[r * cols..(r + 1) * cols];
+    let fours = range.start + (range.len() / 4) * 4;
+    for (t, &kernel) in kernels.iter().enumerate() {
+        let x = &x[t * cols..(t + 1) * cols];
+        for r in (range.start..fours).step_by(4) {
+            let got = dot4(
+                [row(r), row(r + 1), row(r + 2), row(r + 3)],
+                x,
+                kernel.batched(),
+            );
+            for (i, v) in got.into_iter().enumerate() {
+                out.set(t, r + i, v);
+            }
+        }
+        for r in fours..range.end {
+            out.set(t, r, dot(row(r), x, kernel.batched()));
         }
     }
 }
