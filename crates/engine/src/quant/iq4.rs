@@ -50,12 +50,14 @@ pub fn dot_iq4_xs(w: &[u8], a: &Q8KRow) -> f32 {
         for ib in 0..8 {
             let values = values_of(&block[8 + 16 * ib..8 + 16 * ib + 16]);
             let scale = xs_scale(block, ib);
-            for (lane, sum) in lanes.iter_mut().enumerate() {
-                let mut s = 0i32;
-                for e in 4 * lane..4 * lane + 4 {
-                    s += values[e] * q8[32 * ib + e] as i32;
-                }
-                *sum += scale * s;
+            let q8 = &q8[32 * ib..32 * ib + 32];
+            // Exact integer sums, in an order the compiler vectorises.
+            let mut products = [0i32; 32];
+            for e in 0..32 {
+                products[e] = values[e] * q8[e] as i32;
+            }
+            for (lane, four) in lanes.iter_mut().zip(products.chunks_exact(4)) {
+                *lane += scale * (four[0] + four[1] + four[2] + four[3]);
             }
         }
         let d = f16_at(block, 0) * a.d[b];

@@ -328,6 +328,15 @@ pub fn dot_q2k_repacked(w: &[u8], a: &Q8KRow, kernel: RowKernel) -> f32 {
     sums.result()
 }
 
+/// Adds `scale` times each group of four `products` to its lane (lane `l` takes products
+/// `4l..4l + 4`), as the x86 kernels' `madd` does.
+#[inline]
+fn add_lanes(lanes: &mut [i32; 8], products: &[i32; 32], scale: i32) {
+    for (lane, four) in lanes.iter_mut().zip(products.chunks_exact(4)) {
+        *lane += scale * (four[0] + four[1] + four[2] + four[3]);
+    }
+}
+
 /// The sixteen signed 6-bit scales of a Q3_K super-block.
 fn q3k_scales(packed: &[u8]) -> [i32; 16] {
     let word = |i: usize| u32::from_le_bytes(packed[4 * i..4 * i + 4].try_into().unwrap());
@@ -364,11 +373,16 @@ pub fn dot_q3k_portable(w: &[u8], a: &Q8KRow) -> f32 {
         for j in 0..2 {
             for c in 0..4 {
                 let bit = 4 * j + c;
-                for e in 0..32 {
-                    let low = ((qs[32 * j + e] >> (2 * c)) & 3) as i32;
-                    let high = if hmask[e] >> bit & 1 == 1 { 0 } else { 4 };
-                    let at = 128 * j + 32 * c + e;
-                    lanes[e / 4] += scales[at / 16] * (low - high) * q8[at] as i32;
+                let at = 128 * j + 32 * c;
+                // Two sub-blocks of 16 with their own scales; exact integer sums.
+                for half in 0..2 {
+                    let mut products = [0i32; 32];
+                    for e in 16 * half..16 * half + 16 {
+                        let low = ((qs[32 * j + e] >> (2 * c)) & 3) as i32;
+                        let high = 4 - 4 * ((hmask[e] >> bit) & 1) as i32;
+                        products[e] = (low - high) * q8[at + e] as i32;
+                    }
+                    add_lanes(&mut lanes, &products, scales[at / 16 + half]);
                 }
             }
         }
@@ -423,12 +437,16 @@ pub fn dot_q5k_portable(w: &[u8], a: &Q8KRow) -> f32 {
             let (sc, m) = scale_min_k4(j, scales);
             imin += m * (bsums[2 * j] + bsums[2 * j + 1]);
             // Sub-block j: the low or high nibbles of 32 bytes, and bit j of each `qh` byte.
+            // Integer sums are exact in any order: written so that the compiler vectorises.
             let bytes = &qs[(j / 2) * 32..(j / 2) * 32 + 32];
-            for (e, (&byte, &h)) in bytes.iter().zip(qh).enumerate() {
-                let low = if j % 2 == 0 { byte & 0x0F } else { byte >> 4 };
-                let q = (low | (((h >> j) & 1) << 4)) as i32;
-                lanes[e / 4] += sc * q * q8[j * 32 + e] as i32;
+            let q8 = &q8[j * 32..j * 32 + 32];
+            let shift = 4 * (j % 2);
+            let mut products = [0i32; 32];
+            for e in 0..32 {
+                let q = ((bytes[e] >> shift) & 0x0F) | (((qh[e] >> j) & 1) << 4);
+                products[e] = q as i32 * q8[e] as i32;
             }
+            add_lanes(&mut lanes, &products, sc);
         }
         mins = (imin as f32).mul_add(dmin, mins);
         for (l, &lane) in lanes.iter().enumerate() {
