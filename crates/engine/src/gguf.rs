@@ -107,7 +107,7 @@ impl GgufFile {
 
     /// A tensor's bytes as stored (its size was checked against the file when opened).
     fn bytes(&mut self, name: &str, info: &TensorInfo) -> Result<Vec<u8>, EngineError> {
-        let (_, block_len, block_bytes) = type_geometry(info.ggml_type).expect("checked at open");
+        let (block_len, block_bytes) = type_geometry(info.ggml_type).expect("checked at open");
         let elements: usize = info.dims.iter().product();
         let mut bytes = vec![0u8; elements / block_len * block_bytes];
         let read = self
@@ -252,14 +252,17 @@ fn check_tensors(
 ) -> Result<(), String> {
     for (name, info) in tensors {
         let dims = &info.dims;
-        let Some((type_name, block, block_bytes)) = type_geometry(info.ggml_type) else {
+        let Some((block, block_bytes)) = type_geometry(info.ggml_type) else {
+            let readable: Vec<String> = READ_TYPES.iter().map(|&(t, _, _)| type_name(t)).collect();
             return Err(format!(
                 "tensor `{name}` is of type {} (ggml type {}), which ferrite does not read yet \
-                 (it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)",
+                 (it reads {})",
                 ggml_type_name(info.ggml_type).unwrap_or("unknown"),
-                info.ggml_type
+                info.ggml_type,
+                readable.join(", ")
             ));
         };
+        let type_name = type_name(info.ggml_type);
         let elements = dims
             .iter()
             .try_fold(1usize, |n, &d| n.checked_mul(d))
@@ -283,26 +286,31 @@ fn check_tensors(
     Ok(())
 }
 
-/// The types ferrite reads: name, values per block and bytes per block.
-fn type_geometry(id: u32) -> Option<(&'static str, usize, usize)> {
-    Some(match id {
-        0 => ("F32", 1, 4),
-        1 => ("F16", 1, 2),
-        2 => ("Q4_0", 32, 18),
-        3 => ("Q4_1", 32, 20),
-        6 => ("Q5_0", 32, 22),
-        7 => ("Q5_1", 32, 24),
-        8 => ("Q8_0", 32, 34),
-        10 => ("Q2_K", 256, 84),
-        11 => ("Q3_K", 256, 110),
-        12 => ("Q4_K", 256, 144),
-        13 => ("Q5_K", 256, 176),
-        14 => ("Q6_K", 256, 210),
-        20 => ("IQ4_NL", 32, 18),
-        23 => ("IQ4_XS", 256, 136),
-        30 => ("BF16", 1, 2),
-        _ => return None,
-    })
+/// The types ferrite reads: ggml type id, values per block and bytes per block.
+const READ_TYPES: [(u32, usize, usize); 15] = [
+    (0, 1, 4),      // F32
+    (1, 1, 2),      // F16
+    (30, 1, 2),     // BF16
+    (2, 32, 18),    // Q4_0
+    (3, 32, 20),    // Q4_1
+    (6, 32, 22),    // Q5_0
+    (7, 32, 24),    // Q5_1
+    (8, 32, 34),    // Q8_0
+    (10, 256, 84),  // Q2_K
+    (11, 256, 110), // Q3_K
+    (12, 256, 144), // Q4_K
+    (13, 256, 176), // Q5_K
+    (14, 256, 210), // Q6_K
+    (20, 32, 18),   // IQ4_NL
+    (23, 256, 136), // IQ4_XS
+];
+
+/// Values per block and bytes per block of a type ferrite reads.
+fn type_geometry(id: u32) -> Option<(usize, usize)> {
+    READ_TYPES
+        .iter()
+        .find(|(t, _, _)| *t == id)
+        .map(|&(_, block, bytes)| (block, bytes))
 }
 
 /// candle's type for a ggml type id, for the types candle reads.

@@ -25,12 +25,22 @@ fn fixtures() -> Vec<PathBuf> {
     files
 }
 
-/// Replays one fixture; the first disagreement with llama.cpp, if any.
-fn check(fixture: &Path, scratch: &Path) -> Result<String, String> {
+/// A fixture's data and the architecture and weight type it is for.
+fn read(fixture: &Path) -> (serde_json::Value, Arch, WeightType) {
     let data: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
     let arch = Arch::from_name(data["arch"].as_str().unwrap()).unwrap();
     let ty = WeightType::from_name(data["type"].as_str().unwrap()).unwrap();
+    (data, arch, ty)
+}
+
+/// Replays one fixture; the first disagreement with llama.cpp, if any.
+fn check(
+    data: &serde_json::Value,
+    arch: Arch,
+    ty: WeightType,
+    scratch: &Path,
+) -> Result<String, String> {
     let spec = Spec::small(arch, ty);
     let path = scratch.join(spec.file_name());
     write_model(&spec, &common::model_path("smollm2-135m"), &path).unwrap();
@@ -85,9 +95,12 @@ fn every_architecture_and_weight_type_matches_llama_cpp() {
     let files = fixtures();
     assert!(files.len() >= 2, "no fixtures in fixtures/synth");
     let mut failures = Vec::new();
+    let mut kinds = Vec::with_capacity(files.len());
     for file in &files {
         let name = file.file_stem().unwrap().to_string_lossy().into_owned();
-        match check(file, &scratch) {
+        let (data, arch, ty) = read(file);
+        kinds.push((arch, ty));
+        match check(&data, arch, ty, &scratch) {
             Ok(summary) => eprintln!("{name}: ok, {summary}"),
             Err(problem) => {
                 eprintln!("{name}: FAILED, {problem}");
@@ -108,23 +121,13 @@ fn every_architecture_and_weight_type_matches_llama_cpp() {
     for arch in Arch::ALL {
         for ty in WeightType::ALL {
             assert!(
-                files.iter().any(|f| kind(f) == (arch, ty)),
+                kinds.contains(&(arch, ty)),
                 "no fixture for {} {}",
                 arch.name(),
                 ty.name()
             );
         }
     }
-}
-
-/// The architecture and weight type a fixture is for.
-fn kind(fixture: &Path) -> (Arch, WeightType) {
-    let data: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
-    (
-        Arch::from_name(data["arch"].as_str().unwrap()).unwrap(),
-        WeightType::from_name(data["type"].as_str().unwrap()).unwrap(),
-    )
 }
 
 /// A file with a weight type ferrite does not read names the type, not candle's number.

@@ -11,11 +11,10 @@ use std::path::{Path, PathBuf};
 use ferrite_engine::gguf::GgufFile;
 use ferrite_engine::tokenizer::Tokenizer;
 
+mod common;
+
 fn vocab_dir() -> PathBuf {
-    std::env::var_os("FERRITE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/ferrite"))
-        .join("tokenizers")
+    common::home().join("tokenizers")
 }
 
 fn check(name: &str) {

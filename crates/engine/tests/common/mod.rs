@@ -11,14 +11,18 @@ use ferrite_engine::gguf::GgufFile;
 use ferrite_engine::tokenizer::Tokenizer;
 use ferrite_engine::{model, Engine, EngineConfig};
 
-/// The model cache, as `ferrite pull` fills it.
-pub fn model_path(name: &str) -> PathBuf {
-    let home = std::env::var_os("FERRITE_HOME")
+/// ferrite's home: `$FERRITE_HOME`, else `~/.cache/ferrite`.
+pub fn home() -> PathBuf {
+    std::env::var_os("FERRITE_HOME")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/ferrite")
-        });
-    let path = home.join("models").join(format!("{name}.gguf"));
+        })
+}
+
+/// The model cache, as `ferrite pull` fills it.
+pub fn model_path(name: &str) -> PathBuf {
+    let path = home().join("models").join(format!("{name}.gguf"));
     assert!(
         path.exists(),
         "{} is missing: run `cargo run --release -- pull {name}` first",
