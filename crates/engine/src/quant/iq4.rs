@@ -35,7 +35,7 @@ fn values_of(qs: &[u8]) -> [i32; 32] {
 }
 
 /// The signed scale of block `ib` (0..8) of an IQ4_XS super-block.
-fn xs_scale(block: &[u8], ib: usize) -> i32 {
+pub(super) fn xs_scale(block: &[u8], ib: usize) -> i32 {
     let high = u16::from_le_bytes([block[2], block[3]]);
     let low = (block[4 + ib / 2] >> (4 * (ib % 2))) & 0x0F;
     (low as i32 | ((((high >> (2 * ib)) & 3) as i32) << 4)) - 32
@@ -66,6 +66,25 @@ pub fn dot_iq4_xs(w: &[u8], a: &Q8KRow) -> f32 {
         }
     }
     hsum8(&acc)
+}
+
+/// IQ4_XS dot products of one weight row with up to four activation rows (entries past
+/// the given rows are zero): the SIMD kernel looks each super-block up once for all rows.
+pub fn dot_iq4_xs_tile(w: &[u8], a: &[&Q8KRow]) -> [f32; 4] {
+    assert!(a.len() <= 4);
+    let mut out = [0f32; 4];
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::available() {
+        // SAFETY: the CPU features were checked.
+        with_row_count!(a.len(), out, N => unsafe {
+            super::kquant_simd::dot_iq4xs_rows::<N>(w, std::array::from_fn(|r| a[r]))
+        });
+        return out;
+    }
+    for (r, a) in a.iter().enumerate() {
+        out[r] = dot_iq4_xs(w, a);
+    }
+    out
 }
 
 /// The dot product of an IQ4_NL weight row with a Q8 activation row, as llama.cpp's

@@ -409,6 +409,14 @@ pub fn dot_q3k_tile(w: &[u8], a: &[&Q8KRow]) -> [f32; 4] {
 pub fn dot_q5k_tile(w: &[u8], a: &[&Q8KRow]) -> [f32; 4] {
     assert!(a.len() <= 4);
     let mut out = [0f32; 4];
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::available() {
+        // SAFETY: the CPU features were checked.
+        with_row_count!(a.len(), out, N => unsafe {
+            super::kquant_simd::dot_q5k_rows::<N>(w, std::array::from_fn(|r| a[r]))
+        });
+        return out;
+    }
     for (r, a) in a.iter().enumerate() {
         out[r] = dot_q5k_portable(w, a);
     }

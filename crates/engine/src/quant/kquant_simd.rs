@@ -1,4 +1,4 @@
-//! AVX2 versions of the K-quant dot products. Their integer sums are exact and their
+//! AVX2 versions of the K-quant dot products (and IQ4_XS's, which has their super-blocks). Their integer sums are exact and their
 //! floating-point steps are those of the portable code, so results are bit-identical.
 
 #![cfg(target_arch = "x86_64")]
@@ -6,7 +6,8 @@
 use std::arch::x86_64::*;
 
 use super::dot::hsum8;
-use super::kquant::{scale_min_k4, Q4kSums, Q8KRow, Q4_K, Q6_K, QK_K};
+use super::iq4::{self, IQ4_XS};
+use super::kquant::{scale_min_k4, Q4kSums, Q8KRow, Q4_K, Q5_K, Q6_K, QK_K};
 use super::simd::f16_at;
 use super::RowKernel;
 
@@ -203,6 +204,117 @@ unsafe fn q6k_body<const N: usize>(w: &[u8], a: [&Q8KRow; N]) -> [f32; N] {
     })
 }
 
+/// Q5_K · Q8_K for one weight row and `N` activation rows, as
+/// [`super::kquant::dot_q5k_portable`]: every super-block's 5-bit values and scales are
+/// decoded once for all rows, then per row and sub-block one `maddubs` and one `madd` by
+/// the scale give the eight integer lanes. (Where the CPU has AVX-512 VNNI, matrices use
+/// the two-row layout of `pair_lanes` instead.)
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; `w` holds whole super-blocks and every row of `a`
+/// as many.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q5k_rows<const N: usize>(w: &[u8], a: [&Q8KRow; N]) -> [f32; N] {
+    let blocks = w.len() / Q5_K;
+    assert!(a.iter().all(|row| row.has_blocks(blocks)));
+    let low = _mm256_set1_epi8(0x0F);
+    let bit4 = _mm256_set1_epi8(0x10);
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut acc_min = [0f32; N];
+    for b in 0..blocks {
+        let block = w.as_ptr().add(b * Q5_K);
+        let scales = std::slice::from_raw_parts(block.add(4), 12);
+        let qh = _mm256_loadu_si256(block.add(16) as *const __m256i);
+        let mut x = [_mm256_setzero_si256(); 8];
+        let mut sc = [_mm256_setzero_si256(); 8];
+        let mut mins = [0i32; 8];
+        for (j, x) in x.iter_mut().enumerate() {
+            let bytes = _mm256_loadu_si256(block.add(48 + 32 * (j / 2)) as *const __m256i);
+            let nibbles = match j % 2 {
+                0 => _mm256_and_si256(bytes, low),
+                _ => _mm256_and_si256(_mm256_srli_epi16::<4>(bytes), low),
+            };
+            // Bit j of each qh byte moved to bit 4 (within the byte for shifts up to four).
+            let high = match j <= 4 {
+                true => _mm256_sll_epi16(qh, _mm_cvtsi32_si128(4 - j as i32)),
+                false => _mm256_srl_epi16(qh, _mm_cvtsi32_si128(j as i32 - 4)),
+            };
+            *x = _mm256_or_si256(nibbles, _mm256_and_si256(high, bit4));
+            let (s, m) = scale_min_k4(j, scales);
+            sc[j] = _mm256_set1_epi16(s as i16);
+            mins[j] = m;
+        }
+        let (dw, dminw) = (f16_at(block), f16_at(block.add(2)));
+        for r in 0..N {
+            let q8 = a[r].qs.as_ptr().add(b * QK_K);
+            let bsums = &a[r].bsums[b * 16..b * 16 + 16];
+            let mut lanes = _mm256_setzero_si256();
+            let mut imin = 0i32;
+            for j in 0..8 {
+                let y = _mm256_loadu_si256(q8.add(32 * j) as *const __m256i);
+                let products = _mm256_maddubs_epi16(x[j], y);
+                lanes = _mm256_add_epi32(lanes, _mm256_madd_epi16(sc[j], products));
+                imin += mins[j] * (bsums[2 * j] + bsums[2 * j + 1]);
+            }
+            let da = *a[r].d.get_unchecked(b);
+            acc_min[r] = (imin as f32).mul_add(-da * dminw, acc_min[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(da * dw), _mm256_cvtepi32_ps(lanes), acc[r]);
+        }
+    }
+    std::array::from_fn(|r| {
+        let mut out = [0f32; 8];
+        _mm256_storeu_ps(out.as_mut_ptr(), acc[r]);
+        hsum8(&out) + acc_min[r]
+    })
+}
+
+/// IQ4_XS · Q8_K for one weight row and `N` activation rows, as
+/// [`super::iq4::dot_iq4_xs`]: every super-block's table values are looked up once for all
+/// rows, then per row and sub-block a signed `maddubs` (the values' magnitudes by the
+/// activations with the values' signs) and one `madd` by the scale give the eight lanes.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; `w` holds whole super-blocks and every row of `a`
+/// as many.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_iq4xs_rows<const N: usize>(w: &[u8], a: [&Q8KRow; N]) -> [f32; N] {
+    let blocks = w.len() / IQ4_XS;
+    assert!(a.iter().all(|row| row.has_blocks(blocks)));
+    let table = _mm_loadu_si128(iq4::VALUES.as_ptr() as *const __m128i);
+    let table = _mm256_broadcastsi128_si256(table);
+    let mut acc = [_mm256_setzero_ps(); N];
+    for b in 0..blocks {
+        let block = w.as_ptr().add(b * IQ4_XS);
+        let raw = std::slice::from_raw_parts(block, IQ4_XS);
+        let mut x = [_mm256_setzero_si256(); 8];
+        let mut sc = [_mm256_setzero_si256(); 8];
+        for (j, x) in x.iter_mut().enumerate() {
+            *x = _mm256_shuffle_epi8(table, super::simd::nibbles(block.add(8 + 16 * j)));
+            sc[j] = _mm256_set1_epi16(iq4::xs_scale(raw, j) as i16);
+        }
+        let dw = f16_at(block);
+        for r in 0..N {
+            let q8 = a[r].qs.as_ptr().add(b * QK_K);
+            let mut lanes = _mm256_setzero_si256();
+            for j in 0..8 {
+                // Activations lie in -127..=127 (Q8_K's scale is 127 / max), so negating
+                // them never overflows, and a pair of products fits in 16 bits.
+                let y = _mm256_loadu_si256(q8.add(32 * j) as *const __m256i);
+                let products =
+                    _mm256_maddubs_epi16(_mm256_abs_epi8(x[j]), _mm256_sign_epi8(y, x[j]));
+                lanes = _mm256_add_epi32(lanes, _mm256_madd_epi16(sc[j], products));
+            }
+            let d = dw * *a[r].d.get_unchecked(b);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc[r]);
+        }
+    }
+    acc.map(|acc| {
+        let mut out = [0f32; 8];
+        _mm256_storeu_ps(out.as_mut_ptr(), acc);
+        hsum8(&out)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,6 +328,8 @@ mod tests {
         let cols = 3 * QK_K;
         let w4 = sample::weights(OwnFormat::Q4K, 1, cols, rng);
         let w6 = sample::weights(OwnFormat::Q6K, 1, cols, rng);
+        let w5 = sample::weights(OwnFormat::Q5K, 1, cols, rng);
+        let w_xs = sample::weights(OwnFormat::Iq4Xs, 1, cols, rng);
         let kernels: [RowKernel; N] = std::array::from_fn(|r| {
             if !all_gemm && (rng.next_u64().is_multiple_of(2) || r == 0) {
                 RowKernel::Gemv
@@ -230,11 +344,21 @@ mod tests {
         let a: [&Q8KRow; N] = std::array::from_fn(|r| &acts[r]);
         let got4 = unsafe { dot_q4k_rows(&w4, a, kernels) };
         let got6 = unsafe { dot_q6k_rows(&w6, a) };
+        let got5 = unsafe { dot_q5k_rows(&w5, a) };
+        let got_xs = unsafe { dot_iq4xs_rows(&w_xs, a) };
         for r in 0..N {
             let want4 = kquant::dot_q4k_portable(&w4, a[r], kernels[r]);
             assert_eq!(want4.to_bits(), got4[r].to_bits(), "Q4_K {N} rows, row {r}");
             let want6 = kquant::dot_q6k_portable(&w6, a[r]);
             assert_eq!(want6.to_bits(), got6[r].to_bits(), "Q6_K {N} rows, row {r}");
+            let want5 = kquant::dot_q5k_portable(&w5, a[r]);
+            assert_eq!(want5.to_bits(), got5[r].to_bits(), "Q5_K {N} rows, row {r}");
+            let want_xs = iq4::dot_iq4_xs(&w_xs, a[r]);
+            assert_eq!(
+                want_xs.to_bits(),
+                got_xs[r].to_bits(),
+                "IQ4_XS {N} rows, row {r}"
+            );
         }
     }
 

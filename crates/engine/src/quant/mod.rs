@@ -26,13 +26,14 @@
 mod act_tile;
 mod dot;
 mod float;
-mod iq4;
 #[macro_use]
 mod kquant;
+mod iq4;
 mod kquant_simd;
 mod output;
 pub mod packed;
 mod packed_simd;
+mod pair_lanes;
 mod q4k_lanes;
 mod q6k_lanes;
 mod q8;
@@ -47,6 +48,7 @@ use crate::EngineError;
 use act_tile::{ActTile, TILE_ROWS};
 use output::{Columns, Output};
 use packed::{PackedRows, GROUP};
+use pair_lanes::{LaneSums, PairFormat, PairLanes};
 use q4k_lanes::Q4kLanes;
 use q6k_lanes::Q6kLanes;
 
@@ -329,6 +331,18 @@ impl QMatrix {
             OwnFormat::Q6K if simd_wide_tiles() => {
                 Weights::Q6kLanes(Q6kLanes::new(data, rows, cols / kquant::QK_K))
             }
+            OwnFormat::Q5K if simd_wide_tiles() => Weights::PairLanes(PairLanes::new(
+                PairFormat::Q5K,
+                data,
+                rows,
+                cols / kquant::QK_K,
+            )),
+            OwnFormat::Iq4Xs if simd_wide_tiles() => Weights::PairLanes(PairLanes::new(
+                PairFormat::Iq4Xs,
+                data,
+                rows,
+                cols / kquant::QK_K,
+            )),
             OwnFormat::Iq4Xs
             | OwnFormat::Iq4NlRepacked
             | OwnFormat::Q2KRepacked
@@ -567,6 +581,38 @@ impl QMatrix {
                     got
                 });
             }
+            #[cfg(target_arch = "x86_64")]
+            (Weights::PairLanes(m), Activations::Q8K(a)) => {
+                // Two weight rows by up to four activation rows, over activation tiles that
+                // stay in the first-level cache.
+                let sums: Vec<LaneSums> = a.iter().map(|a| LaneSums::new(m.format(), a)).collect();
+                for t0 in (0..n).step_by(ACT_TILE) {
+                    let t1 = (t0 + ACT_TILE).min(n);
+                    for p in start / 2..end.div_ceil(2) {
+                        for t in (t0..t1).step_by(4) {
+                            let take = (t1 - t).min(4);
+                            let mut got = [[0f32; 2]; 4];
+                            // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
+                            with_row_count!(take, got, T => unsafe {
+                                pair_lanes::dot_pair::<T>(
+                                    m,
+                                    p,
+                                    std::array::from_fn(|k| &a[t + k]),
+                                    std::array::from_fn(|k| &sums[t + k]),
+                                )
+                            });
+                            for (k, got) in got.iter().enumerate().take(take) {
+                                for (h, &v) in got.iter().enumerate() {
+                                    let r = 2 * p + h;
+                                    if r < end.min(m.rows()) {
+                                        out.set(t + k, r, v);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
             (Weights::Rows(data), Activations::Q8(a, _)) => {
                 let row_bytes = format.row_bytes(*cols);
                 for r in start..end {
@@ -599,13 +645,7 @@ impl QMatrix {
                                 }
                                 OwnFormat::Q5K => kquant::dot_q5k_tile(w, &a[g.clone()]),
                                 OwnFormat::Q3K => kquant::dot_q3k_tile(w, &a[g.clone()]),
-                                OwnFormat::Iq4Xs => {
-                                    let mut got = [0f32; 4];
-                                    for (k, t) in g.clone().enumerate() {
-                                        got[k] = iq4::dot_iq4_xs(w, a[t]);
-                                    }
-                                    got
-                                }
+                                OwnFormat::Iq4Xs => iq4::dot_iq4_xs_tile(w, &a[g.clone()]),
                                 OwnFormat::Q2KRepacked => {
                                     let mut got = [0f32; 4];
                                     for (k, t) in g.clone().enumerate() {
@@ -761,6 +801,8 @@ pub enum Weights {
     Q4kLanes(Q4kLanes),
     /// Q6_K likewise.
     Q6kLanes(Q6kLanes),
+    /// Q5_K or IQ4_XS, two rows to a 512-bit vector, where the CPU has AVX-512 VNNI.
+    PairLanes(PairLanes),
     /// F32 values, row after row.
     F32(Vec<f32>),
     /// F16 values, row after row.
