@@ -26,6 +26,7 @@
 mod act_tile;
 mod dot;
 mod float;
+mod float_simd;
 #[macro_use]
 mod kquant;
 mod iq4;
@@ -703,9 +704,10 @@ type FloatDot<W> = fn(&[W], &[f32], bool) -> f32;
 type FloatDot4<W> = fn([&[W]; 4], &[f32], bool) -> [f32; 4];
 
 /// Output features `range` of a float matrix `w` for every activation row of `x`: four
-/// weight rows at a time against each activation row, the rest one by one.
+/// weight rows at a time against each activation row, the rest one by one (with AVX-512,
+/// [`float_rows_avx512`]).
 #[allow(clippy::too_many_arguments)]
-fn float_rows<W>(
+fn float_rows<W: Copy + Into<f32>>(
     w: &[W],
     x: &[f32],
     cols: usize,
@@ -714,7 +716,13 @@ fn float_rows<W>(
     out: &Columns,
     dot: FloatDot<W>,
     dot4: FloatDot4<W>,
-) {
+) where
+    W: WidenSimd,
+{
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::features().avx512 {
+        return float_rows_avx512(w, x, cols, range, kernels, out, dot);
+    }
     let row = |r: usize| &w[r * cols..(r + 1) * cols];
     let fours = range.start + (range.len() / 4) * 4;
     for (t, &kernel) in kernels.iter().enumerate() {
@@ -731,6 +739,84 @@ fn float_rows<W>(
         }
         for r in fours..range.end {
             out.set(t, r, dot(row(r), x, kernel.batched()));
+        }
+    }
+}
+
+/// The weight types [`float_rows`] takes: those the AVX-512 kernels widen.
+#[cfg(target_arch = "x86_64")]
+trait WidenSimd: float_simd::Widen {}
+#[cfg(target_arch = "x86_64")]
+impl<W: float_simd::Widen> WidenSimd for W {}
+/// The weight types [`float_rows`] takes.
+#[cfg(not(target_arch = "x86_64"))]
+trait WidenSimd {}
+#[cfg(not(target_arch = "x86_64"))]
+impl<W> WidenSimd for W {}
+
+/// Activation rows per pass over a float chunk's weight rows (with the chunk's weights,
+/// they stay in the second-level cache).
+#[cfg(target_arch = "x86_64")]
+const FLOAT_ACT_BLOCK: usize = 4 * float_simd::TILE_X;
+
+/// [`float_rows`] with AVX-512: lone rows through the vector dot product's kernel, batched
+/// rows in tiles of four weight rows by up to six activation rows (rows are a multiple of
+/// four wherever matrices take our float kernels, see [`float::tinyblas_takes`]; any other
+/// rows through the portable `dot`).
+#[cfg(target_arch = "x86_64")]
+fn float_rows_avx512<W: float_simd::Widen + Into<f32>>(
+    w: &[W],
+    x: &[f32],
+    cols: usize,
+    range: std::ops::Range<usize>,
+    kernels: &[RowKernel],
+    out: &Columns,
+    dot: FloatDot<W>,
+) {
+    use float_simd::{TILE_W, TILE_X};
+    assert!(range.start.is_multiple_of(TILE_W));
+    let tiled = range.start..range.start + range.len() / TILE_W * TILE_W;
+    let row = |r: usize| &w[r * cols..(r + 1) * cols];
+    let act = |t: usize| &x[t * cols..(t + 1) * cols];
+    let mut batched = Vec::with_capacity(kernels.len());
+    for (t, kernel) in kernels.iter().enumerate() {
+        if kernel.batched() {
+            batched.push(t);
+            continue;
+        }
+        for r in range.clone() {
+            // SAFETY: AVX-512 (with FMA and F16C) was checked by the caller.
+            out.set(t, r, unsafe { float_simd::lone(row(r), act(t)) });
+        }
+    }
+    for r in tiled.end..range.end {
+        for &t in &batched {
+            out.set(t, r, dot(row(r), act(t), true));
+        }
+    }
+    for block in batched.chunks(FLOAT_ACT_BLOCK) {
+        for r in tiled.clone().step_by(TILE_W) {
+            let ws: [&[W]; TILE_W] = std::array::from_fn(|i| row(r + i));
+            for ts in block.chunks(TILE_X) {
+                let mut got = [[0f32; TILE_W]; TILE_X];
+                macro_rules! tile {
+                    ($($c:literal)*) => {
+                        match ts.len() {
+                            $($c => got[..$c].copy_from_slice(
+                                // SAFETY: as above.
+                                &unsafe { float_simd::tile::<W, $c>(ws, std::array::from_fn(|k| act(ts[k]))) },
+                            ),)*
+                            n => unreachable!("{n} activation rows in a tile"),
+                        }
+                    };
+                }
+                tile!(1 2 3 4 5 6);
+                for (&t, got) in ts.iter().zip(&got) {
+                    for (i, &v) in got.iter().enumerate() {
+                        out.set(t, r + i, v);
+                    }
+                }
+            }
         }
     }
 }
