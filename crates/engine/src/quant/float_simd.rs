@@ -78,31 +78,36 @@ pub unsafe fn tile<W: Widen, const C: usize>(
     acc.map(|row| row.map(|a| reduce_add_16(&lanes(a))))
 }
 
-/// The lone-row product `w · x` (ggml's vector dot product), as the portable `dot`.
+/// The lone-row products `w[r] · x` (ggml's vector dot product), each as the portable
+/// `dot`: four accumulators over blocks of 64 values, added pairwise. `R` weight rows go
+/// together so that each activation vector is loaded once for all and several weight
+/// streams are in flight.
 ///
 /// # Safety
-/// AVX-512F, FMA and F16C must be available; `w` and `x` have the same length.
+/// AVX-512F, FMA and F16C must be available; every row of `w` has the length of `x`.
 #[target_feature(enable = "avx512f,fma,f16c")]
-pub unsafe fn lone<W: Widen + Into<f32>>(w: &[W], x: &[f32]) -> f32 {
-    assert_eq!(w.len(), x.len());
-    let whole = w.len() / 64 * 64;
-    let mut acc = [_mm512_setzero_ps(); 4];
+pub unsafe fn lone<W: Widen + Into<f32>, const R: usize>(w: [&[W]; R], x: &[f32]) -> [f32; R] {
+    assert!(w.iter().all(|w| w.len() == x.len()));
+    let whole = x.len() / 64 * 64;
+    let mut acc = [[_mm512_setzero_ps(); 4]; R];
     for k in (0..whole).step_by(64) {
-        for (i, acc) in acc.iter_mut().enumerate() {
+        for i in 0..4 {
             let at = k + 16 * i;
             let xv = _mm512_loadu_ps(x.as_ptr().add(at));
-            *acc = _mm512_fmadd_ps(W::load16(w.as_ptr().add(at)), xv, *acc);
+            for (acc, w) in acc.iter_mut().zip(&w) {
+                acc[i] = _mm512_fmadd_ps(W::load16(w.as_ptr().add(at)), xv, acc[i]);
+            }
         }
     }
-    let first = _mm512_add_ps(
-        _mm512_add_ps(acc[0], acc[2]),
-        _mm512_add_ps(acc[1], acc[3]),
-    );
-    let mut sum = reduce_add_16(&lanes(first)) as f64;
-    for (&w, &x) in w[whole..].iter().zip(&x[whole..]) {
-        sum += (w.into() * x) as f64;
-    }
-    sum as f32
+    std::array::from_fn(|r| {
+        let acc = &acc[r];
+        let first = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
+        let mut sum = reduce_add_16(&lanes(first)) as f64;
+        for (&w, &x) in w[r][whole..].iter().zip(&x[whole..]) {
+            sum += (w.into() * x) as f64;
+        }
+        sum as f32
+    })
 }
 
 #[cfg(test)]
@@ -127,8 +132,14 @@ mod tests {
             for r in 0..TILE_W {
                 let want = portable(&w[r], &x[c], true);
                 assert_eq!(want.to_bits(), got[c][r].to_bits(), "batched {C}: {r}, {c}");
-                let lone = unsafe { lone(&w[r], &x[c]) };
-                assert_eq!(portable(&w[r], &x[c], false).to_bits(), lone.to_bits());
+                let one = unsafe { lone::<W, 1>([&w[r]], &x[c]) };
+                assert_eq!(portable(&w[r], &x[c], false).to_bits(), one[0].to_bits());
+            }
+            // SAFETY: as above.
+            let four = unsafe { lone::<W, TILE_W>(std::array::from_fn(|r| &w[r][..]), &x[c]) };
+            for (r, got) in four.iter().enumerate() {
+                let want = portable(&w[r], &x[c], false);
+                assert_eq!(want.to_bits(), got.to_bits(), "lone rows: {r}, {c}");
             }
         }
     }
@@ -143,6 +154,7 @@ mod tests {
             return;
         }
         let mut rng = Xorshift::new(5);
+        // 13 blocks of 16: past the last block of 64 too.
         let cols = 16 * 13;
         let w32: Vec<Vec<f32>> = (0..TILE_W)
             .map(|_| (0..cols).map(|_| rng.next_f32()).collect())
@@ -152,7 +164,9 @@ mod tests {
             .map(|r| r.iter().map(|&v| f16::from_f32(v)).collect())
             .collect();
         let x: Vec<Vec<f32>> = (0..TILE_X)
-            .map(|_| float::round_to_f16(&(0..cols).map(|_| rng.next_f32() * 3.0).collect::<Vec<_>>()))
+            .map(|_| {
+                float::round_to_f16(&(0..cols).map(|_| rng.next_f32() * 3.0).collect::<Vec<_>>())
+            })
             .collect();
         check::<f32, 1>(&w32, &x, float::dot_f32);
         check::<f32, 6>(&w32, &x, float::dot_f32);

@@ -26,11 +26,13 @@
 mod act_tile;
 mod dot;
 mod float;
+mod float_rows;
 mod float_simd;
 #[macro_use]
 mod kquant;
 mod iq4;
 mod kquant_simd;
+mod layout;
 mod output;
 pub mod packed;
 mod packed_simd;
@@ -38,6 +40,7 @@ mod pair_lanes;
 mod q4k_lanes;
 mod q6k_lanes;
 mod q8;
+mod rows;
 pub mod sample;
 pub(crate) mod simd;
 
@@ -47,11 +50,8 @@ use rayon::prelude::*;
 use crate::model::ops;
 use crate::EngineError;
 use act_tile::{ActTile, TILE_ROWS};
+use layout::Layout;
 use output::{Columns, Output};
-use packed::{PackedRows, GROUP};
-use pair_lanes::{LaneSums, PairFormat, PairLanes};
-use q4k_lanes::Q4kLanes;
-use q6k_lanes::Q6kLanes;
 
 pub use dot::{BlockFormat, Q4_0, Q4_1, Q5_0, Q8_0};
 
@@ -182,7 +182,9 @@ impl ActivationKind {
 enum Activations {
     /// Q8 rows, and for a prompt under AVX-512 VNNI the same rows as tiles.
     Q8(Vec<q8::Q8Row>, Vec<ActTile>),
-    Q8K(Vec<kquant::Q8KRow>),
+    /// Q8_K rows, and the sums the two-row Q5_K / IQ4_XS kernels add, each computed by the
+    /// first chunk that needs them.
+    Q8K(Vec<kquant::Q8KRow>, pair_lanes::SumsOnce),
     /// Float rows, row-major.
     Float(Vec<f32>),
 }
@@ -209,6 +211,7 @@ impl Activations {
             ActivationKind::Q8KByKernel => Self::Q8K(
                 rows.map(|(r, &kernel)| kquant::quantize_row_q8k(r, kernel))
                     .collect(),
+                Default::default(),
             ),
             ActivationKind::F32 => Self::Float(x.to_vec()),
             ActivationKind::F16 => Self::Float(float::round_to_f16(x)),
@@ -216,6 +219,7 @@ impl Activations {
             ActivationKind::Q8KGemv => Self::Q8K(
                 rows.map(|(r, _)| kquant::quantize_row_q8k(r, RowKernel::Gemv))
                     .collect(),
+                Default::default(),
             ),
         }
     }
@@ -227,8 +231,8 @@ pub enum QMatrix {
     Own {
         /// Block format of the rows.
         format: OwnFormat,
-        /// The blocks.
-        data: Weights,
+        /// The weights, laid out for this CPU's kernels.
+        data: LaidOut,
         /// Output features.
         rows: usize,
         /// Input features.
@@ -324,51 +328,7 @@ impl QMatrix {
                 "quantized tensor has the wrong size".into(),
             ));
         }
-        let data = match format {
-            OwnFormat::Blocks(f) => Weights::Packed(PackedRows::new(f, data, rows, cols)),
-            OwnFormat::Q4K if simd_wide_tiles() => {
-                Weights::Q4kLanes(Q4kLanes::new(data, rows, cols / kquant::QK_K))
-            }
-            OwnFormat::Q6K if simd_wide_tiles() => {
-                Weights::Q6kLanes(Q6kLanes::new(data, rows, cols / kquant::QK_K))
-            }
-            OwnFormat::Q5K if simd_wide_tiles() => Weights::PairLanes(PairLanes::new(
-                PairFormat::Q5K,
-                data,
-                rows,
-                cols / kquant::QK_K,
-            )),
-            OwnFormat::Iq4Xs if simd_wide_tiles() => Weights::PairLanes(PairLanes::new(
-                PairFormat::Iq4Xs,
-                data,
-                rows,
-                cols / kquant::QK_K,
-            )),
-            OwnFormat::Iq4Xs
-            | OwnFormat::Iq4NlRepacked
-            | OwnFormat::Q2KRepacked
-            | OwnFormat::Q3K
-            | OwnFormat::Q4K
-            | OwnFormat::Q5K
-            | OwnFormat::Q6K
-            | OwnFormat::Q4_0Repacked
-            | OwnFormat::Q5_1 => Weights::Rows(data.to_vec()),
-            OwnFormat::F32 => Weights::F32(
-                data.chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                    .collect(),
-            ),
-            OwnFormat::F16 => Weights::F16(
-                data.chunks_exact(2)
-                    .map(|b| half::f16::from_le_bytes([b[0], b[1]]))
-                    .collect(),
-            ),
-            OwnFormat::Bf16 => Weights::Bf16(
-                data.chunks_exact(2)
-                    .map(|b| half::bf16::from_le_bytes([b[0], b[1]]))
-                    .collect(),
-            ),
-        };
+        let data = LaidOut(layout::lay_out(format, data, rows, cols));
         Ok(Self::Own {
             format,
             data,
@@ -481,345 +441,18 @@ impl QMatrix {
     /// Output features `c·CHUNK..` (up to [`CHUNK`] of them) for every activation row,
     /// written into `out`.
     fn chunk(&self, acts: &Activations, kernels: &[RowKernel], c: usize, out: &Columns) {
-        let Self::Own {
-            format,
-            data,
-            rows,
-            cols,
-        } = self
-        else {
+        let Self::Own { data, rows, .. } = self else {
             unreachable!("only own formats are chunked");
         };
-        let n = kernels.len();
         let start = c * CHUNK;
-        let end = (start + CHUNK).min(*rows);
-        match (data, acts) {
-            (Weights::Packed(packed), Activations::Q8(a, tiles)) => {
-                let a: Vec<&q8::Q8Row> = a.iter().collect();
-                let put = |t: usize, r: usize, v: f32| {
-                    if r < end {
-                        out.set(t, r, v);
-                    }
-                };
-                let groups = start / GROUP..end.div_ceil(GROUP);
-                if n < 4 {
-                    // Decoding: each group's eight weight rows against every activation row.
-                    for g in groups {
-                        for (i, got) in packed.dot_group(g, &a).iter().enumerate() {
-                            for (t, &v) in got.iter().enumerate().take(n) {
-                                put(t, g * GROUP + i, v);
-                            }
-                        }
-                    }
-                } else if !tiles.is_empty() {
-                    // A prompt under AVX-512 VNNI: two weight rows by a whole tile at a time,
-                    // the chunk's results gathered per activation row and written as runs.
-                    let base = groups.start * GROUP;
-                    let mut runs = [[0f32; CHUNK + GROUP]; TILE_ROWS];
-                    for (tile, t0) in tiles.iter().zip((0..n).step_by(TILE_ROWS)) {
-                        for g in groups.clone() {
-                            for first in (0..GROUP).step_by(2) {
-                                let got = packed.dot_pair_tile(g, first, tile);
-                                let at = g * GROUP + first - base;
-                                for (k, run) in runs.iter_mut().enumerate().take(tile.rows()) {
-                                    (run[at], run[at + 1]) = (got[0][k], got[1][k]);
-                                }
-                            }
-                        }
-                        for (k, run) in runs.iter().enumerate().take(tile.rows()) {
-                            out.set_run(t0 + k, start, &run[start - base..]);
-                        }
-                    }
-                } else {
-                    // A prompt: two weight rows by four activation rows at a time, over
-                    // activation tiles that stay in the first-level cache.
-                    for t0 in (0..n).step_by(ACT_TILE) {
-                        let t1 = (t0 + ACT_TILE).min(n);
-                        for g in groups.clone() {
-                            for first in (0..GROUP).step_by(2) {
-                                for t in (t0..t1).step_by(4) {
-                                    let rows = &a[t..(t + 4).min(t1)];
-                                    let got = packed.dot_pair(g, first, rows);
-                                    for (i, got) in got.iter().enumerate() {
-                                        for (k, &v) in got.iter().enumerate().take(rows.len()) {
-                                            put(t + k, g * GROUP + first + i, v);
-                                        }
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-            #[cfg(target_arch = "x86_64")]
-            (Weights::Q4kLanes(m), Activations::Q8K(a)) => {
-                // Sixteen weight rows (one per lane) by up to four activation rows.
-                lane_groups(out, start..end, n, |g, t, take| {
-                    let mut got = [[0f32; LANE_ROWS]; 4];
-                    let rows = &a[t..t + take];
-                    // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
-                    with_row_count!(take, got, T => unsafe {
-                        q4k_lanes::dot_group::<T>(
-                            m,
-                            g,
-                            std::array::from_fn(|k| &rows[k]),
-                            std::array::from_fn(|k| kernels[t + k]),
-                        )
-                    });
-                    got
-                });
-            }
-            #[cfg(target_arch = "x86_64")]
-            (Weights::Q6kLanes(m), Activations::Q8K(a)) => {
-                // Sixteen weight rows (one per lane) by up to four activation rows.
-                lane_groups(out, start..end, n, |g, t, take| {
-                    let mut got = [[0f32; LANE_ROWS]; 4];
-                    let rows = &a[t..t + take];
-                    // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
-                    with_row_count!(take, got, T => unsafe {
-                        q6k_lanes::dot_group::<T>(m, g, std::array::from_fn(|k| &rows[k]))
-                    });
-                    got
-                });
-            }
-            #[cfg(target_arch = "x86_64")]
-            (Weights::PairLanes(m), Activations::Q8K(a)) => {
-                // Two weight rows by up to four activation rows, over activation tiles that
-                // stay in the first-level cache.
-                let sums: Vec<LaneSums> = a.iter().map(|a| LaneSums::new(m.format(), a)).collect();
-                for t0 in (0..n).step_by(ACT_TILE) {
-                    let t1 = (t0 + ACT_TILE).min(n);
-                    for p in start / 2..end.div_ceil(2) {
-                        for t in (t0..t1).step_by(4) {
-                            let take = (t1 - t).min(4);
-                            let mut got = [[0f32; 2]; 4];
-                            // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
-                            with_row_count!(take, got, T => unsafe {
-                                pair_lanes::dot_pair::<T>(
-                                    m,
-                                    p,
-                                    std::array::from_fn(|k| &a[t + k]),
-                                    std::array::from_fn(|k| &sums[t + k]),
-                                )
-                            });
-                            for (k, got) in got.iter().enumerate().take(take) {
-                                for (h, &v) in got.iter().enumerate() {
-                                    let r = 2 * p + h;
-                                    if r < end.min(m.rows()) {
-                                        out.set(t + k, r, v);
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-            (Weights::Rows(data), Activations::Q8(a, _)) => {
-                let row_bytes = format.row_bytes(*cols);
-                for r in start..end {
-                    let w = &data[r * row_bytes..(r + 1) * row_bytes];
-                    for (t, a) in a.iter().enumerate() {
-                        let v = match format {
-                            OwnFormat::Q5_1 => dot::dot_q5_1(w, a),
-                            OwnFormat::Iq4NlRepacked => iq4::dot_iq4_nl_repacked(w, a),
-                            _ => dot::dot_q4_0_repacked(w, a),
-                        };
-                        out.set(t, r, v);
-                    }
-                }
-            }
-            (Weights::Rows(data), Activations::Q8K(a)) => {
-                // One weight row by up to four activation rows (the layout of CPUs without
-                // AVX-512 VNNI): each super-block is decoded once for all of them.
-                let a: Vec<&kquant::Q8KRow> = a.iter().collect();
-                let row_bytes = format.row_bytes(*cols);
-                for t0 in (0..n).step_by(ACT_TILE) {
-                    let t1 = (t0 + ACT_TILE).min(n);
-                    for r in start..end {
-                        let w = &data[r * row_bytes..(r + 1) * row_bytes];
-                        let mut t = t0;
-                        while t < t1 {
-                            let g = t..(t + 4).min(t1);
-                            let got = match format {
-                                OwnFormat::Q4K => {
-                                    kquant::dot_q4k_tile(w, &a[g.clone()], &kernels[g.clone()])
-                                }
-                                OwnFormat::Q5K => kquant::dot_q5k_tile(w, &a[g.clone()]),
-                                OwnFormat::Q3K => kquant::dot_q3k_tile(w, &a[g.clone()]),
-                                OwnFormat::Iq4Xs => iq4::dot_iq4_xs_tile(w, &a[g.clone()]),
-                                OwnFormat::Q2KRepacked => {
-                                    let mut got = [0f32; 4];
-                                    for (k, t) in g.clone().enumerate() {
-                                        got[k] = kquant::dot_q2k_repacked(w, a[t], kernels[t]);
-                                    }
-                                    got
-                                }
-                                _ => kquant::dot_q6k_tile(w, &a[g.clone()]),
-                            };
-                            for (k, &v) in got.iter().enumerate().take(g.len()) {
-                                out.set(t + k, r, v);
-                            }
-                            t = g.end;
-                        }
-                    }
-                }
-            }
-            (Weights::F32(w), Activations::Float(x)) => float_rows(
-                w,
-                x,
-                *cols,
-                start..end,
-                kernels,
-                out,
-                float::dot_f32,
-                float::dot4_f32,
-            ),
-            (Weights::F16(w), Activations::Float(x)) => float_rows(
-                w,
-                x,
-                *cols,
-                start..end,
-                kernels,
-                out,
-                float::dot_f16,
-                float::dot4_f16,
-            ),
-            (Weights::Bf16(w), Activations::Float(x)) => {
-                for r in start..end {
-                    let w = &w[r * cols..(r + 1) * cols];
-                    for (t, &kernel) in kernels.iter().enumerate() {
-                        let x = &x[t * cols..(t + 1) * cols];
-                        out.set(t, r, float::dot_bf16(w, x, kernel.batched()));
-                    }
-                }
-            }
-            _ => unreachable!("activations are quantized for the matrix's format"),
-        }
+        data.0
+            .chunk(acts, kernels, start..(start + CHUNK).min(*rows), out);
     }
 }
 
-/// A float format's dot product of a weight row with an activation row (batched or not).
-type FloatDot<W> = fn(&[W], &[f32], bool) -> f32;
-/// The same for four weight rows at once.
-type FloatDot4<W> = fn([&[W]; 4], &[f32], bool) -> [f32; 4];
-
-/// Output features `range` of a float matrix `w` for every activation row of `x`: four
-/// weight rows at a time against each activation row, the rest one by one (with AVX-512,
-/// [`float_rows_avx512`]).
-#[allow(clippy::too_many_arguments)]
-fn float_rows<W: Copy + Into<f32>>(
-    w: &[W],
-    x: &[f32],
-    cols: usize,
-    range: std::ops::Range<usize>,
-    kernels: &[RowKernel],
-    out: &Columns,
-    dot: FloatDot<W>,
-    dot4: FloatDot4<W>,
-) where
-    W: WidenSimd,
-{
-    #[cfg(target_arch = "x86_64")]
-    if crate::cpu::features().avx512 {
-        return float_rows_avx512(w, x, cols, range, kernels, out, dot);
-    }
-    let row = |r: usize| &w[r * cols..(r + 1) * cols];
-    let fours = range.start + (range.len() / 4) * 4;
-    for (t, &kernel) in kernels.iter().enumerate() {
-        let x = &x[t * cols..(t + 1) * cols];
-        for r in (range.start..fours).step_by(4) {
-            let got = dot4(
-                [row(r), row(r + 1), row(r + 2), row(r + 3)],
-                x,
-                kernel.batched(),
-            );
-            for (i, v) in got.into_iter().enumerate() {
-                out.set(t, r + i, v);
-            }
-        }
-        for r in fours..range.end {
-            out.set(t, r, dot(row(r), x, kernel.batched()));
-        }
-    }
-}
-
-/// The weight types [`float_rows`] takes: those the AVX-512 kernels widen.
-#[cfg(target_arch = "x86_64")]
-trait WidenSimd: float_simd::Widen {}
-#[cfg(target_arch = "x86_64")]
-impl<W: float_simd::Widen> WidenSimd for W {}
-/// The weight types [`float_rows`] takes.
-#[cfg(not(target_arch = "x86_64"))]
-trait WidenSimd {}
-#[cfg(not(target_arch = "x86_64"))]
-impl<W> WidenSimd for W {}
-
-/// Activation rows per pass over a float chunk's weight rows (with the chunk's weights,
-/// they stay in the second-level cache).
-#[cfg(target_arch = "x86_64")]
-const FLOAT_ACT_BLOCK: usize = 4 * float_simd::TILE_X;
-
-/// [`float_rows`] with AVX-512: lone rows through the vector dot product's kernel, batched
-/// rows in tiles of four weight rows by up to six activation rows (rows are a multiple of
-/// four wherever matrices take our float kernels, see [`float::tinyblas_takes`]; any other
-/// rows through the portable `dot`).
-#[cfg(target_arch = "x86_64")]
-fn float_rows_avx512<W: float_simd::Widen + Into<f32>>(
-    w: &[W],
-    x: &[f32],
-    cols: usize,
-    range: std::ops::Range<usize>,
-    kernels: &[RowKernel],
-    out: &Columns,
-    dot: FloatDot<W>,
-) {
-    use float_simd::{TILE_W, TILE_X};
-    assert!(range.start.is_multiple_of(TILE_W));
-    let tiled = range.start..range.start + range.len() / TILE_W * TILE_W;
-    let row = |r: usize| &w[r * cols..(r + 1) * cols];
-    let act = |t: usize| &x[t * cols..(t + 1) * cols];
-    let mut batched = Vec::with_capacity(kernels.len());
-    for (t, kernel) in kernels.iter().enumerate() {
-        if kernel.batched() {
-            batched.push(t);
-            continue;
-        }
-        for r in range.clone() {
-            // SAFETY: AVX-512 (with FMA and F16C) was checked by the caller.
-            out.set(t, r, unsafe { float_simd::lone(row(r), act(t)) });
-        }
-    }
-    for r in tiled.end..range.end {
-        for &t in &batched {
-            out.set(t, r, dot(row(r), act(t), true));
-        }
-    }
-    for block in batched.chunks(FLOAT_ACT_BLOCK) {
-        for r in tiled.clone().step_by(TILE_W) {
-            let ws: [&[W]; TILE_W] = std::array::from_fn(|i| row(r + i));
-            for ts in block.chunks(TILE_X) {
-                let mut got = [[0f32; TILE_W]; TILE_X];
-                macro_rules! tile {
-                    ($($c:literal)*) => {
-                        match ts.len() {
-                            $($c => got[..$c].copy_from_slice(
-                                // SAFETY: as above.
-                                &unsafe { float_simd::tile::<W, $c>(ws, std::array::from_fn(|k| act(ts[k]))) },
-                            ),)*
-                            n => unreachable!("{n} activation rows in a tile"),
-                        }
-                    };
-                }
-                tile!(1 2 3 4 5 6);
-                for (&t, got) in ts.iter().zip(&got) {
-                    for (i, &v) in got.iter().enumerate() {
-                        out.set(t, r + i, v);
-                    }
-                }
-            }
-        }
-    }
-}
+/// A matrix's weights in the layout [`layout::lay_out`] chose for them (opaque outside
+/// this module).
+pub struct LaidOut(Box<dyn Layout>);
 
 /// ggml's type id of IQ4_NL.
 pub const IQ4_NL_TYPE: u32 = 20;
@@ -872,51 +505,6 @@ impl Embedding {
                     dequantize(row, &mut out);
                 }
                 Ok(out)
-            }
-        }
-    }
-}
-
-/// How a matrix with kernels of our own holds its blocks.
-pub enum Weights {
-    /// A block-of-32 format, repacked eight rows at a time.
-    Packed(PackedRows),
-    /// K-quant super-blocks, row after row.
-    Rows(Vec<u8>),
-    /// Q4_K interleaved sixteen rows at a time, where the CPU has AVX-512 VNNI.
-    Q4kLanes(Q4kLanes),
-    /// Q6_K likewise.
-    Q6kLanes(Q6kLanes),
-    /// Q5_K or IQ4_XS, two rows to a 512-bit vector, where the CPU has AVX-512 VNNI.
-    PairLanes(PairLanes),
-    /// F32 values, row after row.
-    F32(Vec<f32>),
-    /// F16 values, row after row.
-    F16(Vec<half::f16>),
-    /// BF16 values, row after row.
-    Bf16(Vec<half::bf16>),
-}
-
-/// Weight rows per group of the interleaved K-quant layouts (one per 512-bit lane).
-const LANE_ROWS: usize = q4k_lanes::ROWS;
-
-/// Runs `dot(g, t, take)` (the sixteen weight rows of interleaved group `g` by activation
-/// rows `t..t + take`, `take` at most four, results `[k][lane]`) over the groups that
-/// overlap the chunk `range`, for every activation row, and writes the chunk's results.
-#[cfg(target_arch = "x86_64")]
-fn lane_groups(
-    out: &Columns,
-    range: std::ops::Range<usize>,
-    n: usize,
-    dot: impl Fn(usize, usize, usize) -> [[f32; LANE_ROWS]; 4],
-) {
-    for g in range.start / LANE_ROWS..range.end.div_ceil(LANE_ROWS) {
-        for t in (0..n).step_by(4) {
-            let take = (n - t).min(4);
-            // The group's first row may come before the chunk's.
-            let first = (g * LANE_ROWS).max(range.start);
-            for (k, got) in dot(g, t, take).iter().enumerate().take(take) {
-                out.set_run(t + k, first, &got[first - g * LANE_ROWS..]);
             }
         }
     }

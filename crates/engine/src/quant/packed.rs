@@ -8,9 +8,14 @@
 //! fused multiply-add per block in eight lanes, then `hsum_float_8`, exactly as
 //! [`BlockFormat::dot_portable`] does, so results are bit-identical to it.
 
+use std::ops::Range;
+
 use super::act_tile::{ActTile, TILE_ROWS};
 use super::dot::BlockFormat;
-use super::q8::Q8Row;
+use super::layout::Layout;
+use super::output::Columns;
+use super::q8::{self, Q8Row};
+use super::{Activations, RowKernel, ACT_TILE, CHUNK};
 
 /// Rows per group.
 pub const GROUP: usize = 8;
@@ -224,6 +229,70 @@ impl PackedRows {
                 let w = self.row(g * GROUP + first + i);
                 for (o, a) in out.iter_mut().zip(a) {
                     *o = self.format.dot_portable(&w, a);
+                }
+            }
+        }
+    }
+}
+
+impl Layout for PackedRows {
+    fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
+        let Activations::Q8(a, tiles) = acts else {
+            unreachable!("block-of-32 formats take Q8 activations");
+        };
+        let (packed, n, start, end) = (self, kernels.len(), range.start, range.end);
+        let a: Vec<&q8::Q8Row> = a.iter().collect();
+        let put = |t: usize, r: usize, v: f32| {
+            if r < end {
+                out.set(t, r, v);
+            }
+        };
+        let groups = start / GROUP..end.div_ceil(GROUP);
+        if n < 4 {
+            // Decoding: each group's eight weight rows against every activation row.
+            for g in groups {
+                for (i, got) in packed.dot_group(g, &a).iter().enumerate() {
+                    for (t, &v) in got.iter().enumerate().take(n) {
+                        put(t, g * GROUP + i, v);
+                    }
+                }
+            }
+        } else if !tiles.is_empty() {
+            // A prompt under AVX-512 VNNI: two weight rows by a whole tile at a time,
+            // the chunk's results gathered per activation row and written as runs.
+            let base = groups.start * GROUP;
+            let mut runs = [[0f32; CHUNK + GROUP]; TILE_ROWS];
+            for (tile, t0) in tiles.iter().zip((0..n).step_by(TILE_ROWS)) {
+                for g in groups.clone() {
+                    for first in (0..GROUP).step_by(2) {
+                        let got = packed.dot_pair_tile(g, first, tile);
+                        let at = g * GROUP + first - base;
+                        for (k, run) in runs.iter_mut().enumerate().take(tile.rows()) {
+                            (run[at], run[at + 1]) = (got[0][k], got[1][k]);
+                        }
+                    }
+                }
+                for (k, run) in runs.iter().enumerate().take(tile.rows()) {
+                    out.set_run(t0 + k, start, &run[start - base..]);
+                }
+            }
+        } else {
+            // A prompt: two weight rows by four activation rows at a time, over
+            // activation tiles that stay in the first-level cache.
+            for t0 in (0..n).step_by(ACT_TILE) {
+                let t1 = (t0 + ACT_TILE).min(n);
+                for g in groups.clone() {
+                    for first in (0..GROUP).step_by(2) {
+                        for t in (t0..t1).step_by(4) {
+                            let rows = &a[t..(t + 4).min(t1)];
+                            let got = packed.dot_pair(g, first, rows);
+                            for (i, got) in got.iter().enumerate() {
+                                for (k, &v) in got.iter().enumerate().take(rows.len()) {
+                                    put(t + k, g * GROUP + first + i, v);
+                                }
+                            }
+                        }
+                    }
                 }
             }
         }

@@ -23,9 +23,15 @@
 //! table values are signed, so the kernel looks them up 128 higher and starts each lane's
 //! sum at −128 times the sum of its four activations ([`LaneSums`]).
 
+use std::ops::Range;
+use std::sync::OnceLock;
+
 use super::act_tile::Line;
 use super::iq4::{self, IQ4_XS};
 use super::kquant::{scale_min_k4, Q8KRow, Q5_K, QK_K};
+use super::layout::Layout;
+use super::output::Columns;
+use super::{Activations, RowKernel, ACT_TILE};
 
 /// The formats this layout takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,6 +193,27 @@ impl LaneSums {
             PairFormat::Q5K => self.pairs.len() >= blocks * 8,
             PairFormat::Iq4Xs => self.offsets.len() >= blocks * QK_K / 4,
         }
+    }
+}
+
+/// Each format's [`LaneSums`] of a matmul's activation rows, computed once (by the first
+/// chunk that needs them) for all its chunks.
+#[derive(Default)]
+pub struct SumsOnce {
+    q5k: OnceLock<Vec<LaneSums>>,
+    iq4xs: OnceLock<Vec<LaneSums>>,
+}
+
+impl SumsOnce {
+    /// `format`'s sums of the rows `a` (which must be the rows they were first asked for).
+    pub fn get(&self, format: PairFormat, a: &[Q8KRow]) -> &[LaneSums] {
+        let once = match format {
+            PairFormat::Q5K => &self.q5k,
+            PairFormat::Iq4Xs => &self.iq4xs,
+        };
+        let sums = once.get_or_init(|| a.iter().map(|a| LaneSums::new(format, a)).collect());
+        assert_eq!(sums.len(), a.len());
+        sums
     }
 }
 
@@ -373,6 +400,52 @@ mod simd {
             }
         }
         acc.map(|acc| row_sums(acc))
+    }
+}
+
+impl Layout for PairLanes {
+    fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
+        let Activations::Q8K(a, once) = acts else {
+            unreachable!("this layout takes Q8_K activations");
+        };
+        #[cfg(target_arch = "x86_64")]
+        {
+            let (m, n, start, end) = (self, kernels.len(), range.start, range.end);
+            // Two weight rows by up to four activation rows, over activation tiles that
+            // stay in the first-level cache.
+            let sums = once.get(m.format(), a);
+            for t0 in (0..n).step_by(ACT_TILE) {
+                let t1 = (t0 + ACT_TILE).min(n);
+                for p in start / 2..end.div_ceil(2) {
+                    for t in (t0..t1).step_by(4) {
+                        let take = (t1 - t).min(4);
+                        let mut got = [[0f32; 2]; 4];
+                        // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
+                        with_row_count!(take, got, T => unsafe {
+                            dot_pair::<T>(
+                                m,
+                                p,
+                                std::array::from_fn(|k| &a[t + k]),
+                                std::array::from_fn(|k| &sums[t + k]),
+                            )
+                        });
+                        for (k, got) in got.iter().enumerate().take(take) {
+                            for (h, &v) in got.iter().enumerate() {
+                                let r = 2 * p + h;
+                                if r < end.min(m.rows()) {
+                                    out.set(t + k, r, v);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (a, once, kernels, range, out);
+            unreachable!("the layout is only built where the CPU has AVX-512 VNNI");
+        }
     }
 }
 

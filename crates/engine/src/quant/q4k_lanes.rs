@@ -15,8 +15,15 @@
 //! multiply-add per pair for the GEMM kernel, per super-block for the GEMV) are the same
 //! operations on the same values, so results are bit-identical.
 
+use std::ops::Range;
+
 use super::act_tile::Line;
 use super::kquant::{scale_min_k4, Q4_K, QK_K};
+use super::layout::Layout;
+#[cfg(target_arch = "x86_64")]
+use super::layout::{lane_groups, LANE_ROWS};
+use super::output::Columns;
+use super::{Activations, RowKernel};
 
 /// Weight rows per group (one per 32-bit lane of a 512-bit vector).
 pub const ROWS: usize = 16;
@@ -28,7 +35,6 @@ const VALUES: usize = 8;
 
 /// A Q4_K matrix in the sixteen-row layout (see the module).
 pub struct Q4kLanes {
-    rows: usize,
     blocks: usize,
     lines: Vec<Line>,
 }
@@ -69,21 +75,7 @@ impl Q4kLanes {
                 }
             }
         }
-        Self {
-            rows,
-            blocks,
-            lines,
-        }
-    }
-
-    /// Rows of the matrix (without padding).
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-
-    /// Super-blocks per row.
-    pub fn blocks(&self) -> usize {
-        self.blocks
+        Self { blocks, lines }
     }
 
     /// Group `g`'s lines, super-block after super-block.
@@ -200,6 +192,38 @@ mod simd {
             _mm512_storeu_ps(out[t].as_mut_ptr(), _mm512_sub_ps(acc[t], acc_min[t]));
         }
         out
+    }
+}
+
+impl Layout for Q4kLanes {
+    fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
+        let Activations::Q8K(a, _) = acts else {
+            unreachable!("Q4_K takes Q8_K activations");
+        };
+        #[cfg(target_arch = "x86_64")]
+        {
+            let (m, n, start, end) = (self, kernels.len(), range.start, range.end);
+            // Sixteen weight rows (one per lane) by up to four activation rows.
+            lane_groups(out, start..end, n, |g, t, take| {
+                let mut got = [[0f32; LANE_ROWS]; 4];
+                let rows = &a[t..t + take];
+                // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
+                with_row_count!(take, got, T => unsafe {
+                    dot_group::<T>(
+                        m,
+                        g,
+                        std::array::from_fn(|k| &rows[k]),
+                        std::array::from_fn(|k| kernels[t + k]),
+                    )
+                });
+                got
+            });
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (a, kernels, range, out);
+            unreachable!("the layout is only built where the CPU has AVX-512 VNNI");
+        }
     }
 }
 

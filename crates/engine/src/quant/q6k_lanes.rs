@@ -17,8 +17,15 @@
 //! floating-point steps are the same operations on the same values, one weight row per
 //! vector lane, so results are bit-identical.
 
+use std::ops::Range;
+
 use super::act_tile::Line;
 use super::kquant::{Q6_K, QK_K};
+use super::layout::Layout;
+#[cfg(target_arch = "x86_64")]
+use super::layout::{lane_groups, LANE_ROWS};
+use super::output::Columns;
+use super::{Activations, RowKernel};
 
 /// Weight rows per group (one per 32-bit lane of a 512-bit vector).
 pub const ROWS: usize = 16;
@@ -180,6 +187,33 @@ mod simd {
             _mm512_storeu_ps(out[t].as_mut_ptr(), sum);
         }
         out
+    }
+}
+
+impl Layout for Q6kLanes {
+    fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
+        let Activations::Q8K(a, _) = acts else {
+            unreachable!("Q6_K takes Q8_K activations");
+        };
+        #[cfg(target_arch = "x86_64")]
+        {
+            let (m, n, start, end) = (self, kernels.len(), range.start, range.end);
+            // Sixteen weight rows (one per lane) by up to four activation rows.
+            lane_groups(out, start..end, n, |g, t, take| {
+                let mut got = [[0f32; LANE_ROWS]; 4];
+                let rows = &a[t..t + take];
+                // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
+                with_row_count!(take, got, T => unsafe {
+                    dot_group::<T>(m, g, std::array::from_fn(|k| &rows[k]))
+                });
+                got
+            });
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (a, kernels, range, out);
+            unreachable!("the layout is only built where the CPU has AVX-512 VNNI");
+        }
     }
 }
 

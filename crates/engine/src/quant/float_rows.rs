@@ -1,0 +1,244 @@
+//! F32, F16 and BF16 weights row after row, and the chunking of their products: with
+//! AVX-512 the tiles of `float_simd`, otherwise the portable kernels of `float` (their
+//! arithmetic, and so their results, the same).
+
+use std::ops::Range;
+
+use half::{bf16, f16};
+
+use super::float;
+#[cfg(target_arch = "x86_64")]
+use super::float_simd;
+use super::layout::Layout;
+use super::output::Columns;
+use super::{Activations, RowKernel};
+
+/// A float weight type as the file stores it.
+pub trait FloatWeight: Copy + Send + Sync + 'static {
+    /// The value of its little-endian bytes.
+    fn from_le(bytes: &[u8]) -> Self;
+    /// Bytes per value.
+    const BYTES: usize;
+}
+
+impl FloatWeight for f32 {
+    fn from_le(b: &[u8]) -> Self {
+        f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+    }
+    const BYTES: usize = 4;
+}
+
+impl FloatWeight for f16 {
+    fn from_le(b: &[u8]) -> Self {
+        f16::from_le_bytes([b[0], b[1]])
+    }
+    const BYTES: usize = 2;
+}
+
+impl FloatWeight for bf16 {
+    fn from_le(b: &[u8]) -> Self {
+        bf16::from_le_bytes([b[0], b[1]])
+    }
+    const BYTES: usize = 2;
+}
+
+/// A float matrix, row after row.
+pub struct FloatRows<W> {
+    values: Vec<W>,
+    cols: usize,
+}
+
+impl<W: FloatWeight> FloatRows<W> {
+    /// The matrix of the file's bytes (rows of `cols` values).
+    pub fn new(data: &[u8], cols: usize) -> Self {
+        Self {
+            values: data.chunks_exact(W::BYTES).map(W::from_le).collect(),
+            cols,
+        }
+    }
+}
+
+/// The activations of a float matrix: its rows as they are, or rounded to its type.
+fn float_activations(acts: &Activations) -> &[f32] {
+    match acts {
+        Activations::Float(x) => x,
+        _ => unreachable!("float formats take float activations"),
+    }
+}
+
+impl Layout for FloatRows<f32> {
+    fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
+        let x = float_activations(acts);
+        let (w, cols) = (&self.values, self.cols);
+        float_rows(
+            w,
+            x,
+            cols,
+            range,
+            kernels,
+            out,
+            float::dot_f32,
+            float::dot4_f32,
+        );
+    }
+}
+
+impl Layout for FloatRows<f16> {
+    fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
+        let x = float_activations(acts);
+        let (w, cols) = (&self.values, self.cols);
+        float_rows(
+            w,
+            x,
+            cols,
+            range,
+            kernels,
+            out,
+            float::dot_f16,
+            float::dot4_f16,
+        );
+    }
+}
+
+impl Layout for FloatRows<bf16> {
+    fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
+        let x = float_activations(acts);
+        let cols = self.cols;
+        for r in range {
+            let w = &self.values[r * cols..(r + 1) * cols];
+            for (t, &kernel) in kernels.iter().enumerate() {
+                let x = &x[t * cols..(t + 1) * cols];
+                out.set(t, r, float::dot_bf16(w, x, kernel.batched()));
+            }
+        }
+    }
+}
+
+/// A float format's dot product of a weight row with an activation row (batched or not).
+type FloatDot<W> = fn(&[W], &[f32], bool) -> f32;
+/// The same for four weight rows at once.
+type FloatDot4<W> = fn([&[W]; 4], &[f32], bool) -> [f32; 4];
+
+/// Output features `range` of a float matrix `w` for every activation row of `x`: four
+/// weight rows at a time against each activation row, the rest one by one (with AVX-512,
+/// [`float_rows_avx512`]).
+#[allow(clippy::too_many_arguments)]
+fn float_rows<W: Copy + Into<f32> + WidenSimd>(
+    w: &[W],
+    x: &[f32],
+    cols: usize,
+    range: Range<usize>,
+    kernels: &[RowKernel],
+    out: &Columns,
+    dot: FloatDot<W>,
+    dot4: FloatDot4<W>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::features().avx512 {
+        return float_rows_avx512(w, x, cols, range, kernels, out, dot);
+    }
+    let row = |r: usize| &w[r * cols..(r + 1) * cols];
+    let fours = range.start + (range.len() / 4) * 4;
+    for (t, &kernel) in kernels.iter().enumerate() {
+        let x = &x[t * cols..(t + 1) * cols];
+        for r in (range.start..fours).step_by(4) {
+            let got = dot4(
+                [row(r), row(r + 1), row(r + 2), row(r + 3)],
+                x,
+                kernel.batched(),
+            );
+            for (i, v) in got.into_iter().enumerate() {
+                out.set(t, r + i, v);
+            }
+        }
+        for r in fours..range.end {
+            out.set(t, r, dot(row(r), x, kernel.batched()));
+        }
+    }
+}
+
+/// The weight types [`float_rows`] takes: those the AVX-512 kernels widen.
+#[cfg(target_arch = "x86_64")]
+trait WidenSimd: float_simd::Widen {}
+#[cfg(target_arch = "x86_64")]
+impl<W: float_simd::Widen> WidenSimd for W {}
+/// The weight types [`float_rows`] takes.
+#[cfg(not(target_arch = "x86_64"))]
+trait WidenSimd {}
+#[cfg(not(target_arch = "x86_64"))]
+impl<W> WidenSimd for W {}
+
+/// Activation rows per pass over a float chunk's weight rows (with the chunk's weights,
+/// they stay in the second-level cache).
+#[cfg(target_arch = "x86_64")]
+const FLOAT_ACT_BLOCK: usize = 4 * float_simd::TILE_X;
+
+/// [`float_rows`] with AVX-512: lone rows through the vector dot product's kernel, batched
+/// rows in tiles of four weight rows by up to six activation rows (rows are a multiple of
+/// four wherever matrices take our float kernels, see [`super::float::tinyblas_takes`]; any other
+/// rows through the portable `dot`).
+#[cfg(target_arch = "x86_64")]
+fn float_rows_avx512<W: float_simd::Widen + Into<f32>>(
+    w: &[W],
+    x: &[f32],
+    cols: usize,
+    range: Range<usize>,
+    kernels: &[RowKernel],
+    out: &Columns,
+    dot: FloatDot<W>,
+) {
+    use float_simd::{TILE_W, TILE_X};
+    assert!(range.start.is_multiple_of(TILE_W));
+    let tiled = range.start..range.start + range.len() / TILE_W * TILE_W;
+    let row = |r: usize| &w[r * cols..(r + 1) * cols];
+    let act = |t: usize| &x[t * cols..(t + 1) * cols];
+    let mut batched = Vec::with_capacity(kernels.len());
+    for (t, kernel) in kernels.iter().enumerate() {
+        if kernel.batched() {
+            batched.push(t);
+            continue;
+        }
+        for r in tiled.clone().step_by(TILE_W) {
+            // SAFETY: AVX-512 (with FMA and F16C) was checked by the caller.
+            let got = unsafe {
+                float_simd::lone::<W, TILE_W>(std::array::from_fn(|i| row(r + i)), act(t))
+            };
+            for (i, v) in got.into_iter().enumerate() {
+                out.set(t, r + i, v);
+            }
+        }
+        for r in tiled.end..range.end {
+            out.set(t, r, dot(row(r), act(t), false));
+        }
+    }
+    for r in tiled.end..range.end {
+        for &t in &batched {
+            out.set(t, r, dot(row(r), act(t), true));
+        }
+    }
+    for block in batched.chunks(FLOAT_ACT_BLOCK) {
+        for r in tiled.clone().step_by(TILE_W) {
+            let ws: [&[W]; TILE_W] = std::array::from_fn(|i| row(r + i));
+            for ts in block.chunks(TILE_X) {
+                let mut got = [[0f32; TILE_W]; TILE_X];
+                macro_rules! tile {
+                    ($($c:literal)*) => {
+                        match ts.len() {
+                            $($c => got[..$c].copy_from_slice(
+                                // SAFETY: as above.
+                                &unsafe { float_simd::tile::<W, $c>(ws, std::array::from_fn(|k| act(ts[k]))) },
+                            ),)*
+                            n => unreachable!("{n} activation rows in a tile"),
+                        }
+                    };
+                }
+                tile!(1 2 3 4 5 6);
+                for (&t, got) in ts.iter().zip(&got) {
+                    for (i, &v) in got.iter().enumerate() {
+                        out.set(t, r + i, v);
+                    }
+                }
+            }
+        }
+    }
+}

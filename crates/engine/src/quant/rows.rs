@@ -1,0 +1,87 @@
+//! Quantized weights row after row, as the GGUF file holds them: the layout of every
+//! format on CPUs without AVX-512 VNNI (and of the formats without a layout of their own
+//! on any CPU). Its kernels take one weight row by up to four activation rows, each
+//! super-block or block decoded once for all of them: AVX2 where the CPU has it
+//! (`kquant_simd`), portable code otherwise.
+
+use std::ops::Range;
+
+use super::layout::Layout;
+use super::output::Columns;
+use super::{dot, iq4, kquant, Activations, OwnFormat, RowKernel, ACT_TILE};
+
+/// A matrix of `format` row after row.
+pub struct RowMajor {
+    format: OwnFormat,
+    data: Vec<u8>,
+    row_bytes: usize,
+}
+
+impl RowMajor {
+    /// The raw rows (`cols` values each) of `format`, copied.
+    pub fn new(format: OwnFormat, data: &[u8], cols: usize) -> Self {
+        Self {
+            format,
+            data: data.to_vec(),
+            row_bytes: format.row_bytes(cols),
+        }
+    }
+}
+
+impl Layout for RowMajor {
+    fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
+        let (format, data, row_bytes) = (&self.format, &self.data, self.row_bytes);
+        let (n, start, end) = (kernels.len(), range.start, range.end);
+        match acts {
+            Activations::Q8(a, _) => {
+                for r in start..end {
+                    let w = &data[r * row_bytes..(r + 1) * row_bytes];
+                    for (t, a) in a.iter().enumerate() {
+                        let v = match format {
+                            OwnFormat::Q5_1 => dot::dot_q5_1(w, a),
+                            OwnFormat::Iq4NlRepacked => iq4::dot_iq4_nl_repacked(w, a),
+                            _ => dot::dot_q4_0_repacked(w, a),
+                        };
+                        out.set(t, r, v);
+                    }
+                }
+            }
+            Activations::Q8K(a, _) => {
+                // One weight row by up to four activation rows (the layout of CPUs without
+                // AVX-512 VNNI): each super-block is decoded once for all of them.
+                let a: Vec<&kquant::Q8KRow> = a.iter().collect();
+                for t0 in (0..n).step_by(ACT_TILE) {
+                    let t1 = (t0 + ACT_TILE).min(n);
+                    for r in start..end {
+                        let w = &data[r * row_bytes..(r + 1) * row_bytes];
+                        let mut t = t0;
+                        while t < t1 {
+                            let g = t..(t + 4).min(t1);
+                            let got = match format {
+                                OwnFormat::Q4K => {
+                                    kquant::dot_q4k_tile(w, &a[g.clone()], &kernels[g.clone()])
+                                }
+                                OwnFormat::Q5K => kquant::dot_q5k_tile(w, &a[g.clone()]),
+                                OwnFormat::Q3K => kquant::dot_q3k_tile(w, &a[g.clone()]),
+                                OwnFormat::Iq4Xs => iq4::dot_iq4_xs_tile(w, &a[g.clone()]),
+                                OwnFormat::Q2KRepacked => {
+                                    let mut got = [0f32; 4];
+                                    for (k, t) in g.clone().enumerate() {
+                                        got[k] = kquant::dot_q2k_repacked(w, a[t], kernels[t]);
+                                    }
+                                    got
+                                }
+                                _ => kquant::dot_q6k_tile(w, &a[g.clone()]),
+                            };
+                            for (k, &v) in got.iter().enumerate().take(g.len()) {
+                                out.set(t + k, r, v);
+                            }
+                            t = g.end;
+                        }
+                    }
+                }
+            }
+            Activations::Float(_) => unreachable!("quantized formats take quantized activations"),
+        }
+    }
+}
