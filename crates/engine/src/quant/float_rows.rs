@@ -66,37 +66,29 @@ fn float_activations(acts: &Activations) -> &[f32] {
     }
 }
 
-impl Layout for FloatRows<f32> {
-    fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
-        let x = float_activations(acts);
-        let (w, cols) = (&self.values, self.cols);
-        float_rows(
-            w,
-            x,
-            cols,
-            range,
-            kernels,
-            out,
-            float::dot_f32,
-            float::dot4_f32,
-        );
-    }
+/// The F32 and F16 weights' portable kernels (BF16's have no four-row form).
+trait FloatKernels: FloatWeight + Into<f32> + WidenSimd {
+    /// One row's product.
+    const DOT: FloatDot<Self>;
+    /// Four rows' products.
+    const DOT4: FloatDot4<Self>;
 }
 
-impl Layout for FloatRows<f16> {
+impl FloatKernels for f32 {
+    const DOT: FloatDot<Self> = float::dot_f32;
+    const DOT4: FloatDot4<Self> = float::dot4_f32;
+}
+
+impl FloatKernels for f16 {
+    const DOT: FloatDot<Self> = float::dot_f16;
+    const DOT4: FloatDot4<Self> = float::dot4_f16;
+}
+
+impl<W: FloatKernels> Layout for FloatRows<W> {
     fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
         let x = float_activations(acts);
         let (w, cols) = (&self.values, self.cols);
-        float_rows(
-            w,
-            x,
-            cols,
-            range,
-            kernels,
-            out,
-            float::dot_f16,
-            float::dot4_f16,
-        );
+        float_rows(w, x, cols, range, kernels, out, W::DOT, W::DOT4);
     }
 }
 
