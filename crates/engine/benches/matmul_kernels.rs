@@ -42,7 +42,10 @@ fn run() {
         ("Q5_0", OwnFormat::Blocks(BlockFormat::Q5_0)),
         ("Q8_0", OwnFormat::Blocks(BlockFormat::Q8_0)),
         ("Q4_K", OwnFormat::Q4K),
+        ("Q5_K", OwnFormat::Q5K),
         ("Q6_K", OwnFormat::Q6K),
+        ("IQ4_XS", OwnFormat::Iq4Xs),
+        ("F16", OwnFormat::F16),
     ];
     let batches = [1usize, 4, 16, 128, 512];
     let mut rng = Xorshift::new(1);
