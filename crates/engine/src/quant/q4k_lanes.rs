@@ -4,9 +4,10 @@
 //! weight row's sum and no horizontal sums are ever needed.
 //!
 //! Per group of sixteen rows (the last one padded with zero rows) and per super-block,
-//! [`LINES`] 64-byte lines: the rows' `d`, then their `dmin` (as `f32`), two lines of 6-bit
-//! scales (per sub-block the sixteen rows' bytes), four lines of minimums (per pair of
-//! sub-blocks, each row's two minimums as 16-bit integers), then 32 lines of values: line
+//! [`LINES`] 64-byte lines: one with the rows' `d`, then their `dmin` (as the file's `f16`),
+//! two lines of 6-bit scales (per sub-block the sixteen rows' bytes), two lines of
+//! minimums (per pair of sub-blocks, each row's two minimums as bytes), then 32 lines of
+//! values (37 lines where the rows' super-blocks take 36: decoding streams them): line
 //! `s` holds values `8s..8s + 8` of every row, row `r`'s four bytes at `4r` with values
 //! `8s..8s + 4` in the low nibbles and `8s + 4..8s + 8` in the high ones.
 //!
@@ -28,10 +29,10 @@ use super::{Activations, RowKernel};
 /// Weight rows per group (one per 32-bit lane of a 512-bit vector).
 pub const ROWS: usize = 16;
 /// Lines per group and super-block.
-pub const LINES: usize = 40;
+pub const LINES: usize = 37;
 /// Where a super-block's lines of minimums and of values start.
-const MINS: usize = 4;
-const VALUES: usize = 8;
+const MINS: usize = 3;
+const VALUES: usize = 5;
 
 /// A Q4_K matrix in the sixteen-row layout (see the module).
 pub struct Q4kLanes {
@@ -51,13 +52,13 @@ impl Q4kLanes {
                 let block = &raw[(r * blocks + b) * Q4_K..][..Q4_K];
                 let out = &mut lines[(g * blocks + b) * LINES..][..LINES];
                 let f16 = |at: usize| half::f16::from_le_bytes([block[at], block[at + 1]]);
-                out[0].0[4 * lane..4 * lane + 4].copy_from_slice(&f16(0).to_f32().to_le_bytes());
-                out[1].0[4 * lane..4 * lane + 4].copy_from_slice(&f16(2).to_f32().to_le_bytes());
+                out[0].0[2 * lane..2 * lane + 2].copy_from_slice(&f16(0).to_le_bytes());
+                out[0].0[32 + 2 * lane..34 + 2 * lane].copy_from_slice(&f16(2).to_le_bytes());
                 for j in 0..8 {
                     let (scale, min) = scale_min_k4(j, &block[4..16]);
-                    out[2 + j / 4].0[(j % 4) * ROWS + lane] = scale as u8;
-                    let at = 4 * lane + 2 * (j % 2);
-                    out[MINS + j / 2].0[at..at + 2].copy_from_slice(&(min as i16).to_le_bytes());
+                    out[1 + j / 4].0[(j % 4) * ROWS + lane] = scale as u8;
+                    let pair = j / 2;
+                    out[MINS + pair / 2].0[32 * (pair % 2) + 2 * lane + j % 2] = min as u8;
                 }
                 let value = |k: usize| {
                     let byte = block[16 + (k / 64) * 32 + k % 32];
@@ -134,14 +135,14 @@ mod simd {
         for b in 0..blocks {
             let base = lines.as_ptr().add(b * LINES);
             let line = |k: usize| base.add(k) as *const __m512i;
-            let d = _mm512_load_ps(line(0) as *const f32);
-            let dmin = _mm512_load_ps(line(1) as *const f32);
+            let d = _mm512_cvtph_ps(_mm256_load_si256(line(0) as *const __m256i));
+            let dmin = _mm512_cvtph_ps(_mm256_load_si256((line(0) as *const __m256i).add(1)));
             let mut isum = [zero; T];
             let mut imin = [zero; T];
             for pair in 0..4 {
                 let mut psum = [zero; T];
                 for j in [2 * pair, 2 * pair + 1] {
-                    let scales = (line(2 + j / 4) as *const u8).add((j % 4) * ROWS);
+                    let scales = (line(1 + j / 4) as *const u8).add((j % 4) * ROWS);
                     let scale = _mm512_cvtepu8_epi32(_mm_load_si128(scales as *const __m128i));
                     let mut x = [zero; 8];
                     for (h, x) in x.chunks_exact_mut(2).enumerate() {
@@ -161,7 +162,8 @@ mod simd {
                         psum[t] = _mm512_add_epi32(psum[t], _mm512_mullo_epi32(dot, scale));
                     }
                 }
-                let mins = _mm512_load_si512(line(MINS + pair));
+                let mins = (line(MINS + pair / 2) as *const __m256i).add(pair % 2);
+                let mins = _mm512_cvtepu8_epi16(_mm256_load_si256(mins));
                 for t in 0..T {
                     let bsums = a[t].bsums.as_ptr().add(b * 16 + 4 * pair);
                     let sums = pair16(*bsums + *bsums.add(1), *bsums.add(2) + *bsums.add(3));
