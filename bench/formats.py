@@ -2,8 +2,11 @@
 """Prefill and decode speed of ferrite beside llama.cpp's llama-server on a Llama-3.2-1B-
 shaped random-weight model in each weight type, in one run. Not a test.
 
-Each model is written by `ferrite-synth --arch llama --shape 1b --type T` (every weight
-matrix in that type; seed 0; SmolLM2's tokenizer) into a scratch model cache, then both
+Each model is written by `ferrite-synth --arch llama --shape 1b` (seed 0; SmolLM2's
+tokenizer) into a scratch model cache as the file type says: `q4_k_m`, `q5_k_m` and `iq4_xs`
+with the types `llama-quantize` gives each matrix of such a file (`--mix llama-quantize`:
+Q6_K output, Q6_K or Q5_K for some value and down projections), any other name with every
+weight matrix in that one type. Then both
 servers are measured on the same file with bench/bench.py's servers and load generator
 (prefill: TTFT of a ~500-token prompt, median of 3; decode: 32 streamed tokens, single
 stream, mean of 2 requests), each measurement under bench/quiet.py. Prints a Markdown table
@@ -63,10 +66,21 @@ def measure(bench, kind, model, llama_server, work, long_prompt):
             proc.kill()
 
 
+# The file types made as llama-quantize makes them: ferrite-synth's type and mix.
+LLAMA_QUANTIZE = {"q4_k_m": "q4_k", "q5_k_m": "q5_k", "iq4_xs": "iq4_xs"}
+
+
+def synth_type(name):
+    """ferrite-synth's arguments for a file type of the table."""
+    if name in LLAMA_QUANTIZE:
+        return ["--type", LLAMA_QUANTIZE[name], "--mix", "llama-quantize"]
+    return ["--type", name]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama-server", required=True)
-    ap.add_argument("--types", nargs="+", default=["q4_k", "q5_k", "q8_0", "iq4_xs", "f16"])
+    ap.add_argument("--types", nargs="+", default=["q4_k_m", "q5_k_m", "q8_0", "iq4_xs", "f16"])
     ap.add_argument("--json-out")
     args = ap.parse_args()
     home = Path(os.environ.get("FERRITE_HOME", Path.home() / ".cache" / "ferrite"))
@@ -85,7 +99,7 @@ def main():
     for ty in args.types:
         name = f"llama1b-{ty}"
         path = scratch / "models" / f"{name}.gguf"
-        subprocess.run([str(SYNTH), "--arch", "llama", "--shape", "1b", "--type", ty,
+        subprocess.run([str(SYNTH), "--arch", "llama", "--shape", "1b", *synth_type(ty),
                         "--tokenizer-from", str(tokenizer), "--out", str(path)], check=True)
         for kind in ("ferrite", "llama-server"):
             print(f"measuring {kind} on {name} ...", file=sys.stderr, flush=True)

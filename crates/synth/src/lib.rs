@@ -31,8 +31,10 @@ use rng::Rng;
 pub struct Spec {
     /// The architecture.
     pub arch: Arch,
-    /// The type of every weight matrix (norms and biases stay `f32`).
+    /// The type of the weight matrices (norms and biases stay `f32`).
     pub weights: WeightType,
+    /// Which matrices take another type.
+    pub mix: Mix,
     /// The size.
     pub shape: Shape,
     /// The seed of every tensor's values.
@@ -45,6 +47,7 @@ impl Spec {
         Self {
             arch,
             weights,
+            mix: Mix::Uniform,
             shape: arch.small_shape(),
             seed: 0,
         }
@@ -53,6 +56,55 @@ impl Spec {
     /// The file name tests and fixtures use: `<arch>-<type>.gguf`.
     pub fn file_name(&self) -> String {
         format!("{}-{}.gguf", self.arch.name(), self.weights.name())
+    }
+}
+
+/// Which weight matrices take a type other than the file's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mix {
+    /// Every weight matrix in the file's type.
+    Uniform,
+    /// The types `llama-quantize` gives each matrix of a file of that type (without an
+    /// importance matrix), for Q4_K and Q5_K (its `Q4_K_M`, `Q5_K_M`) and IQ4_XS: Q6_K for
+    /// the output matrix (the token embedding where it is tied); for the K-quants Q6_K for
+    /// the value and feed-forward down projections of the layers its `use_more_bits`
+    /// picks (the first and last eighth and every third between); for IQ4_XS Q5_K for
+    /// the value projections (with four or more query heads per key head) and for the
+    /// down projections of the first eighth of the layers.
+    LlamaQuantize,
+}
+
+impl Mix {
+    /// The types [`Mix::LlamaQuantize`] has a recipe for.
+    pub const LLAMA_QUANTIZE_TYPES: [WeightType; 3] =
+        [WeightType::Q4K, WeightType::Q5K, WeightType::Iq4Xs];
+
+    /// The type of weight matrix `name` in a file of `weights` of `shape`.
+    fn type_of(self, name: &str, weights: WeightType, shape: &Shape, tied: bool) -> WeightType {
+        if self == Self::Uniform {
+            return weights;
+        }
+        let n = shape.layers;
+        let more_bits =
+            |i: usize| i < n / 8 || i >= 7 * n / 8 || (i >= n / 8 && (i - n / 8) % 3 == 2);
+        let layer = name
+            .strip_prefix("blk.")
+            .and_then(|rest| rest.split('.').next()?.parse::<usize>().ok());
+        let (value, down) = (
+            name.ends_with(".attn_v.weight"),
+            name.ends_with(".ffn_down.weight"),
+        );
+        if name == "output.weight" || (tied && name == "token_embd.weight") {
+            return WeightType::Q6K;
+        }
+        match (weights, layer) {
+            (WeightType::Q4K | WeightType::Q5K, Some(i)) if (value || down) && more_bits(i) => {
+                WeightType::Q6K
+            }
+            (WeightType::Iq4Xs, _) if value && shape.heads / shape.kv_heads >= 4 => WeightType::Q5K,
+            (WeightType::Iq4Xs, Some(i)) if down && i < n / 8 => WeightType::Q5K,
+            _ => weights,
+        }
     }
 }
 
@@ -92,8 +144,10 @@ pub fn write_model(spec: &Spec, tokenizer_from: &Path, out: &Path) -> io::Result
     for (key, value) in tokenizer {
         w.meta(key, value);
     }
-    for tensor in arch.tensors(&spec.shape, vocab) {
-        w.tensor(tensor_data(spec, tensor)?);
+    let tensors = arch.tensors(&spec.shape, vocab);
+    let tied = !tensors.iter().any(|t| t.name == "output.weight");
+    for tensor in tensors {
+        w.tensor(tensor_data(spec, tensor, tied)?);
     }
     let mut file = BufWriter::new(File::create(out)?);
     w.write(&mut file)?;
@@ -114,13 +168,13 @@ fn tokenizer_metadata(path: &Path) -> io::Result<Vec<(String, Value)>> {
     Ok(out)
 }
 
-fn tensor_data(spec: &Spec, t: TensorSpec) -> io::Result<TensorData> {
+fn tensor_data(spec: &Spec, t: TensorSpec, tied: bool) -> io::Result<TensorData> {
     let mut rng = Rng::for_name(spec.seed, &t.name);
     let n: usize = t.dims.iter().product();
     let f32_bytes = |v: Vec<f32>| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
     let (ggml_type, bytes) = match t.init {
         Init::Weight(std) => {
-            let ty = spec.weights;
+            let ty = spec.mix.type_of(&t.name, spec.weights, &spec.shape, tied);
             let row = *t.dims.last().unwrap();
             if !row.is_multiple_of(ty.block_len()) {
                 return Err(invalid(format!(
@@ -149,4 +203,58 @@ fn tensor_data(spec: &Spec, t: TensorSpec) -> io::Result<TensorData> {
 
 fn invalid(message: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The layers `llama-quantize` gives more bits in a 16-layer model, and the rest of its
+    /// recipes, on a Llama-3.2-1B shape.
+    #[test]
+    fn llama_quantize_mix_follows_its_recipe() {
+        let shape = Arch::Llama.one_b_shape();
+        let mix = Mix::LlamaQuantize;
+        let down =
+            |ty, i: usize| mix.type_of(&format!("blk.{i}.ffn_down.weight"), ty, &shape, true);
+        let value = |ty, i: usize| mix.type_of(&format!("blk.{i}.attn_v.weight"), ty, &shape, true);
+        let more = [0, 1, 4, 7, 10, 13, 14, 15];
+        for i in 0..16 {
+            let want = if more.contains(&i) {
+                WeightType::Q6K
+            } else {
+                WeightType::Q4K
+            };
+            assert_eq!(down(WeightType::Q4K, i), want, "ffn_down {i}");
+            assert_eq!(value(WeightType::Q4K, i), want, "attn_v {i}");
+            let want = if i < 2 {
+                WeightType::Q5K
+            } else {
+                WeightType::Iq4Xs
+            };
+            assert_eq!(down(WeightType::Iq4Xs, i), want, "IQ4_XS ffn_down {i}");
+            // 32 query heads share 8 key heads: four per key head.
+            assert_eq!(value(WeightType::Iq4Xs, i), WeightType::Q5K);
+            let q = mix.type_of(
+                &format!("blk.{i}.attn_q.weight"),
+                WeightType::Q5K,
+                &shape,
+                true,
+            );
+            assert_eq!(q, WeightType::Q5K);
+        }
+        for ty in Mix::LLAMA_QUANTIZE_TYPES {
+            assert_eq!(
+                mix.type_of("token_embd.weight", ty, &shape, true),
+                WeightType::Q6K
+            );
+            assert_eq!(mix.type_of("token_embd.weight", ty, &shape, false), ty);
+            assert_eq!(
+                mix.type_of("output.weight", ty, &shape, false),
+                WeightType::Q6K
+            );
+        }
+        let uniform = Mix::Uniform.type_of("output.weight", WeightType::Q4K, &shape, false);
+        assert_eq!(uniform, WeightType::Q4K);
+    }
 }

@@ -2,11 +2,15 @@
 //!
 //!     ferrite-synth --arch qwen2 --type q4_k [--shape small|1b] [--seed N] \
 //!         --tokenizer-from smollm2-135m.gguf --out qwen2-q4_k.gguf
+//!
+//! `--mix llama-quantize` (with `--type q4_k`, `q5_k` or `iq4_xs`) gives each matrix the
+//! type `llama-quantize` would (so `q4_k` makes a Q4_K_M file); the default, `uniform`,
+//! gives every matrix the one type.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use ferrite_synth::{write_model, Arch, Spec, WeightType};
+use ferrite_synth::{write_model, Arch, Mix, Spec, WeightType};
 
 fn main() -> ExitCode {
     match run(std::env::args().skip(1).collect()) {
@@ -20,6 +24,7 @@ fn main() -> ExitCode {
 
 fn run(args: Vec<String>) -> Result<(), String> {
     let (mut arch, mut ty, mut shape, mut seed) = (None, None, "small".to_string(), 0u64);
+    let mut mix = Mix::Uniform;
     let (mut tokenizer, mut out) = (None, None);
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
@@ -36,6 +41,13 @@ fn run(args: Vec<String>) -> Result<(), String> {
                 ty =
                     Some(WeightType::from_name(&v).ok_or(format!("--type {v}: one of {names:?}"))?);
             }
+            "--mix" => {
+                mix = match value()?.as_str() {
+                    "uniform" => Mix::Uniform,
+                    "llama-quantize" => Mix::LlamaQuantize,
+                    other => return Err(format!("--mix {other}: uniform or llama-quantize")),
+                }
+            }
             "--shape" => shape = value()?,
             "--seed" => seed = value()?.parse().map_err(|e| format!("--seed: {e}"))?,
             "--tokenizer-from" => tokenizer = Some(PathBuf::from(value()?)),
@@ -45,6 +57,12 @@ fn run(args: Vec<String>) -> Result<(), String> {
     }
     let arch = arch.ok_or("--arch is required")?;
     let weights = ty.ok_or("--type is required")?;
+    if mix == Mix::LlamaQuantize && !Mix::LLAMA_QUANTIZE_TYPES.contains(&weights) {
+        return Err(format!(
+            "--mix llama-quantize: no recipe for {}",
+            weights.name()
+        ));
+    }
     let shape = match shape.as_str() {
         "small" => arch.small_shape(),
         "1b" => arch.one_b_shape(),
@@ -53,6 +71,7 @@ fn run(args: Vec<String>) -> Result<(), String> {
     let spec = Spec {
         arch,
         weights,
+        mix,
         shape,
         seed,
     };
