@@ -85,8 +85,7 @@ impl Mix {
             return weights;
         }
         let n = shape.layers;
-        let more_bits =
-            |i: usize| i < n / 8 || i >= 7 * n / 8 || (i >= n / 8 && (i - n / 8) % 3 == 2);
+        let more_bits = |i: usize| i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
         let layer = name
             .strip_prefix("blk.")
             .and_then(|rest| rest.split('.').next()?.parse::<usize>().ok());

@@ -113,7 +113,7 @@ type FloatDot4<W> = fn([&[W]; 4], &[f32], bool) -> [f32; 4];
 
 /// Output features `range` of a float matrix `w` for every activation row of `x`: four
 /// weight rows at a time against each activation row, the rest one by one (with AVX-512,
-/// [`float_rows_avx512`]).
+/// [`float_rows_simd`]).
 #[allow(clippy::too_many_arguments)]
 fn float_rows<W: Copy + Into<f32> + WidenSimd>(
     w: &[W],
@@ -126,8 +126,8 @@ fn float_rows<W: Copy + Into<f32> + WidenSimd>(
     dot4: FloatDot4<W>,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu::features().avx512 {
-        return float_rows_avx512(w, x, cols, range, kernels, out, dot);
+    if let Some(isa) = float_simd::Isa::detected() {
+        return float_rows_simd(isa, w, x, cols, range, kernels, out, dot);
     }
     let row = |r: usize| &w[r * cols..(r + 1) * cols];
     let fours = range.start + (range.len() / 4) * 4;
@@ -165,12 +165,14 @@ impl<W> WidenSimd for W {}
 #[cfg(target_arch = "x86_64")]
 const FLOAT_ACT_BLOCK: usize = 4 * float_simd::TILE_X;
 
-/// [`float_rows`] with AVX-512: lone rows through the vector dot product's kernel, batched
-/// rows in tiles of four weight rows by up to six activation rows (rows are a multiple of
+/// [`float_rows`] with AVX-512 or AVX2 (`isa`): lone rows through the vector dot
+/// product's kernel, batched rows in tiles of four weight rows by up to six activation rows (rows are a multiple of
 /// four wherever matrices take our float kernels, see [`super::float::tinyblas_takes`]; any other
 /// rows through the portable `dot`).
 #[cfg(target_arch = "x86_64")]
-fn float_rows_avx512<W: float_simd::Widen + Into<f32>>(
+#[allow(clippy::too_many_arguments)]
+fn float_rows_simd<W: float_simd::Widen>(
+    isa: float_simd::Isa,
     w: &[W],
     x: &[f32],
     cols: usize,
@@ -191,9 +193,9 @@ fn float_rows_avx512<W: float_simd::Widen + Into<f32>>(
             continue;
         }
         for r in tiled.clone().step_by(TILE_W) {
-            // SAFETY: AVX-512 (with FMA and F16C) was checked by the caller.
+            // SAFETY: the caller checked that the CPU has `isa`.
             let got = unsafe {
-                float_simd::lone::<W, TILE_W>(std::array::from_fn(|i| row(r + i)), act(t))
+                float_simd::lone::<W, TILE_W>(isa, std::array::from_fn(|i| row(r + i)), act(t))
             };
             for (i, v) in got.into_iter().enumerate() {
                 out.set(t, r + i, v);
@@ -218,7 +220,7 @@ fn float_rows_avx512<W: float_simd::Widen + Into<f32>>(
                         match ts.len() {
                             $($c => got[..$c].copy_from_slice(
                                 // SAFETY: as above.
-                                &unsafe { float_simd::tile::<W, $c>(ws, std::array::from_fn(|k| act(ts[k]))) },
+                                &unsafe { float_simd::tile::<W, $c>(isa, ws, std::array::from_fn(|k| act(ts[k]))) },
                             ),)*
                             n => unreachable!("{n} activation rows in a tile"),
                         }

@@ -1,5 +1,5 @@
-//! AVX-512 twins of `float.rs`'s F32 and F16 products, each output's operations and their
-//! order exactly those of the portable code (so bit-identical to it):
+//! AVX-512 and AVX2 twins of `float.rs`'s F32 and F16 products, each output's operations
+//! and their order exactly those of the portable code (so bit-identical to it):
 //! - batched rows (llama.cpp's tinyBLAS): one sixteen-lane chain of fused multiply-adds per
 //!   output, here a tile of [`TILE_W`] weight rows by up to [`TILE_X`] activation rows at a
 //!   time, every chain in its own register, so that each weight vector is widened once
@@ -7,7 +7,9 @@
 //! - a lone row (ggml's vector dot product): four accumulators over blocks of 64 values,
 //!   added pairwise.
 //!
-//! The sixteen lanes are then summed by the portable `reduce_add_16`.
+//! The sixteen lanes are then summed by the portable `reduce_add_16`. With AVX2 a
+//! sixteen-lane chain is held as two eight-lane halves (the same operations per lane), in
+//! tiles of two weight rows by up to two activation rows, which fit its 16 registers.
 
 #![cfg(target_arch = "x86_64")]
 
@@ -17,25 +19,55 @@ use half::f16;
 
 use crate::model::attention::reduce_add_16;
 
+/// The instruction set the kernels run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// AVX-512F with FMA and F16C.
+    Avx512,
+    /// AVX2 with FMA and F16C.
+    Avx2,
+}
+
+impl Isa {
+    /// The best this process may use ([`crate::cpu::features`]), if any.
+    pub fn detected() -> Option<Self> {
+        let cpu = crate::cpu::features();
+        match (cpu.avx512, cpu.avx2) {
+            (true, _) => Some(Self::Avx512),
+            (false, true) => Some(Self::Avx2),
+            _ => None,
+        }
+    }
+}
+
 /// Weight rows per tile.
 pub const TILE_W: usize = 4;
 /// Most activation rows per tile (with [`TILE_W`], 24 accumulators of AVX-512's 32
 /// registers).
 pub const TILE_X: usize = 6;
 
-/// A weight type the kernels widen to f32, sixteen values at a time.
-pub trait Widen: Copy {
+/// A weight type the kernels widen to f32, sixteen (or eight) values at a time.
+pub trait Widen: Copy + Into<f32> {
     /// Sixteen values from `p`, as f32.
     ///
     /// # Safety
     /// AVX-512F and F16C must be available and `p` must point to sixteen values.
     unsafe fn load16(p: *const Self) -> __m512;
+    /// Eight values from `p`, as f32.
+    ///
+    /// # Safety
+    /// AVX and F16C must be available and `p` must point to eight values.
+    unsafe fn load8(p: *const Self) -> __m256;
 }
 
 impl Widen for f32 {
     #[inline(always)]
     unsafe fn load16(p: *const Self) -> __m512 {
         _mm512_loadu_ps(p)
+    }
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> __m256 {
+        _mm256_loadu_ps(p)
     }
 }
 
@@ -44,6 +76,116 @@ impl Widen for f16 {
     unsafe fn load16(p: *const Self) -> __m512 {
         _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
     }
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+}
+
+/// [`tile_avx512`] or its AVX2 twin.
+///
+/// # Safety
+/// `isa` must be available; as [`tile_avx512`] otherwise.
+pub unsafe fn tile<W: Widen, const C: usize>(
+    isa: Isa,
+    w: [&[W]; TILE_W],
+    x: [&[f32]; C],
+) -> [[f32; TILE_W]; C] {
+    match isa {
+        Isa::Avx512 => tile_avx512(w, x),
+        Isa::Avx2 => tile_avx2(w, x),
+    }
+}
+
+/// [`lone_avx512`] or its AVX2 twin.
+///
+/// # Safety
+/// `isa` must be available; as [`lone_avx512`] otherwise.
+pub unsafe fn lone<W: Widen, const R: usize>(isa: Isa, w: [&[W]; R], x: &[f32]) -> [f32; R] {
+    match isa {
+        Isa::Avx512 => lone_avx512(w, x),
+        Isa::Avx2 => std::array::from_fn(|r| lone_avx2(w[r], x)),
+    }
+}
+
+/// Sixteen lanes held as two halves, as one sixteen-lane sum.
+fn halves_sum(low: __m256, high: __m256) -> f32 {
+    // SAFETY: plain reinterpretations of eight f32 lanes.
+    let (low, high) = unsafe {
+        (
+            std::mem::transmute::<__m256, [f32; 8]>(low),
+            std::mem::transmute::<__m256, [f32; 8]>(high),
+        )
+    };
+    let mut lanes = [0f32; 16];
+    lanes[..8].copy_from_slice(&low);
+    lanes[8..].copy_from_slice(&high);
+    reduce_add_16(&lanes)
+}
+
+/// [`tile_avx512`] with AVX2: two weight rows by up to two activation rows at a time.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_avx2<W: Widen, const C: usize>(
+    w: [&[W]; TILE_W],
+    x: [&[f32]; C],
+) -> [[f32; TILE_W]; C] {
+    let cols = w[0].len();
+    assert!(cols.is_multiple_of(16));
+    assert!(w.iter().all(|w| w.len() == cols) && x.iter().all(|x| x.len() == cols));
+    let mut out = [[0f32; TILE_W]; C];
+    for r0 in (0..TILE_W).step_by(2) {
+        for c0 in (0..C).step_by(2) {
+            let cs = (C - c0).min(2);
+            // acc[c][r] = (low half, high half) of the chain of w[r0 + r] · x[c0 + c].
+            let mut acc = [[(_mm256_setzero_ps(), _mm256_setzero_ps()); 2]; 2];
+            for k in (0..cols).step_by(16) {
+                let wv: [(__m256, __m256); 2] = std::array::from_fn(|r| {
+                    let p = w[r0 + r].as_ptr().add(k);
+                    (W::load8(p), W::load8(p.add(8)))
+                });
+                for (c, acc) in acc.iter_mut().enumerate().take(cs) {
+                    let p = x[c0 + c].as_ptr().add(k);
+                    let (xl, xh) = (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)));
+                    for (acc, wv) in acc.iter_mut().zip(&wv) {
+                        acc.0 = _mm256_fmadd_ps(wv.0, xl, acc.0);
+                        acc.1 = _mm256_fmadd_ps(wv.1, xh, acc.1);
+                    }
+                }
+            }
+            for (c, acc) in acc.iter().enumerate().take(cs) {
+                for (r, &(low, high)) in acc.iter().enumerate() {
+                    out[c0 + c][r0 + r] = halves_sum(low, high);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// [`lone_avx512`] of one row with AVX2.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lone_avx2<W: Widen>(w: &[W], x: &[f32]) -> f32 {
+    assert_eq!(w.len(), x.len());
+    let whole = x.len() / 64 * 64;
+    let mut acc = [(_mm256_setzero_ps(), _mm256_setzero_ps()); 4];
+    for k in (0..whole).step_by(64) {
+        for (i, acc) in acc.iter_mut().enumerate() {
+            let at = k + 16 * i;
+            let (wp, xp) = (w.as_ptr().add(at), x.as_ptr().add(at));
+            acc.0 = _mm256_fmadd_ps(W::load8(wp), _mm256_loadu_ps(xp), acc.0);
+            acc.1 = _mm256_fmadd_ps(W::load8(wp.add(8)), _mm256_loadu_ps(xp.add(8)), acc.1);
+        }
+    }
+    let pair = |a: (__m256, __m256), b: (__m256, __m256)| {
+        (_mm256_add_ps(a.0, b.0), _mm256_add_ps(a.1, b.1))
+    };
+    let (l, r) = (pair(acc[0], acc[2]), pair(acc[1], acc[3]));
+    let first = pair(l, r);
+    let mut sum = halves_sum(first.0, first.1) as f64;
+    for (&w, &x) in w[whole..].iter().zip(&x[whole..]) {
+        sum += (w.into() * x) as f64;
+    }
+    sum as f32
 }
 
 fn lanes(v: __m512) -> [f32; 16] {
@@ -58,7 +200,7 @@ fn lanes(v: __m512) -> [f32; 16] {
 /// AVX-512F, FMA and F16C must be available; every row holds the same number of values,
 /// a multiple of sixteen.
 #[target_feature(enable = "avx512f,fma,f16c")]
-pub unsafe fn tile<W: Widen, const C: usize>(
+unsafe fn tile_avx512<W: Widen, const C: usize>(
     w: [&[W]; TILE_W],
     x: [&[f32]; C],
 ) -> [[f32; TILE_W]; C] {
@@ -86,7 +228,7 @@ pub unsafe fn tile<W: Widen, const C: usize>(
 /// # Safety
 /// AVX-512F, FMA and F16C must be available; every row of `w` has the length of `x`.
 #[target_feature(enable = "avx512f,fma,f16c")]
-pub unsafe fn lone<W: Widen + Into<f32>, const R: usize>(w: [&[W]; R], x: &[f32]) -> [f32; R] {
+unsafe fn lone_avx512<W: Widen, const R: usize>(w: [&[W]; R], x: &[f32]) -> [f32; R] {
     assert!(w.iter().all(|w| w.len() == x.len()));
     let whole = x.len() / 64 * 64;
     let mut acc = [[_mm512_setzero_ps(); 4]; R];
@@ -116,7 +258,8 @@ mod tests {
     use crate::quant::float;
     use crate::quant::sample::Xorshift;
 
-    fn check<W: Widen + Into<f32>, const C: usize>(
+    fn check<W: Widen, const C: usize>(
+        isa: Isa,
         w: &[Vec<W>],
         x: &[Vec<f32>],
         portable: fn(&[W], &[f32], bool) -> f32,
@@ -124,6 +267,7 @@ mod tests {
         // SAFETY: the caller checked the CPU.
         let got = unsafe {
             tile::<W, C>(
+                isa,
                 std::array::from_fn(|r| &w[r][..]),
                 std::array::from_fn(|c| &x[c][..]),
             )
@@ -131,28 +275,26 @@ mod tests {
         for c in 0..C {
             for r in 0..TILE_W {
                 let want = portable(&w[r], &x[c], true);
-                assert_eq!(want.to_bits(), got[c][r].to_bits(), "batched {C}: {r}, {c}");
-                let one = unsafe { lone::<W, 1>([&w[r]], &x[c]) };
-                assert_eq!(portable(&w[r], &x[c], false).to_bits(), one[0].to_bits());
+                assert_eq!(want.to_bits(), got[c][r].to_bits(), "{isa:?} {C}: {r}, {c}");
             }
             // SAFETY: as above.
-            let four = unsafe { lone::<W, TILE_W>(std::array::from_fn(|r| &w[r][..]), &x[c]) };
-            for (r, got) in four.iter().enumerate() {
+            let rows = unsafe { lone::<W, TILE_W>(isa, std::array::from_fn(|r| &w[r][..]), &x[c]) };
+            let one = unsafe { lone::<W, 1>(isa, [&w[1]], &x[c]) };
+            for (r, got) in rows.iter().enumerate() {
                 let want = portable(&w[r], &x[c], false);
-                assert_eq!(want.to_bits(), got.to_bits(), "lone rows: {r}, {c}");
+                assert_eq!(want.to_bits(), got.to_bits(), "{isa:?} lone rows: {r}, {c}");
             }
+            assert_eq!(rows[1].to_bits(), one[0].to_bits());
         }
     }
 
     /// Tiles of every width and lone rows (with values past the last block of 64) equal
-    /// the portable products bit for bit, for F32 and F16 weights.
+    /// the portable products bit for bit, for F32 and F16 weights, on both instruction
+    /// sets the CPU has.
     #[test]
     fn float_kernels_are_bit_identical_to_the_portable_ones() {
         let cpu = crate::cpu::detected();
-        if !cpu.avx512 {
-            eprintln!("skipped: this CPU lacks avx512");
-            return;
-        }
+        let isas = [(Isa::Avx512, cpu.avx512), (Isa::Avx2, cpu.avx2)];
         let mut rng = Xorshift::new(5);
         // 13 blocks of 16: past the last block of 64 too.
         let cols = 16 * 13;
@@ -168,13 +310,19 @@ mod tests {
                 float::round_to_f16(&(0..cols).map(|_| rng.next_f32() * 3.0).collect::<Vec<_>>())
             })
             .collect();
-        check::<f32, 1>(&w32, &x, float::dot_f32);
-        check::<f32, 6>(&w32, &x, float::dot_f32);
-        check::<f16, 1>(&w16, &x, float::dot_f16);
-        check::<f16, 2>(&w16, &x, float::dot_f16);
-        check::<f16, 3>(&w16, &x, float::dot_f16);
-        check::<f16, 4>(&w16, &x, float::dot_f16);
-        check::<f16, 5>(&w16, &x, float::dot_f16);
-        check::<f16, 6>(&w16, &x, float::dot_f16);
+        for (isa, available) in isas {
+            if !available {
+                eprintln!("skipped: this CPU lacks {isa:?}");
+                continue;
+            }
+            check::<f32, 1>(isa, &w32, &x, float::dot_f32);
+            check::<f32, 6>(isa, &w32, &x, float::dot_f32);
+            check::<f16, 1>(isa, &w16, &x, float::dot_f16);
+            check::<f16, 2>(isa, &w16, &x, float::dot_f16);
+            check::<f16, 3>(isa, &w16, &x, float::dot_f16);
+            check::<f16, 4>(isa, &w16, &x, float::dot_f16);
+            check::<f16, 5>(isa, &w16, &x, float::dot_f16);
+            check::<f16, 6>(isa, &w16, &x, float::dot_f16);
+        }
     }
 }

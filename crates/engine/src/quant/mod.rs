@@ -1,27 +1,29 @@
 //! Quantized weight matrices and their products with f32 activations.
 //!
-//! For the formats whose kernels we own (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, and the
-//! float types in `float.rs`) the arithmetic follows ggml's x86 kernels step for step: activations are quantized to Q8 blocks the same way
-//! (scale `127/amax`, round half to even), each block's integer dot product is split into
-//! the same eight lanes, lanes are accumulated with fused multiply-adds and summed in the
-//! same order. The small models served here are chaotic enough that this is what keeps
-//! greedy output identical to llama.cpp's; it also makes every row's result independent
-//! of the other rows in the batch. Where llama.cpp rounds a row differently when it is
-//! part of a four-row group of prompt tokens (its repacked Q4_K GEMM), the caller says per
-//! row which of its kernels to follow ([`RowKernel`]); the result still depends only on
-//! the row and that choice. Other formats use candle's kernels.
+//! For the formats whose kernels we own (every block-of-32 and K-quant format, IQ4_NL,
+//! IQ4_XS, and the float types in `float.rs`) the arithmetic follows ggml's x86 kernels
+//! step for step: activations are quantized the same way (scale `127/amax`, round half to
+//! even), each block's integer dot product is split into the same lanes, lanes are
+//! accumulated with fused multiply-adds and summed in the same order. The small models
+//! served here are chaotic enough that this is what keeps greedy output identical to
+//! llama.cpp's; it also makes every row's result independent of the other rows in the
+//! batch. Where llama.cpp rounds a row differently when it is part of a four-row group of
+//! prompt tokens (its repacked Q4_K and Q2_K GEMMs, tinyBLAS for the float types), the
+//! caller says per row which of its kernels to follow ([`RowKernel`]); the result still
+//! depends only on the row and that choice. Other formats use candle's kernels.
 //!
-//! Q4_0 in a matrix whose rows are a multiple of eight follows llama.cpp's repacked kernel
-//! (`dot::dot_q4_0_repacked`: one fused multiply-add per block, no lanes), which is what
-//! llama.cpp runs on x86 CPUs with AVX2; other Q4_0 matrices follow its plain dot product.
+//! Q4_0, Q2_K and IQ4_NL in a matrix whose rows are a multiple of eight follow llama.cpp's
+//! repacked kernels, which is what it runs on x86 CPUs with AVX2 (AVX-512 for Q2_K).
 //!
-//! Products run in tiles: a few weight rows by several activation rows, each weight block
-//! decoded once per tile and each activation block loaded once per tile, over activation
-//! tiles that stay in the first-level cache; with AVX-512 VNNI the integer lanes take one
-//! instruction, a prompt's Q8 rows are laid out once as activation tiles (`act_tile.rs`),
-//! the vectors the block-of-32 kernel takes as operands, and Q4_K and Q6_K matrices are
-//! interleaved sixteen rows to a vector (`q4k_lanes.rs`, `q6k_lanes.rs`). None of this
-//! changes a pair's arithmetic.
+//! How each matrix holds its weights is chosen once at load (`layout.rs`): every layout
+//! (repacked block-of-32 rows, the sixteen-row Q4_K/Q6_K and two-row Q5_K/IQ4_XS vectors
+//! of AVX-512 VNNI, plain rows, float rows) sits behind one `Layout` trait, in the module
+//! of its kernels. Products run in tiles: a few weight rows by several activation rows,
+//! each weight block decoded once per tile and each activation block loaded once per
+//! tile, over activation tiles that stay in the first-level cache; with AVX-512 VNNI the
+//! integer lanes take one instruction and a prompt's Q8 rows are laid out once as
+//! activation tiles (`act_tile.rs`), the vectors the block-of-32 kernel takes as operands.
+//! None of this changes a pair's arithmetic.
 
 mod act_tile;
 mod dot;
