@@ -3,17 +3,26 @@
 //! prompt processing. Random weights and activations; the matrix is 2048 × 1024 (a
 //! feed-forward matrix of the served models' size class). Prints giga multiply-adds per
 //! second, the fastest of about half a second of runs, on one thread (steadier on a shared
-//! machine; `--threads N` for more).
+//! machine; `--threads N` for more). `--rows R --cols C` change the matrix (one larger than
+//! the last-level cache measures streaming from memory, as decoding a real model does) and
+//! `--formats F16,Q4_K` and `--batches 1,4` pick formats and row counts.
 //!
-//!     cargo bench -p ferrite-engine --bench matmul_kernels
+//!     cargo bench -p ferrite-engine --bench matmul_kernels [-- --rows 16384 --cols 4096]
 
 use std::time::Instant;
 
 use ferrite_engine::quant::sample::{self, Xorshift};
 use ferrite_engine::quant::{BlockFormat, OwnFormat, QMatrix, RowKernel};
 
+/// The matrix's default shape.
 const ROWS: usize = 2048;
 const COLS: usize = 1024;
+
+/// The value of `--name` in `args`, parsed.
+fn option<T: std::str::FromStr>(args: &[String], name: &str) -> Option<T> {
+    let at = args.iter().position(|a| a == name)?;
+    args.get(at + 1)?.parse().ok()
+}
 
 /// The fastest of the runs: on a shared machine interference only ever adds time.
 fn fastest(v: Vec<f64>) -> f64 {
@@ -22,20 +31,27 @@ fn fastest(v: Vec<f64>) -> f64 {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let threads = args
-        .iter()
-        .position(|a| a == "--threads")
-        .and_then(|i| args.get(i + 1)?.parse().ok())
-        .unwrap_or(1);
+    let threads = option(&args, "--threads").unwrap_or(1);
+    let rows = option(&args, "--rows").unwrap_or(ROWS);
+    let cols = option(&args, "--cols").unwrap_or(COLS);
+    let only: Option<String> = option(&args, "--formats");
+    let batches: Option<String> = option(&args, "--batches");
+    let batches: Vec<usize> = match batches {
+        Some(list) => list
+            .split(',')
+            .map(|n| n.parse().expect("--batches 1,4"))
+            .collect(),
+        None => vec![1, 4, 16, 128, 512],
+    };
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
         .unwrap()
-        .install(run);
+        .install(|| run(rows, cols, only.as_deref(), &batches));
     println!("\n(giga multiply-adds per second on {threads} thread(s), fastest run)");
 }
 
-fn run() {
+fn run(rows: usize, cols: usize, only: Option<&str>, batches: &[usize]) {
     let formats = [
         ("Q4_0", OwnFormat::Blocks(BlockFormat::Q4_0)),
         ("Q4_1", OwnFormat::Blocks(BlockFormat::Q4_1)),
@@ -47,19 +63,19 @@ fn run() {
         ("IQ4_XS", OwnFormat::Iq4Xs),
         ("F16", OwnFormat::F16),
     ];
-    let batches = [1usize, 4, 16, 128, 512];
     let mut rng = Xorshift::new(1);
     print!("| format |");
-    for n in batches {
+    for &n in batches {
         print!(" {n} row{} |", if n == 1 { "" } else { "s" });
     }
     println!("\n|---|{}", "---|".repeat(batches.len()));
-    for (name, format) in formats {
-        let data = sample::weights(format, ROWS, COLS, &mut rng);
-        let matrix = QMatrix::from_blocks(format, data, ROWS, COLS).unwrap();
+    let picked = |name: &str| only.is_none_or(|only| only.split(',').any(|f| f == name));
+    for (name, format) in formats.into_iter().filter(|(name, _)| picked(name)) {
+        let data = sample::weights(format, rows, cols, &mut rng);
+        let matrix = QMatrix::from_blocks(format, data, rows, cols).unwrap();
         print!("| {name} |");
-        for n in batches {
-            let x = sample::activations(n, COLS, 2.0, &mut rng);
+        for &n in batches {
+            let x = sample::activations(n, cols, 2.0, &mut rng);
             // Prompt rows take the kernel llama.cpp's batching would give them.
             let kernel = if n >= 4 {
                 RowKernel::Gemm4
@@ -75,7 +91,7 @@ fn run() {
                 std::hint::black_box(matrix.matmul(&x, &kernels).unwrap());
                 times.push(started.elapsed().as_secs_f64());
             }
-            let gmacs = (ROWS * COLS * n) as f64 / fastest(times) / 1e9;
+            let gmacs = (rows * cols * n) as f64 / fastest(times) / 1e9;
             print!(" {gmacs:.1} |");
         }
         println!();
