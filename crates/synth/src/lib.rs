@@ -70,7 +70,12 @@ pub enum Mix {
     /// the value and feed-forward down projections of the layers its `use_more_bits`
     /// picks (the first and last eighth and every third between); for IQ4_XS Q5_K for
     /// the value projections (with four or more query heads per key head) and for the
-    /// down projections of the first eighth of the layers.
+    /// down projections of the first eighth of the layers. A fused QKV matrix (`phi3`)
+    /// counts as a value projection, as llama.cpp's `category_is_attn_v` has it.
+    ///
+    /// Not modelled: llama-quantize falls back to another type for a matrix whose rows
+    /// are not a multiple of 256 wide (a K-quant or IQ4_XS block); every shape this
+    /// generator writes has rows a multiple of 256, so the fallback never applies.
     LlamaQuantize,
 }
 
@@ -81,7 +86,7 @@ impl Mix {
 
     /// The type of weight matrix `name` in a file of `weights` of `shape`.
     fn type_of(self, name: &str, weights: WeightType, shape: &Shape, tied: bool) -> WeightType {
-        if self == Self::Uniform {
+        if self == Self::Uniform || !Self::LLAMA_QUANTIZE_TYPES.contains(&weights) {
             return weights;
         }
         let n = shape.layers;
@@ -90,7 +95,7 @@ impl Mix {
             .strip_prefix("blk.")
             .and_then(|rest| rest.split('.').next()?.parse::<usize>().ok());
         let (value, down) = (
-            name.ends_with(".attn_v.weight"),
+            name.ends_with(".attn_v.weight") || name.ends_with(".attn_qkv.weight"),
             name.ends_with(".ffn_down.weight"),
         );
         if name == "output.weight" || (tied && name == "token_embd.weight") {
@@ -255,5 +260,20 @@ mod tests {
         }
         let uniform = Mix::Uniform.type_of("output.weight", WeightType::Q4K, &shape, false);
         assert_eq!(uniform, WeightType::Q4K);
+        // A type without a recipe keeps its own type everywhere.
+        let q8 = mix.type_of("output.weight", WeightType::Q8_0, &shape, false);
+        assert_eq!(q8, WeightType::Q8_0);
+    }
+
+    /// phi3's fused QKV matrix takes the value projection's recipe.
+    #[test]
+    fn llama_quantize_mix_treats_fused_qkv_as_a_value_projection() {
+        let shape = Arch::Phi3.one_b_shape();
+        let mix = Mix::LlamaQuantize;
+        let qkv =
+            |ty, i: usize| mix.type_of(&format!("blk.{i}.attn_qkv.weight"), ty, &shape, false);
+        assert_eq!(qkv(WeightType::Q5K, 0), WeightType::Q6K);
+        assert_eq!(qkv(WeightType::Q4K, 0), WeightType::Q6K);
+        assert_eq!(qkv(WeightType::Q4K, 2), WeightType::Q4K);
     }
 }

@@ -1,6 +1,6 @@
 //! F32, F16 and BF16 weights row after row, and the chunking of their products: with
-//! AVX-512 the tiles of `float_simd`, otherwise the portable kernels of `float` (their
-//! arithmetic, and so their results, the same).
+//! AVX-512 or AVX2 the tiles of `float_simd`, otherwise the portable kernels of `float`
+//! (their arithmetic, and so their results, the same).
 
 use std::ops::Range;
 
@@ -112,8 +112,8 @@ type FloatDot<W> = fn(&[W], &[f32], bool) -> f32;
 type FloatDot4<W> = fn([&[W]; 4], &[f32], bool) -> [f32; 4];
 
 /// Output features `range` of a float matrix `w` for every activation row of `x`: four
-/// weight rows at a time against each activation row, the rest one by one (with AVX-512,
-/// [`float_rows_simd`]).
+/// weight rows at a time against each activation row, the rest one by one (with AVX-512
+/// or AVX2, [`float_rows_simd`]).
 #[allow(clippy::too_many_arguments)]
 fn float_rows<W: Copy + Into<f32> + WidenSimd>(
     w: &[W],

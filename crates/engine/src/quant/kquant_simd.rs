@@ -297,8 +297,11 @@ pub unsafe fn dot_iq4xs_rows<const N: usize>(w: &[u8], a: [&Q8KRow; N]) -> [f32;
             let q8 = a[r].qs.as_ptr().add(b * QK_K);
             let mut lanes = _mm256_setzero_si256();
             for j in 0..8 {
-                // Activations lie in -127..=127 (Q8_K's scale is 127 / max), so negating
-                // them never overflows, and a pair of products fits in 16 bits.
+                // Activations lie in -127..=127, so negating them never overflows and
+                // a pair of products fits in 16 bits: Q8_K's scale is 127 / max, and a
+                // degenerate block keeps within it too (an all-zero block is skipped;
+                // an infinite maximum makes the scale zero and NaN products round to
+                // 0).
                 let y = _mm256_loadu_si256(q8.add(32 * j) as *const __m256i);
                 let products =
                     _mm256_maddubs_epi16(_mm256_abs_epi8(x[j]), _mm256_sign_epi8(y, x[j]));

@@ -10,7 +10,7 @@
 //! - Q5_K and IQ4_XS two rows to a vector there: `pair_lanes`;
 //! - every other quantized format, and these on other CPUs, row after row: `rows`
 //!   (portable kernels in `kquant`, `dot`, `iq4`; AVX2 ones in `kquant_simd`);
-//! - F32, F16 and BF16 row after row: `float_rows` (portable `float`, AVX-512
+//! - F32, F16 and BF16 row after row: `float_rows` (portable `float`, AVX-512 or AVX2
 //!   `float_simd`).
 //!
 //! However a matrix is laid out, each row's arithmetic is that of its format's portable

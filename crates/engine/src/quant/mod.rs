@@ -528,6 +528,9 @@ fn simd_wide_tiles() -> bool {
 
 /// Output features per parallel task.
 const CHUNK: usize = 32;
+// Layouts interleave rows in pairs (`pair_lanes`) and sixteens (`q4k_lanes`,
+// `q6k_lanes`): a chunk must never split a group (sixteen is a multiple of two).
+const _: () = assert!(CHUNK.is_multiple_of(16));
 /// Activation rows per pass over a chunk's weight rows.
 const ACT_TILE: usize = 16;
 

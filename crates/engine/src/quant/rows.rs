@@ -1,6 +1,7 @@
 //! Quantized weights row after row, as the GGUF file holds them: the layout of every
-//! format on CPUs without AVX-512 VNNI (and of the formats without a layout of their own
-//! on any CPU). Its kernels take one weight row by up to four activation rows, each
+//! K-quant and IQ format on CPUs without AVX-512 VNNI (and of those without a layout of
+//! their own on any CPU). The block-of-32 formats are always `packed`, the float ones
+//! `float_rows`. Its kernels take one weight row by up to four activation rows, each
 //! super-block or block decoded once for all of them: AVX2 where the CPU has it
 //! (`kquant_simd`), portable code otherwise.
 
