@@ -77,7 +77,9 @@ fn run(rows: usize, cols: usize, only: Option<&str>, batches: &[usize]) {
         for &n in batches {
             let x = sample::activations(n, cols, 2.0, &mut rng);
             // Prompt rows take the kernel llama.cpp's batching would give them.
-            let kernel = if n >= 4 {
+            let kernel = if n >= RowKernel::WIDE_BATCH {
+                RowKernel::Gemm4InWideBatch
+            } else if n >= 4 {
                 RowKernel::Gemm4
             } else {
                 RowKernel::Gemv

@@ -81,13 +81,14 @@ impl PromptBatching {
                     };
                 };
                 let grouped_end = ub.end - ub.len() % 4;
+                let wide = ub.len() >= RowKernel::WIDE_BATCH;
                 RowPlan {
-                    matmul: if pos < grouped_end {
-                        RowKernel::Gemm4
-                    } else if ub.len() >= 2 {
-                        RowKernel::GemvInBatch
-                    } else {
-                        RowKernel::Gemv
+                    matmul: match (pos < grouped_end, wide) {
+                        (true, true) => RowKernel::Gemm4InWideBatch,
+                        (true, false) => RowKernel::Gemm4,
+                        (false, true) => RowKernel::GemvInWideBatch,
+                        (false, false) if ub.len() >= 2 => RowKernel::GemvInBatch,
+                        (false, false) => RowKernel::Gemv,
                     },
                     attention: AttentionKernel::for_micro_batch(ub.len(), pos),
                 }
@@ -151,7 +152,9 @@ impl PromptBatching {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use RowKernel::{Gemm4 as M, Gemv as V, GemvInBatch as B};
+    use RowKernel::{
+        Gemm4 as M, Gemm4InWideBatch as WM, Gemv as V, GemvInBatch as B, GemvInWideBatch as WB,
+    };
 
     #[test]
     fn without_checkpoints_rows_go_four_at_a_time_from_the_start() {
@@ -168,6 +171,13 @@ mod tests {
         let b = PromptBatching::default();
         assert_eq!(b.kernels(6, true, 0..6), [B, B, M, M, M, M]);
         assert_eq!(b.kernels(9, true, 0..9), [M, M, M, M, B, M, M, M, M]);
+        // 14 + 4: the first micro-batch is wide, the last one is not.
+        let k = b.kernels(18, true, 0..18);
+        assert_eq!(
+            k[..14],
+            [WM, WM, WM, WM, WM, WM, WM, WM, WM, WM, WM, WM, WB, WB]
+        );
+        assert_eq!(k[14..], [M, M, M, M]);
         // A micro-batch of one row is a lone row.
         assert_eq!(b.kernels(5, true, 0..5), [V, M, M, M, M]);
         assert_eq!(b.micro_batches(4, true), vec![0..4]);
@@ -197,8 +207,9 @@ mod tests {
             ]
         );
         let k = b.kernels(1200, true, 680..690);
-        assert_eq!(k, [M, M, M, M, M, M, M, M, M, M]);
-        assert_eq!(b.kernels(686, false, 684..686), [B, B]);
+        assert_eq!(k, [WM, WM, WM, WM, WM, WM, WM, WM, WM, WM]);
+        assert_eq!(b.kernels(686, false, 684..686), [WB, WB]);
+        assert_eq!(b.kernels(695, false, 684..695)[8..], [WB, WB, WB]);
     }
 
     #[test]

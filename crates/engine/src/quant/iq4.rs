@@ -68,21 +68,52 @@ pub fn dot_iq4_xs(w: &[u8], a: &Q8KRow) -> f32 {
     hsum8(&acc)
 }
 
+/// The dot product of an IQ4_XS weight row with a Q8_K activation row as llama.cpp's tiled
+/// matmul computes it for 8 or more activation rows (see `kquant::dot_q5k_tiled`): per
+/// super-block the scaled sub-block sums in exact integers, one rounded product by `d`,
+/// added times the activation's scale to a running sum that starts at zero. (Its kernel
+/// looks the table up 128 higher and takes 128 times the activations' sums back off, which
+/// leaves these exact sums.)
+pub fn dot_iq4_xs_tiled(w: &[u8], a: &Q8KRow) -> f32 {
+    let mut acc = 0f32;
+    for (b, block) in w.chunks_exact(IQ4_XS).enumerate() {
+        let q8 = &a.qs[b * QK_K..(b + 1) * QK_K];
+        let mut s1 = 0i32;
+        for ib in 0..8 {
+            let values = values_of(&block[8 + 16 * ib..8 + 16 * ib + 16]);
+            let raw: i32 = (0..32).map(|e| values[e] * q8[32 * ib + e] as i32).sum();
+            s1 = s1.wrapping_add(xs_scale(block, ib).wrapping_mul(raw));
+        }
+        acc = (s1 as f32 * f16_at(block, 0)).mul_add(a.d[b], acc);
+    }
+    acc
+}
+
 /// IQ4_XS dot products of one weight row with up to four activation rows (entries past
-/// the given rows are zero): the SIMD kernel looks each super-block up once for all rows.
-pub fn dot_iq4_xs_tile(w: &[u8], a: &[&Q8KRow]) -> [f32; 4] {
+/// the given rows are zero), with the tiled kernel's arithmetic ([`dot_iq4_xs_tiled`]) or
+/// the one-row kernel's ([`dot_iq4_xs`]): the SIMD kernel looks each super-block up once
+/// for all rows.
+pub fn dot_iq4_xs_tile(w: &[u8], a: &[&Q8KRow], tiled: bool) -> [f32; 4] {
     assert!(a.len() <= 4);
     let mut out = [0f32; 4];
     #[cfg(target_arch = "x86_64")]
     if super::simd::available() {
+        use super::kquant_simd::dot_iq4xs_rows;
         // SAFETY: the CPU features were checked.
         with_row_count!(a.len(), out, N => unsafe {
-            super::kquant_simd::dot_iq4xs_rows::<N>(w, std::array::from_fn(|r| a[r]))
+            let a = std::array::from_fn(|r| a[r]);
+            match tiled {
+                true => dot_iq4xs_rows::<N, true>(w, a),
+                false => dot_iq4xs_rows::<N, false>(w, a),
+            }
         });
         return out;
     }
     for (r, a) in a.iter().enumerate() {
-        out[r] = dot_iq4_xs(w, a);
+        out[r] = match tiled {
+            true => dot_iq4_xs_tiled(w, a),
+            false => dot_iq4_xs(w, a),
+        };
     }
     out
 }

@@ -72,7 +72,7 @@ pub fn quantize_row_q8k_portable(x: &[f32], kernel: RowKernel) -> Q8KRow {
             row.d.push(0.0);
             continue;
         }
-        if kernel == RowKernel::Gemm4 && max < 0.0 && block.contains(&amax) {
+        if kernel.in_group_of_four() && max < 0.0 && block.contains(&amax) {
             max = amax;
         }
         let iscale = -127.0 / max;
@@ -119,7 +119,7 @@ impl Q4kSums {
     /// Empty sums for `kernel`.
     pub(super) fn new(kernel: RowKernel) -> Self {
         Self {
-            per_pair: kernel == RowKernel::Gemm4,
+            per_pair: kernel.in_group_of_four(),
             acc: 0.0,
             acc_min: 0.0,
             isum: 0,
@@ -405,20 +405,29 @@ pub fn dot_q3k_tile(w: &[u8], a: &[&Q8KRow]) -> [f32; 4] {
 }
 
 /// Q5_K dot products of one weight row with up to four activation rows (entries past the
-/// given rows are zero).
-pub fn dot_q5k_tile(w: &[u8], a: &[&Q8KRow]) -> [f32; 4] {
+/// given rows are zero), with the tiled kernel's arithmetic ([`dot_q5k_tiled`]) or the
+/// one-row kernel's ([`dot_q5k_portable`]).
+pub fn dot_q5k_tile(w: &[u8], a: &[&Q8KRow], tiled: bool) -> [f32; 4] {
     assert!(a.len() <= 4);
     let mut out = [0f32; 4];
     #[cfg(target_arch = "x86_64")]
     if super::simd::available() {
+        use super::kquant_simd::dot_q5k_rows;
         // SAFETY: the CPU features were checked.
         with_row_count!(a.len(), out, N => unsafe {
-            super::kquant_simd::dot_q5k_rows::<N>(w, std::array::from_fn(|r| a[r]))
+            let a = std::array::from_fn(|r| a[r]);
+            match tiled {
+                true => dot_q5k_rows::<N, true>(w, a),
+                false => dot_q5k_rows::<N, false>(w, a),
+            }
         });
         return out;
     }
     for (r, a) in a.iter().enumerate() {
-        out[r] = dot_q5k_portable(w, a);
+        out[r] = match tiled {
+            true => dot_q5k_tiled(w, a),
+            false => dot_q5k_portable(w, a),
+        };
     }
     out
 }
@@ -462,6 +471,38 @@ pub fn dot_q5k_portable(w: &[u8], a: &Q8KRow) -> f32 {
         }
     }
     hsum8(&acc) + mins
+}
+
+/// The dot product of a Q5_K weight row with a Q8_K activation row as llama.cpp's tiled
+/// matmul computes it (`ggml-cpu/tiled`, its AVX-512 VNNI microkernel), which it takes for
+/// a matmul of 8 or more activation rows: per super-block the scaled sub-block sums and
+/// the minimum terms in exact integers, one float result `s1·d − dmin·s2` (a fused
+/// multiply-add after a rounded product), added times the activation's scale to a running
+/// sum that starts at zero.
+pub fn dot_q5k_tiled(w: &[u8], a: &Q8KRow) -> f32 {
+    let mut acc = 0f32;
+    for (b, block) in w.chunks_exact(Q5_K).enumerate() {
+        let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
+        let (qh, qs) = (&block[16..48], &block[48..176]);
+        let q8 = &a.qs[b * QK_K..(b + 1) * QK_K];
+        let bsums = &a.bsums[b * 16..(b + 1) * 16];
+        let (mut s1, mut s2) = (0i32, 0i32);
+        for j in 0..8 {
+            let (sc, m) = scale_min_k4(j, &block[4..16]);
+            let (bytes, shift) = (&qs[(j / 2) * 32..(j / 2) * 32 + 32], 4 * (j % 2));
+            let raw: i32 = (0..32)
+                .map(|e| {
+                    let q = ((bytes[e] >> shift) & 0x0F) | (((qh[e] >> j) & 1) << 4);
+                    q as i32 * q8[j * 32 + e] as i32
+                })
+                .sum();
+            s1 = s1.wrapping_add(sc.wrapping_mul(raw));
+            s2 = s2.wrapping_add(m * (bsums[2 * j] + bsums[2 * j + 1]));
+        }
+        let result = (-dmin).mul_add(s2 as f32, s1 as f32 * d);
+        acc = result.mul_add(a.d[b], acc);
+    }
+    acc
 }
 
 #[cfg(test)]

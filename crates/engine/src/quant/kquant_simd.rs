@@ -214,7 +214,10 @@ unsafe fn q6k_body<const N: usize>(w: &[u8], a: [&Q8KRow; N]) -> [f32; N] {
 /// AVX2, FMA and F16C must be available; `w` holds whole super-blocks and every row of `a`
 /// as many.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q5k_rows<const N: usize>(w: &[u8], a: [&Q8KRow; N]) -> [f32; N] {
+pub unsafe fn dot_q5k_rows<const N: usize, const TILED: bool>(
+    w: &[u8],
+    a: [&Q8KRow; N],
+) -> [f32; N] {
     let blocks = w.len() / Q5_K;
     assert!(a.iter().all(|row| row.has_blocks(blocks)));
     let low = _mm256_set1_epi8(0x0F);
@@ -257,15 +260,31 @@ pub unsafe fn dot_q5k_rows<const N: usize>(w: &[u8], a: [&Q8KRow; N]) -> [f32; N
                 imin += mins[j] * (bsums[2 * j] + bsums[2 * j + 1]);
             }
             let da = *a[r].d.get_unchecked(b);
+            if TILED {
+                let result = (-dminw).mul_add(imin as f32, lane_sum(lanes) as f32 * dw);
+                acc_min[r] = result.mul_add(da, acc_min[r]);
+                continue;
+            }
             acc_min[r] = (imin as f32).mul_add(-da * dminw, acc_min[r]);
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(da * dw), _mm256_cvtepi32_ps(lanes), acc[r]);
         }
     }
     std::array::from_fn(|r| {
+        if TILED {
+            return acc_min[r];
+        }
         let mut out = [0f32; 8];
         _mm256_storeu_ps(out.as_mut_ptr(), acc[r]);
         hsum8(&out) + acc_min[r]
     })
+}
+
+/// The exact (wrapping) sum of eight integer lanes.
+#[inline(always)]
+unsafe fn lane_sum(lanes: __m256i) -> i32 {
+    let mut all = [0i32; 8];
+    _mm256_storeu_si256(all.as_mut_ptr() as *mut __m256i, lanes);
+    all.iter().fold(0i32, |s, &v| s.wrapping_add(v))
 }
 
 /// IQ4_XS · Q8_K for one weight row and `N` activation rows, as
@@ -277,12 +296,16 @@ pub unsafe fn dot_q5k_rows<const N: usize>(w: &[u8], a: [&Q8KRow; N]) -> [f32; N
 /// AVX2, FMA and F16C must be available; `w` holds whole super-blocks and every row of `a`
 /// as many.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_iq4xs_rows<const N: usize>(w: &[u8], a: [&Q8KRow; N]) -> [f32; N] {
+pub unsafe fn dot_iq4xs_rows<const N: usize, const TILED: bool>(
+    w: &[u8],
+    a: [&Q8KRow; N],
+) -> [f32; N] {
     let blocks = w.len() / IQ4_XS;
     assert!(a.iter().all(|row| row.has_blocks(blocks)));
     let table = _mm_loadu_si128(iq4::VALUES.as_ptr() as *const __m128i);
     let table = _mm256_broadcastsi128_si256(table);
     let mut acc = [_mm256_setzero_ps(); N];
+    let mut tiled = [0f32; N];
     for b in 0..blocks {
         let block = w.as_ptr().add(b * IQ4_XS);
         let raw = std::slice::from_raw_parts(block, IQ4_XS);
@@ -307,9 +330,17 @@ pub unsafe fn dot_iq4xs_rows<const N: usize>(w: &[u8], a: [&Q8KRow; N]) -> [f32;
                     _mm256_maddubs_epi16(_mm256_abs_epi8(x[j]), _mm256_sign_epi8(y, x[j]));
                 lanes = _mm256_add_epi32(lanes, _mm256_madd_epi16(sc[j], products));
             }
+            if TILED {
+                let result = lane_sum(lanes) as f32 * dw;
+                tiled[r] = result.mul_add(*a[r].d.get_unchecked(b), tiled[r]);
+                continue;
+            }
             let d = dw * *a[r].d.get_unchecked(b);
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc[r]);
         }
+    }
+    if TILED {
+        return tiled;
     }
     acc.map(|acc| {
         let mut out = [0f32; 8];
@@ -347,8 +378,10 @@ mod tests {
         let a: [&Q8KRow; N] = std::array::from_fn(|r| &acts[r]);
         let got4 = unsafe { dot_q4k_rows(&w4, a, kernels) };
         let got6 = unsafe { dot_q6k_rows(&w6, a) };
-        let got5 = unsafe { dot_q5k_rows(&w5, a) };
-        let got_xs = unsafe { dot_iq4xs_rows(&w_xs, a) };
+        let got5 = unsafe { dot_q5k_rows::<N, false>(&w5, a) };
+        let got_xs = unsafe { dot_iq4xs_rows::<N, false>(&w_xs, a) };
+        let tiled5 = unsafe { dot_q5k_rows::<N, true>(&w5, a) };
+        let tiled_xs = unsafe { dot_iq4xs_rows::<N, true>(&w_xs, a) };
         for r in 0..N {
             let want4 = kquant::dot_q4k_portable(&w4, a[r], kernels[r]);
             assert_eq!(want4.to_bits(), got4[r].to_bits(), "Q4_K {N} rows, row {r}");
@@ -361,6 +394,18 @@ mod tests {
                 want_xs.to_bits(),
                 got_xs[r].to_bits(),
                 "IQ4_XS {N} rows, row {r}"
+            );
+            let want5 = kquant::dot_q5k_tiled(&w5, a[r]);
+            assert_eq!(
+                want5.to_bits(),
+                tiled5[r].to_bits(),
+                "tiled Q5_K {N}, row {r}"
+            );
+            let want_xs = iq4::dot_iq4_xs_tiled(&w_xs, a[r]);
+            assert_eq!(
+                want_xs.to_bits(),
+                tiled_xs[r].to_bits(),
+                "tiled IQ4_XS {N}, {r}"
             );
         }
     }

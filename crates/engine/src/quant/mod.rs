@@ -59,25 +59,46 @@ pub use dot::{BlockFormat, Q4_0, Q4_1, Q5_0, Q8_0};
 
 /// Which of llama.cpp's kernels a row's arithmetic follows. They compute the same sums and
 /// differ only in rounding: llama.cpp multiplies a prompt's rows four at a time (GEMM) and
-/// the rest, including every decoded token, one at a time (GEMV).
+/// the rest, including every decoded token, one at a time (GEMV); and from a micro-batch of
+/// 8 rows it multiplies K-quant and IQ4_XS weights with its tiled kernel, whose sums differ
+/// from both (ferrite follows it for Q5_K and IQ4_XS: `pair_lanes::tiled`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RowKernel {
     /// The row alone (matrix × vector): a generated token, a lone prompt row, a row whose
     /// logits are computed alone.
     #[default]
     Gemv,
-    /// A row of a micro-batch of two or more rows that is not in one of its groups of
+    /// A row of a micro-batch of two to seven rows that is not in one of its groups of
     /// four: the K-quant kernels take it as a GEMV row, the float formats' batched
     /// product (llama.cpp's tinyBLAS) with the rest of the batch.
     GemvInBatch,
-    /// The row as one of a group of four (matrix × four rows).
+    /// The row as one of a group of four (matrix × four rows) of a micro-batch of four to
+    /// seven rows.
     Gemm4,
+    /// As [`RowKernel::GemvInBatch`], in a micro-batch of 8 rows or more.
+    GemvInWideBatch,
+    /// As [`RowKernel::Gemm4`], in a micro-batch of 8 rows or more.
+    Gemm4InWideBatch,
 }
 
 impl RowKernel {
+    /// Micro-batches of this many rows or more are wide: llama.cpp takes its tiled kernel
+    /// for them (`ggml_tiled_min_batch`).
+    pub const WIDE_BATCH: usize = 8;
+
     /// Whether the row is multiplied as part of a batch of two or more rows.
     pub fn batched(self) -> bool {
         self != Self::Gemv
+    }
+
+    /// Whether the row is one of a group of four.
+    pub fn in_group_of_four(self) -> bool {
+        matches!(self, Self::Gemm4 | Self::Gemm4InWideBatch)
+    }
+
+    /// Whether the row is in a micro-batch of [`Self::WIDE_BATCH`] rows or more.
+    pub fn in_wide_batch(self) -> bool {
+        matches!(self, Self::GemvInWideBatch | Self::Gemm4InWideBatch)
     }
 }
 

@@ -19,12 +19,17 @@
 //! - for Q5_K, one line of fifth bits: per row its 32 `qh` bytes, bit `j` of byte `k`
 //!   being the fifth bit of value `k` of sub-block `j`.
 //!
+//! Rows of micro-batches of 8 or more take the tiled kernel (`tiled`), whose arithmetic is
+//! that of llama.cpp's tiled matmul, which it uses for them.
+//!
 //! `vpdpbusd` multiplies unsigned by signed bytes. Q5_K's values are unsigned; IQ4_XS's
 //! table values are signed, so the kernel looks them up 128 higher and starts each lane's
 //! sum at −128 times the sum of its four activations ([`LaneSums`]).
 
 use std::ops::Range;
 use std::sync::OnceLock;
+
+mod tiled;
 
 use super::act_tile::Line;
 use super::iq4::{self, IQ4_XS};
@@ -153,45 +158,44 @@ fn lay_iq4xs(block: &[u8], half: usize, out: &mut [Line]) {
     }
 }
 
-/// Sums of one activation row's values that the kernel adds besides the products: for
-/// Q5_K the sum of each sub-block of 32 (for the minimum terms), for IQ4_XS −128 times
-/// the sum of each lane's four values (which undoes the table's offset).
+/// Sums of one activation row's values that the kernels add besides the products: the sum
+/// of each sub-block of 32 (for Q5_K's minimum terms, and for the tiled kernel's IQ4_XS
+/// table offset), and for IQ4_XS −128 times the sum of each lane's four values (which
+/// undoes the table's offset in the one-row kernel).
 pub struct LaneSums {
-    /// Q5_K: per super-block, the eight sub-blocks' sums.
+    /// Per super-block, the eight sub-blocks' sums.
     pairs: Vec<i16>,
     /// IQ4_XS: per super-block and sub-block, the eight lanes' offsets.
     offsets: Vec<i32>,
 }
 
 impl LaneSums {
-    /// The sums `format`'s kernel takes for activation row `a`.
+    /// The sums `format`'s kernels take for activation row `a`.
     pub fn new(format: PairFormat, a: &Q8KRow) -> Self {
-        match format {
-            // A sub-block of 32 sums to at most 32 · 128 in magnitude: an i16.
-            PairFormat::Q5K => Self {
-                pairs: a
-                    .bsums
-                    .chunks_exact(2)
-                    .map(|two| (two[0] + two[1]) as i16)
-                    .collect(),
-                offsets: Vec::new(),
-            },
-            PairFormat::Iq4Xs => Self {
-                pairs: Vec::new(),
-                offsets: a
-                    .qs
-                    .chunks_exact(4)
+        // A sub-block of 32 sums to at most 32 · 128 in magnitude: an i16.
+        let pairs = a
+            .bsums
+            .chunks_exact(2)
+            .map(|two| (two[0] + two[1]) as i16)
+            .collect();
+        let offsets = match format {
+            PairFormat::Q5K => Vec::new(),
+            PairFormat::Iq4Xs => {
+                a.qs.chunks_exact(4)
                     .map(|four| -128 * four.iter().map(|&q| q as i32).sum::<i32>())
-                    .collect(),
-            },
-        }
+                    .collect()
+            }
+        };
+        Self { pairs, offsets }
     }
 
     /// Whether the sums cover `blocks` super-blocks for `format`.
     fn covers(&self, format: PairFormat, blocks: usize) -> bool {
         match format {
             PairFormat::Q5K => self.pairs.len() >= blocks * 8,
-            PairFormat::Iq4Xs => self.offsets.len() >= blocks * QK_K / 4,
+            PairFormat::Iq4Xs => {
+                self.pairs.len() >= blocks * 8 && self.offsets.len() >= blocks * QK_K / 4
+            }
         }
     }
 }
@@ -410,30 +414,36 @@ impl Layout for PairLanes {
         };
         #[cfg(target_arch = "x86_64")]
         {
-            let (m, n, start, end) = (self, kernels.len(), range.start, range.end);
+            let (m, start, end) = (self, range.start, range.end);
+            let sums = once.get(m.format(), a);
+            // Rows of wide micro-batches take the tiled kernel, as in llama.cpp; the rest
+            // the one-row arithmetic.
+            let (wide, alone): (Vec<usize>, Vec<usize>) =
+                (0..kernels.len()).partition(|&t| kernels[t].in_wide_batch());
+            if !wide.is_empty() {
+                // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
+                unsafe { tiled::chunk(m, a, sums, &wide, range.clone(), out) };
+            }
             // Two weight rows by up to four activation rows, over activation tiles that
             // stay in the first-level cache.
-            let sums = once.get(m.format(), a);
-            for t0 in (0..n).step_by(ACT_TILE) {
-                let t1 = (t0 + ACT_TILE).min(n);
+            for tile in alone.chunks(ACT_TILE) {
                 for p in start / 2..end.div_ceil(2) {
-                    for t in (t0..t1).step_by(4) {
-                        let take = (t1 - t).min(4);
+                    for rows in tile.chunks(4) {
                         let mut got = [[0f32; 2]; 4];
                         // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
-                        with_row_count!(take, got, T => unsafe {
+                        with_row_count!(rows.len(), got, T => unsafe {
                             dot_pair::<T>(
                                 m,
                                 p,
-                                std::array::from_fn(|k| &a[t + k]),
-                                std::array::from_fn(|k| &sums[t + k]),
+                                std::array::from_fn(|k| &a[rows[k]]),
+                                std::array::from_fn(|k| &sums[rows[k]]),
                             )
                         });
-                        for (k, got) in got.iter().enumerate().take(take) {
+                        for (&t, got) in rows.iter().zip(&got) {
                             for (h, &v) in got.iter().enumerate() {
                                 let r = 2 * p + h;
                                 if r < end.min(m.rows()) {
-                                    out.set(t + k, r, v);
+                                    out.set(t, r, v);
                                 }
                             }
                         }

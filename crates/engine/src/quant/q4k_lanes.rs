@@ -127,7 +127,7 @@ mod simd {
         kernels: [RowKernel; T],
     ) -> [[f32; ROWS]; T] {
         assert!(lines.len() >= blocks * LINES);
-        let per_pair = kernels.map(|k| k == RowKernel::Gemm4);
+        let per_pair = kernels.map(RowKernel::in_group_of_four);
         let low = _mm512_set1_epi8(0x0F);
         let zero = _mm512_setzero_si512();
         let mut acc = [_mm512_setzero_ps(); T];

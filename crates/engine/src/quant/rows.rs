@@ -3,7 +3,9 @@
 //! their own on any CPU). The block-of-32 formats are always `packed`, the float ones
 //! `float_rows`. Its kernels take one weight row by up to four activation rows, each
 //! super-block or block decoded once for all of them: AVX2 where the CPU has it
-//! (`kquant_simd`), portable code otherwise.
+//! (`kquant_simd`), portable code otherwise. Q5_K and IQ4_XS rows of a micro-batch of 8 or
+//! more take the arithmetic of llama.cpp's tiled kernel, in portable code (one row at a
+//! time; no AVX2 twin yet).
 
 use std::ops::Range;
 
@@ -57,14 +59,21 @@ impl Layout for RowMajor {
                         let w = &data[r * row_bytes..(r + 1) * row_bytes];
                         let mut t = t0;
                         while t < t1 {
-                            let g = t..(t + 4).min(t1);
+                            // Q5_K and IQ4_XS rows of wide micro-batches take the
+                            // arithmetic of llama.cpp's tiled kernel, as on AVX-512 VNNI
+                            // (`pair_lanes::tiled`): a group ends where the width changes.
+                            let wide = kernels[t].in_wide_batch();
+                            let end = (t..(t + 4).min(t1))
+                                .find(|&k| kernels[k].in_wide_batch() != wide)
+                                .unwrap_or((t + 4).min(t1));
+                            let g = t..end;
                             let got = match format {
                                 OwnFormat::Q4K => {
                                     kquant::dot_q4k_tile(w, &a[g.clone()], &kernels[g.clone()])
                                 }
-                                OwnFormat::Q5K => kquant::dot_q5k_tile(w, &a[g.clone()]),
+                                OwnFormat::Q5K => kquant::dot_q5k_tile(w, &a[g.clone()], wide),
                                 OwnFormat::Q3K => kquant::dot_q3k_tile(w, &a[g.clone()]),
-                                OwnFormat::Iq4Xs => iq4::dot_iq4_xs_tile(w, &a[g.clone()]),
+                                OwnFormat::Iq4Xs => iq4::dot_iq4_xs_tile(w, &a[g.clone()], wide),
                                 OwnFormat::Q2KRepacked => {
                                     let mut got = [0f32; 4];
                                     for (k, t) in g.clone().enumerate() {

@@ -144,7 +144,7 @@ pub unsafe fn quantize_row_q8k(x: &[f32], kernel: RowKernel) -> Q8KRow {
             .position(|v| v.abs() == amax)
             .expect("amax is some value's magnitude");
         let mut max = block[first];
-        if kernel == RowKernel::Gemm4 && max < 0.0 && block[first..].contains(&amax) {
+        if kernel.in_group_of_four() && max < 0.0 && block[first..].contains(&amax) {
             max = amax;
         }
         let iscale = -127.0 / max;
