@@ -87,16 +87,13 @@ fn chunked_prefill_gives_the_unchunked_answer() {
 
 /// The same against llama.cpp: prompts of 600 and 1,200 tokens prefilled 100 tokens per
 /// step give llama-server's greedy tokens, with logprobs within 1e-3 (llama.cpp computed
-/// them in its own 512-token micro-batches; ferrite rounds each row as those would). Gemma's
-/// reference has llama.cpp's tiled K-quant matmul off (`fixtures/README.md`).
+/// them in its own 512-token micro-batches; ferrite rounds each row as those would, its
+/// tiled Q6_K kernel included: `fixtures/README.md`).
 #[test]
 fn chunked_prefill_gives_llama_cpps_answer() {
     for (name, file) in [
         ("smollm2-135m", "smollm2-135m-q4_1.llamacpp-long.json"),
-        (
-            "gemma3-270m",
-            "gemma3-270m-q4_k_m.llamacpp-long-untiled.json",
-        ),
+        ("gemma3-270m", "gemma3-270m-q4_k_m.llamacpp-long.json"),
     ] {
         let data = common::fixture(file);
         for case in &data["greedy_16"].as_array().unwrap()[4..] {

@@ -144,25 +144,11 @@ fn smollm2_long_prompts_match_llama_cpp_across_its_batches() {
     long_prompts("smollm2-135m", "smollm2-135m-q4_1.llamacpp-long.json");
 }
 
-/// Gemma's long prompts against llama.cpp with its tiled K-quant matmul switched off
-/// (`GGML_CPU_TILED_MM=0`, `fixtures/make_long.py`). From a micro-batch of 8 rows llama.cpp
-/// multiplies Q4_K and Q6_K weights with that kernel (`ggml-cpu/tiled`), which sums the
-/// super-blocks in another order; ferrite follows llama.cpp's other kernels, which is what
-/// llama.cpp computes with the switch off. Everything else on the path (the attention
-/// kernels, the prompt's micro-batches, the split decode steps) is llama.cpp's default.
+/// Gemma's long prompts against llama.cpp's defaults: from a micro-batch of 8 rows
+/// llama.cpp multiplies the file's Q6_K weights with its tiled kernel (`ggml-cpu/tiled`),
+/// which ferrite follows (`quant/q6k_lanes/tiled.rs`); without it the logprobs move by up
+/// to 0.1.
 #[test]
-fn gemma3_long_prompts_match_llama_cpp_untiled_across_its_batches() {
-    long_prompts(
-        "gemma3-270m",
-        "gemma3-270m-q4_k_m.llamacpp-long-untiled.json",
-    );
-}
-
-/// Ignored: llama.cpp's default, tiled K-quant matmul is not reproduced. It is as far from
-/// llama.cpp's own untiled answer as from ferrite's: up to 0.1 in a logprob, and the first
-/// prompt's continuation differs after a few tokens (`fixtures/README.md`).
-#[test]
-#[ignore = "llama.cpp's tiled K-quant matmul (ggml-cpu/tiled, 8+ rows) is not reproduced"]
 fn gemma3_long_prompts_match_llama_cpp_across_its_batches() {
     long_prompts("gemma3-270m", "gemma3-270m-q4_k_m.llamacpp-long.json");
 }

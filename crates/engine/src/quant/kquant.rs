@@ -208,19 +208,27 @@ pub fn dot_q4k_tile(w: &[u8], a: &[&Q8KRow], kernels: &[RowKernel]) -> [f32; 4] 
 
 /// Q6_K dot products of one weight row with up to four activation rows (entries past the
 /// given rows are zero): the SIMD kernel decodes each super-block once for all rows.
-pub fn dot_q6k_tile(w: &[u8], a: &[&Q8KRow]) -> [f32; 4] {
+pub fn dot_q6k_tile(w: &[u8], a: &[&Q8KRow], tiled: bool) -> [f32; 4] {
     assert!(a.len() <= 4);
     let mut out = [0f32; 4];
     #[cfg(target_arch = "x86_64")]
     if super::simd::available() {
+        use super::kquant_simd::dot_q6k_rows;
         // SAFETY: the CPU features were checked.
         with_row_count!(a.len(), out, N => unsafe {
-            super::kquant_simd::dot_q6k_rows::<N>(w, std::array::from_fn(|r| a[r]))
+            let a = std::array::from_fn(|r| a[r]);
+            match tiled {
+                true => dot_q6k_rows::<N, true>(w, a),
+                false => dot_q6k_rows::<N, false>(w, a),
+            }
         });
         return out;
     }
     for (r, a) in a.iter().enumerate() {
-        out[r] = dot_q6k_portable(w, a);
+        out[r] = match tiled {
+            true => dot_q6k_tiled(w, a),
+            false => dot_q6k_portable(w, a),
+        };
     }
     out
 }
@@ -290,6 +298,39 @@ pub fn dot_q6k_portable(w: &[u8], a: &Q8KRow) -> f32 {
         }
     }
     hsum8(&acc)
+}
+
+/// The dot product of a Q6_K weight row with a Q8_K activation row as llama.cpp's tiled
+/// matmul computes it for 8 or more activation rows (see [`dot_q5k_tiled`]): per
+/// super-block the scaled sums of its sixteen sub-blocks of 16 in exact integers, one
+/// rounded product by `d`, added with a fused multiply-add times the activation's scale to
+/// a running sum that starts at zero.
+pub fn dot_q6k_tiled(w: &[u8], a: &Q8KRow) -> f32 {
+    let mut acc = 0f32;
+    for (b, block) in w.chunks_exact(Q6_K).enumerate() {
+        let (ql, qh) = (&block[0..128], &block[128..192]);
+        let q8 = &a.qs[b * QK_K..(b + 1) * QK_K];
+        let mut values = [0i32; QK_K];
+        for half in 0..2 {
+            let (ql, qh) = (&ql[64 * half..], &qh[32 * half..]);
+            for e in 0..32 {
+                let k = 128 * half + e;
+                values[k] = ((ql[e] & 0x0F) | ((qh[e] & 3) << 4)) as i32 - 32;
+                values[k + 32] = ((ql[e + 32] & 0x0F) | (((qh[e] >> 2) & 3) << 4)) as i32 - 32;
+                values[k + 64] = ((ql[e] >> 4) | (((qh[e] >> 4) & 3) << 4)) as i32 - 32;
+                values[k + 96] = ((ql[e + 32] >> 4) | (((qh[e] >> 6) & 3) << 4)) as i32 - 32;
+            }
+        }
+        let mut s1 = 0i32;
+        for (s, &scale) in block[192..208].iter().enumerate() {
+            let raw: i32 = (16 * s..16 * s + 16)
+                .map(|k| values[k] * q8[k] as i32)
+                .sum();
+            s1 = s1.wrapping_add((scale as i8 as i32).wrapping_mul(raw));
+        }
+        acc = (s1 as f32 * f16_at(block, 208)).mul_add(a.d[b], acc);
+    }
+    acc
 }
 
 /// The dot product of a Q2_K weight row with a Q8_K activation row as llama.cpp computes
@@ -581,7 +622,7 @@ mod tests {
                 }
             }
         }
-        let got = dot_q6k_tile(&block, &[&a])[0];
+        let got = dot_q6k_tile(&block, &[&a], false)[0];
         assert!(
             (got - exact).abs() < 1e-3 * exact.abs().max(1.0),
             "{got} vs {exact}"

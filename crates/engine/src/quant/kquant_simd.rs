@@ -127,18 +127,22 @@ unsafe fn q4k_body<const N: usize>(w: &[u8], a: [&Q8KRow; N], kernels: [RowKerne
 /// AVX2, FMA and F16C must be available; `w` holds whole super-blocks and every row of `a`
 /// as many.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q6k_rows<const N: usize>(w: &[u8], a: [&Q8KRow; N]) -> [f32; N] {
-    q6k_body(w, a)
+pub unsafe fn dot_q6k_rows<const N: usize, const TILED: bool>(
+    w: &[u8],
+    a: [&Q8KRow; N],
+) -> [f32; N] {
+    q6k_body::<N, TILED>(w, a)
 }
 
 // Always inlined into a function that enables AVX2, FMA and F16C.
 #[inline(always)]
-unsafe fn q6k_body<const N: usize>(w: &[u8], a: [&Q8KRow; N]) -> [f32; N] {
+unsafe fn q6k_body<const N: usize, const TILED: bool>(w: &[u8], a: [&Q8KRow; N]) -> [f32; N] {
     let blocks = w.len() / Q6_K;
     assert!(a.iter().all(|row| row.has_blocks(blocks)));
     let m3 = _mm256_set1_epi8(3);
     let m15 = _mm256_set1_epi8(15);
     let mut acc = [_mm256_setzero_ps(); N];
+    let mut tiled = [0f32; N];
     for b in 0..blocks {
         let block = w.as_ptr().add(b * Q6_K);
         let (ql, qh, sc) = (block, block.add(128), block.add(192) as *const i8);
@@ -194,8 +198,16 @@ unsafe fn q6k_body<const N: usize>(w: &[u8], a: [&Q8KRow; N]) -> [f32; N] {
                 );
             }
             lanes = _mm256_sub_epi32(lanes, correction);
+            if TILED {
+                let result = lane_sum(lanes) as f32 * dw;
+                tiled[r] = result.mul_add(*a[r].d.get_unchecked(b), tiled[r]);
+                continue;
+            }
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc[r]);
         }
+    }
+    if TILED {
+        return tiled;
     }
     acc.map(|acc| {
         let mut out = [0f32; 8];
@@ -377,7 +389,8 @@ mod tests {
             .collect();
         let a: [&Q8KRow; N] = std::array::from_fn(|r| &acts[r]);
         let got4 = unsafe { dot_q4k_rows(&w4, a, kernels) };
-        let got6 = unsafe { dot_q6k_rows(&w6, a) };
+        let got6 = unsafe { dot_q6k_rows::<N, false>(&w6, a) };
+        let tiled6 = unsafe { dot_q6k_rows::<N, true>(&w6, a) };
         let got5 = unsafe { dot_q5k_rows::<N, false>(&w5, a) };
         let got_xs = unsafe { dot_iq4xs_rows::<N, false>(&w_xs, a) };
         let tiled5 = unsafe { dot_q5k_rows::<N, true>(&w5, a) };
@@ -387,6 +400,12 @@ mod tests {
             assert_eq!(want4.to_bits(), got4[r].to_bits(), "Q4_K {N} rows, row {r}");
             let want6 = kquant::dot_q6k_portable(&w6, a[r]);
             assert_eq!(want6.to_bits(), got6[r].to_bits(), "Q6_K {N} rows, row {r}");
+            let want6 = kquant::dot_q6k_tiled(&w6, a[r]);
+            assert_eq!(
+                want6.to_bits(),
+                tiled6[r].to_bits(),
+                "tiled Q6_K {N}, row {r}"
+            );
             let want5 = kquant::dot_q5k_portable(&w5, a[r]);
             assert_eq!(want5.to_bits(), got5[r].to_bits(), "Q5_K {N} rows, row {r}");
             let want_xs = iq4::dot_iq4_xs(&w_xs, a[r]);

@@ -68,23 +68,22 @@ pub(super) fn lay_out(format: OwnFormat, data: &[u8], rows: usize, cols: usize) 
 /// Weight rows per group of the interleaved K-quant layouts (one per 512-bit lane).
 pub(super) const LANE_ROWS: usize = super::q4k_lanes::ROWS;
 
-/// Runs `dot(g, t, take)` (the sixteen weight rows of interleaved group `g` by activation
-/// rows `t..t + take`, `take` at most four, results `[k][lane]`) over the groups that
-/// overlap the chunk `range`, for every activation row, and writes the chunk's results.
+/// Runs `dot(g, four)` (the sixteen weight rows of interleaved group `g` by up to four
+/// activation rows `four`, results `[k][lane]`) over the groups that overlap the chunk
+/// `range`, for the activation rows `rows`, and writes the chunk's results.
 #[cfg(target_arch = "x86_64")]
 pub(super) fn lane_groups(
     out: &Columns,
     range: Range<usize>,
-    n: usize,
-    dot: impl Fn(usize, usize, usize) -> [[f32; LANE_ROWS]; 4],
+    rows: &[usize],
+    dot: impl Fn(usize, &[usize]) -> [[f32; LANE_ROWS]; 4],
 ) {
     for g in range.start / LANE_ROWS..range.end.div_ceil(LANE_ROWS) {
-        for t in (0..n).step_by(4) {
-            let take = (n - t).min(4);
+        for four in rows.chunks(4) {
             // The group's first row may come before the chunk's.
             let first = (g * LANE_ROWS).max(range.start);
-            for (k, got) in dot(g, t, take).iter().enumerate().take(take) {
-                out.set_run(t + k, first, &got[first - g * LANE_ROWS..]);
+            for (&t, got) in four.iter().zip(&dot(g, four)) {
+                out.set_run(t, first, &got[first - g * LANE_ROWS..]);
             }
         }
     }

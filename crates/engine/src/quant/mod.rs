@@ -205,7 +205,7 @@ impl ActivationKind {
 enum Activations {
     /// Q8 rows, and for a prompt under AVX-512 VNNI the same rows as tiles.
     Q8(Vec<q8::Q8Row>, Vec<ActTile>),
-    /// Q8_K rows, and the sums the two-row Q5_K / IQ4_XS kernels add, each computed by the
+    /// Q8_K rows, and the sums the Q5_K / IQ4_XS / Q6_K kernels add, each computed by the
     /// first chunk that needs them.
     Q8K(Vec<kquant::Q8KRow>, pair_lanes::SumsOnce),
     /// Float rows, row-major.

@@ -200,12 +200,14 @@ impl LaneSums {
     }
 }
 
-/// Each format's [`LaneSums`] of a matmul's activation rows, computed once (by the first
-/// chunk that needs them) for all its chunks.
+/// The sums of a matmul's activation rows that kernels add besides the products: each
+/// format's [`LaneSums`], and Q6_K's tiled offsets (`q6k_lanes::tiled`), each computed
+/// once (by the first chunk that needs them) for all its chunks.
 #[derive(Default)]
 pub struct SumsOnce {
     q5k: OnceLock<Vec<LaneSums>>,
     iq4xs: OnceLock<Vec<LaneSums>>,
+    q6k: OnceLock<Vec<Vec<i32>>>,
 }
 
 impl SumsOnce {
@@ -218,6 +220,18 @@ impl SumsOnce {
         let sums = once.get_or_init(|| a.iter().map(|a| LaneSums::new(format, a)).collect());
         assert_eq!(sums.len(), a.len());
         sums
+    }
+
+    /// Per row of `a` (which must be the rows they were first asked for) and sub-block of
+    /// 16, −32 times its activations' sum: Q6_K's values are stored 32 higher.
+    pub fn q6k_offsets(&self, a: &[Q8KRow]) -> &[Vec<i32>] {
+        let offsets = self.q6k.get_or_init(|| {
+            a.iter()
+                .map(|a| a.bsums.iter().map(|&s| -32 * s).collect())
+                .collect()
+        });
+        assert_eq!(offsets.len(), a.len());
+        offsets
     }
 }
 

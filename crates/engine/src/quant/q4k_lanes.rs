@@ -206,16 +206,16 @@ impl Layout for Q4kLanes {
         {
             let (m, n, start, end) = (self, kernels.len(), range.start, range.end);
             // Sixteen weight rows (one per lane) by up to four activation rows.
-            lane_groups(out, start..end, n, |g, t, take| {
+            let all: Vec<usize> = (0..n).collect();
+            lane_groups(out, start..end, &all, |g, four| {
                 let mut got = [[0f32; LANE_ROWS]; 4];
-                let rows = &a[t..t + take];
                 // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
-                with_row_count!(take, got, T => unsafe {
+                with_row_count!(four.len(), got, T => unsafe {
                     dot_group::<T>(
                         m,
                         g,
-                        std::array::from_fn(|k| &rows[k]),
-                        std::array::from_fn(|k| kernels[t + k]),
+                        std::array::from_fn(|k| &a[four[k]]),
+                        std::array::from_fn(|k| kernels[four[k]]),
                     )
                 });
                 got

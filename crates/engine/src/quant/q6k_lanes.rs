@@ -19,6 +19,8 @@
 
 use std::ops::Range;
 
+mod tiled;
+
 use super::act_tile::Line;
 use super::kquant::{Q6_K, QK_K};
 use super::layout::Layout;
@@ -192,19 +194,27 @@ mod simd {
 
 impl Layout for Q6kLanes {
     fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
-        let Activations::Q8K(a, _) = acts else {
+        let Activations::Q8K(a, once) = acts else {
             unreachable!("Q6_K takes Q8_K activations");
         };
         #[cfg(target_arch = "x86_64")]
         {
-            let (m, n, start, end) = (self, kernels.len(), range.start, range.end);
-            // Sixteen weight rows (one per lane) by up to four activation rows.
-            lane_groups(out, start..end, n, |g, t, take| {
-                let mut got = [[0f32; LANE_ROWS]; 4];
-                let rows = &a[t..t + take];
+            let (m, start, end) = (self, range.start, range.end);
+            // Rows of wide micro-batches take the tiled kernel, as in llama.cpp; the rest
+            // the one-row arithmetic.
+            let (wide, alone): (Vec<usize>, Vec<usize>) =
+                (0..kernels.len()).partition(|&t| kernels[t].in_wide_batch());
+            if !wide.is_empty() {
+                let offsets = once.q6k_offsets(a);
                 // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
-                with_row_count!(take, got, T => unsafe {
-                    dot_group::<T>(m, g, std::array::from_fn(|k| &rows[k]))
+                unsafe { tiled::chunk(m, a, offsets, &wide, range.clone(), out) };
+            }
+            // Sixteen weight rows (one per lane) by up to four activation rows.
+            lane_groups(out, start..end, &alone, |g, four| {
+                let mut got = [[0f32; LANE_ROWS]; 4];
+                // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
+                with_row_count!(four.len(), got, T => unsafe {
+                    dot_group::<T>(m, g, std::array::from_fn(|k| &a[four[k]]))
                 });
                 got
             });

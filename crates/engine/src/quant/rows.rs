@@ -3,9 +3,8 @@
 //! their own on any CPU). The block-of-32 formats are always `packed`, the float ones
 //! `float_rows`. Its kernels take one weight row by up to four activation rows, each
 //! super-block or block decoded once for all of them: AVX2 where the CPU has it
-//! (`kquant_simd`), portable code otherwise. Q5_K and IQ4_XS rows of a micro-batch of 8 or
-//! more take the arithmetic of llama.cpp's tiled kernel, in portable code (one row at a
-//! time; no AVX2 twin yet).
+//! (`kquant_simd`), portable code otherwise. Q5_K, Q6_K and IQ4_XS rows of a micro-batch of
+//! 8 or more take the arithmetic of llama.cpp's tiled kernel.
 
 use std::ops::Range;
 
@@ -59,7 +58,7 @@ impl Layout for RowMajor {
                         let w = &data[r * row_bytes..(r + 1) * row_bytes];
                         let mut t = t0;
                         while t < t1 {
-                            // Q5_K and IQ4_XS rows of wide micro-batches take the
+                            // Q5_K, Q6_K and IQ4_XS rows of wide micro-batches take the
                             // arithmetic of llama.cpp's tiled kernel, as on AVX-512 VNNI
                             // (`pair_lanes::tiled`): a group ends where the width changes.
                             let wide = kernels[t].in_wide_batch();
@@ -81,7 +80,7 @@ impl Layout for RowMajor {
                                     }
                                     got
                                 }
-                                _ => kquant::dot_q6k_tile(w, &a[g.clone()]),
+                                _ => kquant::dot_q6k_tile(w, &a[g.clone()], wide),
                             };
                             for (k, &v) in got.iter().enumerate().take(g.len()) {
                                 out.set(t + k, r, v);
