@@ -165,6 +165,13 @@ impl<W> WidenSimd for W {}
 #[cfg(target_arch = "x86_64")]
 const FLOAT_ACT_BLOCK: usize = 4 * float_simd::TILE_X;
 
+/// Weight rows a lone activation row takes at a time. One: each thread then streams its
+/// rows as one run of memory, as llama.cpp's `vec_dot` loop does. Four rows at once (four
+/// streams a row apart) decoded a 1B F16 model about 10% slower in the server
+/// (BENCHMARKS.md, issue 17's table).
+#[cfg(target_arch = "x86_64")]
+const LONE_ROWS: usize = 1;
+
 /// [`float_rows`] with AVX-512 or AVX2 (`isa`): lone rows through the vector dot
 /// product's kernel, batched rows in tiles of four weight rows by up to six activation rows (rows are a multiple of
 /// four wherever matrices take our float kernels, see [`super::float::tinyblas_takes`]; any other
@@ -192,10 +199,10 @@ fn float_rows_simd<W: float_simd::Widen>(
             batched.push(t);
             continue;
         }
-        for r in tiled.clone().step_by(TILE_W) {
+        for r in tiled.clone().step_by(LONE_ROWS) {
             // SAFETY: the caller checked that the CPU has `isa`.
             let got = unsafe {
-                float_simd::lone::<W, TILE_W>(isa, std::array::from_fn(|i| row(r + i)), act(t))
+                float_simd::lone::<W, LONE_ROWS>(isa, std::array::from_fn(|i| row(r + i)), act(t))
             };
             for (i, v) in got.into_iter().enumerate() {
                 out.set(t, r + i, v);
