@@ -398,6 +398,33 @@ fn q3k_scales(packed: &[u8]) -> [i32; 16] {
     out
 }
 
+/// The eight integer lanes of one Q3_K super-block times its activations `q8`, as
+/// llama.cpp's x86 `ggml_vec_dot_q3_K_q8_K` sums them (exact, so their total is also the
+/// tiled kernel's integer sum).
+fn q3k_block_lanes(block: &[u8], q8: &[i8]) -> [i32; 8] {
+    let hmask = &block[0..32];
+    let qs = &block[32..96];
+    let scales = q3k_scales(&block[96..108]);
+    let mut lanes = [0i32; 8];
+    for j in 0..2 {
+        for c in 0..4 {
+            let bit = 4 * j + c;
+            let at = 128 * j + 32 * c;
+            // Two sub-blocks of 16 with their own scales; exact integer sums.
+            for half in 0..2 {
+                let mut products = [0i32; 32];
+                for e in 16 * half..16 * half + 16 {
+                    let low = ((qs[32 * j + e] >> (2 * c)) & 3) as i32;
+                    let high = 4 - 4 * ((hmask[e] >> bit) & 1) as i32;
+                    products[e] = (low - high) * q8[at + e] as i32;
+                }
+                add_lanes(&mut lanes, &products, scales[at / 16 + half]);
+            }
+        }
+    }
+    lanes
+}
+
 /// The dot product of a Q3_K weight row with a Q8_K activation row, rounded as llama.cpp's
 /// x86 `ggml_vec_dot_q3_K_q8_K` (Q3_K is not repacked there): eight integer lanes per
 /// super-block folded into float lanes with one fused multiply-add by `d`, then
@@ -405,28 +432,8 @@ fn q3k_scales(packed: &[u8]) -> [i32; 16] {
 pub fn dot_q3k_portable(w: &[u8], a: &Q8KRow) -> f32 {
     let mut acc = [0f32; 8];
     for (b, block) in w.chunks_exact(Q3_K).enumerate() {
-        let hmask = &block[0..32];
-        let qs = &block[32..96];
-        let scales = q3k_scales(&block[96..108]);
         let d = a.d[b] * f16_at(block, 108);
-        let q8 = &a.qs[b * QK_K..(b + 1) * QK_K];
-        let mut lanes = [0i32; 8];
-        for j in 0..2 {
-            for c in 0..4 {
-                let bit = 4 * j + c;
-                let at = 128 * j + 32 * c;
-                // Two sub-blocks of 16 with their own scales; exact integer sums.
-                for half in 0..2 {
-                    let mut products = [0i32; 32];
-                    for e in 16 * half..16 * half + 16 {
-                        let low = ((qs[32 * j + e] >> (2 * c)) & 3) as i32;
-                        let high = 4 - 4 * ((hmask[e] >> bit) & 1) as i32;
-                        products[e] = (low - high) * q8[at + e] as i32;
-                    }
-                    add_lanes(&mut lanes, &products, scales[at / 16 + half]);
-                }
-            }
-        }
+        let lanes = q3k_block_lanes(block, &a.qs[b * QK_K..(b + 1) * QK_K]);
         for (l, &lane) in lanes.iter().enumerate() {
             acc[l] = d.mul_add(lane as f32, acc[l]);
         }
@@ -434,13 +441,31 @@ pub fn dot_q3k_portable(w: &[u8], a: &Q8KRow) -> f32 {
     hsum8(&acc)
 }
 
+/// The dot product of a Q3_K weight row with a Q8_K activation row as llama.cpp's tiled
+/// matmul computes it for 8 or more activation rows (see [`dot_q5k_tiled`]): per
+/// super-block the exact integer sum, one rounded product by `d`, added with a fused
+/// multiply-add times the activation's scale to a running sum that starts at zero.
+pub fn dot_q3k_tiled(w: &[u8], a: &Q8KRow) -> f32 {
+    let mut acc = 0f32;
+    for (b, block) in w.chunks_exact(Q3_K).enumerate() {
+        let lanes = q3k_block_lanes(block, &a.qs[b * QK_K..(b + 1) * QK_K]);
+        let s1 = lanes.iter().fold(0i32, |s, &l| s.wrapping_add(l));
+        acc = (s1 as f32 * f16_at(block, 108)).mul_add(a.d[b], acc);
+    }
+    acc
+}
+
 /// Q3_K dot products of one weight row with up to four activation rows (entries past the
-/// given rows are zero).
-pub fn dot_q3k_tile(w: &[u8], a: &[&Q8KRow]) -> [f32; 4] {
+/// given rows are zero), with the tiled kernel's arithmetic ([`dot_q3k_tiled`]) or the
+/// one-row kernel's ([`dot_q3k_portable`]).
+pub fn dot_q3k_tile(w: &[u8], a: &[&Q8KRow], tiled: bool) -> [f32; 4] {
     assert!(a.len() <= 4);
     let mut out = [0f32; 4];
     for (r, a) in a.iter().enumerate() {
-        out[r] = dot_q3k_portable(w, a);
+        out[r] = match tiled {
+            true => dot_q3k_tiled(w, a),
+            false => dot_q3k_portable(w, a),
+        };
     }
     out
 }
@@ -659,15 +684,36 @@ mod tests {
             }
             let w = candle_dequantized(&block, dtype);
             let exact: f32 = (0..QK_K).map(|i| w[i] * a.d[0] * a.qs[i] as f32).sum();
-            let got = match dtype {
-                GgmlDType::Q3K => dot_q3k_portable(&block, &a),
-                _ => dot_q5k_portable(&block, &a),
+            let (got, tiled) = match dtype {
+                GgmlDType::Q3K => (dot_q3k_portable(&block, &a), dot_q3k_tiled(&block, &a)),
+                _ => (dot_q5k_portable(&block, &a), dot_q5k_tiled(&block, &a)),
             };
-            assert!(
-                (got - exact).abs() < 1e-3 * exact.abs().max(1.0),
-                "{dtype:?}: {got} vs {exact}"
-            );
+            for got in [got, tiled] {
+                assert!(
+                    (got - exact).abs() < 1e-3 * exact.abs().max(1.0),
+                    "{dtype:?}: {got} vs {exact}"
+                );
+            }
         }
+    }
+
+    /// The tiled Q6_K product is the dequantized product (candle's dequantization), up to
+    /// rounding.
+    #[test]
+    fn q6k_tiled_dot_matches_candles_dequantized_product() {
+        use candle_core::quantized::GgmlDType;
+        let mut rng = crate::quant::sample::Xorshift::new(7);
+        let x: Vec<f32> = (0..QK_K).map(|_| rng.next_f32() * 2.0).collect();
+        let a = quantize_row_q8k(&x, RowKernel::Gemv);
+        let mut block: Vec<u8> = (0..Q6_K).map(|_| rng.next_u64() as u8).collect();
+        block[208..210].copy_from_slice(&f16::from_f32(0.01).to_le_bytes());
+        let w = candle_dequantized(&block, GgmlDType::Q6K);
+        let exact: f32 = (0..QK_K).map(|i| w[i] * a.d[0] * a.qs[i] as f32).sum();
+        let got = dot_q6k_tiled(&block, &a);
+        assert!(
+            (got - exact).abs() < 1e-3 * exact.abs().max(1.0),
+            "{got} vs {exact}"
+        );
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //! their own on any CPU). The block-of-32 formats are always `packed`, the float ones
 //! `float_rows`. Its kernels take one weight row by up to four activation rows, each
 //! super-block or block decoded once for all of them: AVX2 where the CPU has it
-//! (`kquant_simd`), portable code otherwise. Q5_K, Q6_K and IQ4_XS rows of a micro-batch of
-//! 8 or more take the arithmetic of llama.cpp's tiled kernel.
+//! (`kquant_simd`), portable code otherwise. Q3_K, Q5_K, Q6_K and IQ4_XS rows of a
+//! micro-batch of 8 or more take the arithmetic of llama.cpp's tiled kernel.
 
 use std::ops::Range;
 
@@ -58,7 +58,7 @@ impl Layout for RowMajor {
                         let w = &data[r * row_bytes..(r + 1) * row_bytes];
                         let mut t = t0;
                         while t < t1 {
-                            // Q5_K, Q6_K and IQ4_XS rows of wide micro-batches take the
+                            // Q3_K, Q5_K, Q6_K and IQ4_XS rows of wide micro-batches take the
                             // arithmetic of llama.cpp's tiled kernel, as on AVX-512 VNNI
                             // (`pair_lanes::tiled`): a group ends where the width changes.
                             let wide = kernels[t].in_wide_batch();
@@ -71,7 +71,7 @@ impl Layout for RowMajor {
                                     kquant::dot_q4k_tile(w, &a[g.clone()], &kernels[g.clone()])
                                 }
                                 OwnFormat::Q5K => kquant::dot_q5k_tile(w, &a[g.clone()], wide),
-                                OwnFormat::Q3K => kquant::dot_q3k_tile(w, &a[g.clone()]),
+                                OwnFormat::Q3K => kquant::dot_q3k_tile(w, &a[g.clone()], wide),
                                 OwnFormat::Iq4Xs => iq4::dot_iq4_xs_tile(w, &a[g.clone()], wide),
                                 OwnFormat::Q2KRepacked => {
                                     let mut got = [0f32; 4];
