@@ -9,8 +9,10 @@ Q6_K output, Q6_K or Q5_K for some value and down projections), any other name w
 weight matrix in that one type. Then both
 servers are measured on the same file with bench/bench.py's servers and load generator
 (prefill: TTFT of a ~500-token prompt, median of 3; decode: 32 streamed tokens, single
-stream, mean of 2 requests), each measurement under bench/quiet.py. Prints a Markdown table
-of tokens/s and ratios.
+stream, mean of 2 requests), each measurement under bench/quiet.py. The two servers take
+turns, `--rounds` times each (default 3), so that a drift of the machine's speed during the
+run (this machine's decode speed moves by a third within minutes) falls on both; each cell
+is the median of its rounds. Prints a Markdown table of tokens/s and ratios.
 
     cargo build --release
     python3 bench/formats.py --llama-server /path/to/llama-server [--types q4_k q8_0 ...]
@@ -19,6 +21,7 @@ of tokens/s and ratios.
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -81,6 +84,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama-server", required=True)
     ap.add_argument("--types", nargs="+", default=["q4_k_m", "q5_k_m", "q8_0", "iq4_xs", "f16"])
+    ap.add_argument("--rounds", type=int, default=3, help="turns of each server per file")
     ap.add_argument("--json-out")
     args = ap.parse_args()
     home = Path(os.environ.get("FERRITE_HOME", Path.home() / ".cache" / "ferrite"))
@@ -101,9 +105,18 @@ def main():
         path = scratch / "models" / f"{name}.gguf"
         subprocess.run([str(SYNTH), "--arch", "llama", "--shape", "1b", *synth_type(ty),
                         "--tokenizer-from", str(tokenizer), "--out", str(path)], check=True)
-        for kind in ("ferrite", "llama-server"):
-            print(f"measuring {kind} on {name} ...", file=sys.stderr, flush=True)
-            table[(ty, kind)] = measure(bench, kind, name, args.llama_server, scratch, long_prompt)
+        rounds = {"ferrite": [], "llama-server": []}
+        for r in range(args.rounds):
+            for kind in rounds:
+                print(f"measuring {kind} on {name}, round {r + 1} ...", file=sys.stderr, flush=True)
+                rounds[kind].append(measure(bench, kind, name, args.llama_server, scratch,
+                                            long_prompt))
+        for kind, runs in rounds.items():
+            table[(ty, kind)] = {
+                "prefill_tok_s": statistics.median(m["prefill_tok_s"] for m in runs),
+                "decode_tok_s": statistics.median(m["decode_tok_s"] for m in runs),
+                "rounds": runs,
+            }
         path.unlink()
     rows = ["| weights (1B shape) | prefill tok/s ferrite | llama-server | ratio "
             "| decode tok/s ferrite | llama-server | ratio |", "|---|---|---|---|---|---|---|"]
