@@ -1,7 +1,8 @@
 //! IQ4_NL and IQ4_XS: 4-bit indices into a fixed non-linear table of 16 values, with one
 //! f16 scale per block of 32 (IQ4_NL) or one per super-block of 256 and a 6-bit scale per
 //! block of 32 (IQ4_XS). Products follow llama.cpp on x86: IQ4_XS its `vec_dot` (eight
-//! integer lanes, one fused multiply-add per super-block, `hsum_float_8`), IQ4_NL its
+//! integer lanes, one fused multiply-add per super-block, `hsum_float_8`) for rows of
+//! micro-batches under 8 and its tiled matmul ([`dot_iq4_xs_tiled`]) for wider ones, IQ4_NL its
 //! repacked eight-row kernel (one fused multiply-add per block), which it uses wherever
 //! the rows are a multiple of eight.
 

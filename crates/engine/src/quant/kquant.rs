@@ -1,8 +1,9 @@
 //! K-quant kernels (Q4_K, Q6_K) against Q8_K activations, in the arithmetic llama.cpp
 //! uses on x86. Q4_K follows its repacked 8×8 kernels: the GEMV (one row alone: one fused
 //! multiply-add per super-block) or the GEMM (a group of four prompt rows: one per pair of
-//! sub-blocks, and activations quantized by `quantize_mat_q8_K_4x8`); Q6_K is its AVX2 dot
-//! product (eight lanes, summed as `hsum_float_8`) whichever the kernel.
+//! sub-blocks, and activations quantized by `quantize_mat_q8_K_4x8`). Q3_K, Q5_K and Q6_K
+//! follow its AVX2 dot product (eight lanes, summed as `hsum_float_8`) for rows of
+//! micro-batches under 8, and its tiled matmul (`dot_*_tiled`) for wider ones.
 
 use half::f16;
 
@@ -543,8 +544,10 @@ pub fn dot_q5k_portable(w: &[u8], a: &Q8KRow) -> f32 {
 /// matmul computes it (`ggml-cpu/tiled`, its AVX-512 VNNI microkernel), which it takes for
 /// a matmul of 8 or more activation rows: per super-block the scaled sub-block sums and
 /// the minimum terms in exact integers, one float result `s1·d − dmin·s2` (a fused
-/// multiply-add after a rounded product), added times the activation's scale to a running
-/// sum that starts at zero.
+/// multiply-add after a rounded product), added with a fused multiply-add times the
+/// activation's scale to a running sum that starts at zero. (llama.cpp writes that last step
+/// as an add of a product; GCC, with its default `-ffp-contract=fast`, fuses it, and the
+/// fixtures come from a GCC build. A build that did not fuse would round twice.)
 pub fn dot_q5k_tiled(w: &[u8], a: &Q8KRow) -> f32 {
     let mut acc = 0f32;
     for (b, block) in w.chunks_exact(Q5_K).enumerate() {

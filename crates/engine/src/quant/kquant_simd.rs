@@ -123,6 +123,10 @@ unsafe fn q4k_body<const N: usize>(w: &[u8], a: [&Q8KRow; N], kernels: [RowKerne
 /// values and scales are decoded once for all rows, each row accumulating as
 /// the portable [`super::kquant::dot_q6k_portable`] does.
 ///
+/// With `TILED` it returns the tiled matmul's arithmetic instead (`dot_*_tiled` in the
+/// portable modules): the lanes' exact total per super-block, one product by `d`, one fused
+/// multiply-add by the activation's scale.
+///
 /// # Safety
 /// AVX2, FMA and F16C must be available; `w` holds whole super-blocks and every row of `a`
 /// as many.
@@ -222,6 +226,10 @@ unsafe fn q6k_body<const N: usize, const TILED: bool>(w: &[u8], a: [&Q8KRow; N])
 /// the scale give the eight integer lanes. (Where the CPU has AVX-512 VNNI, matrices use
 /// the two-row layout of `pair_lanes` instead.)
 ///
+/// With `TILED` it returns the tiled matmul's arithmetic instead (`dot_*_tiled` in the
+/// portable modules): the lanes' exact total per super-block, one product by `d`, one fused
+/// multiply-add by the activation's scale.
+///
 /// # Safety
 /// AVX2, FMA and F16C must be available; `w` holds whole super-blocks and every row of `a`
 /// as many.
@@ -292,6 +300,9 @@ pub unsafe fn dot_q5k_rows<const N: usize, const TILED: bool>(
 }
 
 /// The exact (wrapping) sum of eight integer lanes.
+///
+/// # Safety
+/// AVX must be available (inlined into functions that enable AVX2).
 #[inline(always)]
 unsafe fn lane_sum(lanes: __m256i) -> i32 {
     let mut all = [0i32; 8];
@@ -303,6 +314,10 @@ unsafe fn lane_sum(lanes: __m256i) -> i32 {
 /// [`super::iq4::dot_iq4_xs`]: every super-block's table values are looked up once for all
 /// rows, then per row and sub-block a signed `maddubs` (the values' magnitudes by the
 /// activations with the values' signs) and one `madd` by the scale give the eight lanes.
+///
+/// With `TILED` it returns the tiled matmul's arithmetic instead (`dot_*_tiled` in the
+/// portable modules): the lanes' exact total per super-block, one product by `d`, one fused
+/// multiply-add by the activation's scale.
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available; `w` holds whole super-blocks and every row of `a`

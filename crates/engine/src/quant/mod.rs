@@ -60,8 +60,9 @@ pub use dot::{BlockFormat, Q4_0, Q4_1, Q5_0, Q8_0};
 /// Which of llama.cpp's kernels a row's arithmetic follows. They compute the same sums and
 /// differ only in rounding: llama.cpp multiplies a prompt's rows four at a time (GEMM) and
 /// the rest, including every decoded token, one at a time (GEMV); and from a micro-batch of
-/// 8 rows it multiplies K-quant and IQ4_XS weights with its tiled kernel, whose sums differ
-/// from both (ferrite follows it for Q5_K and IQ4_XS: `pair_lanes::tiled`).
+/// 8 rows it multiplies the K-quant and IQ4_XS weights it does not repack (Q3_K, Q5_K, Q6_K,
+/// IQ4_XS) with its tiled kernel, whose sums differ from both; ferrite follows it for those
+/// four (`pair_lanes::tiled`, `q6k_lanes::tiled`, `rows`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RowKernel {
     /// The row alone (matrix × vector): a generated token, a lone prompt row, a row whose

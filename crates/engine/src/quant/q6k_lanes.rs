@@ -9,7 +9,9 @@
 //! values `4s..4s + 4` of every row as unsigned 6-bit bytes (stored `+ 32`), row `r`'s at
 //! `4r`.
 //!
-//! The arithmetic is that of [`super::kquant::dot_q6k_portable`], ggml's AVX2 dot product:
+//! Rows of micro-batches of 8 or more take the tiled kernel (`tiled`, llama.cpp's tiled
+//! matmul's arithmetic). For the rest the arithmetic is that of
+//! [`super::kquant::dot_q6k_portable`], ggml's AVX2 dot product:
 //! eight integer lanes per super-block (lane `l` takes values `4l..4l + 4` of every 32 and
 //! its own share of the `32 · Σ scale · activations` correction), each converted and
 //! added with one fused multiply-add into eight `f32` accumulators, summed at the end as

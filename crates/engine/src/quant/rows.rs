@@ -62,10 +62,10 @@ impl Layout for RowMajor {
                             // arithmetic of llama.cpp's tiled kernel, as on AVX-512 VNNI
                             // (`pair_lanes::tiled`): a group ends where the width changes.
                             let wide = kernels[t].in_wide_batch();
-                            let end = (t..(t + 4).min(t1))
+                            let stop = (t..(t + 4).min(t1))
                                 .find(|&k| kernels[k].in_wide_batch() != wide)
                                 .unwrap_or((t + 4).min(t1));
-                            let g = t..end;
+                            let g = t..stop;
                             let got = match format {
                                 OwnFormat::Q4K => {
                                     kquant::dot_q4k_tile(w, &a[g.clone()], &kernels[g.clone()])
