@@ -301,6 +301,22 @@ pub fn dot_q6k_portable(w: &[u8], a: &Q8KRow) -> f32 {
     hsum8(&acc)
 }
 
+/// The 256 values of a Q6_K super-block in order, as unsigned 6-bit numbers (value + 32).
+pub(super) fn q6k_values(block: &[u8]) -> [u8; QK_K] {
+    let mut out = [0u8; QK_K];
+    for half in 0..2 {
+        let (ql, qh) = (&block[64 * half..][..64], &block[128 + 32 * half..][..32]);
+        for e in 0..32 {
+            let k = 128 * half + e;
+            out[k] = (ql[e] & 0x0F) | ((qh[e] & 3) << 4);
+            out[k + 32] = (ql[e + 32] & 0x0F) | (((qh[e] >> 2) & 3) << 4);
+            out[k + 64] = (ql[e] >> 4) | (((qh[e] >> 4) & 3) << 4);
+            out[k + 96] = (ql[e + 32] >> 4) | (((qh[e] >> 6) & 3) << 4);
+        }
+    }
+    out
+}
+
 /// The dot product of a Q6_K weight row with a Q8_K activation row as llama.cpp's tiled
 /// matmul computes it for 8 or more activation rows (see [`dot_q5k_tiled`]): per
 /// super-block the scaled sums of its sixteen sub-blocks of 16 in exact integers, one
@@ -309,19 +325,8 @@ pub fn dot_q6k_portable(w: &[u8], a: &Q8KRow) -> f32 {
 pub fn dot_q6k_tiled(w: &[u8], a: &Q8KRow) -> f32 {
     let mut acc = 0f32;
     for (b, block) in w.chunks_exact(Q6_K).enumerate() {
-        let (ql, qh) = (&block[0..128], &block[128..192]);
         let q8 = &a.qs[b * QK_K..(b + 1) * QK_K];
-        let mut values = [0i32; QK_K];
-        for half in 0..2 {
-            let (ql, qh) = (&ql[64 * half..], &qh[32 * half..]);
-            for e in 0..32 {
-                let k = 128 * half + e;
-                values[k] = ((ql[e] & 0x0F) | ((qh[e] & 3) << 4)) as i32 - 32;
-                values[k + 32] = ((ql[e + 32] & 0x0F) | (((qh[e] >> 2) & 3) << 4)) as i32 - 32;
-                values[k + 64] = ((ql[e] >> 4) | (((qh[e] >> 4) & 3) << 4)) as i32 - 32;
-                values[k + 96] = ((ql[e + 32] >> 4) | (((qh[e] >> 6) & 3) << 4)) as i32 - 32;
-            }
-        }
+        let values = q6k_values(block).map(|u| u as i32 - 32);
         let mut s1 = 0i32;
         for (s, &scale) in block[192..208].iter().enumerate() {
             let raw: i32 = (16 * s..16 * s + 16)

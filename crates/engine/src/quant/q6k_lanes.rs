@@ -24,7 +24,7 @@ use std::ops::Range;
 mod tiled;
 
 use super::act_tile::Line;
-use super::kquant::{Q6_K, QK_K};
+use super::kquant::{q6k_values, Q6_K};
 use super::layout::Layout;
 #[cfg(target_arch = "x86_64")]
 use super::layout::{lane_groups, LANE_ROWS};
@@ -43,22 +43,6 @@ const VALUES: usize = 5;
 pub struct Q6kLanes {
     blocks: usize,
     lines: Vec<Line>,
-}
-
-/// The 256 values of a Q6_K super-block in order, as unsigned 6-bit numbers (value + 32).
-fn q6k_values(block: &[u8]) -> [u8; QK_K] {
-    let mut out = [0u8; QK_K];
-    for half in 0..2 {
-        let (ql, qh) = (&block[64 * half..][..64], &block[128 + 32 * half..][..32]);
-        for e in 0..32 {
-            let k = 128 * half + e;
-            out[k] = (ql[e] & 0x0F) | ((qh[e] & 3) << 4);
-            out[k + 32] = (ql[e + 32] & 0x0F) | (((qh[e] >> 2) & 3) << 4);
-            out[k + 64] = (ql[e] >> 4) | (((qh[e] >> 4) & 3) << 4);
-            out[k + 96] = (ql[e + 32] >> 4) | (((qh[e] >> 6) & 3) << 4);
-        }
-    }
-    out
 }
 
 impl Q6kLanes {
@@ -232,7 +216,7 @@ impl Layout for Q6kLanes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::kquant::{dot_q6k_portable, quantize_row_q8k, Q8KRow};
+    use crate::quant::kquant::{dot_q6k_portable, quantize_row_q8k, Q8KRow, QK_K};
     use crate::quant::sample::{self, Xorshift};
     use crate::quant::{OwnFormat, RowKernel};
 
