@@ -58,35 +58,56 @@ impl<W: FloatWeight> FloatRows<W> {
     }
 }
 
-/// The activations of a float matrix: its rows as they are, or rounded to its type.
+/// The activations of an F32 or BF16 matrix: its rows as they are, or rounded to BF16.
 fn float_activations(acts: &Activations) -> &[f32] {
     match acts {
         Activations::Float(x) => x,
-        _ => unreachable!("float formats take float activations"),
+        _ => unreachable!("F32 and BF16 weights take f32 activations"),
     }
 }
 
-/// The F32 and F16 weights' portable kernels (BF16's have no four-row form).
+/// The activations of an F16 matrix: its rows rounded to F16.
+fn half_activations(acts: &Activations) -> &[f16] {
+    match acts {
+        Activations::Half(x) => x,
+        _ => unreachable!("F16 weights take F16 activations"),
+    }
+}
+
+/// The F32 and F16 weights' activations and portable kernels (BF16's have no four-row
+/// form).
 trait FloatKernels: FloatWeight + Into<f32> + WidenSimd {
+    /// The type the activations meet the weights in (the weights' own).
+    type Act: Copy + Into<f32> + WidenSimd + Sync;
+    /// The activation rows, row-major.
+    fn activations(acts: &Activations) -> &[Self::Act];
     /// One row's product.
-    const DOT: FloatDot<Self>;
+    const DOT: FloatDot<Self, Self::Act>;
     /// Four rows' products.
-    const DOT4: FloatDot4<Self>;
+    const DOT4: FloatDot4<Self, Self::Act>;
 }
 
 impl FloatKernels for f32 {
-    const DOT: FloatDot<Self> = float::dot_f32;
-    const DOT4: FloatDot4<Self> = float::dot4_f32;
+    type Act = f32;
+    fn activations(acts: &Activations) -> &[f32] {
+        float_activations(acts)
+    }
+    const DOT: FloatDot<Self, f32> = float::dot_f32;
+    const DOT4: FloatDot4<Self, f32> = float::dot4_f32;
 }
 
 impl FloatKernels for f16 {
-    const DOT: FloatDot<Self> = float::dot_f16;
-    const DOT4: FloatDot4<Self> = float::dot4_f16;
+    type Act = f16;
+    fn activations(acts: &Activations) -> &[f16] {
+        half_activations(acts)
+    }
+    const DOT: FloatDot<Self, f16> = float::dot_f16;
+    const DOT4: FloatDot4<Self, f16> = float::dot4_f16;
 }
 
 impl<W: FloatKernels> Layout for FloatRows<W> {
     fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
-        let x = float_activations(acts);
+        let x = W::activations(acts);
         let (w, cols) = (&self.values, self.cols);
         float_rows(w, x, cols, range, kernels, out, W::DOT, W::DOT4);
     }
@@ -107,23 +128,23 @@ impl Layout for FloatRows<bf16> {
 }
 
 /// A float format's dot product of a weight row with an activation row (batched or not).
-type FloatDot<W> = fn(&[W], &[f32], bool) -> f32;
+type FloatDot<W, X> = fn(&[W], &[X], bool) -> f32;
 /// The same for four weight rows at once.
-type FloatDot4<W> = fn([&[W]; 4], &[f32], bool) -> [f32; 4];
+type FloatDot4<W, X> = fn([&[W]; 4], &[X], bool) -> [f32; 4];
 
 /// Output features `range` of a float matrix `w` for every activation row of `x`: four
 /// weight rows at a time against each activation row, the rest one by one (with AVX-512
 /// or AVX2, [`float_rows_simd`]).
 #[allow(clippy::too_many_arguments)]
-fn float_rows<W: Copy + Into<f32> + WidenSimd>(
+fn float_rows<W: Copy + Into<f32> + WidenSimd, X: Copy + Into<f32> + WidenSimd>(
     w: &[W],
-    x: &[f32],
+    x: &[X],
     cols: usize,
     range: Range<usize>,
     kernels: &[RowKernel],
     out: &Columns,
-    dot: FloatDot<W>,
-    dot4: FloatDot4<W>,
+    dot: FloatDot<W, X>,
+    dot4: FloatDot4<W, X>,
 ) {
     #[cfg(target_arch = "x86_64")]
     if let Some(isa) = float_simd::Isa::detected() {
@@ -149,12 +170,12 @@ fn float_rows<W: Copy + Into<f32> + WidenSimd>(
     }
 }
 
-/// The weight types [`float_rows`] takes: those the AVX-512 kernels widen.
+/// The weight and activation types [`float_rows`] takes: those the AVX-512 kernels widen.
 #[cfg(target_arch = "x86_64")]
 trait WidenSimd: float_simd::Widen {}
 #[cfg(target_arch = "x86_64")]
 impl<W: float_simd::Widen> WidenSimd for W {}
-/// The weight types [`float_rows`] takes.
+/// The weight and activation types [`float_rows`] takes.
 #[cfg(not(target_arch = "x86_64"))]
 trait WidenSimd {}
 #[cfg(not(target_arch = "x86_64"))]
@@ -178,15 +199,15 @@ const LONE_ROWS: usize = 1;
 /// rows through the portable `dot`).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-fn float_rows_simd<W: float_simd::Widen>(
+fn float_rows_simd<W: float_simd::Widen, X: float_simd::Widen>(
     isa: float_simd::Isa,
     w: &[W],
-    x: &[f32],
+    x: &[X],
     cols: usize,
     range: Range<usize>,
     kernels: &[RowKernel],
     out: &Columns,
-    dot: FloatDot<W>,
+    dot: FloatDot<W, X>,
 ) {
     use float_simd::{TILE_W, TILE_X};
     assert!(range.start.is_multiple_of(TILE_W));
@@ -202,7 +223,11 @@ fn float_rows_simd<W: float_simd::Widen>(
         for r in tiled.clone().step_by(LONE_ROWS) {
             // SAFETY: the caller checked that the CPU has `isa`.
             let got = unsafe {
-                float_simd::lone::<W, LONE_ROWS>(isa, std::array::from_fn(|i| row(r + i)), act(t))
+                float_simd::lone::<W, X, LONE_ROWS>(
+                    isa,
+                    std::array::from_fn(|i| row(r + i)),
+                    act(t),
+                )
             };
             for (i, v) in got.into_iter().enumerate() {
                 out.set(t, r + i, v);
@@ -227,7 +252,7 @@ fn float_rows_simd<W: float_simd::Widen>(
                         match ts.len() {
                             $($c => got[..$c].copy_from_slice(
                                 // SAFETY: as above.
-                                &unsafe { float_simd::tile::<W, $c>(isa, ws, std::array::from_fn(|k| act(ts[k]))) },
+                                &unsafe { float_simd::tile::<W, X, $c>(isa, ws, std::array::from_fn(|k| act(ts[k]))) },
                             ),)*
                             n => unreachable!("{n} activation rows in a tile"),
                         }

@@ -46,7 +46,8 @@ pub const TILE_W: usize = 4;
 /// registers).
 pub const TILE_X: usize = 6;
 
-/// A weight type the kernels widen to f32, sixteen (or eight) values at a time.
+/// A weight or activation type the kernels widen to f32, sixteen (or eight) values at a
+/// time.
 pub trait Widen: Copy + Into<f32> {
     /// Sixteen values from `p`, as f32.
     ///
@@ -86,10 +87,10 @@ impl Widen for f16 {
 ///
 /// # Safety
 /// `isa` must be available; as [`tile_avx512`] otherwise.
-pub unsafe fn tile<W: Widen, const C: usize>(
+pub unsafe fn tile<W: Widen, X: Widen, const C: usize>(
     isa: Isa,
     w: [&[W]; TILE_W],
-    x: [&[f32]; C],
+    x: [&[X]; C],
 ) -> [[f32; TILE_W]; C] {
     match isa {
         Isa::Avx512 => tile_avx512(w, x),
@@ -101,7 +102,11 @@ pub unsafe fn tile<W: Widen, const C: usize>(
 ///
 /// # Safety
 /// `isa` must be available; as [`lone_avx512`] otherwise.
-pub unsafe fn lone<W: Widen, const R: usize>(isa: Isa, w: [&[W]; R], x: &[f32]) -> [f32; R] {
+pub unsafe fn lone<W: Widen, X: Widen, const R: usize>(
+    isa: Isa,
+    w: [&[W]; R],
+    x: &[X],
+) -> [f32; R] {
     match isa {
         Isa::Avx512 => lone_avx512(w, x),
         Isa::Avx2 => std::array::from_fn(|r| lone_avx2(w[r], x)),
@@ -125,9 +130,9 @@ fn halves_sum(low: __m256, high: __m256) -> f32 {
 
 /// [`tile_avx512`] with AVX2: two weight rows by up to two activation rows at a time.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_avx2<W: Widen, const C: usize>(
+unsafe fn tile_avx2<W: Widen, X: Widen, const C: usize>(
     w: [&[W]; TILE_W],
-    x: [&[f32]; C],
+    x: [&[X]; C],
 ) -> [[f32; TILE_W]; C] {
     let cols = w[0].len();
     assert!(cols.is_multiple_of(16));
@@ -145,7 +150,7 @@ unsafe fn tile_avx2<W: Widen, const C: usize>(
                 });
                 for (c, acc) in acc.iter_mut().enumerate().take(cs) {
                     let p = x[c0 + c].as_ptr().add(k);
-                    let (xl, xh) = (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)));
+                    let (xl, xh) = (X::load8(p), X::load8(p.add(8)));
                     for (acc, wv) in acc.iter_mut().zip(&wv) {
                         acc.0 = _mm256_fmadd_ps(wv.0, xl, acc.0);
                         acc.1 = _mm256_fmadd_ps(wv.1, xh, acc.1);
@@ -164,7 +169,7 @@ unsafe fn tile_avx2<W: Widen, const C: usize>(
 
 /// [`lone_avx512`] of one row with AVX2.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn lone_avx2<W: Widen>(w: &[W], x: &[f32]) -> f32 {
+unsafe fn lone_avx2<W: Widen, X: Widen>(w: &[W], x: &[X]) -> f32 {
     assert_eq!(w.len(), x.len());
     let whole = x.len() / 64 * 64;
     let mut acc = [(_mm256_setzero_ps(), _mm256_setzero_ps()); 4];
@@ -172,8 +177,8 @@ unsafe fn lone_avx2<W: Widen>(w: &[W], x: &[f32]) -> f32 {
         for (i, acc) in acc.iter_mut().enumerate() {
             let at = k + 16 * i;
             let (wp, xp) = (w.as_ptr().add(at), x.as_ptr().add(at));
-            acc.0 = _mm256_fmadd_ps(W::load8(wp), _mm256_loadu_ps(xp), acc.0);
-            acc.1 = _mm256_fmadd_ps(W::load8(wp.add(8)), _mm256_loadu_ps(xp.add(8)), acc.1);
+            acc.0 = _mm256_fmadd_ps(W::load8(wp), X::load8(xp), acc.0);
+            acc.1 = _mm256_fmadd_ps(W::load8(wp.add(8)), X::load8(xp.add(8)), acc.1);
         }
     }
     let pair = |a: (__m256, __m256), b: (__m256, __m256)| {
@@ -183,7 +188,7 @@ unsafe fn lone_avx2<W: Widen>(w: &[W], x: &[f32]) -> f32 {
     let first = pair(l, r);
     let mut sum = halves_sum(first.0, first.1) as f64;
     for (&w, &x) in w[whole..].iter().zip(&x[whole..]) {
-        sum += (w.into() * x) as f64;
+        sum += (w.into() * x.into()) as f64;
     }
     sum as f32
 }
@@ -200,9 +205,9 @@ fn lanes(v: __m512) -> [f32; 16] {
 /// AVX-512F, FMA and F16C must be available; every row holds the same number of values,
 /// a multiple of sixteen.
 #[target_feature(enable = "avx512f,fma,f16c")]
-unsafe fn tile_avx512<W: Widen, const C: usize>(
+unsafe fn tile_avx512<W: Widen, X: Widen, const C: usize>(
     w: [&[W]; TILE_W],
-    x: [&[f32]; C],
+    x: [&[X]; C],
 ) -> [[f32; TILE_W]; C] {
     let cols = w[0].len();
     assert!(cols.is_multiple_of(16));
@@ -211,7 +216,7 @@ unsafe fn tile_avx512<W: Widen, const C: usize>(
     for k in (0..cols).step_by(16) {
         let wv: [__m512; TILE_W] = std::array::from_fn(|r| W::load16(w[r].as_ptr().add(k)));
         for c in 0..C {
-            let xv = _mm512_loadu_ps(x[c].as_ptr().add(k));
+            let xv = X::load16(x[c].as_ptr().add(k));
             for r in 0..TILE_W {
                 acc[c][r] = _mm512_fmadd_ps(wv[r], xv, acc[c][r]);
             }
@@ -228,14 +233,14 @@ unsafe fn tile_avx512<W: Widen, const C: usize>(
 /// # Safety
 /// AVX-512F, FMA and F16C must be available; every row of `w` has the length of `x`.
 #[target_feature(enable = "avx512f,fma,f16c")]
-unsafe fn lone_avx512<W: Widen, const R: usize>(w: [&[W]; R], x: &[f32]) -> [f32; R] {
+unsafe fn lone_avx512<W: Widen, X: Widen, const R: usize>(w: [&[W]; R], x: &[X]) -> [f32; R] {
     assert!(w.iter().all(|w| w.len() == x.len()));
     let whole = x.len() / 64 * 64;
     let mut acc = [[_mm512_setzero_ps(); 4]; R];
     for k in (0..whole).step_by(64) {
         for i in 0..4 {
             let at = k + 16 * i;
-            let xv = _mm512_loadu_ps(x.as_ptr().add(at));
+            let xv = X::load16(x.as_ptr().add(at));
             for (acc, w) in acc.iter_mut().zip(&w) {
                 acc[i] = _mm512_fmadd_ps(W::load16(w.as_ptr().add(at)), xv, acc[i]);
             }
@@ -246,7 +251,7 @@ unsafe fn lone_avx512<W: Widen, const R: usize>(w: [&[W]; R], x: &[f32]) -> [f32
         let first = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
         let mut sum = reduce_add_16(&lanes(first)) as f64;
         for (&w, &x) in w[r][whole..].iter().zip(&x[whole..]) {
-            sum += (w.into() * x) as f64;
+            sum += (w.into() * x.into()) as f64;
         }
         sum as f32
     })
@@ -258,15 +263,15 @@ mod tests {
     use crate::quant::float;
     use crate::quant::sample::Xorshift;
 
-    fn check<W: Widen, const C: usize>(
+    fn check<W: Widen, X: Widen, const C: usize>(
         isa: Isa,
         w: &[Vec<W>],
-        x: &[Vec<f32>],
-        portable: fn(&[W], &[f32], bool) -> f32,
+        x: &[Vec<X>],
+        portable: fn(&[W], &[X], bool) -> f32,
     ) {
         // SAFETY: the caller checked the CPU.
         let got = unsafe {
-            tile::<W, C>(
+            tile::<W, X, C>(
                 isa,
                 std::array::from_fn(|r| &w[r][..]),
                 std::array::from_fn(|c| &x[c][..]),
@@ -278,8 +283,9 @@ mod tests {
                 assert_eq!(want.to_bits(), got[c][r].to_bits(), "{isa:?} {C}: {r}, {c}");
             }
             // SAFETY: as above.
-            let rows = unsafe { lone::<W, TILE_W>(isa, std::array::from_fn(|r| &w[r][..]), &x[c]) };
-            let one = unsafe { lone::<W, 1>(isa, [&w[1]], &x[c]) };
+            let rows =
+                unsafe { lone::<W, X, TILE_W>(isa, std::array::from_fn(|r| &w[r][..]), &x[c]) };
+            let one = unsafe { lone::<W, X, 1>(isa, [&w[1]], &x[c]) };
             for (r, got) in rows.iter().enumerate() {
                 let want = portable(&w[r], &x[c], false);
                 assert_eq!(want.to_bits(), got.to_bits(), "{isa:?} lone rows: {r}, {c}");
@@ -305,24 +311,27 @@ mod tests {
             .iter()
             .map(|r| r.iter().map(|&v| f16::from_f32(v)).collect())
             .collect();
-        let x: Vec<Vec<f32>> = (0..TILE_X)
+        let x16: Vec<Vec<f16>> = (0..TILE_X)
             .map(|_| {
                 float::round_to_f16(&(0..cols).map(|_| rng.next_f32() * 3.0).collect::<Vec<_>>())
             })
+            .collect();
+        let x32: Vec<Vec<f32>> = (0..TILE_X)
+            .map(|_| (0..cols).map(|_| rng.next_f32() * 3.0).collect())
             .collect();
         for (isa, available) in isas {
             if !available {
                 eprintln!("skipped: this CPU lacks {isa:?}");
                 continue;
             }
-            check::<f32, 1>(isa, &w32, &x, float::dot_f32);
-            check::<f32, 6>(isa, &w32, &x, float::dot_f32);
-            check::<f16, 1>(isa, &w16, &x, float::dot_f16);
-            check::<f16, 2>(isa, &w16, &x, float::dot_f16);
-            check::<f16, 3>(isa, &w16, &x, float::dot_f16);
-            check::<f16, 4>(isa, &w16, &x, float::dot_f16);
-            check::<f16, 5>(isa, &w16, &x, float::dot_f16);
-            check::<f16, 6>(isa, &w16, &x, float::dot_f16);
+            check::<f32, f32, 1>(isa, &w32, &x32, float::dot_f32);
+            check::<f32, f32, 6>(isa, &w32, &x32, float::dot_f32);
+            check::<f16, f16, 1>(isa, &w16, &x16, float::dot_f16);
+            check::<f16, f16, 2>(isa, &w16, &x16, float::dot_f16);
+            check::<f16, f16, 3>(isa, &w16, &x16, float::dot_f16);
+            check::<f16, f16, 4>(isa, &w16, &x16, float::dot_f16);
+            check::<f16, f16, 5>(isa, &w16, &x16, float::dot_f16);
+            check::<f16, f16, 6>(isa, &w16, &x16, float::dot_f16);
         }
     }
 }

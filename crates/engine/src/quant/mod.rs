@@ -209,8 +209,10 @@ enum Activations {
     /// Q8_K rows, and the sums the Q5_K / IQ4_XS / Q6_K kernels add, each computed by the
     /// first chunk that needs them.
     Q8K(Vec<kquant::Q8KRow>, pair_lanes::SumsOnce),
-    /// Float rows, row-major.
+    /// Float rows, row-major (for F32 weights as they are, for BF16 rounded to BF16).
     Float(Vec<f32>),
+    /// Rows rounded to F16, row-major, for F16 weights.
+    Half(Vec<half::f16>),
 }
 
 impl Activations {
@@ -238,7 +240,7 @@ impl Activations {
                 Default::default(),
             ),
             ActivationKind::F32 => Self::Float(x.to_vec()),
-            ActivationKind::F16 => Self::Float(float::round_to_f16(x)),
+            ActivationKind::F16 => Self::Half(float::round_to_f16(x)),
             ActivationKind::Bf16 => Self::Float(float::round_to_bf16(x)),
             ActivationKind::Q8KGemv => Self::Q8K(
                 rows.map(|(r, _)| kquant::quantize_row_q8k(r, RowKernel::Gemv))

@@ -90,7 +90,9 @@ impl Layout for RowMajor {
                     }
                 }
             }
-            Activations::Float(_) => unreachable!("quantized formats take quantized activations"),
+            Activations::Float(_) | Activations::Half(_) => {
+                unreachable!("quantized formats take quantized activations")
+            }
         }
     }
 }
