@@ -676,11 +676,12 @@ impl Worker {
                 });
             }
         }
-        // The whole step runs on the compute pool: its parallel regions then split work
-        // among threads already awake, rather than waking them (and parking this thread)
-        // once per matrix product.
+        // The whole step runs on the compute pool, its other threads kept awake: its
+        // parallel regions then split work among threads already running, rather than
+        // waking them (and parking this thread) once per matrix product.
         let model = &self.model;
-        let mut rows = rayon::scope(|_| model.forward(&mut entries))?.into_iter();
+        let mut rows =
+            crate::threads::with_threads_awake(|| model.forward(&mut entries))?.into_iter();
         drop(entries);
         let context = self.config.context_length;
         let mut finished = vec![false; self.running.len()];
