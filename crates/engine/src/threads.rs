@@ -54,8 +54,42 @@ pub fn with_threads_awake<R: Send>(op: impl FnOnce() -> R + Send) -> R {
                 }
             });
         }
-        let out = op();
-        done.store(true, Ordering::Release);
-        out
+        // Set on the way out, a panic's included: the scope waits for the spinning jobs.
+        let _release = SetOnDrop(&done);
+        op()
     })
+}
+
+/// Sets its flag when dropped.
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A panic in the step reaches the caller rather than leaving the pool's other
+    /// threads spinning and the scope waiting for them.
+    #[test]
+    fn a_panicking_step_releases_the_other_threads() {
+        // On another thread, so that a hang fails the test rather than stalling it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let caught = std::panic::catch_unwind(|| with_threads_awake(|| panic!("step failed")));
+            tx.send(caught.is_err()).unwrap();
+        });
+        let caught = rx.recv_timeout(std::time::Duration::from_secs(20));
+        assert_eq!(caught, Ok(true), "the step's panic never came back");
+        // The pool still runs steps.
+        let sum = with_threads_awake(|| {
+            use rayon::prelude::*;
+            (0..100u32).into_par_iter().sum::<u32>()
+        });
+        assert_eq!(sum, 4950);
+    }
 }
