@@ -5,9 +5,15 @@
 //!
 //! Per group of sixteen rows (the last one padded with zero rows) and per super-block,
 //! [`LINES`] 64-byte lines: the rows' `d` (as `f32`), four lines of scales (per 16-value
-//! sub-block, the sixteen rows' signed bytes), then 64 lines of values: line `s` holds
-//! values `4s..4s + 4` of every row as unsigned 6-bit bytes (stored `+ 32`), row `r`'s at
-//! `4r`.
+//! sub-block, the sixteen rows' signed bytes), then three lines of values per sub-block,
+//! their six bits packed as the file packs them. The kernels multiply four values of every
+//! row at a time: "vector" `c` of sub-block `j` holds values `16j + 4c..16j + 4c + 4` of
+//! every row as unsigned bytes (stored `+ 32`), row `r`'s at `4r`. Of those four vectors,
+//! the first line holds vectors 0 and 1's low four bits (0's in the low nibbles), the
+//! second vectors 2 and 3's, the third the high two bits of all four (vector `c`'s at bit
+//! `2c`). [`simd::sub_block`] unpacks them with a few shifts and masks: decode streams
+//! the weights from memory, and unpacked bytes were a third more of them (69 lines per
+//! super-block instead of 53).
 //!
 //! Rows of micro-batches of 8 or more take the tiled kernel (`tiled`, llama.cpp's tiled
 //! matmul's arithmetic). For the rest the arithmetic is that of
@@ -34,7 +40,7 @@ use super::{Activations, RowKernel};
 /// Weight rows per group (one per 32-bit lane of a 512-bit vector).
 pub const ROWS: usize = 16;
 /// Lines per group and super-block.
-pub const LINES: usize = 69;
+pub const LINES: usize = 53;
 /// Where a super-block's lines of scales and of values start.
 const SCALES: usize = 1;
 const VALUES: usize = 5;
@@ -61,8 +67,19 @@ impl Q6kLanes {
                 for (j, &scale) in block[192..208].iter().enumerate() {
                     out[SCALES + j / 4].0[(j % 4) * ROWS + lane] = scale;
                 }
-                for (s, four) in q6k_values(block).chunks_exact(4).enumerate() {
-                    out[VALUES + s].0[4 * lane..4 * lane + 4].copy_from_slice(four);
+                let values = q6k_values(block);
+                for (j, sixteen) in values.chunks_exact(16).enumerate() {
+                    let [low, next, high] = &mut out[VALUES + 3 * j..][..3] else {
+                        unreachable!("three lines per sub-block");
+                    };
+                    for i in 0..4 {
+                        let v: [u8; 4] = std::array::from_fn(|c| sixteen[4 * c + i]);
+                        let at = 4 * lane + i;
+                        low.0[at] = (v[0] & 0x0F) | (v[1] << 4);
+                        next.0[at] = (v[2] & 0x0F) | (v[3] << 4);
+                        high.0[at] =
+                            (v[0] >> 4) | (v[1] >> 4) << 2 | (v[2] >> 4) << 4 | (v[3] >> 4) << 6;
+                    }
                 }
             }
         }
@@ -102,6 +119,34 @@ mod simd {
         group_vnni(m.group(g), m.blocks, a)
     }
 
+    /// Sub-block `j`'s four vectors of values (see the module), unpacked from its three
+    /// lines in the super-block at `lines`.
+    ///
+    /// # Safety
+    /// AVX-512F and BW must be available; `lines` points to a whole super-block.
+    #[inline(always)]
+    pub(super) unsafe fn sub_block(lines: *const Line, j: usize) -> [__m512i; 4] {
+        let line = |k: usize| _mm512_load_si512(lines.add(VALUES + 3 * j + k) as *const __m512i);
+        let (low, next, high) = (line(0), line(1), line(2));
+        let nibble = _mm512_set1_epi8(0x0F);
+        let top = _mm512_set1_epi8(0x30);
+        // Shifts of 16-bit lanes: the bits a byte takes from its neighbour are masked off.
+        let low = [
+            _mm512_and_si512(low, nibble),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(low), nibble),
+            _mm512_and_si512(next, nibble),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(next), nibble),
+        ];
+        let high = [
+            _mm512_slli_epi16::<4>(high),
+            _mm512_slli_epi16::<2>(high),
+            high,
+            _mm512_srli_epi16::<2>(high),
+        ];
+        // low | (high & 0x30): 0xF0 | (0xCC & 0xAA).
+        std::array::from_fn(|c| _mm512_ternarylogic_epi32::<0xF8>(low[c], high[c], top))
+    }
+
     /// Sub-block `j`'s scales of the sixteen rows, each as a pair of 16-bit integers in
     /// its row's lane.
     #[inline(always)]
@@ -133,30 +178,38 @@ mod simd {
             let base = lines.as_ptr().add(b * LINES);
             let q8: [*const i32; T] = a.map(|a| a.qs.as_ptr().add(b * QK_K) as *const i32);
             let mut lanes = [[zero; 8]; T];
-            let mut previous = zero;
-            for j in 0..16 {
-                let scales = scale_pairs(base.add(SCALES), j);
-                for q in 0..4 {
-                    let s = 4 * j + q;
-                    let w = _mm512_load_si512(base.add(VALUES + s) as *const __m512i);
-                    for t in 0..T {
-                        let y = _mm512_set1_epi32(q8[t].add(s).read_unaligned());
-                        let products = _mm512_maddubs_epi16(w, y);
-                        lanes[t][s % 8] = _mm512_dpwssd_epi32(lanes[t][s % 8], products, scales);
+            // Pairs of sub-blocks: with the pair's index the only one not known at compile
+            // time, the eight lanes stay in registers.
+            for m in 0..8 {
+                for h in 0..2 {
+                    let j = 2 * m + h;
+                    let scales = scale_pairs(base.add(SCALES), j);
+                    let values = sub_block(base, j);
+                    for (q, &w) in values.iter().enumerate() {
+                        for t in 0..T {
+                            let y = _mm512_set1_epi32(q8[t].add(4 * j + q).read_unaligned());
+                            let products = _mm512_maddubs_epi16(w, y);
+                            let lane = &mut lanes[t][4 * h + q];
+                            *lane = _mm512_dpwssd_epi32(*lane, products, scales);
+                        }
                     }
                 }
-                if j % 2 == 1 {
-                    // Lane l = j / 2 subtracts 32 · (bsums[2l]·sc[2l] + bsums[2l+1]·sc[2l+1]).
-                    let l = j / 2;
-                    let both = _mm512_mask_blend_epi16(0xAAAA_AAAA, previous, scales);
-                    let both = _mm512_slli_epi16::<5>(both);
-                    for t in 0..T {
-                        let bsums = a[t].bsums.as_ptr().add(b * 16 + 2 * l);
-                        let minus = _mm512_set1_epi32(pair16(-*bsums, -*bsums.add(1)));
-                        lanes[t][l] = _mm512_dpwssd_epi32(lanes[t][l], both, minus);
-                    }
+            }
+            // Lane l subtracts 32 · (bsums[2l]·sc[2l] + bsums[2l+1]·sc[2l+1]).
+            let both: [__m512i; 8] = std::array::from_fn(|l| {
+                let pair = _mm512_mask_blend_epi16(
+                    0xAAAA_AAAA,
+                    scale_pairs(base.add(SCALES), 2 * l),
+                    scale_pairs(base.add(SCALES), 2 * l + 1),
+                );
+                _mm512_slli_epi16::<5>(pair)
+            });
+            for (lanes, a) in lanes.iter_mut().zip(&a) {
+                let bsums = a.bsums.as_ptr().add(b * 16);
+                for (l, (lane, &both)) in lanes.iter_mut().zip(&both).enumerate() {
+                    let pair = pair16(-*bsums.add(2 * l), -*bsums.add(2 * l + 1));
+                    *lane = _mm512_dpwssd_epi32(*lane, both, _mm512_set1_epi32(pair));
                 }
-                previous = scales;
             }
             let dw = _mm512_load_ps(base as *const f32);
             for t in 0..T {
@@ -195,13 +248,18 @@ impl Layout for Q6kLanes {
                 // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
                 unsafe { tiled::chunk(m, a, offsets, &wide, range.clone(), out) };
             }
-            // Sixteen weight rows (one per lane) by up to four activation rows.
+            // Sixteen weight rows (one per lane) by up to four activation rows, two at a
+            // time: the eight lanes' sums of three or four rows would not fit in
+            // registers.
             lane_groups(out, start..end, &alone, |g, four| {
                 let mut got = [[0f32; LANE_ROWS]; 4];
-                // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
-                with_row_count!(four.len(), got, T => unsafe {
-                    dot_group::<T>(m, g, std::array::from_fn(|k| &a[four[k]]))
-                });
+                for (i, two) in four.chunks(2).enumerate() {
+                    let part = &mut got[2 * i..];
+                    // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
+                    with_row_count!(two.len(), part, T => unsafe {
+                        dot_group::<T>(m, g, std::array::from_fn(|k| &a[two[k]]))
+                    });
+                }
                 got
             });
         }

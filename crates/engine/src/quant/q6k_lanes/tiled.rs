@@ -5,14 +5,15 @@
 //! activations' sums), one rounded product by `d`, added with a fused multiply-add times
 //! the activation's scale. The portable twin is `kquant::dot_q6k_tiled`.
 //!
-//! The layout already holds what the kernel multiplies: four values of every row per line
-//! as unsigned bytes. Per sub-block of 16 and activation row, four `vpdpbusd` (each with
-//! four activation bytes broadcast) start from −32 times the activations' sum, and one
-//! multiplication by the rows' scales ends it.
+//! The layout's values unpack (`simd::sub_block`) to what the kernel multiplies: four
+//! values of every row per vector as unsigned bytes. Per sub-block of 16 and activation
+//! row, four `vpdpbusd` (each with four activation bytes broadcast) start from −32 times
+//! the activations' sum, and one multiplication by the rows' scales ends it.
 
 use std::ops::Range;
 
-use super::{Q6kLanes, LINES, ROWS, SCALES, VALUES};
+use super::{Q6kLanes, LINES, ROWS, SCALES};
+use crate::quant::act_tile::Line;
 use crate::quant::kquant::{Q8KRow, QK_K};
 use crate::quant::output::Columns;
 
@@ -39,23 +40,40 @@ pub(super) unsafe fn chunk(
     assert!(offsets.iter().all(|o| o.len() >= m.blocks * 16));
     let n = rows.len();
     let mut acc = vec![0f32; n * ROWS];
+    // A super-block's values unpacked once for all its passes.
+    let mut values = [Line([0; 64]); QK_K / 4];
     for g in range.start / ROWS..range.end.div_ceil(ROWS) {
         acc.fill(0.0);
         let group = m.group(g);
         for b in 0..m.blocks {
             let lines = &group[b * LINES..(b + 1) * LINES];
+            if n <= PASS {
+                // One pass: it unpacks as it goes.
+                macro_rules! one {
+                    ($($t:literal)*) => {
+                        match n {
+                            $($t => simd::pass::<$t, false>(lines, &values, b, &a, &offsets, &mut acc),)*
+                            _ => unreachable!("{n} rows in one pass"),
+                        }
+                    };
+                }
+                one!(1 2 3 4 5 6 7 8);
+                continue;
+            }
+            simd::unpack(lines, &mut values);
             for t0 in (0..n).step_by(PASS) {
                 let (a, offsets) = (&a[t0..], &offsets[t0..]);
                 let acc = &mut acc[t0 * ROWS..];
+                let v = &values;
                 match (n - t0).min(PASS) {
-                    1 => simd::pass::<1>(lines, b, a, offsets, acc),
-                    2 => simd::pass::<2>(lines, b, a, offsets, acc),
-                    3 => simd::pass::<3>(lines, b, a, offsets, acc),
-                    4 => simd::pass::<4>(lines, b, a, offsets, acc),
-                    5 => simd::pass::<5>(lines, b, a, offsets, acc),
-                    6 => simd::pass::<6>(lines, b, a, offsets, acc),
-                    7 => simd::pass::<7>(lines, b, a, offsets, acc),
-                    _ => simd::pass::<8>(lines, b, a, offsets, acc),
+                    1 => simd::pass::<1, true>(lines, v, b, a, offsets, acc),
+                    2 => simd::pass::<2, true>(lines, v, b, a, offsets, acc),
+                    3 => simd::pass::<3, true>(lines, v, b, a, offsets, acc),
+                    4 => simd::pass::<4, true>(lines, v, b, a, offsets, acc),
+                    5 => simd::pass::<5, true>(lines, v, b, a, offsets, acc),
+                    6 => simd::pass::<6, true>(lines, v, b, a, offsets, acc),
+                    7 => simd::pass::<7, true>(lines, v, b, a, offsets, acc),
+                    _ => simd::pass::<8, true>(lines, v, b, a, offsets, acc),
                 }
             }
         }
@@ -73,26 +91,44 @@ pub(super) unsafe fn chunk(
 mod simd {
     use std::arch::x86_64::*;
 
-    use super::{Q8KRow, QK_K, ROWS, SCALES, VALUES};
+    use super::{Q8KRow, LINES, QK_K, ROWS, SCALES};
     use crate::quant::act_tile::Line;
+    use crate::quant::q6k_lanes::simd::sub_block;
 
-    /// Super-block `b` (its `lines`) of a group's sixteen rows against activation rows
-    /// `a[..T]`, added to their sums `acc[16t..16t + 16]`.
+    /// A super-block's values (its `lines`) unpacked into `values`: vector `4j + c` of
+    /// sub-block `j` in `values[4j + c]`.
+    ///
+    /// # Safety
+    /// AVX-512F and BW must be available; `lines` is one super-block's.
+    #[target_feature(enable = "avx2,avx512f,avx512bw")]
+    pub(super) unsafe fn unpack(lines: &[Line], values: &mut [Line; QK_K / 4]) {
+        assert!(lines.len() >= LINES);
+        for j in 0..16 {
+            for (c, v) in sub_block(lines.as_ptr(), j).into_iter().enumerate() {
+                _mm512_storeu_si512(values[4 * j + c].0.as_mut_ptr() as *mut __m512i, v);
+            }
+        }
+    }
+
+    /// Super-block `b` (its `lines`; with `UNPACKED` its values already unpacked in
+    /// `values`, otherwise unpacked here) of a group's sixteen rows against activation
+    /// rows `a[..T]`, added to their sums `acc[16t..16t + 16]`.
     ///
     /// # Safety
     /// AVX-512 (F, VL, BW) and VNNI must be available; `lines` is one super-block's,
     /// `a` and `offsets` hold at least `T` rows covering super-block `b`, `acc` at least
     /// `16T` values.
     #[target_feature(enable = "avx2,fma,avx512f,avx512vnni,avx512vl,avx512bw")]
-    pub(super) unsafe fn pass<const T: usize>(
+    pub(super) unsafe fn pass<const T: usize, const UNPACKED: bool>(
         lines: &[Line],
+        values: &[Line; QK_K / 4],
         b: usize,
         a: &[&Q8KRow],
         offsets: &[&[i32]],
         acc: &mut [f32],
     ) {
         assert!(a.len() >= T && offsets.len() >= T && acc.len() >= T * ROWS);
-        assert!(lines.len() >= VALUES + 64);
+        assert!(lines.len() >= LINES);
         let zero = _mm512_setzero_si512();
         let mut s1 = [zero; T];
         for s in 0..16 {
@@ -100,9 +136,13 @@ mod simd {
             for (raw, offsets) in raw.iter_mut().zip(offsets) {
                 *raw = _mm512_set1_epi32(*offsets.get_unchecked(16 * b + s));
             }
-            for c in 0..4 {
-                let line = lines.get_unchecked(VALUES + 4 * s + c);
-                let codes = _mm512_load_si512(line.0.as_ptr() as *const __m512i);
+            let sub_block = match UNPACKED {
+                true => std::array::from_fn(|c| {
+                    _mm512_load_si512(values[4 * s + c].0.as_ptr() as *const __m512i)
+                }),
+                false => sub_block(lines.as_ptr(), s),
+            };
+            for (c, &codes) in sub_block.iter().enumerate() {
                 for (raw, a) in raw.iter_mut().zip(a) {
                     let at = a.qs.as_ptr().add(b * QK_K + 16 * s + 4 * c);
                     let four = _mm512_set1_epi32((at as *const i32).read_unaligned());
@@ -139,7 +179,8 @@ mod tests {
     use crate::quant::{OwnFormat, RowKernel};
 
     /// Every row (a ragged last group) against eleven activation rows (a full pass and a
-    /// ragged one, one of them left out) equals the portable tiled dot product bit for bit.
+    /// ragged one, one of them left out), and against five, equals the portable tiled dot
+    /// product bit for bit.
     #[test]
     fn tiled_kernel_is_bit_identical_to_the_portable_one() {
         // Whatever FERRITE_CPU says: this compares the kernel the CPU can run.
@@ -162,29 +203,35 @@ mod tests {
             .collect();
         let once = SumsOnce::default();
         let offsets = once.q6k_offsets(&acts);
-        let wide: Vec<usize> = (1..n).collect();
-        let mut got = vec![f32::NAN; n * rows];
-        let output = Output::new(&mut got, n, rows);
-        for start in (0..rows).step_by(32) {
-            let range = start..(start + 32).min(rows);
-            // SAFETY: disjoint ranges, one at a time; VNNI was checked.
-            unsafe {
-                let columns = output.columns(range.clone());
-                chunk(&m, &acts, offsets, &wide, range, &columns);
+        // Eleven rows (two passes over unpacked values) and five (one pass, unpacking as
+        // it goes).
+        for wide in [(1..n).collect::<Vec<usize>>(), vec![1, 2, 5, 8, 11]] {
+            let mut got = vec![f32::NAN; n * rows];
+            let output = Output::new(&mut got, n, rows);
+            for start in (0..rows).step_by(32) {
+                let range = start..(start + 32).min(rows);
+                // SAFETY: disjoint ranges, one at a time; VNNI was checked.
+                unsafe {
+                    let columns = output.columns(range.clone());
+                    chunk(&m, &acts, offsets, &wide, range, &columns);
+                }
             }
-        }
-        let row_bytes = cols / QK_K * Q6_K;
-        for r in 0..rows {
-            let w = &raw[r * row_bytes..][..row_bytes];
-            assert!(got[r].is_nan(), "row 0 was left out");
-            for t in 1..n {
-                let want = dot_q6k_tiled(w, &acts[t]);
-                let got = got[t * rows + r];
-                assert_eq!(
-                    want.to_bits(),
-                    got.to_bits(),
-                    "row {r} act {t}: {want} against {got}"
-                );
+            let row_bytes = cols / QK_K * Q6_K;
+            for r in 0..rows {
+                let w = &raw[r * row_bytes..][..row_bytes];
+                for t in 0..n {
+                    let got = got[t * rows + r];
+                    if !wide.contains(&t) {
+                        assert!(got.is_nan(), "row {t} was left out");
+                        continue;
+                    }
+                    let want = dot_q6k_tiled(w, &acts[t]);
+                    assert_eq!(
+                        want.to_bits(),
+                        got.to_bits(),
+                        "row {r} act {t}: {want} against {got}"
+                    );
+                }
             }
         }
     }
