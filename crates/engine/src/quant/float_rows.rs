@@ -66,10 +66,11 @@ fn float_activations(acts: &Activations) -> &[f32] {
     }
 }
 
-/// The activations of an F16 matrix: its rows rounded to F16.
-fn half_activations(acts: &Activations) -> &[f16] {
+/// The activations of an F16 matrix: its rows rounded to F16, and the same widened to f32
+/// where any row is batched (empty otherwise).
+fn half_activations(acts: &Activations) -> (&[f16], &[f32]) {
     match acts {
-        Activations::Half(x) => x,
+        Activations::Half(x, wide) => (x, wide),
         _ => unreachable!("F16 weights take F16 activations"),
     }
 }
@@ -79,8 +80,11 @@ fn half_activations(acts: &Activations) -> &[f16] {
 trait FloatKernels: FloatWeight + Into<f32> + WidenSimd {
     /// The type the activations meet the weights in (the weights' own).
     type Act: Copy + Into<f32> + WidenSimd + Sync;
-    /// The activation rows, row-major.
-    fn activations(acts: &Activations) -> &[Self::Act];
+    /// The activation rows, row-major: in `Act` (for lone rows), and as f32 where any row
+    /// is batched (tiles load each activation vector once per four weight rows, and
+    /// widening it there slowed F16 prompts by a tenth; the widening is exact, so the
+    /// products are the same).
+    fn activations(acts: &Activations) -> (&[Self::Act], &[f32]);
     /// One row's product.
     const DOT: FloatDot<Self, Self::Act>;
     /// Four rows' products.
@@ -89,8 +93,9 @@ trait FloatKernels: FloatWeight + Into<f32> + WidenSimd {
 
 impl FloatKernels for f32 {
     type Act = f32;
-    fn activations(acts: &Activations) -> &[f32] {
-        float_activations(acts)
+    fn activations(acts: &Activations) -> (&[f32], &[f32]) {
+        let x = float_activations(acts);
+        (x, x)
     }
     const DOT: FloatDot<Self, f32> = float::dot_f32;
     const DOT4: FloatDot4<Self, f32> = float::dot4_f32;
@@ -98,7 +103,7 @@ impl FloatKernels for f32 {
 
 impl FloatKernels for f16 {
     type Act = f16;
-    fn activations(acts: &Activations) -> &[f16] {
+    fn activations(acts: &Activations) -> (&[f16], &[f32]) {
         half_activations(acts)
     }
     const DOT: FloatDot<Self, f16> = float::dot_f16;
@@ -107,9 +112,9 @@ impl FloatKernels for f16 {
 
 impl<W: FloatKernels> Layout for FloatRows<W> {
     fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
-        let x = W::activations(acts);
+        let (x, wide) = W::activations(acts);
         let (w, cols) = (&self.values, self.cols);
-        float_rows(w, x, cols, range, kernels, out, W::DOT, W::DOT4);
+        float_rows(w, (x, wide), cols, range, kernels, out, W::DOT, W::DOT4);
     }
 }
 
@@ -138,7 +143,7 @@ type FloatDot4<W, X> = fn([&[W]; 4], &[X], bool) -> [f32; 4];
 #[allow(clippy::too_many_arguments)]
 fn float_rows<W: Copy + Into<f32> + WidenSimd, X: Copy + Into<f32> + WidenSimd>(
     w: &[W],
-    x: &[X],
+    (x, wide): (&[X], &[f32]),
     cols: usize,
     range: Range<usize>,
     kernels: &[RowKernel],
@@ -148,8 +153,11 @@ fn float_rows<W: Copy + Into<f32> + WidenSimd, X: Copy + Into<f32> + WidenSimd>(
 ) {
     #[cfg(target_arch = "x86_64")]
     if let Some(isa) = float_simd::Isa::detected() {
-        return float_rows_simd(isa, w, x, cols, range, kernels, out, dot);
+        return float_rows_simd(isa, w, (x, wide), cols, range, kernels, out, dot);
     }
+    // The portable kernels take every row in `X`.
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = wide;
     let row = |r: usize| &w[r * cols..(r + 1) * cols];
     let fours = range.start + (range.len() / 4) * 4;
     for (t, &kernel) in kernels.iter().enumerate() {
@@ -202,7 +210,7 @@ const LONE_ROWS: usize = 1;
 fn float_rows_simd<W: float_simd::Widen, X: float_simd::Widen>(
     isa: float_simd::Isa,
     w: &[W],
-    x: &[X],
+    (x, wide): (&[X], &[f32]),
     cols: usize,
     range: Range<usize>,
     kernels: &[RowKernel],
@@ -214,6 +222,7 @@ fn float_rows_simd<W: float_simd::Widen, X: float_simd::Widen>(
     let tiled = range.start..range.start + range.len() / TILE_W * TILE_W;
     let row = |r: usize| &w[r * cols..(r + 1) * cols];
     let act = |t: usize| &x[t * cols..(t + 1) * cols];
+    let act_f32 = |t: usize| &wide[t * cols..(t + 1) * cols];
     let mut batched = Vec::with_capacity(kernels.len());
     for (t, kernel) in kernels.iter().enumerate() {
         if kernel.batched() {
@@ -252,7 +261,7 @@ fn float_rows_simd<W: float_simd::Widen, X: float_simd::Widen>(
                         match ts.len() {
                             $($c => got[..$c].copy_from_slice(
                                 // SAFETY: as above.
-                                &unsafe { float_simd::tile::<W, X, $c>(isa, ws, std::array::from_fn(|k| act(ts[k]))) },
+                                &unsafe { float_simd::tile::<W, f32, $c>(isa, ws, std::array::from_fn(|k| act_f32(ts[k]))) },
                             ),)*
                             n => unreachable!("{n} activation rows in a tile"),
                         }

@@ -211,8 +211,9 @@ enum Activations {
     Q8K(Vec<kquant::Q8KRow>, pair_lanes::SumsOnce),
     /// Float rows, row-major (for F32 weights as they are, for BF16 rounded to BF16).
     Float(Vec<f32>),
-    /// Rows rounded to F16, row-major, for F16 weights.
-    Half(Vec<half::f16>),
+    /// Rows rounded to F16, row-major, for F16 weights; and the same widened to f32 if
+    /// any row is batched (empty otherwise), for the tiles.
+    Half(Vec<half::f16>, Vec<f32>),
 }
 
 impl Activations {
@@ -240,7 +241,14 @@ impl Activations {
                 Default::default(),
             ),
             ActivationKind::F32 => Self::Float(x.to_vec()),
-            ActivationKind::F16 => Self::Half(float::round_to_f16(x)),
+            ActivationKind::F16 => {
+                let half = float::round_to_f16(x);
+                let wide = match kernels.iter().any(|k| k.batched()) {
+                    true => half.iter().map(|v| v.to_f32()).collect(),
+                    false => Vec::new(),
+                };
+                Self::Half(half, wide)
+            }
             ActivationKind::Bf16 => Self::Float(float::round_to_bf16(x)),
             ActivationKind::Q8KGemv => Self::Q8K(
                 rows.map(|(r, _)| kquant::quantize_row_q8k(r, RowKernel::Gemv))

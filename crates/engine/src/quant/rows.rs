@@ -90,7 +90,7 @@ impl Layout for RowMajor {
                     }
                 }
             }
-            Activations::Float(_) | Activations::Half(_) => {
+            Activations::Float(_) | Activations::Half(..) => {
                 unreachable!("quantized formats take quantized activations")
             }
         }
