@@ -7,12 +7,15 @@ tokenizer) into a scratch model cache as the file type says: `q4_k_m`, `q5_k_m` 
 with the types `llama-quantize` gives each matrix of such a file (`--mix llama-quantize`:
 Q6_K output, Q6_K or Q5_K for some value and down projections), any other name with every
 weight matrix in that one type. Then both
-servers are measured on the same file with bench/bench.py's servers and load generator
-(prefill: TTFT of a ~500-token prompt, median of 3; decode: 32 streamed tokens, single
-stream, mean of 2 requests), each measurement under bench/quiet.py. The two servers take
-turns, `--rounds` times each (default 3), so that a drift of the machine's speed during the
-run (this machine's decode speed moves by a third within minutes) falls on both; each cell
-is the median of its rounds. Prints a Markdown table of tokens/s and ratios.
+servers are started on the same file with bench/bench.py's servers and load generator, and
+stay up together while the file is measured: `--rounds` times (default 5), each server in
+turn (the order alternating from round to round), a prefill (TTFT of a ~500-token prompt
+that no prefix cache holds) and a decode (64 streamed tokens, single stream), each under
+bench/quiet.py (the idle server sleeps). This machine's speed drifts by a third within
+minutes and differed by up to a fifth between two runs of the same binary started apart;
+measured this way, back to back, a drift falls on both servers. Each tokens/s cell is the
+median of its rounds and each ratio the median of the rounds' ratios. Prints a Markdown
+table.
 
     cargo build --release
     python3 bench/formats.py --llama-server /path/to/llama-server [--types q4_k q8_0 ...]
@@ -48,25 +51,27 @@ def start(bench, kind, model, llama_server, work):
     return proc, url
 
 
-def measure(bench, kind, model, llama_server, work, long_prompt):
-    """Prefill and decode tokens/s of one server on one model (fewer and shorter requests
-    than bench.py's: some of these kernels are slow at this size)."""
-    proc, url = start(bench, kind, model, llama_server, work)
+def measure(bench, kind, proc, url, model, work, long_prompt, round_):
+    """Prefill and decode tokens/s of one running server on one model (fewer and shorter
+    requests than bench.py's: some of these kernels are slow at this size)."""
+    label = f"{kind}-{model}-r{round_}"
+    pre = bench.loadgen(url, proc.pid, work, f"{label}-prefill",
+                        ["-c", "1", "-n", "1", "--max-tokens", "1", "--stream",
+                         "--vary-prompt", "--prompt-file", str(long_prompt)])
+    dec = bench.loadgen(url, proc.pid, work, f"{label}-decode",
+                        ["-c", "1", "-n", "1", "--max-tokens", "64", "--stream"])
+    return {"prefill_tok_s": pre["prompt_tokens_per_request"] / pre["ttft_p50_s"],
+            "decode_tok_s": dec["per_request_decode_tok_per_s_mean"],
+            "quiet": [pre["quiet"], dec["quiet"]]}
+
+
+def stop(proc):
+    """Stops a server (kills one that will not stop)."""
+    proc.terminate()
     try:
-        pre = bench.loadgen(url, proc.pid, work, f"{kind}-{model}-prefill",
-                            ["-c", "1", "-n", "3", "--max-tokens", "1", "--stream",
-                             "--vary-prompt", "--prompt-file", str(long_prompt)])
-        dec = bench.loadgen(url, proc.pid, work, f"{kind}-{model}-decode",
-                            ["-c", "1", "-n", "2", "--max-tokens", "32", "--stream"])
-        return {"prefill_tok_s": pre["prompt_tokens_per_request"] / pre["ttft_p50_s"],
-                "decode_tok_s": dec["per_request_decode_tok_per_s_mean"],
-                "quiet": [pre["quiet"], dec["quiet"]]}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except Exception:  # noqa: BLE001 - a server that will not stop is killed
-            proc.kill()
+        proc.wait(timeout=20)
+    except Exception:  # noqa: BLE001 - a server that will not stop is killed
+        proc.kill()
 
 
 # The file types made as llama-quantize makes them: ferrite-synth's type and mix.
@@ -84,7 +89,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama-server", required=True)
     ap.add_argument("--types", nargs="+", default=["q4_k_m", "q5_k_m", "q8_0", "iq4_xs", "f16"])
-    ap.add_argument("--rounds", type=int, default=3, help="turns of each server per file")
+    ap.add_argument("--rounds", type=int, default=5, help="turns of each server per file")
     ap.add_argument("--json-out")
     args = ap.parse_args()
     home = Path(os.environ.get("FERRITE_HOME", Path.home() / ".cache" / "ferrite"))
@@ -105,26 +110,39 @@ def main():
         path = scratch / "models" / f"{name}.gguf"
         subprocess.run([str(SYNTH), "--arch", "llama", "--shape", "1b", *synth_type(ty),
                         "--tokenizer-from", str(tokenizer), "--out", str(path)], check=True)
-        rounds = {"ferrite": [], "llama-server": []}
-        for r in range(args.rounds):
-            for kind in rounds:
-                print(f"measuring {kind} on {name}, round {r + 1} ...", file=sys.stderr, flush=True)
-                rounds[kind].append(measure(bench, kind, name, args.llama_server, scratch,
-                                            long_prompt))
+        kinds = ["ferrite", "llama-server"]
+        servers = {}
+        try:
+            for kind in kinds:
+                servers[kind] = start(bench, kind, name, args.llama_server, scratch)
+            rounds = {kind: [] for kind in kinds}
+            for r in range(args.rounds):
+                for kind in (kinds if r % 2 == 0 else kinds[::-1]):
+                    print(f"measuring {kind} on {name}, round {r + 1} ...", file=sys.stderr, flush=True)
+                    proc, url = servers[kind]
+                    rounds[kind].append(measure(bench, kind, proc, url, name, scratch, long_prompt, r + 1))
+        finally:
+            for proc, _ in servers.values():
+                stop(proc)
         for kind, runs in rounds.items():
             table[(ty, kind)] = {
                 "prefill_tok_s": statistics.median(m["prefill_tok_s"] for m in runs),
                 "decode_tok_s": statistics.median(m["decode_tok_s"] for m in runs),
                 "rounds": runs,
             }
+        pairs = list(zip(rounds["ferrite"], rounds["llama-server"]))
+        table[(ty, "ratio")] = {
+            key: statistics.median(f[key] / l[key] for f, l in pairs)
+            for key in ("prefill_tok_s", "decode_tok_s")
+        }
         path.unlink()
     rows = ["| weights (1B shape) | prefill tok/s ferrite | llama-server | ratio "
             "| decode tok/s ferrite | llama-server | ratio |", "|---|---|---|---|---|---|---|"]
     for ty in args.types:
-        f, l = table[(ty, "ferrite")], table[(ty, "llama-server")]
+        f, l, q = table[(ty, "ferrite")], table[(ty, "llama-server")], table[(ty, "ratio")]
         rows.append(f"| {ty.upper()} | {f['prefill_tok_s']:.1f} | {l['prefill_tok_s']:.1f} "
-                    f"| {f['prefill_tok_s'] / l['prefill_tok_s']:.2f} | {f['decode_tok_s']:.2f} "
-                    f"| {l['decode_tok_s']:.2f} | {f['decode_tok_s'] / l['decode_tok_s']:.2f} |")
+                    f"| {q['prefill_tok_s']:.2f} | {f['decode_tok_s']:.2f} "
+                    f"| {l['decode_tok_s']:.2f} | {q['decode_tok_s']:.2f} |")
     print("\n".join(rows))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({f"{t}/{k}": v for (t, k), v in table.items()}, indent=2))
