@@ -7,7 +7,10 @@
 //! - a lone row (ggml's vector dot product): four accumulators over blocks of 64 values,
 //!   added pairwise.
 //!
-//! The sixteen lanes are then summed by the portable `reduce_add_16`. With AVX2 a
+//! The sixteen lanes are then summed in `reduce_add_16`'s order: by `reduce_add_16` itself,
+//! except an AVX-512 tile's outputs, sixteen at a time in vectors (`reduce_add_16_many`,
+//! the same additions). Activations come as the weights' type (f32, or F16 for lone rows
+//! of F16 weights) or as f32 for tiles, either widened exactly. With AVX2 a
 //! sixteen-lane chain is held as two eight-lane halves (the same operations per lane), in
 //! tiles of two weight rows by up to two activation rows, which fit its 16 registers.
 
