@@ -484,7 +484,7 @@ impl QMatrix {
     }
 }
 
-/// A matrix's weights in the layout [`layout::lay_out`] chose for them (opaque outside
+/// A matrix's weights in the layout `layout::lay_out` chose for them (opaque outside
 /// this module).
 pub struct LaidOut(Box<dyn Layout>);
 

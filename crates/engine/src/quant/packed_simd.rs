@@ -322,7 +322,7 @@ unsafe fn hsum_quads(a: __m512, b: __m512) -> [f32; 4] {
 /// per vector (one in each half) against an activation row's block broadcast to both,
 /// so each instruction serves two (weight row, activation row) pairs' eight lanes, with
 /// the lanes' steps of [`group_avx2`]. Signed formats use the activations as `y + 128`
-/// from a start of `-128 · Σ x`, as [`rows_vnni_format`] does.
+/// from a start of `-128 · Σ x` ([`vnni_start`]).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
 unsafe fn group_vnni_format<const N: usize, const R: usize, const F: u8>(
     group: &[u8],
