@@ -6,7 +6,7 @@
 //! Per group of sixteen rows (the last one padded with zero rows) and per super-block,
 //! [`LINES`] 64-byte lines: the rows' `d` (as `f32`), four lines of scales (per 16-value
 //! sub-block, the sixteen rows' signed bytes), then three lines of values per sub-block,
-//! their six bits packed as the file packs them. The kernels multiply four values of every
+//! six bits a value as in the file (four low bits and two high ones). The kernels multiply four values of every
 //! row at a time: "vector" `c` of sub-block `j` holds values `16j + 4c..16j + 4c + 4` of
 //! every row as unsigned bytes (stored `+ 32`), row `r`'s at `4r`. Of those four vectors,
 //! the first line holds vectors 0 and 1's low four bits (0's in the low nibbles), the
@@ -178,12 +178,16 @@ mod simd {
             let base = lines.as_ptr().add(b * LINES);
             let q8: [*const i32; T] = a.map(|a| a.qs.as_ptr().add(b * QK_K) as *const i32);
             let mut lanes = [[zero; 8]; T];
+            // Lane l's share of the correction, 32 · (sc[2l], sc[2l+1]) as 16-bit pairs.
+            let mut both = [zero; 8];
             // Pairs of sub-blocks: with the pair's index the only one not known at compile
             // time, the eight lanes stay in registers.
-            for m in 0..8 {
-                for h in 0..2 {
+            for (m, both) in both.iter_mut().enumerate() {
+                let scales = [2 * m, 2 * m + 1].map(|j| scale_pairs(base.add(SCALES), j));
+                let pair = _mm512_mask_blend_epi16(0xAAAA_AAAA, scales[0], scales[1]);
+                *both = _mm512_slli_epi16::<5>(pair);
+                for (h, &scales) in scales.iter().enumerate() {
                     let j = 2 * m + h;
-                    let scales = scale_pairs(base.add(SCALES), j);
                     let values = sub_block(base, j);
                     for (q, &w) in values.iter().enumerate() {
                         for t in 0..T {
@@ -196,14 +200,6 @@ mod simd {
                 }
             }
             // Lane l subtracts 32 · (bsums[2l]·sc[2l] + bsums[2l+1]·sc[2l+1]).
-            let both: [__m512i; 8] = std::array::from_fn(|l| {
-                let pair = _mm512_mask_blend_epi16(
-                    0xAAAA_AAAA,
-                    scale_pairs(base.add(SCALES), 2 * l),
-                    scale_pairs(base.add(SCALES), 2 * l + 1),
-                );
-                _mm512_slli_epi16::<5>(pair)
-            });
             for (lanes, a) in lanes.iter_mut().zip(&a) {
                 let bsums = a.bsums.as_ptr().add(b * 16);
                 for (l, (lane, &both)) in lanes.iter_mut().zip(&both).enumerate() {

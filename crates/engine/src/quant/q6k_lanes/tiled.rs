@@ -47,34 +47,27 @@ pub(super) unsafe fn chunk(
         let group = m.group(g);
         for b in 0..m.blocks {
             let lines = &group[b * LINES..(b + 1) * LINES];
-            if n <= PASS {
-                // One pass: it unpacks as it goes.
-                macro_rules! one {
-                    ($($t:literal)*) => {
-                        match n {
-                            $($t => simd::pass::<$t, false>(lines, &values, b, &a, &offsets, &mut acc),)*
-                            _ => unreachable!("{n} rows in one pass"),
-                        }
-                    };
-                }
-                one!(1 2 3 4 5 6 7 8);
-                continue;
+            // Several passes share one unpacking; a lone pass unpacks as it goes.
+            let unpacked = n > PASS;
+            if unpacked {
+                simd::unpack(lines, &mut values);
             }
-            simd::unpack(lines, &mut values);
             for t0 in (0..n).step_by(PASS) {
                 let (a, offsets) = (&a[t0..], &offsets[t0..]);
                 let acc = &mut acc[t0 * ROWS..];
                 let v = &values;
-                match (n - t0).min(PASS) {
-                    1 => simd::pass::<1, true>(lines, v, b, a, offsets, acc),
-                    2 => simd::pass::<2, true>(lines, v, b, a, offsets, acc),
-                    3 => simd::pass::<3, true>(lines, v, b, a, offsets, acc),
-                    4 => simd::pass::<4, true>(lines, v, b, a, offsets, acc),
-                    5 => simd::pass::<5, true>(lines, v, b, a, offsets, acc),
-                    6 => simd::pass::<6, true>(lines, v, b, a, offsets, acc),
-                    7 => simd::pass::<7, true>(lines, v, b, a, offsets, acc),
-                    _ => simd::pass::<8, true>(lines, v, b, a, offsets, acc),
+                macro_rules! pass {
+                    ($($t:literal)*) => {
+                        match ((n - t0).min(PASS), unpacked) {
+                            $(
+                                ($t, true) => simd::pass::<$t, true>(lines, v, b, a, offsets, acc),
+                                ($t, false) => simd::pass::<$t, false>(lines, v, b, a, offsets, acc),
+                            )*
+                            (rows, _) => unreachable!("{rows} rows in a pass"),
+                        }
+                    };
                 }
+                pass!(1 2 3 4 5 6 7 8);
             }
         }
         // Chunks start at multiples of 16; a group may end past its chunk (`set_run`
