@@ -118,6 +118,17 @@ pub fn detected() -> Features {
     *DETECTED.get_or_init(Features::detect)
 }
 
+/// For a kernel test: whether the CPU lacks `name` (`available` false), saying that the
+/// test is skipped. A CPU without it cannot run that kernel; the end-to-end tests under
+/// `FERRITE_CPU` cover the paths it can run.
+#[cfg(test)]
+pub(crate) fn lacks(available: bool, name: &str) -> bool {
+    if !available {
+        eprintln!("skipped: this CPU lacks {name}");
+    }
+    !available
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

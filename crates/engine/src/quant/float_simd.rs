@@ -356,8 +356,7 @@ mod tests {
     /// differently in another order.
     #[test]
     fn sixteen_reductions_at_once_follow_the_scalar_tree() {
-        if !crate::cpu::detected().avx512 {
-            eprintln!("skipped: this CPU lacks AVX-512");
+        if crate::cpu::lacks(crate::cpu::detected().avx512, "AVX-512") {
             return;
         }
         let mut rng = Xorshift::new(11);
@@ -408,8 +407,7 @@ mod tests {
             .map(|_| (0..cols).map(|_| rng.next_f32() * 3.0).collect())
             .collect();
         for (isa, available) in isas {
-            if !available {
-                eprintln!("skipped: this CPU lacks {isa:?}");
+            if crate::cpu::lacks(available, &format!("{isa:?}")) {
                 continue;
             }
             check::<f32, f32, 1>(isa, &w32, &x32, float::dot_f32);

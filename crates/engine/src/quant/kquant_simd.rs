@@ -448,8 +448,7 @@ mod tests {
     fn avx2_k_quants_are_bit_identical_to_the_portable_ones() {
         // Whatever FERRITE_CPU says: this compares the kernel the CPU can run. A CPU
         // without it cannot run it; the end-to-end tests under FERRITE_CPU cover the rest.
-        if !crate::cpu::detected().avx2 {
-            eprintln!("skipped: this CPU lacks avx2");
+        if crate::cpu::lacks(crate::cpu::detected().avx2, "avx2") {
             return;
         }
         let mut rng = Xorshift::new(3);

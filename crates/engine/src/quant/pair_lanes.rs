@@ -485,8 +485,7 @@ mod tests {
     #[test]
     fn pair_kernel_is_bit_identical_to_the_portable_one() {
         // Whatever FERRITE_CPU says: this compares the kernel the CPU can run.
-        if !crate::cpu::detected().vnni {
-            eprintln!("skipped: this CPU lacks vnni");
+        if crate::cpu::lacks(crate::cpu::detected().vnni, "vnni") {
             return;
         }
         let mut rng = Xorshift::new(17);

@@ -242,8 +242,7 @@ mod tests {
     fn lanes_kernel_is_bit_identical_to_the_portable_one() {
         // Whatever FERRITE_CPU says: this compares the kernel the CPU can run. A CPU
         // without it cannot run it; the end-to-end tests under FERRITE_CPU cover the rest.
-        if !crate::cpu::detected().vnni {
-            eprintln!("skipped: this CPU lacks vnni");
+        if crate::cpu::lacks(crate::cpu::detected().vnni, "vnni") {
             return;
         }
         let mut rng = Xorshift::new(9);
