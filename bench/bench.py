@@ -163,11 +163,16 @@ def measure(kind, model, llama_server, work, long_prompt, with_load):
             results["peak_rss_mib"] = peak_rss_mib(proc.pid)
         return results
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
+
+
+def stop(proc):
+    """Stops a server with SIGTERM (kills one that has not stopped 20 s later)."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def main():

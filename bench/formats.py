@@ -65,15 +65,6 @@ def measure(bench, kind, proc, url, model, work, long_prompt, round_):
             "quiet": [pre["quiet"], dec["quiet"]]}
 
 
-def stop(proc):
-    """Stops a server (kills one that will not stop)."""
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except Exception:  # noqa: BLE001 - a server that will not stop is killed
-        proc.kill()
-
-
 # The file types made as llama-quantize makes them: ferrite-synth's type and mix.
 LLAMA_QUANTIZE = {"q4_k_m": "q4_k", "q5_k_m": "q5_k", "iq4_xs": "iq4_xs"}
 
@@ -123,7 +114,7 @@ def main():
                     rounds[kind].append(measure(bench, kind, proc, url, name, scratch, long_prompt, r + 1))
         finally:
             for proc, _ in servers.values():
-                stop(proc)
+                bench.stop(proc)
         for kind, runs in rounds.items():
             table[(ty, kind)] = {
                 "prefill_tok_s": statistics.median(m["prefill_tok_s"] for m in runs),
