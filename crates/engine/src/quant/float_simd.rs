@@ -20,6 +20,7 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
+use super::simd::prefetch_span;
 use crate::model::attention::reduce_add_16;
 
 /// The instruction set the kernels run on.
@@ -177,6 +178,7 @@ unsafe fn lone_avx2<W: Widen, X: Widen>(w: &[W], x: &[X]) -> f32 {
     let whole = x.len() / 64 * 64;
     let mut acc = [(_mm256_setzero_ps(), _mm256_setzero_ps()); 4];
     for k in (0..whole).step_by(64) {
+        prefetch_span(w.as_ptr().add(k), 64 * size_of::<W>());
         for (i, acc) in acc.iter_mut().enumerate() {
             let at = k + 16 * i;
             let (wp, xp) = (w.as_ptr().add(at), x.as_ptr().add(at));
@@ -296,6 +298,9 @@ unsafe fn lone_avx512<W: Widen, X: Widen, const R: usize>(w: [&[W]; R], x: &[X])
     let whole = x.len() / 64 * 64;
     let mut acc = [[_mm512_setzero_ps(); 4]; R];
     for k in (0..whole).step_by(64) {
+        for w in &w {
+            prefetch_span(w.as_ptr().add(k), 64 * size_of::<W>());
+        }
         for i in 0..4 {
             let at = k + 16 * i;
             let xv = X::load16(x.as_ptr().add(at));

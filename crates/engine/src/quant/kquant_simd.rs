@@ -8,7 +8,7 @@ use std::arch::x86_64::*;
 use super::dot::hsum8;
 use super::iq4::{self, IQ4_XS};
 use super::kquant::{scale_min_k4, Q4kSums, Q8KRow, Q4_K, Q5_K, Q6_K, QK_K};
-use super::simd::f16_at;
+use super::simd::{f16_at, prefetch_span};
 use super::RowKernel;
 
 /// Q4_K · Q8_K for one weight row and `N` activation rows, each rounded as its kernel
@@ -97,6 +97,7 @@ unsafe fn q4k_body<const N: usize>(w: &[u8], a: [&Q8KRow; N], kernels: [RowKerne
     assert!(a.iter().all(|row| row.has_blocks(blocks)));
     let mut sums = kernels.map(Q4kSums::new);
     for b in 0..blocks {
+        prefetch_span(w.as_ptr().add(b * Q4_K), Q4_K);
         let block = decode_q4k(w.as_ptr().add(b * Q4_K));
         for r in 0..N {
             let (psum, m) = q4k_pair_sums(&block, a[r], b);
@@ -149,6 +150,7 @@ unsafe fn q6k_body<const N: usize, const TILED: bool>(w: &[u8], a: [&Q8KRow; N])
     let mut tiled = [0f32; N];
     for b in 0..blocks {
         let block = w.as_ptr().add(b * Q6_K);
+        prefetch_span(block, Q6_K);
         let (ql, qh, sc) = (block, block.add(128), block.add(192) as *const i8);
         let dw = f16_at(block.add(208));
         let scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc as *const __m128i));
@@ -246,6 +248,7 @@ pub unsafe fn dot_q5k_rows<const N: usize, const TILED: bool>(
     let mut acc_min = [0f32; N];
     for b in 0..blocks {
         let block = w.as_ptr().add(b * Q5_K);
+        prefetch_span(block, Q5_K);
         let scales = std::slice::from_raw_parts(block.add(4), 12);
         let qh = _mm256_loadu_si256(block.add(16) as *const __m256i);
         let mut x = [_mm256_setzero_si256(); 8];
@@ -335,6 +338,7 @@ pub unsafe fn dot_iq4xs_rows<const N: usize, const TILED: bool>(
     let mut tiled = [0f32; N];
     for b in 0..blocks {
         let block = w.as_ptr().add(b * IQ4_XS);
+        prefetch_span(block, IQ4_XS);
         let raw = std::slice::from_raw_parts(block, IQ4_XS);
         let mut x = [_mm256_setzero_si256(); 8];
         let mut sc = [_mm256_setzero_si256(); 8];

@@ -14,7 +14,7 @@ use super::act_tile::{ActTile, TILE_ROWS};
 use super::dot::BlockFormat;
 use super::packed::GROUP;
 use super::q8::Q8Row;
-use super::simd::{bit_bytes, f16_at, hsum, lanes_avx2, nibbles, vnni_available};
+use super::simd::{bit_bytes, f16_at, hsum, lanes_avx2, nibbles, prefetch_span, vnni_available};
 
 /// Products of `R` of one group's rows, from row `first` on (`blocks` block columns at
 /// `group`), with `N` activation rows, with VNNI where the CPU has it.
@@ -69,6 +69,7 @@ unsafe fn group_avx2<const N: usize, const R: usize>(
     let mut extra = [_mm256_setzero_ps(); N];
     for b in 0..blocks {
         let column = group.as_ptr().add(b * stride);
+        prefetch_span(column, stride);
         let d = _mm256_cvtph_ps(_mm_loadu_si128(column as *const __m128i));
         let m = if minimums {
             _mm256_cvtph_ps(_mm_loadu_si128(column.add(GROUP * 2) as *const __m128i))
@@ -346,6 +347,7 @@ unsafe fn group_vnni_format<const N: usize, const R: usize, const F: u8>(
     });
     for b in 0..blocks {
         let column = group.as_ptr().add(b * stride);
+        prefetch_span(column, stride);
         let d = _mm256_cvtph_ps(_mm_loadu_si128(column as *const __m128i));
         // Q4_1's eight minimums (unused otherwise).
         let m = if signed {

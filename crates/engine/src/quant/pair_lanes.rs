@@ -249,6 +249,7 @@ mod simd {
 
     use super::{hsum8, LaneSums, Line, PairFormat, PairLanes};
     use crate::quant::kquant::{Q8KRow, QK_K};
+    use crate::quant::simd::prefetch_span;
 
     /// Pair `p`'s two rows against `T` activation rows (with their [`LaneSums`] for the
     /// matrix's format): `out[t][h]` is row `2p + h` · `a[t]` (zero past the matrix).
@@ -315,6 +316,7 @@ mod simd {
         let mut acc_min = [_mm256_setzero_ps(); T];
         for b in 0..blocks {
             let base = lines.as_ptr().add(b * LINES);
+            prefetch_span(base, LINES * 64);
             let line = |k: usize| _mm512_load_si512(base.add(k) as *const __m512i);
             let head = base as *const u8;
             let qh = line(5);
@@ -392,6 +394,7 @@ mod simd {
         let mut acc = [_mm512_setzero_ps(); T];
         for b in 0..blocks {
             let base = lines.as_ptr().add(b * LINES);
+            prefetch_span(base, LINES * 64);
             let line = |k: usize| _mm512_load_si512(base.add(k) as *const __m512i);
             let head = base as *const u8;
             let scales = _mm512_cvtepi8_epi32(_mm_loadu_si128(head.add(16) as *const __m128i));

@@ -95,7 +95,7 @@ mod simd {
 
     use super::{Line, Q4kLanes, LINES, MINS, ROWS, VALUES};
     use crate::quant::kquant::{Q8KRow, QK_K};
-    use crate::quant::simd::pair16;
+    use crate::quant::simd::{pair16, prefetch_span};
     use crate::quant::RowKernel;
 
     /// Group `g`'s sixteen rows against `T` activation rows, each rounded as its kernel
@@ -134,6 +134,7 @@ mod simd {
         let mut acc_min = [_mm512_setzero_ps(); T];
         for b in 0..blocks {
             let base = lines.as_ptr().add(b * LINES);
+            prefetch_span(base, LINES * 64);
             let line = |k: usize| base.add(k) as *const __m512i;
             let d = _mm512_cvtph_ps(_mm256_load_si256(line(0) as *const __m256i));
             let dmin = _mm512_cvtph_ps(_mm256_load_si256((line(0) as *const __m256i).add(1)));

@@ -102,7 +102,7 @@ mod simd {
 
     use super::{Line, Q6kLanes, LINES, ROWS, SCALES, VALUES};
     use crate::quant::kquant::{Q8KRow, QK_K};
-    use crate::quant::simd::pair16;
+    use crate::quant::simd::{pair16, prefetch_span};
 
     /// Group `g`'s sixteen rows against `T` activation rows: `out[t][r]` is row
     /// `16g + r` · `a[t]` (zero past the matrix).
@@ -176,6 +176,7 @@ mod simd {
         let mut acc = [[_mm512_setzero_ps(); 8]; T];
         for b in 0..blocks {
             let base = lines.as_ptr().add(b * LINES);
+            prefetch_span(base, LINES * 64);
             let q8: [*const i32; T] = a.map(|a| a.qs.as_ptr().add(b * QK_K) as *const i32);
             let mut lanes = [[zero; 8]; T];
             // Lane l's share of the correction, 32 · (sc[2l], sc[2l+1]) as 16-bit pairs.
