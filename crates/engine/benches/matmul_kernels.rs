@@ -62,6 +62,8 @@ fn run(rows: usize, cols: usize, only: Option<&str>, batches: &[usize]) {
         ("Q6_K", OwnFormat::Q6K),
         ("IQ4_XS", OwnFormat::Iq4Xs),
         ("F16", OwnFormat::F16),
+        ("BF16", OwnFormat::Bf16),
+        ("F32", OwnFormat::F32),
     ];
     let mut rng = Xorshift::new(1);
     print!("| format |");

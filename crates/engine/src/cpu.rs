@@ -14,6 +14,9 @@ pub struct Features {
     pub avx512: bool,
     /// AVX-512 VL, BW and VNNI besides: the wide-tile matrix kernels.
     pub vnni: bool,
+    /// AVX-512 BW and BF16 besides AVX-512F: BF16 weights' kernels (`vdpbf16ps`, the
+    /// instruction whose rounding llama.cpp's BF16 products have on such a CPU).
+    pub bf16: bool,
 }
 
 /// The most `FERRITE_CPU` lets the kernels use.
@@ -66,7 +69,15 @@ impl Features {
                 && is_x86_feature_detected!("avx512vnni")
                 && is_x86_feature_detected!("avx512vl")
                 && is_x86_feature_detected!("avx512bw");
-            Self { avx2, avx512, vnni }
+            let bf16 = avx512
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512bf16");
+            Self {
+                avx2,
+                avx512,
+                vnni,
+                bf16,
+            }
         }
         #[cfg(not(target_arch = "x86_64"))]
         Self::NONE
@@ -77,6 +88,7 @@ impl Features {
         avx2: false,
         avx512: false,
         vnni: false,
+        bf16: false,
     };
 
     /// These features, at most `cap`.
@@ -86,6 +98,7 @@ impl Features {
             Cap::Avx2 => Self {
                 avx512: false,
                 vnni: false,
+                bf16: false,
                 ..self
             },
             Cap::Native => self,
@@ -143,8 +156,10 @@ mod tests {
             avx2: true,
             avx512: true,
             vnni: true,
+            bf16: true,
         };
         assert_eq!(all.capped(Cap::Native), all);
+        assert!(!all.capped(Cap::Avx2).bf16);
         assert_eq!(all.capped(Cap::Avx2).name(), "avx2");
         assert_eq!(all.capped(Cap::Portable), Features::NONE);
         assert_eq!(Features::NONE.capped(Cap::Native).name(), "portable");

@@ -175,6 +175,14 @@ pub fn round_to_bf16(x: &[f32]) -> Vec<f32> {
     x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect()
 }
 
+/// Values already rounded to BF16 (by [`round_to_bf16`]) as BF16: each one's upper 16
+/// bits, exactly.
+pub fn narrow_to_bf16(x: &[f32]) -> Vec<bf16> {
+    x.iter()
+        .map(|v| bf16::from_bits((v.to_bits() >> 16) as u16))
+        .collect()
+}
+
 /// Activations rounded to F16, as llama.cpp converts them for F16 weights.
 pub fn round_to_f16(x: &[f32]) -> Vec<f16> {
     x.iter().map(|&v| f16::from_f32(v)).collect()

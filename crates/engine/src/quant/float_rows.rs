@@ -58,11 +58,20 @@ impl<W: FloatWeight> FloatRows<W> {
     }
 }
 
-/// The activations of an F32 or BF16 matrix: its rows as they are, or rounded to BF16.
+/// The activations of an F32 matrix: its rows as they are.
 fn float_activations(acts: &Activations) -> &[f32] {
     match acts {
         Activations::Float(x) => x,
-        _ => unreachable!("F32 and BF16 weights take f32 activations"),
+        _ => unreachable!("F32 weights take f32 activations"),
+    }
+}
+
+/// The activations of a BF16 matrix: its rows rounded to BF16 (as f32), and the same as
+/// BF16 where any row is batched (empty otherwise).
+fn brain_activations(acts: &Activations) -> (&[f32], &[bf16]) {
+    match acts {
+        Activations::Brain(x, narrowed) => (x, narrowed),
+        _ => unreachable!("BF16 weights take BF16 activations"),
     }
 }
 
@@ -120,14 +129,77 @@ impl<W: FloatKernels> Layout for FloatRows<W> {
 
 impl Layout for FloatRows<bf16> {
     fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
-        let x = float_activations(acts);
+        let (x, narrowed) = brain_activations(acts);
         let cols = self.cols;
+        #[cfg(target_arch = "x86_64")]
+        if super::bf16_simd::available() {
+            return bf16_rows_simd(&self.values, (x, narrowed), cols, range, kernels, out);
+        }
         for r in range {
             let w = &self.values[r * cols..(r + 1) * cols];
             for (t, &kernel) in kernels.iter().enumerate() {
                 let x = &x[t * cols..(t + 1) * cols];
                 out.set(t, r, float::dot_bf16(w, x, kernel.batched()));
             }
+        }
+    }
+}
+
+/// [`FloatRows<bf16>`]'s products with AVX512-BF16: lone rows through the vector dot
+/// product's kernel, batched rows in tiles of four weight rows by up to six activation rows
+/// (rows past the last whole four through the portable kernel).
+#[cfg(target_arch = "x86_64")]
+fn bf16_rows_simd(
+    w: &[bf16],
+    (x, narrowed): (&[f32], &[bf16]),
+    cols: usize,
+    range: Range<usize>,
+    kernels: &[RowKernel],
+    out: &Columns,
+) {
+    use super::bf16_simd::{self, TILE_W, TILE_X};
+    let row = |r: usize| &w[r * cols..(r + 1) * cols];
+    let act = |t: usize| &x[t * cols..(t + 1) * cols];
+    let (lone, batched): (Vec<usize>, Vec<usize>) =
+        (0..kernels.len()).partition(|&t| !kernels[t].batched());
+    for &t in &lone {
+        for r in range.clone() {
+            // SAFETY: the caller checked that the CPU has AVX512-BF16.
+            out.set(t, r, unsafe { bf16_simd::lone(row(r), act(t)) });
+        }
+    }
+    // Tiles need whole blocks of 32 (every BF16 matrix ferrite takes has them).
+    let tiled = match cols.is_multiple_of(32) {
+        true => range.start..range.start + range.len() / TILE_W * TILE_W,
+        false => range.start..range.start,
+    };
+    let narrow = |t: usize| &narrowed[t * cols..(t + 1) * cols];
+    for r in tiled.clone().step_by(TILE_W) {
+        let ws: [&[bf16]; TILE_W] = std::array::from_fn(|i| row(r + i));
+        for ts in batched.chunks(TILE_X) {
+            let mut got = [[0f32; TILE_W]; TILE_X];
+            macro_rules! tile {
+                ($($c:literal)*) => {
+                    match ts.len() {
+                        // SAFETY: as above; the rows hold whole blocks of 32.
+                        $($c => got[..$c].copy_from_slice(&unsafe {
+                            bf16_simd::tile::<$c>(ws, std::array::from_fn(|k| narrow(ts[k])))
+                        }),)*
+                        n => unreachable!("{n} activation rows in a tile"),
+                    }
+                };
+            }
+            tile!(1 2 3 4 5 6);
+            for (&t, got) in ts.iter().zip(&got) {
+                for (i, &v) in got.iter().enumerate() {
+                    out.set(t, r + i, v);
+                }
+            }
+        }
+    }
+    for r in tiled.end..range.end {
+        for &t in &batched {
+            out.set(t, r, float::dot_bf16(row(r), act(t), true));
         }
     }
 }

@@ -26,6 +26,7 @@
 //! None of this changes a pair's arithmetic.
 
 mod act_tile;
+mod bf16_simd;
 mod dot;
 mod float;
 mod float_rows;
@@ -209,8 +210,11 @@ enum Activations {
     /// Q8_K rows, and the sums the Q5_K / IQ4_XS / Q6_K kernels add, each computed by the
     /// first chunk that needs them.
     Q8K(Vec<kquant::Q8KRow>, pair_lanes::SumsOnce),
-    /// Float rows, row-major (for F32 weights as they are, for BF16 rounded to BF16).
+    /// Float rows, row-major, for F32 weights.
     Float(Vec<f32>),
+    /// Rows rounded to BF16 (held as f32), row-major, for BF16 weights; and the same as
+    /// BF16 if any row is batched (empty otherwise), for the tiles.
+    Brain(Vec<f32>, Vec<half::bf16>),
     /// Rows rounded to F16, row-major, for F16 weights; and the same widened to f32 if
     /// any row is batched (empty otherwise), for the tiles.
     Half(Vec<half::f16>, Vec<f32>),
@@ -249,7 +253,14 @@ impl Activations {
                 };
                 Self::Half(half, wide)
             }
-            ActivationKind::Bf16 => Self::Float(float::round_to_bf16(x)),
+            ActivationKind::Bf16 => {
+                let rounded = float::round_to_bf16(x);
+                let narrowed = match kernels.iter().any(|k| k.batched()) {
+                    true => float::narrow_to_bf16(&rounded),
+                    false => Vec::new(),
+                };
+                Self::Brain(rounded, narrowed)
+            }
             ActivationKind::Q8KGemv => Self::Q8K(
                 rows.map(|(r, _)| kquant::quantize_row_q8k(r, RowKernel::Gemv))
                     .collect(),

@@ -90,7 +90,7 @@ impl Layout for RowMajor {
                     }
                 }
             }
-            Activations::Float(_) | Activations::Half(..) => {
+            Activations::Float(_) | Activations::Half(..) | Activations::Brain(..) => {
                 unreachable!("quantized formats take quantized activations")
             }
         }
