@@ -75,11 +75,10 @@ fn brain_activations(acts: &Activations) -> (&[f32], &[bf16]) {
     }
 }
 
-/// The activations of an F16 matrix: its rows rounded to F16, and the same widened to f32
-/// where any row is batched (empty otherwise).
-fn half_activations(acts: &Activations) -> (&[f16], &[f32]) {
+/// The activations of an F16 matrix: its rows rounded to F16.
+fn half_activations(acts: &Activations) -> &[f16] {
     match acts {
-        Activations::Half(x, wide) => (x, wide),
+        Activations::Half(x) => x,
         _ => unreachable!("F16 weights take F16 activations"),
     }
 }
@@ -89,11 +88,11 @@ fn half_activations(acts: &Activations) -> (&[f16], &[f32]) {
 trait FloatKernels: FloatWeight + Into<f32> + WidenSimd {
     /// The type the activations meet the weights in (the weights' own).
     type Act: Copy + Into<f32> + WidenSimd + Sync;
-    /// The activation rows, row-major: in `Act` (for lone rows), and as f32 where any row
-    /// is batched (tiles load each activation vector once per four weight rows, and
-    /// widening it there slowed F16 prompts by a tenth; the widening is exact, so the
-    /// products are the same).
-    fn activations(acts: &Activations) -> (&[Self::Act], &[f32]);
+    /// The activation rows, row-major, in `Act`. F16 tiles widen theirs as they load them:
+    /// on a Zen 5 that ran a 1B F16 prefill a fifth faster than tiles of activations
+    /// widened to f32 once per product (half the bytes from the second-level cache per
+    /// tile); on a Zen 4 it was a few percent slower.
+    fn activations(acts: &Activations) -> &[Self::Act];
     /// One row's product.
     const DOT: FloatDot<Self, Self::Act>;
     /// Four rows' products.
@@ -102,9 +101,8 @@ trait FloatKernels: FloatWeight + Into<f32> + WidenSimd {
 
 impl FloatKernels for f32 {
     type Act = f32;
-    fn activations(acts: &Activations) -> (&[f32], &[f32]) {
-        let x = float_activations(acts);
-        (x, x)
+    fn activations(acts: &Activations) -> &[f32] {
+        float_activations(acts)
     }
     const DOT: FloatDot<Self, f32> = float::dot_f32;
     const DOT4: FloatDot4<Self, f32> = float::dot4_f32;
@@ -112,7 +110,7 @@ impl FloatKernels for f32 {
 
 impl FloatKernels for f16 {
     type Act = f16;
-    fn activations(acts: &Activations) -> (&[f16], &[f32]) {
+    fn activations(acts: &Activations) -> &[f16] {
         half_activations(acts)
     }
     const DOT: FloatDot<Self, f16> = float::dot_f16;
@@ -121,9 +119,9 @@ impl FloatKernels for f16 {
 
 impl<W: FloatKernels> Layout for FloatRows<W> {
     fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
-        let (x, wide) = W::activations(acts);
+        let x = W::activations(acts);
         let (w, cols) = (&self.values, self.cols);
-        float_rows(w, (x, wide), cols, range, kernels, out, W::DOT, W::DOT4);
+        float_rows(w, x, cols, range, kernels, out, W::DOT, W::DOT4);
     }
 }
 
@@ -215,7 +213,7 @@ type FloatDot4<W, X> = fn([&[W]; 4], &[X], bool) -> [f32; 4];
 #[allow(clippy::too_many_arguments)]
 fn float_rows<W: Copy + Into<f32> + WidenSimd, X: Copy + Into<f32> + WidenSimd>(
     w: &[W],
-    (x, wide): (&[X], &[f32]),
+    x: &[X],
     cols: usize,
     range: Range<usize>,
     kernels: &[RowKernel],
@@ -225,11 +223,8 @@ fn float_rows<W: Copy + Into<f32> + WidenSimd, X: Copy + Into<f32> + WidenSimd>(
 ) {
     #[cfg(target_arch = "x86_64")]
     if let Some(isa) = float_simd::Isa::detected() {
-        return float_rows_simd(isa, w, (x, wide), cols, range, kernels, out, dot);
+        return float_rows_simd(isa, w, x, cols, range, kernels, out, dot);
     }
-    // The portable kernels take every row in `X`.
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = wide;
     let row = |r: usize| &w[r * cols..(r + 1) * cols];
     let fours = range.start + (range.len() / 4) * 4;
     for (t, &kernel) in kernels.iter().enumerate() {
@@ -282,7 +277,7 @@ const LONE_ROWS: usize = 1;
 fn float_rows_simd<W: float_simd::Widen, X: float_simd::Widen>(
     isa: float_simd::Isa,
     w: &[W],
-    (x, wide): (&[X], &[f32]),
+    x: &[X],
     cols: usize,
     range: Range<usize>,
     kernels: &[RowKernel],
@@ -294,7 +289,6 @@ fn float_rows_simd<W: float_simd::Widen, X: float_simd::Widen>(
     let tiled = range.start..range.start + range.len() / TILE_W * TILE_W;
     let row = |r: usize| &w[r * cols..(r + 1) * cols];
     let act = |t: usize| &x[t * cols..(t + 1) * cols];
-    let act_f32 = |t: usize| &wide[t * cols..(t + 1) * cols];
     let mut batched = Vec::with_capacity(kernels.len());
     for (t, kernel) in kernels.iter().enumerate() {
         if kernel.batched() {
@@ -333,7 +327,7 @@ fn float_rows_simd<W: float_simd::Widen, X: float_simd::Widen>(
                         match ts.len() {
                             $($c => got[..$c].copy_from_slice(
                                 // SAFETY: as above.
-                                &unsafe { float_simd::tile::<W, f32, $c>(isa, ws, std::array::from_fn(|k| act_f32(ts[k]))) },
+                                &unsafe { float_simd::tile::<W, X, $c>(isa, ws, std::array::from_fn(|k| act(ts[k]))) },
                             ),)*
                             n => unreachable!("{n} activation rows in a tile"),
                         }

@@ -9,8 +9,8 @@
 //!
 //! The sixteen lanes are then summed in `reduce_add_16`'s order: by `reduce_add_16` itself,
 //! except an AVX-512 tile's outputs, sixteen at a time in vectors (`reduce_add_16_many`,
-//! the same additions). Activations come as the weights' type (f32, or F16 for lone rows
-//! of F16 weights) or as f32 for tiles, either widened exactly. With AVX2 a
+//! the same additions). Activations come as the weights' type (f32, or F16 for F16
+//! weights) and are widened exactly as they are loaded. With AVX2 a
 //! sixteen-lane chain is held as two eight-lane halves (the same operations per lane), in
 //! tiles of two weight rows by up to two activation rows, which fit its 16 registers.
 

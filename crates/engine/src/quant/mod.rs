@@ -215,9 +215,8 @@ enum Activations {
     /// Rows rounded to BF16 (held as f32), row-major, for BF16 weights; and the same as
     /// BF16 if any row is batched (empty otherwise), for the tiles.
     Brain(Vec<f32>, Vec<half::bf16>),
-    /// Rows rounded to F16, row-major, for F16 weights; and the same widened to f32 if
-    /// any row is batched (empty otherwise), for the tiles.
-    Half(Vec<half::f16>, Vec<f32>),
+    /// Rows rounded to F16, row-major, for F16 weights.
+    Half(Vec<half::f16>),
 }
 
 impl Activations {
@@ -245,14 +244,7 @@ impl Activations {
                 Default::default(),
             ),
             ActivationKind::F32 => Self::Float(x.to_vec()),
-            ActivationKind::F16 => {
-                let half = float::round_to_f16(x);
-                let wide = match kernels.iter().any(|k| k.batched()) {
-                    true => half.iter().map(|v| v.to_f32()).collect(),
-                    false => Vec::new(),
-                };
-                Self::Half(half, wide)
-            }
+            ActivationKind::F16 => Self::Half(float::round_to_f16(x)),
             ActivationKind::Bf16 => {
                 let rounded = float::round_to_bf16(x);
                 let narrowed = match kernels.iter().any(|k| k.batched()) {
