@@ -2,6 +2,9 @@
 //! `FERRITE_CPU` environment variable. `portable` and `avx2` make a machine with AVX-512
 //! run the code paths of an older one end to end (the tests do, so that every path is
 //! checked against llama.cpp on any CI machine), `native` (the default) uses all it has.
+//!
+//! Also decided once: how far ahead the one-row (decode) kernels ask for weights
+//! ([`prefetch_ahead`]), a property of the CPU's memory system rather than its instructions.
 
 use std::sync::OnceLock;
 
@@ -105,9 +108,11 @@ impl Features {
         }
     }
 
-    /// A short name: `avx512-vnni`, `avx512`, `avx2` or `portable`.
+    /// A short name: `avx512-vnni-bf16`, `avx512-vnni`, `avx512`, `avx2` or `portable`
+    /// (`-bf16` where the BF16 weights' kernels run).
     pub fn name(self) -> &'static str {
         match (self.avx2, self.avx512, self.vnni) {
+            (true, true, true) if self.bf16 => "avx512-vnni-bf16",
             (true, true, true) => "avx512-vnni",
             (true, true, false) => "avx512",
             (true, false, _) => "avx2",
@@ -129,6 +134,65 @@ pub fn features() -> Features {
 pub fn detected() -> Features {
     static DETECTED: OnceLock<Features> = OnceLock::new();
     *DETECTED.get_or_init(Features::detect)
+}
+
+/// The variable that overrides [`prefetch_ahead`]: bytes, `0` for none.
+const PREFETCH_ENV: &str = "FERRITE_PREFETCH_AHEAD";
+
+/// How far ahead of their loads, in bytes, the one-row (decode) kernels ask for weights
+/// with software prefetches; 0 for not at all. `FERRITE_PREFETCH_AHEAD` sets it (a value
+/// that cannot be read counts as unset; `ferrite serve` refuses it before this is first
+/// asked), otherwise [`default_prefetch_ahead`].
+pub fn prefetch_ahead() -> usize {
+    static AHEAD: OnceLock<usize> = OnceLock::new();
+    *AHEAD.get_or_init(|| {
+        prefetch_from_env()
+            .ok()
+            .flatten()
+            .unwrap_or_else(default_prefetch_ahead)
+    })
+}
+
+/// The distance `FERRITE_PREFETCH_AHEAD` asks for (`None` when unset).
+pub fn prefetch_from_env() -> Result<Option<usize>, String> {
+    match std::env::var(PREFETCH_ENV) {
+        Ok(value) => value.trim().parse().map(Some).map_err(|_| {
+            format!("{PREFETCH_ENV}={value:?}: expected a number of bytes (0 for none)")
+        }),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(e) => Err(format!("{PREFETCH_ENV}: {e}")),
+    }
+}
+
+/// The prefetch distance for this CPU, where measured: 8 KiB on AMD's Zen 5 (family 1Ah),
+/// none elsewhere.
+///
+/// On a Zen 5 the hardware prefetchers alone kept too few lines in flight: a one-row Q6_K
+/// product (2 threads, 256 MiB) streamed 29 GB/s and Q4_K 55 where memory gave 70–80, and
+/// asking for every line 8 KiB ahead doubled Q6_K and raised the others by a fifth to a
+/// half. On a Zen 4 the same prefetches halved Q4_K and Q6_K (82 → 40 and 42 → 25 GMAC/s)
+/// and cost every other format 10–20%: its prefetchers keep up with its slower memory, and
+/// the extra instructions compete with the loads. Other CPUs were not measured with them,
+/// so they keep the kernels as they were tuned there, without.
+pub fn default_prefetch_ahead() -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::__cpuid;
+        // SAFETY: CPUID exists on every x86-64 CPU.
+        #[allow(unused_unsafe)]
+        let (vendor, signature) = unsafe { (__cpuid(0), __cpuid(1)) };
+        // "AuthenticAMD" in EBX, EDX, ECX.
+        let amd = (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
+        let base = (signature.eax >> 8) & 0xf;
+        let family = match base {
+            0xf => base + ((signature.eax >> 20) & 0xff),
+            _ => base,
+        };
+        if amd && family >= 0x1a {
+            return 8192;
+        }
+    }
+    0
 }
 
 /// For a kernel test: whether the CPU lacks `name` (`available` false), saying that the

@@ -172,13 +172,19 @@ fn positive_seconds(s: &str) -> Result<f64, String> {
 }
 
 fn main() -> Result<()> {
-    tune_allocator();
+    let refused = tune_allocator();
     let cli = Cli::parse();
     let format = match &cli.command {
         Command::Serve(args) => args.log_format,
         Command::Pull { .. } => LogFormat::Text,
     };
     init_logs(format);
+    for parameter in refused {
+        tracing::warn!(
+            parameter,
+            "the allocator refused a setting; running with its default"
+        );
+    }
     match cli.command {
         Command::Pull { names } => {
             for name in names {
@@ -201,22 +207,46 @@ fn main() -> Result<()> {
 /// product: `M_MMAP_THRESHOLD` at glibc's largest (32 MiB), and `M_TRIM_THRESHOLD` high
 /// enough that a freed buffer's pages are kept for the next. In a 1B F16 prefill, page
 /// faults and the kernel's zeroing of fresh pages took 4–5% of the time (`perf`).
-/// `MALLOC_MMAP_THRESHOLD_` and `MALLOC_TRIM_THRESHOLD_` still override them.
-fn tune_allocator() {
+/// `MALLOC_MMAP_THRESHOLD_` and `MALLOC_TRIM_THRESHOLD_` still override them, as does the
+/// same tunable in `GLIBC_TUNABLES` (`glibc.malloc.arena_max`, `.mmap_threshold`,
+/// `.trim_threshold`).
+///
+/// Returns the parameters the allocator refused, to be logged once logging is up.
+fn tune_allocator() -> Vec<&'static str> {
+    #[allow(unused_mut)]
+    let mut refused = Vec::new();
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        let set = |env: &str, param: libc::c_int, value: libc::c_int| {
-            if std::env::var_os(env).is_none() {
-                // SAFETY: mallopt only sets an allocator parameter; no thread has started.
-                unsafe {
-                    libc::mallopt(param, value);
-                }
+        let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+        let mut set = |env: &'static str, tunable: &str, param: libc::c_int, value: libc::c_int| {
+            if std::env::var_os(env).is_some() || tunables.contains(tunable) {
+                return;
+            }
+            // SAFETY: mallopt only sets an allocator parameter; no thread has started.
+            if unsafe { libc::mallopt(param, value) } == 0 {
+                refused.push(env);
             }
         };
-        set("MALLOC_ARENA_MAX", libc::M_ARENA_MAX, 2);
-        set("MALLOC_MMAP_THRESHOLD_", libc::M_MMAP_THRESHOLD, 32 << 20);
-        set("MALLOC_TRIM_THRESHOLD_", libc::M_TRIM_THRESHOLD, 128 << 20);
+        set(
+            "MALLOC_ARENA_MAX",
+            "glibc.malloc.arena_max",
+            libc::M_ARENA_MAX,
+            2,
+        );
+        set(
+            "MALLOC_MMAP_THRESHOLD_",
+            "glibc.malloc.mmap_threshold",
+            libc::M_MMAP_THRESHOLD,
+            32 << 20,
+        );
+        set(
+            "MALLOC_TRIM_THRESHOLD_",
+            "glibc.malloc.trim_threshold",
+            libc::M_TRIM_THRESHOLD,
+            128 << 20,
+        );
     }
+    refused
 }
 
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`).
@@ -239,6 +269,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("--allowed-origins: {e}"))?;
     // FERRITE_CPU caps the kernels (portable, avx2, native): a wrong value stops here.
     cpu::Cap::from_env().map_err(|e| anyhow::anyhow!(e))?;
+    cpu::prefetch_from_env().map_err(|e| anyhow::anyhow!(e))?;
     let (path, name) = fetch::resolve(args.model.as_deref())?;
     let names = if args.served_model_names.is_empty() {
         vec![name]
@@ -270,6 +301,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         available_cores = cores,
         kernels = kernels.name(),
         detected = cpu::detected().name(),
+        prefetch_ahead = cpu::prefetch_ahead(),
         "compute threads"
     );
     let state = Arc::new(state);

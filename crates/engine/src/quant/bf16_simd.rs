@@ -4,7 +4,7 @@
 //! bits. A lone row (decode) is llama.cpp's vector dot product (two accumulators over
 //! alternate blocks of 32 values, ended in f64); batched rows (prompts) are tinyBLAS's
 //! products, one accumulator per output, computed here as tiles of [`TILE_W`] weight rows
-//! by up to [`TILE_X`] activation rows so that each accumulator's chain of `vdpbf16ps`
+//! by up to [`TILE_X`](super::float_simd::TILE_X) activation rows so that each accumulator's chain of `vdpbf16ps`
 //! overlaps with the others'.
 //!
 //! The activations arrive as f32 already rounded to BF16 (exactly representable), and are
@@ -18,15 +18,15 @@ use std::arch::x86_64::*;
 
 use half::bf16;
 
+use super::float_simd::lanes;
 use super::simd::prefetch_span;
 use crate::model::attention::reduce_add_16;
 
 /// Values one `vdpbf16ps` takes from each operand.
 const BLOCK: usize = 32;
-/// Weight rows per tile.
-pub const TILE_W: usize = 4;
-/// Most activation rows per tile (24 accumulators of AVX-512's 32 registers).
-pub const TILE_X: usize = 6;
+pub use super::float_simd::TILE_W;
+#[cfg(test)]
+use super::float_simd::TILE_X;
 
 /// Whether these kernels run ([`crate::cpu::features`]).
 pub fn available() -> bool {
@@ -34,6 +34,9 @@ pub fn available() -> bool {
 }
 
 /// Word indices picking the upper halves of 32 f32 lanes (two vectors), in order.
+///
+/// # Safety
+/// AVX-512F must be available.
 #[inline(always)]
 unsafe fn upper_halves() -> __m512i {
     let idx: [u16; 32] = std::array::from_fn(|k| 2 * k as u16 + 1);
@@ -41,6 +44,10 @@ unsafe fn upper_halves() -> __m512i {
 }
 
 /// 32 f32 values at `p` (each exactly a BF16) as 32 BF16s.
+///
+/// # Safety
+/// AVX-512F and BW must be available, `idx` must be [`upper_halves`], and 32 f32 values
+/// must be readable at `p`.
 #[inline(always)]
 unsafe fn narrow(p: *const f32, idx: __m512i) -> __m512bh {
     let low = _mm512_loadu_si512(p as *const __m512i);
@@ -49,17 +56,17 @@ unsafe fn narrow(p: *const f32, idx: __m512i) -> __m512bh {
 }
 
 /// 32 BF16 values at `p`.
+///
+/// # Safety
+/// AVX-512F must be available and 32 BF16 values readable at `p`.
 #[inline(always)]
 unsafe fn load(p: *const bf16) -> __m512bh {
     std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(p as *const __m512i))
 }
 
-fn lanes(v: __m512) -> [f32; 16] {
-    // SAFETY: a plain reinterpretation of sixteen f32 lanes.
-    unsafe { std::mem::transmute::<__m512, [f32; 16]>(v) }
-}
-
-/// [`super::float::dot_bf16`] of one lone (not batched) row: `w · x`.
+/// [`super::float::dot_bf16`] of one lone (not batched) row: `w · x`, where `x` holds
+/// values already rounded to BF16 ([`super::float::round_to_bf16`]): they are narrowed by
+/// dropping their lower 16 bits, so any other value would be truncated, not rounded.
 ///
 /// # Safety
 /// AVX-512F, BW and BF16 must be available ([`available`]).
@@ -160,16 +167,22 @@ mod tests {
             .collect();
         let narrowed: Vec<Vec<bf16>> = x.iter().map(|x| narrow_to_bf16(x)).collect();
         let ws: [&[bf16]; TILE_W] = std::array::from_fn(|r| w[r].as_slice());
-        // SAFETY: as above.
-        let got = unsafe { tile::<TILE_X>(ws, std::array::from_fn(|c| narrowed[c].as_slice())) };
-        for (c, got) in got.iter().enumerate() {
-            for (r, got) in got.iter().enumerate() {
-                assert_eq!(
-                    got.to_bits(),
-                    dot_bf16(&w[r], &x[c], true).to_bits(),
-                    "tile ({c}, {r})"
-                );
-            }
+        // Each tile height against the portable kernel.
+        macro_rules! check {
+            ($($c:literal)*) => {$(
+                // SAFETY: as above.
+                let got = unsafe { tile::<$c>(ws, std::array::from_fn(|c| narrowed[c].as_slice())) };
+                for (c, got) in got.iter().enumerate() {
+                    for (r, got) in got.iter().enumerate() {
+                        assert_eq!(
+                            got.to_bits(),
+                            dot_bf16(&w[r], &x[c], true).to_bits(),
+                            "tile of {}: ({c}, {r})", $c
+                        );
+                    }
+                }
+            )*};
         }
+        check!(1 2 3 4 5 6);
     }
 }

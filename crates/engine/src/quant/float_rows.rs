@@ -1,6 +1,7 @@
-//! F32, F16 and BF16 weights row after row, and the chunking of their products: with
-//! AVX-512 or AVX2 the tiles of `float_simd`, otherwise the portable kernels of `float`
-//! (their arithmetic, and so their results, the same).
+//! F32, F16 and BF16 weights row after row, and the chunking of their products: F32 and
+//! F16 with AVX-512 or AVX2 through the tiles of `float_simd`, BF16 with AVX512-BF16
+//! through those of `bf16_simd`, otherwise the portable kernels of `float` (their
+//! arithmetic, and so their results, the same).
 
 use std::ops::Range;
 
@@ -12,6 +13,44 @@ use super::float_simd;
 use super::layout::Layout;
 use super::output::Columns;
 use super::{Activations, RowKernel};
+
+/// The results of `$body`, a tile of up to [`float_simd::TILE_X`] activation rows, with
+/// the constant `$c` set to `$n`, the tile's height (1 to `TILE_X`), in the first `$n`
+/// rows of a full tile's array.
+#[cfg(target_arch = "x86_64")]
+macro_rules! tile_of {
+    ($n:expr, $c:ident => $body:expr) => {{
+        let mut got = [[0f32; float_simd::TILE_W]; float_simd::TILE_X];
+        match $n {
+            1 => {
+                const $c: usize = 1;
+                got[..1].copy_from_slice(&$body)
+            }
+            2 => {
+                const $c: usize = 2;
+                got[..2].copy_from_slice(&$body)
+            }
+            3 => {
+                const $c: usize = 3;
+                got[..3].copy_from_slice(&$body)
+            }
+            4 => {
+                const $c: usize = 4;
+                got[..4].copy_from_slice(&$body)
+            }
+            5 => {
+                const $c: usize = 5;
+                got[..5].copy_from_slice(&$body)
+            }
+            6 => {
+                const $c: usize = 6;
+                got[..6].copy_from_slice(&$body)
+            }
+            n => unreachable!("{n} activation rows in a tile"),
+        }
+        got
+    }};
+}
 
 /// A float weight type as the file stores it.
 pub trait FloatWeight: Copy + Send + Sync + 'static {
@@ -131,8 +170,13 @@ impl Layout for FloatRows<bf16> {
         let cols = self.cols;
         #[cfg(target_arch = "x86_64")]
         if super::bf16_simd::available() {
-            return bf16_rows_simd(&self.values, (x, narrowed), cols, range, kernels, out);
+            // SAFETY: the CPU has AVX512-BF16 (checked just above).
+            return unsafe {
+                bf16_rows_simd(&self.values, (x, narrowed), cols, range, kernels, out)
+            };
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = narrowed;
         for r in range {
             let w = &self.values[r * cols..(r + 1) * cols];
             for (t, &kernel) in kernels.iter().enumerate() {
@@ -146,8 +190,11 @@ impl Layout for FloatRows<bf16> {
 /// [`FloatRows<bf16>`]'s products with AVX512-BF16: lone rows through the vector dot
 /// product's kernel, batched rows in tiles of four weight rows by up to six activation rows
 /// (rows past the last whole four through the portable kernel).
+///
+/// # Safety
+/// The CPU must have AVX512-BF16 ([`super::bf16_simd::available`]).
 #[cfg(target_arch = "x86_64")]
-fn bf16_rows_simd(
+unsafe fn bf16_rows_simd(
     w: &[bf16],
     (x, narrowed): (&[f32], &[bf16]),
     cols: usize,
@@ -155,7 +202,8 @@ fn bf16_rows_simd(
     kernels: &[RowKernel],
     out: &Columns,
 ) {
-    use super::bf16_simd::{self, TILE_W, TILE_X};
+    use super::bf16_simd;
+    use float_simd::TILE_W;
     let row = |r: usize| &w[r * cols..(r + 1) * cols];
     let act = |t: usize| &x[t * cols..(t + 1) * cols];
     let (lone, batched): (Vec<usize>, Vec<usize>) =
@@ -172,32 +220,43 @@ fn bf16_rows_simd(
         false => range.start..range.start,
     };
     let narrow = |t: usize| &narrowed[t * cols..(t + 1) * cols];
-    for r in tiled.clone().step_by(TILE_W) {
+    tiled_products(&batched, tiled.clone(), out, |r, ts| {
         let ws: [&[bf16]; TILE_W] = std::array::from_fn(|i| row(r + i));
-        for ts in batched.chunks(TILE_X) {
-            let mut got = [[0f32; TILE_W]; TILE_X];
-            macro_rules! tile {
-                ($($c:literal)*) => {
-                    match ts.len() {
-                        // SAFETY: as above; the rows hold whole blocks of 32.
-                        $($c => got[..$c].copy_from_slice(&unsafe {
-                            bf16_simd::tile::<$c>(ws, std::array::from_fn(|k| narrow(ts[k])))
-                        }),)*
-                        n => unreachable!("{n} activation rows in a tile"),
-                    }
-                };
-            }
-            tile!(1 2 3 4 5 6);
-            for (&t, got) in ts.iter().zip(&got) {
-                for (i, &v) in got.iter().enumerate() {
-                    out.set(t, r + i, v);
-                }
-            }
-        }
-    }
+        // SAFETY: as above; the rows hold whole blocks of 32.
+        tile_of!(ts.len(), C => unsafe {
+            bf16_simd::tile::<C>(ws, std::array::from_fn(|k| narrow(ts[k])))
+        })
+    });
     for r in tiled.end..range.end {
         for &t in &batched {
             out.set(t, r, float::dot_bf16(row(r), act(t), true));
+        }
+    }
+}
+
+/// The batched activation rows `batched` against the weight rows `tiled` (whole tiles of
+/// [`float_simd::TILE_W`]), into `out`: `tile(r, ts)` gives the products of weight rows
+/// `r..r + TILE_W` with activation rows `ts` (up to [`float_simd::TILE_X`]), `got[k][i]`
+/// being row `ts[k]`'s with weight row `r + i`. The activation rows go in blocks of
+/// [`FLOAT_ACT_BLOCK`], so that a block and the chunk's weights stay in the second-level
+/// cache.
+#[cfg(target_arch = "x86_64")]
+fn tiled_products(
+    batched: &[usize],
+    tiled: Range<usize>,
+    out: &Columns,
+    mut tile: impl FnMut(usize, &[usize]) -> [[f32; float_simd::TILE_W]; float_simd::TILE_X],
+) {
+    for block in batched.chunks(FLOAT_ACT_BLOCK) {
+        for r in tiled.clone().step_by(float_simd::TILE_W) {
+            for ts in block.chunks(float_simd::TILE_X) {
+                let got = tile(r, ts);
+                for (&t, got) in ts.iter().zip(&got) {
+                    for (i, &v) in got.iter().enumerate() {
+                        out.set(t, r + i, v);
+                    }
+                }
+            }
         }
     }
 }
@@ -284,7 +343,7 @@ fn float_rows_simd<W: float_simd::Widen, X: float_simd::Widen>(
     out: &Columns,
     dot: FloatDot<W, X>,
 ) {
-    use float_simd::{TILE_W, TILE_X};
+    use float_simd::TILE_W;
     assert!(range.start.is_multiple_of(TILE_W));
     let tiled = range.start..range.start + range.len() / TILE_W * TILE_W;
     let row = |r: usize| &w[r * cols..(r + 1) * cols];
@@ -317,29 +376,11 @@ fn float_rows_simd<W: float_simd::Widen, X: float_simd::Widen>(
             out.set(t, r, dot(row(r), act(t), true));
         }
     }
-    for block in batched.chunks(FLOAT_ACT_BLOCK) {
-        for r in tiled.clone().step_by(TILE_W) {
-            let ws: [&[W]; TILE_W] = std::array::from_fn(|i| row(r + i));
-            for ts in block.chunks(TILE_X) {
-                let mut got = [[0f32; TILE_W]; TILE_X];
-                macro_rules! tile {
-                    ($($c:literal)*) => {
-                        match ts.len() {
-                            $($c => got[..$c].copy_from_slice(
-                                // SAFETY: as above.
-                                &unsafe { float_simd::tile::<W, X, $c>(isa, ws, std::array::from_fn(|k| act(ts[k]))) },
-                            ),)*
-                            n => unreachable!("{n} activation rows in a tile"),
-                        }
-                    };
-                }
-                tile!(1 2 3 4 5 6);
-                for (&t, got) in ts.iter().zip(&got) {
-                    for (i, &v) in got.iter().enumerate() {
-                        out.set(t, r + i, v);
-                    }
-                }
-            }
-        }
-    }
+    tiled_products(&batched, tiled, out, |r, ts| {
+        let ws: [&[W]; TILE_W] = std::array::from_fn(|i| row(r + i));
+        // SAFETY: as above.
+        tile_of!(ts.len(), C => unsafe {
+            float_simd::tile::<W, X, C>(isa, ws, std::array::from_fn(|k| act(ts[k])))
+        })
+    });
 }

@@ -198,7 +198,8 @@ unsafe fn lone_avx2<W: Widen, X: Widen>(w: &[W], x: &[X]) -> f32 {
     sum as f32
 }
 
-fn lanes(v: __m512) -> [f32; 16] {
+/// The sixteen f32 lanes of `v`.
+pub(super) fn lanes(v: __m512) -> [f32; 16] {
     // SAFETY: a plain reinterpretation of sixteen f32 lanes.
     unsafe { std::mem::transmute::<__m512, [f32; 16]>(v) }
 }

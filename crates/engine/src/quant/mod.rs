@@ -213,7 +213,7 @@ enum Activations {
     /// Float rows, row-major, for F32 weights.
     Float(Vec<f32>),
     /// Rows rounded to BF16 (held as f32), row-major, for BF16 weights; and the same as
-    /// BF16 if any row is batched (empty otherwise), for the tiles.
+    /// BF16 if any row is batched and the AVX512-BF16 tiles run (empty otherwise).
     Brain(Vec<f32>, Vec<half::bf16>),
     /// Rows rounded to F16, row-major, for F16 weights.
     Half(Vec<half::f16>),
@@ -247,7 +247,8 @@ impl Activations {
             ActivationKind::F16 => Self::Half(float::round_to_f16(x)),
             ActivationKind::Bf16 => {
                 let rounded = float::round_to_bf16(x);
-                let narrowed = match kernels.iter().any(|k| k.batched()) {
+                // Only the AVX512-BF16 tiles read them narrowed.
+                let narrowed = match kernels.iter().any(|k| k.batched()) && bf16_tiles() {
                     true => float::narrow_to_bf16(&rounded),
                     false => Vec::new(),
                 };
@@ -554,6 +555,19 @@ fn simd_wide_tiles() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         simd::vnni_available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether BF16 weights' batched rows take the AVX512-BF16 tiles, which read their
+/// activations narrowed to BF16.
+fn bf16_tiles() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        bf16_simd::available()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

@@ -188,22 +188,16 @@ pub(super) unsafe fn lanes_avx2(x: __m256i, y: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1))
 }
 
-/// How far ahead of its loads a streaming kernel asks for weights, in bytes.
-///
-/// The hardware prefetchers alone kept too few lines in flight for one-row (decode)
-/// products: on the benchmark machine (Zen 4, 2 threads, a 256 MiB matrix) a Q6_K row
-/// streamed at about 29 GB/s and Q4_K at 55, where a plain read of memory ran at 70–80.
-/// Asking for every line this far ahead doubled Q6_K's rate and raised the others' by a
-/// fifth to a half. One line in four (leaving the rest to the adjacent-line prefetcher)
-/// gained little; 2 KiB ahead was slower than 4 KiB, and 8 KiB the fastest.
-pub(super) const PREFETCH_AHEAD: usize = 8192;
-
-/// Asks for every cache line of `bytes` bytes from `p` on, [`PREFETCH_AHEAD`] bytes
-/// further on, into the first-level cache. Any address will do: a prefetch never
-/// faults, so running past the end of a matrix is harmless.
+/// Asks for every cache line of `bytes` bytes from `p` on, [`crate::cpu::prefetch_ahead`]
+/// bytes further on, into the first-level cache (nothing where that is 0). Any address
+/// will do: a prefetch never faults, so running past the end of a matrix is harmless.
 #[inline(always)]
 pub(super) fn prefetch_span<T>(p: *const T, bytes: usize) {
-    let ahead = (p as *const i8).wrapping_add(PREFETCH_AHEAD);
+    let distance = crate::cpu::prefetch_ahead();
+    if distance == 0 {
+        return;
+    }
+    let ahead = (p as *const i8).wrapping_add(distance);
     for off in (0..bytes).step_by(64) {
         // SAFETY: a prefetch reads nothing architecturally and never faults.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off)) };
