@@ -6,6 +6,7 @@
 //! Also decided once: how far ahead the one-row (decode) kernels ask for weights
 //! ([`prefetch_ahead`]), a property of the CPU's memory system rather than its instructions.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 /// The instruction sets the kernels may use.
@@ -126,7 +127,14 @@ impl Features {
 /// it before this is first asked).
 pub fn features() -> Features {
     static FEATURES: OnceLock<Features> = OnceLock::new();
-    *FEATURES.get_or_init(|| Features::detect().capped(Cap::from_env().unwrap_or(Cap::Native)))
+    *FEATURES.get_or_init(|| {
+        let ahead = prefetch_from_env().ok().flatten();
+        PREFETCH_AHEAD.store(
+            ahead.unwrap_or_else(default_prefetch_ahead),
+            Ordering::Relaxed,
+        );
+        Features::detect().capped(Cap::from_env().unwrap_or(Cap::Native))
+    })
 }
 
 /// What the CPU has, whatever `FERRITE_CPU` says: the kernel tests compare every path the
@@ -142,16 +150,20 @@ const PREFETCH_ENV: &str = "FERRITE_PREFETCH_AHEAD";
 /// How far ahead of their loads, in bytes, the one-row (decode) kernels ask for weights
 /// with software prefetches; 0 for not at all. `FERRITE_PREFETCH_AHEAD` sets it (a value
 /// that cannot be read counts as unset; `ferrite serve` refuses it before this is first
-/// asked), otherwise [`default_prefetch_ahead`].
+/// asked), otherwise [`default_prefetch_ahead`]. Decided with [`features`], which every
+/// SIMD kernel's caller has asked first.
+///
+/// A relaxed load of a static, not a call: the kernels read it inside their loops, and a
+/// call there (`OnceLock::get_or_init` was not inlined) made the compiler spill the
+/// vector accumulators around it, every register being caller-saved: it cost 1B Q4_K_M
+/// prefill two fifths of its speed.
+#[inline(always)]
 pub fn prefetch_ahead() -> usize {
-    static AHEAD: OnceLock<usize> = OnceLock::new();
-    *AHEAD.get_or_init(|| {
-        prefetch_from_env()
-            .ok()
-            .flatten()
-            .unwrap_or_else(default_prefetch_ahead)
-    })
+    PREFETCH_AHEAD.load(Ordering::Relaxed)
 }
+
+/// [`prefetch_ahead`]'s value, stored when [`features`] is decided.
+static PREFETCH_AHEAD: AtomicUsize = AtomicUsize::new(0);
 
 /// The distance `FERRITE_PREFETCH_AHEAD` asks for (`None` when unset).
 pub fn prefetch_from_env() -> Result<Option<usize>, String> {

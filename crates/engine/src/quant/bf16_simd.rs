@@ -72,12 +72,13 @@ unsafe fn load(p: *const bf16) -> __m512bh {
 /// AVX-512F, BW and BF16 must be available ([`available`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 pub unsafe fn lone(w: &[bf16], x: &[f32]) -> f32 {
+    let ahead = crate::cpu::prefetch_ahead();
     assert_eq!(w.len(), x.len());
     let idx = upper_halves();
     let whole = w.len() / (2 * BLOCK) * (2 * BLOCK);
     let mut acc = [_mm512_setzero_ps(); 2];
     for k in (0..whole).step_by(2 * BLOCK) {
-        prefetch_span(w.as_ptr().add(k), 2 * BLOCK * 2);
+        prefetch_span(w.as_ptr().add(k), 2 * BLOCK * 2, ahead);
         for (i, acc) in acc.iter_mut().enumerate() {
             let at = k + i * BLOCK;
             *acc = _mm512_dpbf16_ps(

@@ -174,11 +174,12 @@ unsafe fn tile_avx2<W: Widen, X: Widen, const C: usize>(
 /// [`lone_avx512`] of one row with AVX2.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn lone_avx2<W: Widen, X: Widen>(w: &[W], x: &[X]) -> f32 {
+    let ahead = crate::cpu::prefetch_ahead();
     assert_eq!(w.len(), x.len());
     let whole = x.len() / 64 * 64;
     let mut acc = [(_mm256_setzero_ps(), _mm256_setzero_ps()); 4];
     for k in (0..whole).step_by(64) {
-        prefetch_span(w.as_ptr().add(k), 64 * size_of::<W>());
+        prefetch_span(w.as_ptr().add(k), 64 * size_of::<W>(), ahead);
         for (i, acc) in acc.iter_mut().enumerate() {
             let at = k + 16 * i;
             let (wp, xp) = (w.as_ptr().add(at), x.as_ptr().add(at));
@@ -295,12 +296,13 @@ unsafe fn reduce_add_16_many(v: [__m512; 16]) -> [f32; 16] {
 /// AVX-512F, FMA and F16C must be available; every row of `w` has the length of `x`.
 #[target_feature(enable = "avx512f,fma,f16c")]
 unsafe fn lone_avx512<W: Widen, X: Widen, const R: usize>(w: [&[W]; R], x: &[X]) -> [f32; R] {
+    let ahead = crate::cpu::prefetch_ahead();
     assert!(w.iter().all(|w| w.len() == x.len()));
     let whole = x.len() / 64 * 64;
     let mut acc = [[_mm512_setzero_ps(); 4]; R];
     for k in (0..whole).step_by(64) {
         for w in &w {
-            prefetch_span(w.as_ptr().add(k), 64 * size_of::<W>());
+            prefetch_span(w.as_ptr().add(k), 64 * size_of::<W>(), ahead);
         }
         for i in 0..4 {
             let at = k + 16 * i;

@@ -93,11 +93,12 @@ unsafe fn q4k_pair_sums(w: &Q4kBlock, a: &Q8KRow, b: usize) -> (__m128i, __m256i
 // Always inlined into a function that enables AVX2, FMA and F16C.
 #[inline(always)]
 unsafe fn q4k_body<const N: usize>(w: &[u8], a: [&Q8KRow; N], kernels: [RowKernel; N]) -> [f32; N] {
+    let ahead = crate::cpu::prefetch_ahead();
     let blocks = w.len() / Q4_K;
     assert!(a.iter().all(|row| row.has_blocks(blocks)));
     let mut sums = kernels.map(Q4kSums::new);
     for b in 0..blocks {
-        prefetch_span(w.as_ptr().add(b * Q4_K), Q4_K);
+        prefetch_span(w.as_ptr().add(b * Q4_K), Q4_K, ahead);
         let block = decode_q4k(w.as_ptr().add(b * Q4_K));
         for r in 0..N {
             let (psum, m) = q4k_pair_sums(&block, a[r], b);
@@ -142,6 +143,7 @@ pub unsafe fn dot_q6k_rows<const N: usize, const TILED: bool>(
 // Always inlined into a function that enables AVX2, FMA and F16C.
 #[inline(always)]
 unsafe fn q6k_body<const N: usize, const TILED: bool>(w: &[u8], a: [&Q8KRow; N]) -> [f32; N] {
+    let ahead = crate::cpu::prefetch_ahead();
     let blocks = w.len() / Q6_K;
     assert!(a.iter().all(|row| row.has_blocks(blocks)));
     let m3 = _mm256_set1_epi8(3);
@@ -150,7 +152,7 @@ unsafe fn q6k_body<const N: usize, const TILED: bool>(w: &[u8], a: [&Q8KRow; N])
     let mut tiled = [0f32; N];
     for b in 0..blocks {
         let block = w.as_ptr().add(b * Q6_K);
-        prefetch_span(block, Q6_K);
+        prefetch_span(block, Q6_K, ahead);
         let (ql, qh, sc) = (block, block.add(128), block.add(192) as *const i8);
         let dw = f16_at(block.add(208));
         let scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc as *const __m128i));
@@ -240,6 +242,7 @@ pub unsafe fn dot_q5k_rows<const N: usize, const TILED: bool>(
     w: &[u8],
     a: [&Q8KRow; N],
 ) -> [f32; N] {
+    let ahead = crate::cpu::prefetch_ahead();
     let blocks = w.len() / Q5_K;
     assert!(a.iter().all(|row| row.has_blocks(blocks)));
     let low = _mm256_set1_epi8(0x0F);
@@ -248,7 +251,7 @@ pub unsafe fn dot_q5k_rows<const N: usize, const TILED: bool>(
     let mut acc_min = [0f32; N];
     for b in 0..blocks {
         let block = w.as_ptr().add(b * Q5_K);
-        prefetch_span(block, Q5_K);
+        prefetch_span(block, Q5_K, ahead);
         let scales = std::slice::from_raw_parts(block.add(4), 12);
         let qh = _mm256_loadu_si256(block.add(16) as *const __m256i);
         let mut x = [_mm256_setzero_si256(); 8];
@@ -330,6 +333,7 @@ pub unsafe fn dot_iq4xs_rows<const N: usize, const TILED: bool>(
     w: &[u8],
     a: [&Q8KRow; N],
 ) -> [f32; N] {
+    let ahead = crate::cpu::prefetch_ahead();
     let blocks = w.len() / IQ4_XS;
     assert!(a.iter().all(|row| row.has_blocks(blocks)));
     let table = _mm_loadu_si128(iq4::VALUES.as_ptr() as *const __m128i);
@@ -338,7 +342,7 @@ pub unsafe fn dot_iq4xs_rows<const N: usize, const TILED: bool>(
     let mut tiled = [0f32; N];
     for b in 0..blocks {
         let block = w.as_ptr().add(b * IQ4_XS);
-        prefetch_span(block, IQ4_XS);
+        prefetch_span(block, IQ4_XS, ahead);
         let raw = std::slice::from_raw_parts(block, IQ4_XS);
         let mut x = [_mm256_setzero_si256(); 8];
         let mut sc = [_mm256_setzero_si256(); 8];

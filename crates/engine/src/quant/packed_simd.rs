@@ -62,6 +62,7 @@ unsafe fn group_avx2<const N: usize, const R: usize>(
     first: usize,
     a: [&Q8Row; N],
 ) -> [[f32; N]; R] {
+    let ahead = crate::cpu::prefetch_ahead();
     let stride = GROUP * format.block_bytes();
     let minimums = format == BlockFormat::Q4_1;
     let mut acc = [[_mm256_setzero_ps(); N]; R];
@@ -69,7 +70,7 @@ unsafe fn group_avx2<const N: usize, const R: usize>(
     let mut extra = [_mm256_setzero_ps(); N];
     for b in 0..blocks {
         let column = group.as_ptr().add(b * stride);
-        prefetch_span(column, stride);
+        prefetch_span(column, stride, ahead);
         let d = _mm256_cvtph_ps(_mm_loadu_si128(column as *const __m128i));
         let m = if minimums {
             _mm256_cvtph_ps(_mm_loadu_si128(column.add(GROUP * 2) as *const __m128i))
@@ -331,6 +332,7 @@ unsafe fn group_vnni_format<const N: usize, const R: usize, const F: u8>(
     first: usize,
     a: [&Q8Row; N],
 ) -> [[f32; N]; R] {
+    let ahead = crate::cpu::prefetch_ahead();
     assert!(R.is_multiple_of(2) && R <= GROUP && N <= 4);
     let format = format_of::<F>();
     let signed = F != Q4_1;
@@ -347,7 +349,7 @@ unsafe fn group_vnni_format<const N: usize, const R: usize, const F: u8>(
     });
     for b in 0..blocks {
         let column = group.as_ptr().add(b * stride);
-        prefetch_span(column, stride);
+        prefetch_span(column, stride, ahead);
         let d = _mm256_cvtph_ps(_mm_loadu_si128(column as *const __m128i));
         // Q4_1's eight minimums (unused otherwise).
         let m = if signed {

@@ -305,6 +305,7 @@ mod simd {
         a: [&Q8KRow; T],
         sums: [&LaneSums; T],
     ) -> [[f32; 2]; T] {
+        let ahead = crate::cpu::prefetch_ahead();
         const LINES: usize = 6;
         assert!(lines.len() >= blocks * LINES);
         let low = _mm512_set1_epi8(0x0F);
@@ -316,7 +317,7 @@ mod simd {
         let mut acc_min = [_mm256_setzero_ps(); T];
         for b in 0..blocks {
             let base = lines.as_ptr().add(b * LINES);
-            prefetch_span(base, LINES * 64);
+            prefetch_span(base, LINES * 64, ahead);
             let line = |k: usize| _mm512_load_si512(base.add(k) as *const __m512i);
             let head = base as *const u8;
             let qh = line(5);
@@ -384,6 +385,7 @@ mod simd {
         a: [&Q8KRow; T],
         sums: [&LaneSums; T],
     ) -> [[f32; 2]; T] {
+        let ahead = crate::cpu::prefetch_ahead();
         const LINES: usize = 5;
         assert!(lines.len() >= blocks * LINES);
         let low = _mm512_set1_epi8(0x0F);
@@ -394,7 +396,7 @@ mod simd {
         let mut acc = [_mm512_setzero_ps(); T];
         for b in 0..blocks {
             let base = lines.as_ptr().add(b * LINES);
-            prefetch_span(base, LINES * 64);
+            prefetch_span(base, LINES * 64, ahead);
             let line = |k: usize| _mm512_load_si512(base.add(k) as *const __m512i);
             let head = base as *const u8;
             let scales = _mm512_cvtepi8_epi32(_mm_loadu_si128(head.add(16) as *const __m128i));

@@ -126,6 +126,7 @@ mod simd {
         a: [&Q8KRow; T],
         kernels: [RowKernel; T],
     ) -> [[f32; ROWS]; T] {
+        let ahead = crate::cpu::prefetch_ahead();
         assert!(lines.len() >= blocks * LINES);
         let per_pair = kernels.map(RowKernel::in_group_of_four);
         let low = _mm512_set1_epi8(0x0F);
@@ -134,7 +135,7 @@ mod simd {
         let mut acc_min = [_mm512_setzero_ps(); T];
         for b in 0..blocks {
             let base = lines.as_ptr().add(b * LINES);
-            prefetch_span(base, LINES * 64);
+            prefetch_span(base, LINES * 64, ahead);
             let line = |k: usize| base.add(k) as *const __m512i;
             let d = _mm512_cvtph_ps(_mm256_load_si256(line(0) as *const __m256i));
             let dmin = _mm512_cvtph_ps(_mm256_load_si256((line(0) as *const __m256i).add(1)));

@@ -171,12 +171,13 @@ mod simd {
         blocks: usize,
         a: [&Q8KRow; T],
     ) -> [[f32; ROWS]; T] {
+        let ahead = crate::cpu::prefetch_ahead();
         assert!(lines.len() >= blocks * LINES);
         let zero = _mm512_setzero_si512();
         let mut acc = [[_mm512_setzero_ps(); 8]; T];
         for b in 0..blocks {
             let base = lines.as_ptr().add(b * LINES);
-            prefetch_span(base, LINES * 64);
+            prefetch_span(base, LINES * 64, ahead);
             let q8: [*const i32; T] = a.map(|a| a.qs.as_ptr().add(b * QK_K) as *const i32);
             let mut lanes = [[zero; 8]; T];
             // Lane l's share of the correction, 32 · (sc[2l], sc[2l+1]) as 16-bit pairs.
