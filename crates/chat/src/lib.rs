@@ -1,0 +1,152 @@
+//! Chat templates: a model's Jinja chat template (its GGUF's `tokenizer.chat_template`, or
+//! one the operator gives) rendered over a conversation into the prompt text the model was
+//! trained on, as Hugging Face's `apply_chat_template` and llama.cpp's server render it.
+//!
+//! The templates are written for Python's Jinja2 as `transformers` runs it, so they are
+//! rendered here the same way: blocks trimmed (`trim_blocks`, `lstrip_blocks`), Python's
+//! string and dict methods (`strip`, `startswith`, `items`, … through minijinja's
+//! `pycompat`), `tojson` writing JSON as Python's `json.dumps` does, and the globals the
+//! templates expect (`bos_token`, `eos_token`, `add_generation_prompt`, `messages`,
+//! `tools`, `raise_exception`, `strftime_now`). A template's error, raised or not, is a
+//! [`TemplateError`] with its message: the caller answers the client with it.
+//!
+//! A model without a template gets [`CHATML`], as llama.cpp's server gives it.
+
+#![deny(missing_docs)]
+
+mod pyjson;
+
+use minijinja::{Environment, Error, ErrorKind, Value};
+use serde_json::Value as Json;
+
+/// The template a model without one gets: ChatML, llama.cpp's server's default.
+pub const CHATML: &str = "{%- for message in messages -%}\n  {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n  {{- '<|im_start|>assistant\\n' -}}\n{%- endif -%}";
+
+/// The template's name in error messages.
+const NAME: &str = "chat_template";
+
+/// Instructions one rendering may run: far more than any real template needs for a
+/// conversation within the server's body limit, and a bound on a template that loops.
+const FUEL: u64 = 50_000_000;
+
+/// A template's failure to compile or render, with its message (and line, where known).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct TemplateError(String);
+
+impl From<Error> for TemplateError {
+    fn from(e: Error) -> Self {
+        let mut message = match (e.kind(), e.detail()) {
+            // raise_exception's message as the template wrote it.
+            (ErrorKind::InvalidOperation, Some(detail)) => detail.to_string(),
+            _ => e.to_string(),
+        };
+        if let Some(line) = e.line() {
+            if !message.contains("line") {
+                message.push_str(&format!(" (chat template line {line})"));
+            }
+        }
+        Self(message)
+    }
+}
+
+/// The special tokens a template sees, and whether the tokenizer adds them itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpecialTokens {
+    /// The beginning-of-sequence token's text (`bos_token`).
+    pub bos: String,
+    /// The end-of-sequence token's text (`eos_token`).
+    pub eos: String,
+    /// Whether tokenizing the prompt adds the BOS token: a rendered prompt that begins
+    /// with it loses it, so that it is not there twice (llama.cpp does the same).
+    pub add_bos: bool,
+    /// Whether tokenizing adds the EOS token: a rendered prompt that ends with it loses it.
+    pub add_eos: bool,
+}
+
+/// What one rendering takes.
+#[derive(Debug, Clone, Copy)]
+pub struct Conversation<'a> {
+    /// The messages, each a JSON object (`role`, `content`, and whatever else the client
+    /// sent that the template may read: `name`, `tool_calls`, `tool_call_id`).
+    pub messages: &'a [Json],
+    /// The tools the client offers (their JSON definitions), if any.
+    pub tools: Option<&'a [Json]>,
+    /// Whether to end with the start of the assistant's turn.
+    pub add_generation_prompt: bool,
+}
+
+/// A compiled chat template and the special tokens it renders with.
+#[derive(Debug)]
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    tokens: SpecialTokens,
+}
+
+impl ChatTemplate {
+    /// Compiles `source`, or names its syntax error.
+    pub fn new(source: &str, tokens: SpecialTokens) -> Result<Self, TemplateError> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_fuel(Some(FUEL));
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_filter("tojson", pyjson::tojson);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_template_owned(NAME, source.to_string())?;
+        Ok(Self { env, tokens })
+    }
+
+    /// The prompt text of `conversation`.
+    pub fn render(&self, conversation: &Conversation) -> Result<String, TemplateError> {
+        let template = self.env.get_template(NAME)?;
+        let mut context = serde_json::Map::new();
+        context.insert(
+            "messages".into(),
+            Json::from(conversation.messages.to_vec()),
+        );
+        context.insert("bos_token".into(), Json::from(self.tokens.bos.clone()));
+        context.insert("eos_token".into(), Json::from(self.tokens.eos.clone()));
+        context.insert(
+            "add_generation_prompt".into(),
+            Json::from(conversation.add_generation_prompt),
+        );
+        if let Some(tools) = conversation.tools.filter(|t| !t.is_empty()) {
+            context.insert("tools".into(), Json::from(tools.to_vec()));
+        }
+        let mut text = template.render(Value::from_serialize(&context))?;
+        let (bos, eos) = (&self.tokens.bos, &self.tokens.eos);
+        if self.tokens.add_bos && !bos.is_empty() && text.starts_with(bos.as_str()) {
+            text.drain(..bos.len());
+        }
+        if self.tokens.add_eos && !eos.is_empty() && text.ends_with(eos.as_str()) {
+            text.truncate(text.len() - eos.len());
+        }
+        Ok(text)
+    }
+}
+
+/// `raise_exception(message)`: the template refuses the conversation.
+fn raise_exception(message: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, message))
+}
+
+/// `strftime_now(format)`: the local time, as Python's `datetime.now().strftime`.
+fn strftime_now(format: String) -> Result<Value, Error> {
+    use chrono::format::{Item, StrftimeItems};
+    let items: Vec<Item> = StrftimeItems::new(&format).collect();
+    if items.iter().any(|i| matches!(i, Item::Error)) {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("strftime_now: invalid format {format:?}"),
+        ));
+    }
+    let now = chrono::Local::now();
+    Ok(Value::from(
+        now.format_with_items(items.into_iter()).to_string(),
+    ))
+}
+
+#[cfg(test)]
+mod tests;
