@@ -39,12 +39,11 @@ impl From<Error> for TemplateError {
         let mut message = match (e.kind(), e.detail()) {
             // raise_exception's message as the template wrote it.
             (ErrorKind::InvalidOperation, Some(detail)) => detail.to_string(),
-            _ => e.to_string(),
+            (kind, Some(detail)) => format!("{kind}: {detail}"),
+            (kind, None) => kind.to_string(),
         };
         if let Some(line) = e.line() {
-            if !message.contains("line") {
-                message.push_str(&format!(" (chat template line {line})"));
-            }
+            message.push_str(&format!(" (chat template line {line})"));
         }
         Self(message)
     }
@@ -70,7 +69,8 @@ pub struct Conversation<'a> {
     /// The messages, each a JSON object (`role`, `content`, and whatever else the client
     /// sent that the template may read: `name`, `tool_calls`, `tool_call_id`).
     pub messages: &'a [Json],
-    /// The tools the client offers (their JSON definitions), if any.
+    /// The tools the client offers (their JSON definitions), if any: `tools` is `none` in
+    /// the template otherwise.
     pub tools: Option<&'a [Json]>,
     /// Whether to end with the start of the assistant's turn.
     pub add_generation_prompt: bool,
@@ -112,9 +112,12 @@ impl ChatTemplate {
             "add_generation_prompt".into(),
             Json::from(conversation.add_generation_prompt),
         );
-        if let Some(tools) = conversation.tools.filter(|t| !t.is_empty()) {
-            context.insert("tools".into(), Json::from(tools.to_vec()));
-        }
+        // `none` without tools, as transformers passes them: templates test `tools is not none`.
+        let tools = conversation.tools.filter(|t| !t.is_empty());
+        context.insert(
+            "tools".into(),
+            tools.map_or(Json::Null, |t| Json::from(t.to_vec())),
+        );
         let mut text = template.render(Value::from_serialize(&context))?;
         let (bos, eos) = (&self.tokens.bos, &self.tokens.eos);
         if self.tokens.add_bos && !bos.is_empty() && text.starts_with(bos.as_str()) {

@@ -7,9 +7,15 @@ use minijinja::value::Kwargs;
 use minijinja::{Error, ErrorKind, Value};
 use serde_json::Value as Json;
 
-/// The `tojson` filter: `value|tojson`, `value|tojson(indent=2)`, `tojson(4)`, with
-/// `sort_keys`, `ensure_ascii` and `separators` as in Python.
-pub fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value, Error> {
+/// The `tojson` filter as transformers defines it, `tojson(x, ensure_ascii=False,
+/// indent=None, separators=None, sort_keys=False)`: `value|tojson`,
+/// `value|tojson(indent=2)`, arguments by position in that order or by name.
+pub fn tojson(
+    value: &Value,
+    ensure_ascii: Option<bool>,
+    indent: Option<Value>,
+    kwargs: Kwargs,
+) -> Result<Value, Error> {
     let indent = match indent.or(kwargs.get::<Option<Value>>("indent")?) {
         Some(v) if v.is_none() || v.is_undefined() => None,
         Some(v) => Some(usize::try_from(v.clone()).map_err(|_| {
@@ -20,8 +26,11 @@ pub fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Va
         })?),
         None => None,
     };
+    let ensure_ascii = match ensure_ascii {
+        Some(b) => b,
+        None => kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false),
+    };
     let sort_keys = kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
-    let ensure_ascii = kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false);
     let separators = kwargs.get::<Option<Vec<String>>>("separators")?;
     kwargs.assert_all_used()?;
     let (item, key) = match separators.as_deref() {
@@ -124,7 +133,8 @@ impl Style {
                 '\t' => out.push_str("\\t"),
                 '\u{8}' => out.push_str("\\b"),
                 '\u{c}' => out.push_str("\\f"),
-                c if (c as u32) < 0x20 || (self.ensure_ascii && !c.is_ascii()) => {
+                // Python's ensure_ascii escapes all but printable ASCII (DEL too).
+                c if (c as u32) < 0x20 || (self.ensure_ascii && !(' '..='~').contains(&c)) => {
                     let mut units = [0u16; 2];
                     for unit in c.encode_utf16(&mut units) {
                         out.push_str(&format!("\\u{unit:04x}"));
@@ -137,24 +147,36 @@ impl Style {
     }
 }
 
-/// A number as Python's `repr` writes it: integers as they are, floats with a `.0` when
-/// whole and a signed two-digit exponent (`1e+16`, `1.5e-07`).
+/// A number as Python's `repr` writes it: integers as they are; floats in the shortest
+/// digits that read back the same, positionally where the decimal exponent is in -4..16
+/// (with `.0` when whole), otherwise as `1e+16`, `1.5e-07`.
 pub(crate) fn python_number(n: &serde_json::Number) -> String {
     if n.is_i64() || n.is_u64() {
         return n.to_string();
     }
     let f = n.as_f64().unwrap_or(f64::NAN);
-    let text = n.to_string();
-    match text.split_once('e') {
-        Some((mantissa, exp)) => {
-            let (sign, digits) = match exp.strip_prefix('-') {
-                Some(d) => ('-', d),
-                None => ('+', exp.strip_prefix('+').unwrap_or(exp)),
-            };
-            let mantissa = mantissa.strip_suffix(".0").unwrap_or(mantissa);
-            format!("{mantissa}e{sign}{digits:0>2}")
-        }
-        None if f.fract() == 0.0 && !text.contains('.') => format!("{text}.0"),
-        None => text,
+    // Rust's `{:e}` gives the shortest round-trip digits: "-1.2345e-7".
+    let scientific = format!("{f:e}");
+    let (mantissa, exp) = scientific.split_once('e').unwrap_or((&scientific, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let (sign, mantissa) = match mantissa.strip_prefix('-') {
+        Some(m) => ("-", m),
+        None => ("", mantissa),
+    };
+    if !(-4..16).contains(&exp) {
+        let exp_sign = if exp < 0 { '-' } else { '+' };
+        return format!("{sign}{mantissa}e{exp_sign}{:02}", exp.abs());
     }
+    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    let body = if exp < 0 {
+        format!("0.{}{digits}", "0".repeat((-exp - 1) as usize))
+    } else {
+        let point = exp as usize + 1;
+        if digits.len() <= point {
+            format!("{digits}{}.0", "0".repeat(point - digits.len()))
+        } else {
+            format!("{}.{}", &digits[..point], &digits[point..])
+        }
+    };
+    format!("{sign}{body}")
 }

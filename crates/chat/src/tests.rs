@@ -86,6 +86,13 @@ fn python_numbers() {
     assert_eq!(n(json!(0.1)), "0.1");
     assert_eq!(n(json!(1.5e-7)), "1.5e-07");
     assert_eq!(n(json!(1e20)), "1e+20");
+    assert_eq!(n(json!(1e16)), "1e+16");
+    assert_eq!(n(json!(1e15)), "1000000000000000.0");
+    assert_eq!(n(json!(123456789.0)), "123456789.0");
+    assert_eq!(n(json!(1e-4)), "0.0001");
+    assert_eq!(n(json!(1e-5)), "1e-05");
+    assert_eq!(n(json!(5e-5)), "5e-05");
+    assert_eq!(n(json!(-2.5e-3)), "-0.0025");
     assert_eq!(n(json!(-3)), "-3");
 }
 
@@ -140,7 +147,29 @@ fn a_leading_bos_goes_where_the_tokenizer_adds_one() {
 }
 
 #[test]
-fn tools_are_undefined_without_any() {
-    let source = "{% if tools is defined %}tools{% else %}none{% endif %}";
+fn tools_are_none_without_any() {
+    // As transformers passes them: Mistral's template tests `tools is not none`.
+    let source = "{% if tools is not none %}tools{% else %}none{% endif %}";
     assert_eq!(render(source, &[]).unwrap(), "none");
+}
+
+#[test]
+fn tojson_takes_transformers_arguments() {
+    let template = ChatTemplate::new(
+        "{{ messages[0] | tojson(true) }} {{ messages[0] | tojson(ensure_ascii=true, sort_keys=true, separators=[',', ':']) }}",
+        tokens(),
+    )
+    .unwrap();
+    let messages = [json!({"z": "é\u{7f}", "a": 1})];
+    let text = template
+        .render(&Conversation {
+            messages: &messages,
+            tools: None,
+            add_generation_prompt: false,
+        })
+        .unwrap();
+    assert_eq!(
+        text,
+        "{\"z\": \"\\u00e9\\u007f\", \"a\": 1} {\"a\":1,\"z\":\"\\u00e9\\u007f\"}"
+    );
 }

@@ -153,10 +153,9 @@ const PREFETCH_ENV: &str = "FERRITE_PREFETCH_AHEAD";
 /// asked), otherwise [`default_prefetch_ahead`]. Decided with [`features`], which every
 /// SIMD kernel's caller has asked first.
 ///
-/// A relaxed load of a static, not a call: the kernels read it inside their loops, and a
-/// call there (`OnceLock::get_or_init` was not inlined) made the compiler spill the
-/// vector accumulators around it, every register being caller-saved: it cost 1B Q4_K_M
-/// prefill two fifths of its speed.
+/// Each kernel reads it once, before its loop, and passes it on as a plain local: read
+/// inside the loop (a call to `OnceLock::get_or_init`, or a load of this static) it cost
+/// 1B Q4_K_M prefill two fifths of its speed, whatever the distance.
 #[inline(always)]
 pub fn prefetch_ahead() -> usize {
     PREFETCH_AHEAD.load(Ordering::Relaxed)
@@ -176,8 +175,8 @@ pub fn prefetch_from_env() -> Result<Option<usize>, String> {
     }
 }
 
-/// The prefetch distance for this CPU, where measured: 8 KiB on AMD's Zen 5 (family 1Ah),
-/// none elsewhere.
+/// The prefetch distance for this CPU, where measured: 8 KiB on AMD's Zen 5 (family 1Ah,
+/// and the later families, taken to share its memory system), none elsewhere.
 ///
 /// On a Zen 5 the hardware prefetchers alone kept too few lines in flight: a one-row Q6_K
 /// product (2 threads, 256 MiB) streamed 29 GB/s and Q4_K 55 where memory gave 70–80, and
