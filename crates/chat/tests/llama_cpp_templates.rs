@@ -28,10 +28,11 @@ fn check(name: &str) {
     assert!(!cases.is_empty());
     for case in cases {
         let messages = case["messages"].as_array().unwrap();
+        let tools = case.get("tools").map(|t| t.as_array().unwrap().as_slice());
         let got = template
             .render(&Conversation {
                 messages,
-                tools: None,
+                tools,
                 add_generation_prompt: true,
             })
             .unwrap();
@@ -51,4 +52,15 @@ fn smollm2_template_renders_as_llama_cpp() {
 #[test]
 fn a_model_without_a_template_gets_llama_cpps_chatml() {
     check("gemma3-270m.json");
+}
+
+#[test]
+fn llama3_template_renders_as_llama_cpp() {
+    // Its BOS comes from the template and goes again, as the tokenizer adds one.
+    check("llama3.json");
+}
+
+#[test]
+fn qwen3_template_renders_tools_calls_and_results_as_llama_cpp() {
+    check("qwen3.json");
 }
