@@ -19,33 +19,16 @@ use super::{Activations, RowKernel};
 /// rows of a full tile's array.
 #[cfg(target_arch = "x86_64")]
 macro_rules! tile_of {
-    ($n:expr, $c:ident => $body:expr) => {{
+    ($n:expr, $c:ident => $body:expr) => {
+        tile_of!($n, $c => $body; 1 2 3 4 5 6)
+    };
+    ($n:expr, $c:ident => $body:expr; $($h:literal)*) => {{
         let mut got = [[0f32; float_simd::TILE_W]; float_simd::TILE_X];
         match $n {
-            1 => {
-                const $c: usize = 1;
-                got[..1].copy_from_slice(&$body)
-            }
-            2 => {
-                const $c: usize = 2;
-                got[..2].copy_from_slice(&$body)
-            }
-            3 => {
-                const $c: usize = 3;
-                got[..3].copy_from_slice(&$body)
-            }
-            4 => {
-                const $c: usize = 4;
-                got[..4].copy_from_slice(&$body)
-            }
-            5 => {
-                const $c: usize = 5;
-                got[..5].copy_from_slice(&$body)
-            }
-            6 => {
-                const $c: usize = 6;
-                got[..6].copy_from_slice(&$body)
-            }
+            $($h => {
+                const $c: usize = $h;
+                got[..$h].copy_from_slice(&$body)
+            })*
             n => unreachable!("{n} activation rows in a tile"),
         }
         got

@@ -248,10 +248,11 @@ impl Activations {
             ActivationKind::Bf16 => {
                 let rounded = float::round_to_bf16(x);
                 // Only the AVX512-BF16 tiles read them narrowed.
-                let narrowed = match kernels.iter().any(|k| k.batched()) && bf16_tiles() {
-                    true => float::narrow_to_bf16(&rounded),
-                    false => Vec::new(),
-                };
+                let narrowed =
+                    match kernels.iter().any(|k| k.batched()) && crate::cpu::features().bf16 {
+                        true => float::narrow_to_bf16(&rounded),
+                        false => Vec::new(),
+                    };
                 Self::Brain(rounded, narrowed)
             }
             ActivationKind::Q8KGemv => Self::Q8K(
@@ -555,19 +556,6 @@ fn simd_wide_tiles() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         simd::vnni_available()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// Whether BF16 weights' batched rows take the AVX512-BF16 tiles, which read their
-/// activations narrowed to BF16.
-fn bf16_tiles() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        bf16_simd::available()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
