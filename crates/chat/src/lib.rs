@@ -101,24 +101,16 @@ impl ChatTemplate {
     /// The prompt text of `conversation`.
     pub fn render(&self, conversation: &Conversation) -> Result<String, TemplateError> {
         let template = self.env.get_template(NAME)?;
-        let mut context = serde_json::Map::new();
-        context.insert(
-            "messages".into(),
-            Json::from(conversation.messages.to_vec()),
-        );
-        context.insert("bos_token".into(), Json::from(self.tokens.bos.clone()));
-        context.insert("eos_token".into(), Json::from(self.tokens.eos.clone()));
-        context.insert(
-            "add_generation_prompt".into(),
-            Json::from(conversation.add_generation_prompt),
-        );
         // `none` without tools, as transformers passes them: templates test `tools is not none`.
         let tools = conversation.tools.filter(|t| !t.is_empty());
-        context.insert(
-            "tools".into(),
-            tools.map_or(Json::Null, |t| Json::from(t.to_vec())),
-        );
-        let mut text = template.render(Value::from_serialize(&context))?;
+        let context = minijinja::context! {
+            messages => Value::from_serialize(conversation.messages),
+            bos_token => &self.tokens.bos,
+            eos_token => &self.tokens.eos,
+            add_generation_prompt => conversation.add_generation_prompt,
+            tools => tools.map(Value::from_serialize),
+        };
+        let mut text = template.render(context)?;
         let (bos, eos) = (&self.tokens.bos, &self.tokens.eos);
         if self.tokens.add_bos && !bos.is_empty() && text.starts_with(bos.as_str()) {
             text.drain(..bos.len());
