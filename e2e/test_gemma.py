@@ -85,3 +85,22 @@ def test_streamed_logprobs_and_echo(gemma):
     text = "".join(c["choices"][0]["text"] for c in chunks)
     tokens = [t for c in chunks if c["choices"][0]["logprobs"] for t in c["choices"][0]["logprobs"]["tokens"]]
     assert text == whole["text"] and tokens == whole["logprobs"]["tokens"]
+
+
+CHAT = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "chat" / f"{GEMMA}.json").read_text())
+
+
+@pytest.mark.parametrize("case", CHAT["answers"], ids=lambda c: json.dumps(c["messages"])[:40])
+def test_chat_answers_equal_llama_cpps_up_to_the_end_of_turn(gemma, case):
+    # The file has no chat template: both servers render ChatML. `<|im_end|>` is no token
+    # of Gemma's vocabulary, so llama.cpp writes it out and goes on; ferrite stops there.
+    r = httpx.post(f"{gemma.base}/v1/chat/completions", timeout=120,
+                   json={"model": GEMMA, "messages": case["messages"], "max_tokens": 24, "temperature": 0})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["usage"]["prompt_tokens"] == case["prompt_tokens"]
+    content = body["choices"][0]["message"]["content"].removesuffix("\ufffd")
+    expected, cut, _ = case["content"].partition("<|im_end|>")
+    assert content == expected
+    if cut:
+        assert body["choices"][0]["stop_reason"] == "<|im_end|>"

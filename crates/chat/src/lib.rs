@@ -15,6 +15,7 @@
 #![deny(missing_docs)]
 
 mod pyjson;
+pub mod tools;
 
 use minijinja::{Environment, Error, ErrorKind, Value};
 use serde_json::Value as Json;
@@ -74,6 +75,9 @@ pub struct Conversation<'a> {
     pub tools: Option<&'a [Json]>,
     /// Whether to end with the start of the assistant's turn.
     pub add_generation_prompt: bool,
+    /// More variables for the template (vLLM's `chat_template_kwargs`, such as Qwen 3's
+    /// `enable_thinking`); they cannot replace the ones above.
+    pub extra: Option<&'a serde_json::Map<String, Json>>,
 }
 
 /// A compiled chat template and the special tokens it renders with.
@@ -109,6 +113,7 @@ impl ChatTemplate {
             eos_token => &self.tokens.eos,
             add_generation_prompt => conversation.add_generation_prompt,
             tools => tools.map(Value::from_serialize),
+            ..Value::from_serialize(conversation.extra)
         };
         let mut text = template.render(context)?;
         let (bos, eos) = (&self.tokens.bos, &self.tokens.eos);

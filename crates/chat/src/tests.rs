@@ -16,6 +16,7 @@ fn render(source: &str, messages: &[Json]) -> Result<String, TemplateError> {
         messages,
         tools: None,
         add_generation_prompt: true,
+        extra: None,
     })
 }
 
@@ -67,6 +68,7 @@ fn tojson_writes_as_pythons_json_dumps() {
             messages: &[],
             tools: Some(&tools),
             add_generation_prompt: false,
+            extra: None,
         })
         .unwrap();
     // Keys keep their order, Python's separators, non-ASCII as it is.
@@ -137,6 +139,7 @@ fn a_leading_bos_goes_where_the_tokenizer_adds_one() {
         messages: &messages,
         tools: None,
         add_generation_prompt: false,
+        extra: None,
     };
     let plain = ChatTemplate::new(source, special.clone()).unwrap();
     assert_eq!(plain.render(&conversation).unwrap(), "<s>x</s>");
@@ -166,10 +169,30 @@ fn tojson_takes_transformers_arguments() {
             messages: &messages,
             tools: None,
             add_generation_prompt: false,
+            extra: None,
         })
         .unwrap();
     assert_eq!(
         text,
         "{\"z\": \"\\u00e9\\u007f\", \"a\": 1} {\"a\":1,\"z\":\"\\u00e9\\u007f\"}"
     );
+}
+
+#[test]
+fn extra_variables_reach_the_template_but_cannot_replace_its_own() {
+    let extra: serde_json::Map<String, Json> =
+        serde_json::from_str(r#"{"enable_thinking": false, "bos_token": "X"}"#).unwrap();
+    let got = ChatTemplate::new(
+        "{{ bos_token }}{% if enable_thinking is false %}no thinking{% endif %}",
+        tokens(),
+    )
+    .unwrap()
+    .render(&Conversation {
+        messages: &[],
+        tools: None,
+        add_generation_prompt: false,
+        extra: Some(&extra),
+    })
+    .unwrap();
+    assert_eq!(got, "<s>no thinking");
 }

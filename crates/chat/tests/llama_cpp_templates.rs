@@ -34,6 +34,7 @@ fn check(name: &str) {
                 messages,
                 tools,
                 add_generation_prompt: true,
+                extra: None,
             })
             .unwrap();
         assert_eq!(

@@ -290,10 +290,21 @@ pub struct CompletionRequest {
 pub struct TokenizeRequest {
     /// Model name (optional; checked when given).
     pub model: Option<String>,
-    /// Text to tokenize.
-    pub prompt: String,
+    /// Text to tokenize (this or `messages`).
+    pub prompt: Option<String>,
+    /// A conversation to tokenize as the chat route's prompt (this or `prompt`).
+    pub messages: Option<Vec<Value>>,
+    /// With `messages`: end with the start of the assistant's turn (default true).
+    pub add_generation_prompt: Option<bool>,
+    /// With `messages`: leave the last (assistant) message open, to be continued.
+    pub continue_final_message: Option<bool>,
+    /// With `messages`: more variables for the chat template.
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// With `messages`: the tools, as the chat route renders them.
+    pub tools: Option<Vec<Value>>,
     /// Add the model's BOS, as for a prompt (default true). Special tokens written in the
-    /// text become their ids either way.
+    /// text become their ids either way. With `messages` the chat route's prompt is
+    /// given, whose BOS follows the template.
     pub add_special_tokens: Option<bool>,
     /// Also return each token's text.
     pub return_token_strs: Option<bool>,

@@ -4,6 +4,7 @@
 //! library form lets the fuzz targets (`crates/server/fuzz`) call the request parser.
 
 pub mod auth;
+pub mod chat;
 pub mod cors;
 pub mod error;
 pub mod fetch;

@@ -5,7 +5,7 @@
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +20,7 @@ use ferrite_engine::{
 };
 use tracing_subscriber::EnvFilter;
 
+use ferrite_server::chat::ChatSetup;
 use ferrite_server::cors::AllowedOrigins;
 use ferrite_server::state::{AppState, RequestLimits};
 use ferrite_server::{auth, fetch, listen, routes};
@@ -143,6 +144,10 @@ struct ServeArgs {
     /// Log lines as text or as JSON objects (one per line).
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "FERRITE_LOG_FORMAT")]
     log_format: LogFormat,
+    /// A Jinja chat template for `/v1/chat/completions`, replacing the model's own (a
+    /// model without one gets ChatML).
+    #[arg(long, env = "FERRITE_CHAT_TEMPLATE")]
+    chat_template: Option<PathBuf>,
 }
 
 /// How log lines are written.
@@ -270,6 +275,14 @@ fn serve(args: ServeArgs) -> Result<()> {
     // FERRITE_CPU caps the kernels (portable, avx2, native): a wrong value stops here.
     cpu::Cap::from_env().map_err(|e| anyhow::anyhow!(e))?;
     cpu::prefetch_from_env().map_err(|e| anyhow::anyhow!(e))?;
+    let chat_template = args
+        .chat_template
+        .as_deref()
+        .map(|p| {
+            std::fs::read_to_string(p)
+                .with_context(|| format!("--chat-template: cannot read {}", p.display()))
+        })
+        .transpose()?;
     let (path, name) = fetch::resolve(args.model.as_deref())?;
     let names = if args.served_model_names.is_empty() {
         vec![name]
@@ -325,7 +338,9 @@ fn serve(args: ServeArgs) -> Result<()> {
             "listening; loading the model"
         );
         let loader_state = Arc::clone(&state);
-        let loader = tokio::task::spawn_blocking(move || load_engine(&path, &args, &loader_state));
+        let loader = tokio::task::spawn_blocking(move || {
+            load_engine(&path, &args, &loader_state, chat_template.as_deref())
+        });
         // Both servers stop accepting once the running requests are drained.
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let drain_state = Arc::clone(&state);
@@ -422,7 +437,12 @@ async fn drain(state: &AppState, grace: Duration) {
 
 /// Loads the model, starts the engine, runs one warm-up request, then marks the server
 /// ready. A model that fails to load ends the process with the error.
-fn load_engine(path: &Path, args: &ServeArgs, state: &AppState) -> Result<Engine> {
+fn load_engine(
+    path: &Path,
+    args: &ServeArgs,
+    state: &AppState,
+    chat_template: Option<&str>,
+) -> Result<Engine> {
     let started = std::time::Instant::now();
     // A malformed file is an error from the reader; a panic further in is caught too,
     // so that a bad file ends the process with a message rather than a crash.
@@ -445,6 +465,21 @@ fn load_engine(path: &Path, args: &ServeArgs, state: &AppState) -> Result<Engine
             std::process::exit(1);
         }
     };
+    let chat = match ChatSetup::new(&tokenizer, chat_template) {
+        Ok(chat) => chat,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot use the chat template");
+            eprintln!("error: {e}; give a working one with --chat-template FILE");
+            std::process::exit(1);
+        }
+    };
+    tracing::info!(
+        template = chat.origin.name(),
+        tool_syntax = ?chat.tools.syntax,
+        renders_tools = chat.tools.template_renders_tools,
+        "chat template"
+    );
+    let _ = state.chat.set(Arc::new(chat));
     let info = model.info().clone();
     let context_length = args
         .ctx_size

@@ -2,12 +2,13 @@
 //! and server-wide settings.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use ferrite_engine::EngineHandle;
 
 use crate::auth::ApiKeys;
+use crate::chat::ChatSetup;
 use crate::cors::AllowedOrigins;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -55,6 +56,8 @@ pub struct AppState {
     pub names: Vec<String>,
     /// Set once the model is loaded and warmed up.
     pub engine: OnceLock<EngineHandle>,
+    /// The chat template, set with the engine.
+    pub chat: OnceLock<Arc<ChatSetup>>,
     /// Drop unknown request fields instead of refusing them.
     pub ignore_unknown_fields: bool,
     /// Unix time the server started.
@@ -80,6 +83,7 @@ impl AppState {
         Self {
             names,
             engine: OnceLock::new(),
+            chat: OnceLock::new(),
             ignore_unknown_fields,
             created: unix_now(),
             fingerprint: format!("fp_ferrite_{}", env!("CARGO_PKG_VERSION")),
@@ -98,6 +102,13 @@ impl AppState {
             return Err(ApiError::Unavailable("the server is shutting down".into()));
         }
         self.engine.get().ok_or_else(|| {
+            ApiError::Unavailable("the model is still loading; retry shortly".into())
+        })
+    }
+
+    /// The chat template, or 503 while the model is loading.
+    pub fn chat(&self) -> Result<&Arc<ChatSetup>, ApiError> {
+        self.chat.get().ok_or_else(|| {
             ApiError::Unavailable("the model is still loading; retry shortly".into())
         })
     }

@@ -2,7 +2,7 @@
 
 pub(crate) mod body;
 mod cancel;
-mod completions;
+mod generate;
 mod health;
 mod models;
 mod openapi;
@@ -23,7 +23,11 @@ use crate::state::AppState;
 /// test compares its paths with it, so neither can leave a route out.
 fn protected_routes() -> Vec<(&'static str, MethodRouter<Arc<AppState>>)> {
     vec![
-        ("/v1/completions", post(completions::completions)),
+        ("/v1/completions", post(generate::completions)),
+        (
+            "/v1/chat/completions",
+            post(generate::chat::chat_completions),
+        ),
         ("/v1/models", get(models::list)),
         ("/v1/models/{*id}", get(models::retrieve)),
         ("/tokenize", post(tokenize::tokenize)),

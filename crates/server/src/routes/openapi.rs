@@ -120,12 +120,81 @@ fn completion_fields() -> Vec<(&'static str, Value)> {
     ]
 }
 
+/// Every request field of `POST /v1/chat/completions`: the completion fields that make
+/// sense for chat (some described anew) and chat's own.
+fn chat_fields() -> Vec<(&'static str, Value)> {
+    let chat_only = [
+        (
+            "messages",
+            json!({"type": "array", "items": {"type": "object", "required": ["role"], "properties": {
+            "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
+            "content": {"description": "Text, or text parts `{\"type\":\"text\",\"text\":…}` (joined by newlines); null for an assistant message with tool calls. Image and audio parts are a 400.",
+                "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}, {"type": "null"}]},
+            "name": {"type": "string"}, "tool_calls": {"type": "array", "items": {"type": "object"}},
+            "tool_call_id": {"type": "string", "description": "Required on a tool message."}}},
+            "description": "The conversation, rendered by the model's chat template (or --chat-template's) into the prompt."}),
+        ),
+        (
+            "add_generation_prompt",
+            json!({"type": "boolean", "description": "vLLM: end the prompt with the start of the assistant's turn (default true)."}),
+        ),
+        (
+            "continue_final_message",
+            json!({"type": "boolean", "description": "vLLM: leave the last (assistant) message open and continue it."}),
+        ),
+        (
+            "chat_template_kwargs",
+            json!({"type": "object", "description": "vLLM: more variables for the template (e.g. `enable_thinking`)."}),
+        ),
+    ];
+    let described_anew = [
+        (
+            "max_tokens",
+            json!({"type": "integer", "description": "Most tokens per choice (default: the rest of the context)."}),
+        ),
+        (
+            "logprobs",
+            json!({"type": "boolean", "description": "Each choice carries `logprobs.content`: per generated token its text, logprob, bytes and `top_logprobs`."}),
+        ),
+        (
+            "tools",
+            json!({"type": "array", "items": {"type": "object"}, "description": "Functions the model may call; the template describes them (or, for a template without tools, a system message in the Hermes syntax)."}),
+        ),
+        (
+            "tool_choice",
+            json!({"description": "`none`, `auto` (default with tools: calls in the model's syntax are parsed into `tool_calls`), `required` (the output is one or more calls) or a named function (a call of it)."}),
+        ),
+        (
+            "parallel_tool_calls",
+            json!({"type": "boolean", "description": "Several calls in one answer (default true); false allows one."}),
+        ),
+    ];
+    let not_for_chat: Vec<&str> = ferrite_protocol::NOT_FOR_CHAT
+        .iter()
+        .map(|(f, _)| *f)
+        .collect();
+    let mut fields: Vec<(&'static str, Value)> = completion_fields()
+        .into_iter()
+        .filter(|(name, _)| !not_for_chat.contains(name))
+        .map(|(name, schema)| {
+            let anew = described_anew.iter().find(|(n, _)| *n == name);
+            (name, anew.map_or(schema, |(_, s)| s.clone()))
+        })
+        .collect();
+    fields.extend(chat_only);
+    fields
+}
+
 /// The whole document.
 pub fn document() -> Value {
-    let mut properties = Map::new();
-    for (name, schema) in completion_fields() {
-        properties.insert(name.to_string(), schema);
-    }
+    let properties: Map<String, Value> = completion_fields()
+        .into_iter()
+        .map(|(name, schema)| (name.to_string(), schema))
+        .collect();
+    let chat_properties: Map<String, Value> = chat_fields()
+        .into_iter()
+        .map(|(name, schema)| (name.to_string(), schema))
+        .collect();
     let usage = json!({"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"], "properties": {
         "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"},
         "prompt_tokens_details": {"type": "object", "properties": {"cached_tokens": {"type": "integer",
@@ -143,6 +212,33 @@ pub fn document() -> Value {
         "id": {"type": "string"}, "object": {"const": "text_completion"}, "created": {"type": "integer"},
         "model": {"type": "string"}, "system_fingerprint": {"type": "string"},
         "choices": {"type": "array", "items": choice}, "usage": usage}})
+    };
+    let tool_calls = json!({"type": "array", "items": {"type": "object", "properties": {
+        "index": {"type": "integer", "description": "In a stream's delta."},
+        "id": {"type": "string"}, "type": {"const": "function"},
+        "function": {"type": "object", "properties": {"name": {"type": "string"},
+            "arguments": {"type": "string", "description": "JSON text"}}}}}});
+    let chat_logprobs = json!({"type": ["object", "null"], "properties": {"content": {"type": "array", "items": {"type": "object",
+        "properties": {"token": {"type": "string"}, "logprob": {"type": "number"}, "bytes": ids,
+            "top_logprobs": {"type": "array", "items": {"type": "object"}}}}}}});
+    let finish =
+        json!({"type": ["string", "null"], "enum": ["stop", "length", "tool_calls", null]});
+    let chat_choice = json!({"type": "object", "required": ["index", "message", "logprobs", "finish_reason"], "properties": {
+        "index": {"type": "integer"},
+        "message": {"type": "object", "properties": {"role": {"const": "assistant"},
+            "content": {"type": ["string", "null"]}, "tool_calls": tool_calls}},
+        "logprobs": chat_logprobs, "finish_reason": finish, "stop_reason": {}, "token_ids": ids}});
+    let chat_chunk_choice = json!({"type": "object", "required": ["index", "delta", "finish_reason"], "properties": {
+        "index": {"type": "integer"},
+        "delta": {"type": "object", "description": "The first carries `role`; then `content` or `tool_calls` (each call whole, in one delta); the last is empty, with `finish_reason`.",
+            "properties": {"role": {"const": "assistant"}, "content": {"type": "string"}, "tool_calls": tool_calls}},
+        "logprobs": chat_logprobs, "finish_reason": finish, "stop_reason": {}, "token_ids": ids}});
+    let chat = |object: &str, choice: Value, usage: Value| {
+        json!({"type": "object", "required": ["id", "object", "created", "model", "choices"], "properties": {
+        "id": {"type": "string"}, "object": {"const": object}, "created": {"type": "integer"},
+        "model": {"type": "string"}, "system_fingerprint": {"type": "string"},
+        "choices": {"type": "array", "items": choice}, "usage": usage,
+        "prompt_token_ids": ids, "prompt_logprobs": {"type": "array"}}})
     };
     let error = json!({"type": "object", "required": ["error"], "properties": {"error": {"type": "object",
         "required": ["message", "type", "param", "code"], "properties": {
@@ -191,7 +287,10 @@ pub fn document() -> Value {
             "schemas": {
                 "CompletionRequest": {"type": "object", "required": ["model", "prompt"], "additionalProperties": false, "properties": properties},
                 "Completion": with_required(completion(choice.clone(), usage.clone()), "usage"),
-                "CompletionChunk": completion(choice, json!({"oneOf": [usage, {"type": "null"}]})),
+                "CompletionChunk": completion(choice, json!({"oneOf": [usage.clone(), {"type": "null"}]})),
+                "ChatCompletionRequest": {"type": "object", "required": ["model", "messages"], "additionalProperties": false, "properties": chat_properties},
+                "ChatCompletion": with_required(chat("chat.completion", chat_choice, usage.clone()), "usage"),
+                "ChatCompletionChunk": chat("chat.completion.chunk", chat_chunk_choice, json!({"oneOf": [usage, {"type": "null"}]})),
                 "Error": error
             }
         },
@@ -207,14 +306,27 @@ pub fn document() -> Value {
                         "text/event-stream": {"schema": {"$ref": "#/components/schemas/CompletionChunk"}}
                     }}}))
             }},
+            "/v1/chat/completions": {"post": {
+                "summary": "Answer a conversation, rendered with the model's chat template",
+                "requestBody": json_body(json!({"$ref": "#/components/schemas/ChatCompletionRequest"})),
+                "responses": with(errors(&["400", "401", "404", "413", "415", "429", "500", "503", "504"]), json!({"200": {
+                    "description": "The answer; with `stream`, server-sent events of ChatCompletionChunk ending with `data: [DONE]`.",
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/ChatCompletion"}},
+                        "text/event-stream": {"schema": {"$ref": "#/components/schemas/ChatCompletionChunk"}}
+                    }}}))
+            }},
             "/v1/models": {"get": {"summary": "The served model",
                 "responses": with(errors(&["401"]), json!({"200": ok("The model list", json!({"type": "object"}))}))}},
             "/v1/models/{id}": {"get": {"summary": "One served model",
                 "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}],
                 "responses": with(errors(&["401", "404"]), json!({"200": ok("The model, with `max_model_len`", json!({"type": "object"}))}))}},
-            "/tokenize": {"post": {"summary": "Tokenize text (vLLM's shape)",
-                "requestBody": json_body(json!({"type": "object", "required": ["prompt"], "properties": {
-                    "model": {"type": "string"}, "prompt": {"type": "string"},
+            "/tokenize": {"post": {"summary": "Tokenize text, or a conversation as the chat route's prompt (vLLM's shape)",
+                "requestBody": json_body(json!({"type": "object", "properties": {
+                    "model": {"type": "string"}, "prompt": {"type": "string", "description": "This or `messages`."},
+                    "messages": {"type": "array", "items": {"type": "object"}, "description": "A conversation, as in a chat request."},
+                    "add_generation_prompt": {"type": "boolean"}, "continue_final_message": {"type": "boolean"},
+                    "chat_template_kwargs": {"type": "object"}, "tools": {"type": "array", "items": {"type": "object"}},
                     "add_special_tokens": {"type": "boolean"}, "return_token_strs": {"type": "boolean"}}})),
                 "responses": with(errors(&api_errors), json!({"200": ok("The tokens", json!({"type": "object", "properties": {
                     "count": {"type": "integer"}, "max_model_len": {"type": "integer"},
@@ -291,6 +403,28 @@ mod tests {
                 "{name} has no description"
             );
         }
+    }
+
+    #[test]
+    fn the_chat_request_schema_lists_exactly_the_fields_the_chat_parser_knows() {
+        let doc = document();
+        let properties = doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+            .as_object()
+            .expect("properties");
+        let mut documented: Vec<&str> = properties.keys().map(String::as_str).collect();
+        let refused: Vec<&str> = ferrite_protocol::NOT_FOR_CHAT
+            .iter()
+            .map(|(f, _)| *f)
+            .collect();
+        let mut known: Vec<&str> = KNOWN_FIELDS
+            .iter()
+            .chain(ferrite_protocol::CHAT_ONLY_FIELDS)
+            .copied()
+            .filter(|f| !refused.contains(f))
+            .collect();
+        documented.sort_unstable();
+        known.sort_unstable();
+        assert_eq!(documented, known);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::validate::deserialize_naming_the_field;
+use crate::validate::{deserialize_naming_the_field, tool_definitions, ChatInput};
 
 /// Parses a JSON body, naming the field at fault.
 fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
@@ -37,6 +37,54 @@ pub async fn tokenize(
     let tokenizer = Arc::clone(engine.tokenizer());
     let special = request.add_special_tokens.unwrap_or(true);
     let with_strs = request.return_token_strs.unwrap_or(false);
+    let text = match (request.prompt, request.messages) {
+        (Some(prompt), None) => {
+            for (field, given) in [
+                (
+                    "add_generation_prompt",
+                    request.add_generation_prompt.is_some(),
+                ),
+                (
+                    "continue_final_message",
+                    request.continue_final_message.is_some(),
+                ),
+                (
+                    "chat_template_kwargs",
+                    request.chat_template_kwargs.is_some(),
+                ),
+                ("tools", request.tools.is_some()),
+            ] {
+                if given {
+                    return Err(ApiError::invalid(
+                        field,
+                        format!("`{field}` goes with `messages`"),
+                    ));
+                }
+            }
+            prompt
+        }
+        (None, Some(messages)) => {
+            // The chat route's prompt: the same checks, the same template.
+            let setup = Arc::clone(state.chat()?);
+            let mut input = ChatInput::new(
+                Value::Array(messages),
+                request.add_generation_prompt,
+                request.continue_final_message,
+                request.chat_template_kwargs.unwrap_or_default(),
+            )?;
+            let tools = request.tools.unwrap_or_default();
+            tool_definitions(&tools)?;
+            input.tools = tools;
+            tokio::task::spawn_blocking(move || setup.render(&input))
+                .await
+                .map_err(|_| ApiError::Internal)??
+        }
+        _ => {
+            return Err(ApiError::invalid_body(
+                "give `prompt` (text) or `messages` (a conversation), not both",
+            ))
+        }
+    };
     // A client that leaves stops the tokenization of a long prompt.
     let (_guard, cancelled) = CancelOnDrop::new();
     let (tokens, strs) = tokio::task::spawn_blocking(move || {
@@ -44,9 +92,9 @@ pub async fn tokenize(
         // Face tokenizer (vLLM's): `add_special_tokens` only says whether BOS is added. So
         // lm-evaluation-harness finds the EOS id by tokenizing `eos_token`.
         let tokens = if special {
-            tokenizer.encode_prompt_until(&request.prompt, &cancelled)
+            tokenizer.encode_prompt_until(&text, &cancelled)
         } else {
-            tokenizer.encode_until(&request.prompt, true, &cancelled)
+            tokenizer.encode_until(&text, true, &cancelled)
         }
         .map_err(|_| ApiError::Unavailable("the request was cancelled".into()))?;
         // The vocabulary's own strings, as a Hugging Face tokenizer's

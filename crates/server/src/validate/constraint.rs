@@ -21,7 +21,7 @@ pub struct OutputConstraint {
 /// How generated JSON is laid out unless the schema says otherwise (`x-guidance`): one
 /// space after `,` and `:` and no other whitespace, as Python's `json.dumps` writes it.
 /// Free whitespace lets small models wander into blank lines until `max_tokens`.
-fn layout() -> Value {
+pub fn json_layout() -> Value {
     json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
 }
 
@@ -39,7 +39,7 @@ fn schema_text(field: &str, schema: &Value) -> Result<String, ApiError> {
         }
     };
     if let Value::Object(map) = &mut schema {
-        map.entry("x-guidance").or_insert_with(layout);
+        map.entry("x-guidance").or_insert_with(json_layout);
     }
     Ok(schema.to_string())
 }
@@ -154,19 +154,31 @@ fn choice(choices: &[String]) -> Result<OutputConstraint, ApiError> {
     ))
 }
 
-/// `tools` with `tool_choice`: `required` constrains the output to a call of any tool, a
-/// named function to a call of that one: `{"name": …, "arguments": {…}}` valid for the
-/// tool's `parameters`. `auto`, `none` or no choice leave the output free.
-fn tool_call(
-    tools: &[Value],
-    tool_choice: Option<&Value>,
-) -> Result<Option<OutputConstraint>, ApiError> {
-    let wanted: Option<&str> = match tool_choice {
-        None | Some(Value::Null) => return Ok(None),
-        Some(Value::String(s)) if s == "auto" || s == "none" => return Ok(None),
-        Some(Value::String(s)) if s == "required" => None,
+/// `tool_choice`: whether and which tool the model must call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// No call (`none`, or no tools).
+    None,
+    /// The model decides (`auto`, the default with tools).
+    Auto,
+    /// A call of any tool (`required`).
+    Required,
+    /// A call of this function.
+    Named(String),
+}
+
+/// Reads `tool_choice` (default: `auto` with tools, `none` without).
+pub fn tool_choice(value: Option<&Value>, has_tools: bool) -> Result<ToolChoice, ApiError> {
+    let choice = match value {
+        None | Some(Value::Null) if has_tools => ToolChoice::Auto,
+        None | Some(Value::Null) => ToolChoice::None,
+        Some(Value::String(s)) if s == "none" => ToolChoice::None,
+        Some(Value::String(s)) if s == "auto" => ToolChoice::Auto,
+        Some(Value::String(s)) if s == "required" => ToolChoice::Required,
         Some(v) => match v.pointer("/function/name").and_then(Value::as_str) {
-            Some(name) if v.get("type").and_then(Value::as_str) == Some("function") => Some(name),
+            Some(name) if v.get("type").and_then(Value::as_str) == Some("function") => {
+                ToolChoice::Named(name.to_string())
+            }
             _ => {
                 return Err(ApiError::invalid(
                     "tool_choice",
@@ -175,49 +187,120 @@ fn tool_call(
             }
         },
     };
-    let mut calls = Vec::new();
-    for tool in tools {
-        let function = tool
-            .get("function")
-            .filter(|_| tool.get("type").and_then(Value::as_str) == Some("function"))
-            .ok_or_else(|| {
-                ApiError::invalid(
-                    "tools",
-                    "each tool must be {\"type\": \"function\", \"function\": {…}}",
-                )
-            })?;
-        let name = function
-            .get("name")
-            .and_then(Value::as_str)
-            .ok_or_else(|| ApiError::invalid("tools", "each tool's function needs a `name`"))?;
-        if wanted.is_some_and(|w| w != name) {
-            continue;
-        }
-        let parameters = function
-            .get("parameters")
-            .filter(|p| !p.is_null())
-            .cloned()
-            .unwrap_or_else(|| json!({"type": "object"}));
-        calls.push(json!({
-            "type": "object",
-            "properties": {"name": {"const": name}, "arguments": parameters},
-            "required": ["name", "arguments"],
-            "additionalProperties": false,
-        }));
-    }
-    if calls.is_empty() {
+    Ok(choice)
+}
+
+/// One tool the client offers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolDefinition {
+    /// The function's name.
+    pub name: String,
+    /// The JSON schema of its arguments (`{"type": "object"}` when none is given).
+    pub parameters: Value,
+}
+
+/// Checks `tools`: each `{"type": "function", "function": {"name": …, "parameters": {…}}}`.
+pub fn tool_definitions(tools: &[Value]) -> Result<Vec<ToolDefinition>, ApiError> {
+    tools
+        .iter()
+        .map(|tool| {
+            let function = tool
+                .get("function")
+                .filter(|_| tool.get("type").and_then(Value::as_str) == Some("function"))
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "tools",
+                        "each tool must be {\"type\": \"function\", \"function\": {…}}",
+                    )
+                })?;
+            let name = function
+                .get("name")
+                .and_then(Value::as_str)
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| ApiError::invalid("tools", "each tool's function needs a `name`"))?;
+            let parameters =
+                match function.get("parameters") {
+                    None | Some(Value::Null) => json!({"type": "object"}),
+                    Some(p @ Value::Object(_)) => p.clone(),
+                    Some(_) => return Err(ApiError::invalid(
+                        "tools",
+                        format!(
+                            "the `parameters` of tool `{name}` must be a JSON schema (an object)"
+                        ),
+                    )),
+                };
+            Ok(ToolDefinition {
+                name: name.to_string(),
+                parameters,
+            })
+        })
+        .collect()
+}
+
+/// The tools `choice` allows: all of them for `required`, the named one alone (a 400 when
+/// it is not among them, or when `required` has none to call).
+pub fn chosen_tools<'a>(
+    tools: &'a [ToolDefinition],
+    choice: &ToolChoice,
+) -> Result<Vec<&'a ToolDefinition>, ApiError> {
+    let wanted = match choice {
+        ToolChoice::Named(name) => Some(name.as_str()),
+        _ => None,
+    };
+    let chosen: Vec<_> = tools
+        .iter()
+        .filter(|t| wanted.is_none_or(|w| w == t.name))
+        .collect();
+    if chosen.is_empty() {
         let message = match wanted {
             Some(name) => format!("`tool_choice` names `{name}`, which is not among `tools`"),
             None => "`tool_choice: \"required\"` needs at least one tool in `tools`".to_string(),
         };
         return Err(ApiError::invalid("tool_choice", message));
     }
-    let schema = if calls.len() == 1 {
+    Ok(chosen)
+}
+
+/// The schema of one call of `tool`: `{"name": …, "arguments": {…}}`.
+pub fn call_schema(tool: &ToolDefinition) -> Value {
+    json!({
+        "type": "object",
+        "properties": {"name": {"const": tool.name}, "arguments": tool.parameters},
+        "required": ["name", "arguments"],
+        "additionalProperties": false,
+    })
+}
+
+/// The schema of one call of any of `tools`.
+pub fn any_call_schema(tools: &[&ToolDefinition]) -> Value {
+    let mut calls: Vec<Value> = tools.iter().map(|t| call_schema(t)).collect();
+    if calls.len() == 1 {
         calls.remove(0)
     } else {
         json!({"anyOf": calls})
-    };
-    json_schema("tool_choice", &schema).map(Some)
+    }
+}
+
+/// A JSON-schema constraint asked for by `tool_choice`.
+pub fn tool_constraint(schema: &Value) -> Result<OutputConstraint, ApiError> {
+    json_schema("tool_choice", schema)
+}
+
+/// `tools` with `tool_choice` on a text completion: `required` constrains the output to a
+/// call of any tool, a named function to a call of that one: `{"name": …, "arguments":
+/// {…}}` valid for the tool's `parameters`. `auto`, `none` or no choice leave the output
+/// free.
+fn tool_call(
+    tools: &[Value],
+    tool_choice_value: Option<&Value>,
+) -> Result<Option<OutputConstraint>, ApiError> {
+    let choice = tool_choice(tool_choice_value, !tools.is_empty())?;
+    if matches!(choice, ToolChoice::None | ToolChoice::Auto) {
+        return Ok(None);
+    }
+    let tools = tool_definitions(tools)?;
+    let chosen = chosen_tools(&tools, &choice)?;
+    tool_constraint(&any_call_schema(&chosen)).map(Some)
 }
 
 /// The request's constraint, if any: a 400 naming both fields when two constrain it.

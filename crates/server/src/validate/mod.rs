@@ -3,6 +3,7 @@
 //! (token ids against the vocabulary, lengths against the context) come later, in the
 //! route.
 
+mod chat;
 mod checks;
 mod constraint;
 mod output;
@@ -15,11 +16,14 @@ use std::sync::Arc;
 
 use ferrite_engine::sampling::SamplingParams;
 use ferrite_protocol::{CompletionRequest, PredictionContent, Prompt, KNOWN_FIELDS};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::error::ApiError;
+pub use chat::{parse_chat_body, ChatInput, ChatParams, ToolChoice};
 use checks::{int_in_range, non_negative, token_ids};
-pub use constraint::OutputConstraint;
+pub use constraint::{
+    any_call_schema, json_layout, tool_definitions, OutputConstraint, ToolDefinition,
+};
 pub use output::OutputOptions;
 
 /// Default `max_tokens`, as in OpenAI's legacy completions API.
@@ -70,6 +74,9 @@ pub struct GenerateParams {
     /// Requested `max_tokens` (`None`: the default, lowered to fit the context); 0 only
     /// with `echo`, to score the prompt.
     pub max_tokens: Option<usize>,
+    /// `max_tokens` when none is given: 16 for a text completion, as OpenAI's legacy API;
+    /// `None` for chat, whose answer may run to the end of the context.
+    pub default_max_tokens: Option<usize>,
     /// `context_length_exceeded_behavior`.
     pub overflow: Overflow,
     /// Keep the end of a prompt that alone exceeds the context.
@@ -116,14 +123,32 @@ pub struct GenerateParams {
 /// Parses a request body: JSON syntax, unknown fields, then types, each error naming its
 /// field. With `ignore_unknown`, fields no vendor documents are dropped instead.
 pub fn parse_body(body: &[u8], ignore_unknown: bool) -> Result<CompletionRequest, ApiError> {
+    let mut map = json_object(body)?;
+    drop_unknown(&mut map, KNOWN_FIELDS, ignore_unknown)?;
+    require(&map, &["model", "prompt"])?;
+    deserialize_naming_the_field(Value::Object(map))
+}
+
+/// The body as a JSON object, or a 400 saying what it is instead.
+pub(crate) fn json_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::invalid_body(format!("the body is not valid JSON: {e}")))?;
-    let Value::Object(mut map) = value else {
-        return Err(ApiError::invalid_body("the body must be a JSON object"));
-    };
+    match value {
+        Value::Object(map) => Ok(map),
+        _ => Err(ApiError::invalid_body("the body must be a JSON object")),
+    }
+}
+
+/// A 400 naming the first field not in `known`; with `ignore_unknown`, such fields are
+/// dropped instead.
+fn drop_unknown(
+    map: &mut Map<String, Value>,
+    known: &[&str],
+    ignore_unknown: bool,
+) -> Result<(), ApiError> {
     let unknown: Vec<String> = map
         .keys()
-        .filter(|k| !KNOWN_FIELDS.contains(&k.as_str()))
+        .filter(|k| !known.contains(&k.as_str()))
         .cloned()
         .collect();
     if let Some(first) = unknown.first() {
@@ -137,7 +162,12 @@ pub fn parse_body(body: &[u8], ignore_unknown: bool) -> Result<CompletionRequest
             map.remove(key);
         }
     }
-    for required in ["model", "prompt"] {
+    Ok(())
+}
+
+/// A 400 naming the first of `fields` that is missing or null.
+fn require(map: &Map<String, Value>, fields: &[&str]) -> Result<(), ApiError> {
+    for &required in fields {
         if map.get(required).is_none_or(Value::is_null) {
             return Err(ApiError::invalid(
                 required,
@@ -145,7 +175,7 @@ pub fn parse_body(body: &[u8], ignore_unknown: bool) -> Result<CompletionRequest
             ));
         }
     }
-    deserialize_naming_the_field(Value::Object(map))
+    Ok(())
 }
 
 /// Deserializes a JSON value into `T`; a type error is a 400 whose `param` is the
@@ -460,6 +490,7 @@ impl TryFrom<CompletionRequest> for GenerateParams {
             n,
             best_of,
             max_tokens,
+            default_max_tokens: Some(DEFAULT_MAX_TOKENS),
             overflow,
             truncate_sequence: r.truncate_sequence.unwrap_or(false),
             sampling,

@@ -1,9 +1,14 @@
-//! `POST /v1/completions`: parse → validate → prepare (tokenize, context rules) → submit
-//! one group of sequences per prompt → answer with one JSON body or a stream of events.
+//! `POST /v1/completions` and `POST /v1/chat/completions`, one pipeline: parse →
+//! validate (the same validator: a chat request is a completion request whose prompt is
+//! rendered from its messages) → prepare (tokenize, context rules) → submit one group of
+//! sequences per prompt → answer with one JSON body or a stream of events, written in
+//! the route's shape ([`reply::Dialect`]).
 
+pub(crate) mod chat;
 mod collect;
 mod logprobs;
 mod prepare;
+mod reply;
 mod stream;
 mod timed;
 
@@ -13,15 +18,15 @@ use std::time::Instant;
 use crate::routes::body::RawBody;
 use crate::routes::cancel::CancelOnDrop;
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
-use ferrite_engine::FinishReason;
+use axum::response::Response;
+use ferrite_engine::{EngineHandle, FinishReason};
 use serde_json::Value;
 
 use crate::error::ApiError;
 use crate::state::{unix_now, AppState};
 use crate::validate::{parse_body, GenerateParams};
 use prepare::{Echo, Prepared};
+use reply::Dialect;
 use timed::TimedEvents;
 
 /// One prompt's submitted sequences and what its choices repeat.
@@ -53,7 +58,21 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let engine = state.engine()?.clone();
-    let mut params = GenerateParams::try_from(parse_body(&body, state.ignore_unknown_fields)?)?;
+    let params = GenerateParams::try_from(parse_body(&body, state.ignore_unknown_fields)?)?;
+    run(&state, engine, params, arrived, Dialect::Text, "cmpl").await
+}
+
+/// The pipeline both routes share once the request is validated: the server's limits,
+/// grammar compiled and prompts prepared off the async workers, sequences submitted,
+/// then the answer in the route's shape (`id_prefix` starts its id).
+async fn run(
+    state: &Arc<AppState>,
+    engine: EngineHandle,
+    mut params: GenerateParams,
+    arrived: Instant,
+    dialect: Dialect,
+    id_prefix: &str,
+) -> Result<Response, ApiError> {
     state.check_model(&params.model)?;
     if let Some(limit) = state.request_timeout {
         let limit = limit.as_secs_f64();
@@ -106,23 +125,37 @@ pub async fn completions(
                 prompt_tokens,
                 events: events
                     .into_iter()
-                    .map(|rx| TimedEvents::new(rx, Arc::clone(&state), arrived))
+                    .map(|rx| TimedEvents::new(rx, Arc::clone(state), arrived))
                     .collect(),
             },
         )
         .collect();
     let meta = ResponseMeta {
-        id: format!("cmpl-{:032x}", rand::random::<u128>()),
+        id: format!("{id_prefix}-{:032x}", rand::random::<u128>()),
         created: unix_now(),
         model: state.model_name().to_string(),
         fingerprint: state.fingerprint.clone(),
     };
     let tokenizer = Arc::clone(engine.tokenizer());
     if params.stream {
-        Ok(stream::respond(meta, params, tokenizer, appended_suffix, submitted).into_response())
+        Ok(stream::respond(
+            meta,
+            params,
+            tokenizer,
+            appended_suffix,
+            submitted,
+            dialect,
+        ))
     } else {
-        let body = collect::respond(meta, &params, &tokenizer, appended_suffix, submitted).await?;
-        Ok(Json(body).into_response())
+        collect::respond(
+            meta,
+            &params,
+            &tokenizer,
+            appended_suffix,
+            submitted,
+            &dialect,
+        )
+        .await
     }
 }
 

@@ -1,19 +1,45 @@
 //! The non-streaming answer: every choice collected, `best_of` ranked, echo and suffix
-//! applied, usage summed.
+//! applied, usage summed, then written in the route's shape.
 
+use axum::response::{IntoResponse, Response};
+use axum::Json;
 use ferrite_engine::tokenizer::Tokenizer;
 use ferrite_engine::SequenceEvent;
-use ferrite_protocol::{Choice, CompletionResponse, PromptTokensDetails, Usage};
+use ferrite_protocol::{
+    AssistantMessage, ChatChoice, ChatCompletionResponse, Choice, CompletionResponse,
+    PromptTokensDetails, Usage,
+};
+use serde_json::Value;
 
-use super::logprobs::{logprobs_object, prompt_logprobs, TokenLedger};
+use super::logprobs::{logprobs_object, prompt_logprobs, LedgerToken, TokenLedger};
+use super::reply::{
+    chat_finish_reason, chat_logprobs, tool_calls, Dialect, MessageBuilder, ToolOutput,
+};
 use super::timed::TimedEvents;
 use super::{finish_fields, ResponseMeta, SubmittedPrompt};
 use crate::error::ApiError;
 use crate::validate::GenerateParams;
 
+/// One finished choice, before it takes the route's shape.
+struct Finished {
+    /// Its index in the answer.
+    index: usize,
+    /// The text (with echo and suffix).
+    text: String,
+    /// Its tokens with their log-probabilities, when asked for.
+    tokens: Option<Vec<LedgerToken>>,
+    finish_reason: String,
+    stop_reason: Option<Value>,
+    /// vLLM's `prompt_logprobs`, when asked for.
+    prompt_logprobs: Option<Value>,
+    /// With `return_token_ids`: the prompt's ids and the generated ones.
+    prompt_token_ids: Option<Vec<u32>>,
+    token_ids: Option<Vec<u32>>,
+}
+
 /// One finished sequence.
 struct Collected {
-    choice: Choice,
+    finished: Finished,
     prompt_tokens: usize,
     completion_tokens: usize,
     cached_tokens: usize,
@@ -21,14 +47,15 @@ struct Collected {
     mean_logprob: f64,
 }
 
-/// Waits for every choice and builds the JSON body.
+/// Waits for every choice and answers with the JSON body.
 pub(super) async fn respond(
     meta: ResponseMeta,
     params: &GenerateParams,
     tokenizer: &Tokenizer,
     appended_suffix: Option<String>,
     submitted: Vec<SubmittedPrompt>,
-) -> Result<CompletionResponse, ApiError> {
+    dialect: &Dialect,
+) -> Result<Response, ApiError> {
     let mut choices = Vec::new();
     let mut usage = Usage::default();
     let mut cached_tokens = 0;
@@ -51,24 +78,88 @@ pub(super) async fn respond(
             results.sort_by(|a, b| b.mean_logprob.total_cmp(&a.mean_logprob));
         }
         for (j, mut r) in results.into_iter().take(params.n).enumerate() {
-            r.choice.index = prompt.prompt_index * params.n + j;
+            r.finished.index = prompt.prompt_index * params.n + j;
             if let Some(suffix) = &appended_suffix {
-                r.choice.text.push_str(suffix);
+                r.finished.text.push_str(suffix);
             }
-            choices.push(r.choice);
+            choices.push(r.finished);
         }
     }
     usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
     usage.prompt_tokens_details = Some(PromptTokensDetails { cached_tokens });
-    Ok(CompletionResponse {
-        id: meta.id,
-        object: "text_completion".into(),
-        created: meta.created,
-        model: meta.model,
-        system_fingerprint: meta.fingerprint,
-        choices,
-        usage,
+    let k = params.output.logprobs.unwrap_or(0);
+    let as_ids = params.output.tokens_as_ids;
+    Ok(match dialect {
+        Dialect::Text => Json(CompletionResponse {
+            id: meta.id,
+            object: "text_completion".into(),
+            created: meta.created,
+            model: meta.model,
+            system_fingerprint: meta.fingerprint,
+            choices: choices
+                .into_iter()
+                .map(|c| Choice {
+                    index: c.index,
+                    text: c.text,
+                    logprobs: c.tokens.map(|t| logprobs_object(tokenizer, &t, k, as_ids)),
+                    finish_reason: Some(c.finish_reason),
+                    stop_reason: c.stop_reason,
+                    prompt_logprobs: c.prompt_logprobs,
+                    prompt_token_ids: c.prompt_token_ids,
+                    token_ids: c.token_ids,
+                })
+                .collect(),
+            usage,
+        })
+        .into_response(),
+        Dialect::Chat(output) => {
+            let first = choices.first();
+            let prompt_logprobs = first.and_then(|c| c.prompt_logprobs.clone());
+            let prompt_token_ids = first.and_then(|c| c.prompt_token_ids.clone());
+            Json(ChatCompletionResponse {
+                id: meta.id,
+                object: "chat.completion".into(),
+                created: meta.created,
+                model: meta.model,
+                system_fingerprint: meta.fingerprint,
+                choices: choices
+                    .into_iter()
+                    .map(|c| chat_choice(c, output, tokenizer, k, as_ids))
+                    .collect(),
+                usage,
+                prompt_logprobs,
+                prompt_token_ids,
+            })
+            .into_response()
+        }
     })
+}
+
+/// A finished choice as a chat message.
+fn chat_choice(
+    c: Finished,
+    output: &ToolOutput,
+    tokenizer: &Tokenizer,
+    alternatives: usize,
+    as_ids: bool,
+) -> ChatChoice {
+    let (content, calls) = MessageBuilder::whole(output, &c.text);
+    let called = !calls.is_empty();
+    ChatChoice {
+        index: c.index,
+        message: AssistantMessage {
+            role: "assistant".into(),
+            content,
+            refusal: None,
+            tool_calls: tool_calls(calls),
+        },
+        logprobs: c
+            .tokens
+            .map(|t| chat_logprobs(tokenizer, &t, alternatives, as_ids)),
+        finish_reason: Some(chat_finish_reason(c.finish_reason, called)),
+        stop_reason: c.stop_reason,
+        token_ids: c.token_ids,
+    }
 }
 
 async fn collect_one(
@@ -120,22 +211,12 @@ async fn collect_one(
             } => {
                 let (finish_reason, stop_reason) = finish_fields(&reason);
                 let return_ids = params.output.return_token_ids;
-                let logprobs = ledger.as_mut().map(|ledger| {
-                    let alternatives = params.output.logprobs.unwrap_or(0);
-                    let tokens = ledger.take_all();
-                    logprobs_object(
-                        tokenizer,
-                        &tokens,
-                        alternatives,
-                        params.output.tokens_as_ids,
-                    )
-                });
                 return Ok(Collected {
-                    choice: Choice {
+                    finished: Finished {
                         index: 0,
                         text,
-                        logprobs,
-                        finish_reason: Some(finish_reason),
+                        tokens: ledger.as_mut().map(TokenLedger::take_all),
+                        finish_reason,
                         stop_reason,
                         prompt_logprobs: scores,
                         prompt_token_ids: prompt.token_ids.clone(),

@@ -313,7 +313,14 @@ fn fit_context(
     if tokens.is_empty() {
         return Err(ApiError::invalid("prompt", "the prompt is empty"));
     }
-    let wanted = params.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+    // Without `max_tokens`, the default is lowered to what fits, whatever `overflow` says;
+    // a prompt cut to fit keeps room for at most DEFAULT_MAX_TOKENS of it.
+    let reserved = params.max_tokens.unwrap_or(
+        params
+            .default_max_tokens
+            .unwrap_or(usize::MAX)
+            .min(DEFAULT_MAX_TOKENS),
+    );
     if tokens.len() >= context {
         if !params.truncate_sequence {
             return Err(ApiError::ContextLengthExceeded {
@@ -324,10 +331,13 @@ fn fit_context(
                 ),
             });
         }
-        let keep = context.saturating_sub(wanted).max(1);
+        let keep = context.saturating_sub(reserved).max(1);
         tokens.drain(..tokens.len() - keep);
     }
     let room = context - tokens.len();
+    let Some(wanted) = params.max_tokens else {
+        return Ok((tokens, params.default_max_tokens.unwrap_or(room).min(room)));
+    };
     if wanted > room && params.overflow == Overflow::Error {
         return Err(ApiError::ContextLengthExceeded {
             param: "max_tokens".into(),
@@ -437,5 +447,16 @@ mod tests {
             (90, 10, 60),
             "the end of the prompt is kept"
         );
+        // Without max_tokens: 16 for a completion, the rest of the context for chat,
+        // lowered to fit either way.
+        let mut default =
+            params(r#"{"model":"m","prompt":"x","context_length_exceeded_behavior":"error"}"#);
+        assert_eq!(fit_context(&default, vec![1; 10], 100).unwrap().1, 16);
+        assert_eq!(fit_context(&default, vec![1; 90], 100).unwrap().1, 10);
+        default.default_max_tokens = None;
+        assert_eq!(fit_context(&default, vec![1; 10], 100).unwrap().1, 90);
+        default.truncate_sequence = true;
+        let (t, max) = fit_context(&default, vec![1; 150], 100).unwrap();
+        assert_eq!((t.len(), max), (84, 16), "a cut prompt leaves room for 16");
     }
 }

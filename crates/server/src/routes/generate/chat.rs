@@ -1,0 +1,114 @@
+//! `POST /v1/chat/completions`: the request validated as a completion with messages, the
+//! messages rendered by the model's chat template into the prompt, then the shared
+//! pipeline, answering in the chat shape.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::State;
+use axum::response::Response;
+use ferrite_chat::tools::{ToolSyntax, HERMES_CLOSE, HERMES_OPEN};
+use ferrite_engine::constrain::{Grammar, GrammarKind};
+use ferrite_engine::tokenizer::{TokenKind, Tokenizer};
+use serde_json::json;
+
+use super::reply::{Dialect, ToolOutput};
+use super::run;
+use crate::error::ApiError;
+use crate::routes::body::RawBody;
+use crate::state::AppState;
+use crate::validate::{
+    parse_chat_body, ChatParams, OutputConstraint, PromptInput, ToolChoice, ToolDefinition,
+};
+
+/// Handles `POST /v1/chat/completions`.
+pub async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    RawBody(body): RawBody,
+) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    let engine = state.engine()?.clone();
+    let setup = Arc::clone(state.chat()?);
+    let ChatParams {
+        mut generate,
+        input,
+        tool_choice,
+        tools,
+        parallel_tool_calls,
+    } = parse_chat_body(&body, state.ignore_unknown_fields)?;
+    let output = match tool_choice {
+        ToolChoice::None => ToolOutput::None,
+        ToolChoice::Auto if tools.is_empty() => ToolOutput::None,
+        ToolChoice::Auto => {
+            let syntax = setup.tools.syntax;
+            if generate.constraint.is_none() && syntax == ToolSyntax::Hermes {
+                generate.constraint =
+                    hermes_calls_grammar(&tools, parallel_tool_calls, engine.tokenizer());
+            }
+            ToolOutput::Parse(syntax)
+        }
+        ToolChoice::Required => ToolOutput::Calls,
+        ToolChoice::Named(name) => ToolOutput::Arguments(name),
+    };
+    if let Some(end) = setup.end_of_turn {
+        if !generate.stop.iter().any(|s| s == end) {
+            generate.stop.push(end.to_string());
+        }
+    }
+    // Rendering runs the template's code: off the async workers (its fuel bounds it).
+    let prompt = tokio::task::spawn_blocking(move || setup.render(&input))
+        .await
+        .map_err(|_| ApiError::Internal)??;
+    generate.prompts = vec![PromptInput::Text(prompt)];
+    run(
+        &state,
+        engine,
+        generate,
+        arrived,
+        Dialect::Chat(output),
+        "chatcmpl",
+    )
+    .await
+}
+
+/// With `tool_choice: auto` in the Hermes syntax, the output is free until the model
+/// opens a call; from `<tool_call>` on it must be a valid call of one of the tools and
+/// its closing tag (llama.cpp's "lazy grammar"). So a call the model starts always
+/// parses, and text without one is untouched (it just cannot contain the opening tag
+/// outside a call). `None` where the vocabulary has `<tool_call>` as one special token,
+/// which text cannot spell: the output is then parsed as it comes, unconstrained.
+fn hermes_calls_grammar(
+    tools: &[ToolDefinition],
+    parallel: bool,
+    tokenizer: &Tokenizer,
+) -> Option<OutputConstraint> {
+    let special = tokenizer.piece_id(HERMES_OPEN).is_some_and(|id| {
+        matches!(
+            tokenizer.kind(id),
+            Some(TokenKind::Control | TokenKind::UserDefined)
+        )
+    });
+    if special {
+        return None;
+    }
+    let chosen: Vec<&ToolDefinition> = tools.iter().collect();
+    let mut schema = crate::validate::any_call_schema(&chosen);
+    schema["x-guidance"] = crate::validate::json_layout();
+    let calls = if parallel { "*" } else { "?" };
+    let source = format!(
+        "start: (before_call call){calls} after\n\
+         before_call[lazy]: /(?s:.*){open}/\n\
+         call: /[ \\n]*/ %json{schema} /[ \\n]*/ {close}\n\
+         after: AFTER\n\
+         AFTER: /(?s:.*)/ & ~/(?s:.*){open}(?s:.*)/\n",
+        open = regex_syntax::escape(HERMES_OPEN),
+        close = json!(HERMES_CLOSE),
+    );
+    Some(OutputConstraint {
+        field: "tools",
+        grammar: Grammar {
+            kind: GrammarKind::Lark,
+            source,
+        },
+    })
+}
