@@ -216,3 +216,10 @@ def test_a_template_error_is_a_400_with_its_message(tmp_path):
         assert r.usage.prompt_tokens == t["count"]
     finally:
         server.stop()
+
+
+def test_a_conversation_longer_than_the_context_names_the_messages(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, [{"role": "user", "content": "word " * 9000}], max_tokens=2)
+    assert e.value.body["param"] == "messages" and e.value.body["code"] == "context_length_exceeded"
+    assert "rendered conversation" in e.value.body["message"]

@@ -162,6 +162,8 @@ def test_tokenizer_info_of_a_bos_adding_model(gemma):
     info = httpx.get(f"{gemma.base}/tokenizer_info", timeout=10).json()
     assert info["bos_token"] == "<bos>" and info["add_bos_token"] is True
     assert info["eos_token"] and info["model_max_length"] > 0
+    # Its file has no chat template: the chat route's ChatML default is the one given.
+    assert "<|im_start|>" in info["chat_template"]
 
 
 def test_tokenize_token_strs_are_the_vocabulary_strings(server, gemma):

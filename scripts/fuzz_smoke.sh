@@ -28,3 +28,4 @@ run() {
 run engine gguf
 run engine constraint -timeout=10
 run server request
+run server chat_request

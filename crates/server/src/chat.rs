@@ -35,6 +35,8 @@ impl TemplateOrigin {
 #[derive(Debug)]
 pub struct ChatSetup {
     template: ChatTemplate,
+    /// The template's source, as `/tokenizer_info` gives it.
+    pub source: String,
     /// The tool-call syntax it teaches and whether it renders tools itself.
     pub tools: ToolSupport,
     /// Where it came from.
@@ -73,6 +75,7 @@ impl ChatSetup {
         .then_some(CHATML_END);
         Ok(Self {
             template,
+            source: source.to_string(),
             tools: ToolSyntax::of_template(source),
             origin,
             end_of_turn,

@@ -75,6 +75,27 @@ impl ApiError {
         }
     }
 
+    /// The same error naming `to` where it named `from`: a chat request's prompt is its
+    /// `messages`, so an error about the prompt names them.
+    pub fn with_param_renamed(self, from: &str, to: &str) -> Self {
+        match self {
+            Self::InvalidRequest {
+                message,
+                param: Some(param),
+            } if param == from => Self::InvalidRequest {
+                message: message.replace("the prompt", "the rendered conversation"),
+                param: Some(to.to_string()),
+            },
+            Self::ContextLengthExceeded { message, param } if param == from => {
+                Self::ContextLengthExceeded {
+                    message: message.replace("the prompt", "the rendered conversation"),
+                    param: to.to_string(),
+                }
+            }
+            other => other,
+        }
+    }
+
     /// The server shut down before the request finished.
     pub fn shut_down_midway() -> Self {
         Self::Unavailable("the server shut down before the request finished".into())

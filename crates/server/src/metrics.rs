@@ -176,7 +176,7 @@ impl Metrics {
         self.request_duration.render(
             &mut out,
             "ferrite_request_duration_seconds",
-            "From a completion request's arrival to the end of its answer.",
+            "From a completion or chat request's arrival to the end of its answer.",
         );
         out
     }

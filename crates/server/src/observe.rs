@@ -43,7 +43,7 @@ pub async fn observe(State(state): State<Arc<AppState>>, request: Request, next:
         span: span.clone(),
         started,
         method: method.to_string(),
-        is_completion: path == "/v1/completions",
+        is_generation: matches!(path.as_str(), "/v1/completions" | "/v1/chat/completions"),
         path,
         status: None,
         ended: Arc::new(AtomicBool::new(false)),
@@ -122,7 +122,8 @@ struct Finished {
     started: Instant,
     method: String,
     path: String,
-    is_completion: bool,
+    /// A completion or chat request, whose duration is measured.
+    is_generation: bool,
     /// The answer's status, once there is an answer.
     status: Option<u16>,
     /// Whether the answer's body was sent to its end.
@@ -143,7 +144,7 @@ impl Drop for Finished {
             Some(status) if complete => self.state.metrics.count_request(status),
             _ => self.state.metrics.count_disconnected(),
         }
-        if self.is_completion {
+        if self.is_generation {
             self.state.metrics.request_duration.observe(elapsed);
         }
         let message = match (self.status, complete) {

@@ -146,18 +146,20 @@ pub async fn detokenize(
 
 /// `GET /tokenizer_info`: what a Hugging Face tokenizer's configuration would say, in
 /// vLLM's shape: the special tokens' text (`bos_token`, `eos_token`, `unk_token`,
-/// `pad_token`), whether prompts start with BOS, the context length, the model's chat
-/// template, and `added_tokens_decoder` (id → text of every special token).
+/// `pad_token`), whether prompts start with BOS, the context length, the chat template
+/// the chat route renders with (`--chat-template`'s, the model's, or the ChatML default),
+/// and `added_tokens_decoder` (id → text of every special token).
 pub async fn tokenizer_info(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
     let engine = state.engine()?;
     Ok(Json(describe(
         engine.tokenizer(),
         engine.context_length(),
         state.model_name(),
+        &state.chat()?.source,
     )))
 }
 
-fn describe(tokenizer: &Tokenizer, context: usize, name: &str) -> Value {
+fn describe(tokenizer: &Tokenizer, context: usize, name: &str, chat_template: &str) -> Value {
     let text = |id: Option<u32>| id.and_then(|id| tokenizer.piece(id)).map(str::to_string);
     let mut added = Map::new();
     for id in 0..tokenizer.vocab_size() as u32 {
@@ -179,7 +181,7 @@ fn describe(tokenizer: &Tokenizer, context: usize, name: &str) -> Value {
         "add_eos_token": false,
         "clean_up_tokenization_spaces": false,
         "model_max_length": context,
-        "chat_template": tokenizer.chat_template(),
+        "chat_template": chat_template,
         "added_tokens_decoder": added,
     })
 }

@@ -335,12 +335,14 @@ fn content_parts(i: usize, parts: &[Value]) -> Result<String, ApiError> {
             Some(
                 kind @ ("image_url" | "image" | "input_image" | "input_audio" | "audio_url"
                 | "video_url" | "file"),
-            ) => return Err(ApiError::invalid(
-                param,
-                format!(
+            ) => {
+                return Err(ApiError::invalid(
+                    param,
+                    format!(
                     "this model reads text only: a `{kind}` content part cannot be used with it"
                 ),
-            )),
+                ))
+            }
             Some(other) => {
                 return Err(ApiError::invalid(
                     param,

@@ -218,17 +218,18 @@ pub fn tool_definitions(tools: &[Value]) -> Result<Vec<ToolDefinition>, ApiError
                 .and_then(Value::as_str)
                 .filter(|n| !n.is_empty())
                 .ok_or_else(|| ApiError::invalid("tools", "each tool's function needs a `name`"))?;
-            let parameters =
-                match function.get("parameters") {
-                    None | Some(Value::Null) => json!({"type": "object"}),
-                    Some(p @ Value::Object(_)) => p.clone(),
-                    Some(_) => return Err(ApiError::invalid(
+            let parameters = match function.get("parameters") {
+                None | Some(Value::Null) => json!({"type": "object"}),
+                Some(p @ Value::Object(_)) => p.clone(),
+                Some(_) => {
+                    return Err(ApiError::invalid(
                         "tools",
                         format!(
                             "the `parameters` of tool `{name}` must be a JSON schema (an object)"
                         ),
-                    )),
-                };
+                    ))
+                }
+            };
             Ok(ToolDefinition {
                 name: name.to_string(),
                 parameters,

@@ -6,11 +6,11 @@
 //! `cargo test --release -p ferrite-server fuzz_` runs a quick batch; with
 //! `FERRITE_FUZZ_SECONDS=600` it runs batches for ten minutes (see RELIABILITY.md).
 
-use ferrite_protocol::KNOWN_FIELDS;
+use ferrite_protocol::{CHAT_ONLY_FIELDS, KNOWN_FIELDS};
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
-use super::{parse_body, GenerateParams};
+use super::{parse_body, parse_chat_body, GenerateParams};
 
 /// Any JSON value, numbers and strings biased toward edge cases.
 fn json_value() -> impl Strategy<Value = Value> {
@@ -60,6 +60,8 @@ fn json_value() -> impl Strategy<Value = Value> {
 fn field_name() -> impl Strategy<Value = String> {
     prop_oneof![
         4 => prop::sample::select(KNOWN_FIELDS).prop_map(str::to_string),
+        1 => prop::sample::select(CHAT_ONLY_FIELDS).prop_map(str::to_string),
+        1 => prop::sample::select(&["role", "content", "tool_calls", "tool_call_id", "name", "type", "text", "function", "arguments"][..]).prop_map(str::to_string),
         1 => "[a-z_]{1,12}",
     ]
 }
@@ -98,10 +100,67 @@ fn request_bytes() -> impl Strategy<Value = (Vec<u8>, bool)> {
     (inputs, any::<bool>())
 }
 
+/// A chat request most of whose fields make sense.
+fn valid_chat_request() -> Value {
+    json!({
+        "model": "smollm2-135m",
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "1"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+        "tool_choice": "required",
+        "logprobs": true,
+        "top_logprobs": 2,
+        "max_completion_tokens": 8,
+    })
+}
+
+/// Chat bodies: the shapes above, and a valid chat request with one field, one message
+/// or one message's field replaced.
+fn chat_request_bytes() -> impl Strategy<Value = (Vec<u8>, bool)> {
+    let any_json = json_value().prop_map(|v| v.to_string().into_bytes());
+    let one_changed = (field_name(), json_value()).prop_map(|(key, value)| {
+        let mut request = valid_chat_request();
+        request[key] = value;
+        request.to_string().into_bytes()
+    });
+    let message_changed = (0..4usize, json_value()).prop_map(|(i, value)| {
+        let mut request = valid_chat_request();
+        request["messages"][i] = value;
+        request.to_string().into_bytes()
+    });
+    let message_field_changed =
+        (0..4usize, field_name(), json_value()).prop_map(|(i, key, value)| {
+            let mut request = valid_chat_request();
+            request["messages"][i][key] = value;
+            request.to_string().into_bytes()
+        });
+    let inputs = prop_oneof![
+        any_json,
+        one_changed,
+        message_changed,
+        message_field_changed
+    ];
+    (inputs, any::<bool>())
+}
+
 /// Parses and validates one body; only a panic is a failure.
 fn exercise(body: &[u8], ignore_unknown: bool) {
     let result = parse_body(body, ignore_unknown).and_then(GenerateParams::try_from);
-    if let Err(e) = result {
+    check_error(result.err());
+}
+
+/// Parses and validates one chat body; only a panic is a failure.
+fn exercise_chat(body: &[u8], ignore_unknown: bool) {
+    check_error(parse_chat_body(body, ignore_unknown).err());
+}
+
+/// An error must be a client error whose body serializes.
+fn check_error(error: Option<crate::error::ApiError>) {
+    if let Some(e) = error {
         let body = serde_json::to_string(&e.body()).expect("error bodies serialize");
         assert!(body.contains("\"message\""));
         assert!(
@@ -110,6 +169,19 @@ fn exercise(body: &[u8], ignore_unknown: bool) {
             String::from_utf8_lossy(body.as_bytes())
         );
     }
+}
+
+#[test]
+fn fuzz_chat_request_parser() {
+    ferrite_fuzz::run(
+        "chat request parser",
+        chat_request_bytes(),
+        3000,
+        5000,
+        |(body, ignore)| {
+            exercise_chat(&body, ignore);
+        },
+    );
 }
 
 #[test]

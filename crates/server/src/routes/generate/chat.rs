@@ -69,6 +69,7 @@ pub async fn chat_completions(
         "chatcmpl",
     )
     .await
+    .map_err(|e| e.with_param_renamed("prompt", "messages"))
 }
 
 /// With `tool_choice: auto` in the Hermes syntax, the output is free until the model

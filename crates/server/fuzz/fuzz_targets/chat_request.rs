@@ -1,0 +1,21 @@
+//! libFuzzer target: any bytes as the body of `POST /v1/chat/completions`, parsed and
+//! validated with and without `--ignore-unknown-fields`. Every input must give
+//! parameters or a 4xx error whose body serializes; a panic or a crash is a finding.
+//! Seeds: `corpus/chat_request/` (conversations with content parts, tool calls and
+//! tool results, and every tool choice).
+//!
+//!     cd crates/server && cargo fuzz run --sanitizer none chat_request WORK_DIR corpus/chat_request -- -max_total_time=600
+
+#![no_main]
+
+use ferrite_server::validate::parse_chat_body;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    for ignore_unknown in [false, true] {
+        if let Err(e) = parse_chat_body(data, ignore_unknown) {
+            let body = serde_json::to_string(&e.body()).expect("error bodies serialize");
+            assert!(body.contains("\"message\""));
+            assert!(e.status().is_client_error(), "{e:?}");
+        }
+    }
+});
