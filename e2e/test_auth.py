@@ -58,6 +58,10 @@ def test_both_headers_are_checked(keyed, headers, status):
 
 def test_other_protected_routes_need_the_key_too(keyed):
     assert httpx.get(f"{keyed.base}/v1/models", timeout=10).status_code == 401
+    chat = {"model": BODY["model"], "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    assert httpx.post(f"{keyed.base}/v1/chat/completions", json=chat, timeout=10).status_code == 401
+    assert httpx.post(f"{keyed.base}/v1/chat/completions", json=chat, timeout=60,
+                      headers={"x-api-key": "k-two"}).status_code == 200
     r = httpx.post(f"{keyed.base}/tokenize", json={"prompt": "hi"}, timeout=10)
     assert r.status_code == 401
     ok = httpx.get(f"{keyed.base}/v1/models", headers={"x-api-key": "k-one"}, timeout=10)

@@ -4,6 +4,7 @@ answers equal to llama.cpp's server's for the same messages (fixtures/chat), str
 `n`, logprobs, structured output, tools, and the errors a bad conversation gets."""
 
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -139,8 +140,45 @@ def test_named_tool_choice_calls_that_tool(client):
         else:
             c = chat(client, **body).choices[0]
             name, arguments, finish = c.message.tool_calls[0].function.name, c.message.tool_calls[0].function.arguments, [c.finish_reason]
-        assert name == "get_time" and finish == ["tool_calls"]
+        # A forced function ends with `stop`, as OpenAI answers it.
+        assert name == "get_time" and finish == ["stop"]
         jsonschema.validate(json.loads(arguments), TIME["function"]["parameters"])
+
+
+def test_pydantic_style_schemas_with_refs_and_formats_work(client):
+    # $defs at the parameters' root with #/$defs refs, and a `format` llguidance does not
+    # implement, as Pydantic and the OpenAI Agents SDK write them.
+    booking = {"type": "function", "function": {"name": "book", "parameters": {
+        "$defs": {"Guest": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                                            "age": {"type": "integer", "format": "int32"}},
+                            "required": ["name", "age"], "additionalProperties": False}},
+        "type": "object", "properties": {"guest": {"$ref": "#/$defs/Guest"}, "nights": {"type": "integer", "minimum": 1, "maximum": 9}},
+        "required": ["guest", "nights"], "additionalProperties": False}}}
+    r = chat(client, [{"role": "user", "content": "Book a room for Ann, 30, two nights."}], seed=1, max_tokens=80,
+             tools=[booking, WEATHER], tool_choice="required")
+    for call in r.choices[0].message.tool_calls:
+        jsonschema.validate(json.loads(call.function.arguments), TOOLS.get(call.function.name, booking)["function"]["parameters"])
+    r = chat(client, TOOL_HISTORY, max_tokens=40, temperature=0, tools=[booking, WEATHER])
+    assert r.choices[0].finish_reason in ("tool_calls", "stop", "length")
+
+
+def test_without_max_tokens_the_default_fits_the_limits(client):
+    # Twenty alternatives for four choices of up to --chat-max-tokens tokens would pass
+    # the answer's logprob limit; a client that asked for no length is not refused.
+    r = chat(client, [{"role": "user", "content": "Hi"}], n=4, seed=1, logprobs=True, top_logprobs=20)
+    assert len(r.choices) == 4 and all(c.finish_reason in ("stop", "length") for c in r.choices)
+
+
+def test_a_client_that_leaves_a_chat_stream_frees_its_sequence(server):
+    before = server.metrics().get('ferrite_requests_total{status="disconnected"}', 0)
+    with httpx.stream("POST", f"{server.base}/v1/chat/completions", timeout=30,
+                      json={"model": MODEL, "messages": HELLO, "max_tokens": 3000, "ignore_eos": True, "stream": True}) as r:
+        next(r.iter_lines())
+    deadline = time.time() + 5
+    while time.time() < deadline and server.metrics().get("ferrite_requests_running", 1) != 0:
+        time.sleep(0.05)
+    assert server.metrics()["ferrite_requests_running"] == 0
+    assert server.metrics()['ferrite_requests_total{status="disconnected"}'] == before + 1
 
 
 def test_auto_parses_the_call_the_model_writes(client):

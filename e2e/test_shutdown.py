@@ -54,6 +54,9 @@ def check_refusing(server):
     r = httpx.post(f"{server.base}/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2}, timeout=5)
     assert r.status_code == 503
     assert r.json()["error"]["type"] == "server_error"
+    r = httpx.post(f"{server.base}/v1/chat/completions", timeout=5,
+                   json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+    assert r.status_code == 503
     assert httpx.get(f"{server.base}/health", timeout=5).status_code == 200
 
 

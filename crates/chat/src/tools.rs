@@ -49,6 +49,16 @@ pub struct ToolSupport {
 }
 
 impl ToolSyntax {
+    /// The text that marks a call in this syntax (which may be one special token of a
+    /// vocabulary).
+    pub fn marker(self) -> &'static str {
+        match self {
+            ToolSyntax::Hermes => HERMES_OPEN,
+            ToolSyntax::JsonObject => PYTHON_TAG,
+            ToolSyntax::Mistral => MISTRAL_TAG,
+        }
+    }
+
     /// The syntax `source` (a chat template) teaches, and whether it renders tools.
     pub fn of_template(source: &str) -> ToolSupport {
         let renders = source.contains("tools");
@@ -103,16 +113,18 @@ pub fn describe_tools(tools: &[Json]) -> String {
     text
 }
 
-/// `messages` for a template that does not render tools: the tools described at the
-/// start of the system message (a system message added when there is none), and the
-/// assistant's earlier calls written into its content in the syntax it is taught.
+/// `messages` for a template that does not render tools: the tools (if any) described
+/// after the first message's text when it is a system message (in a system message
+/// added first otherwise), and the assistant's earlier calls written into its content in
+/// the syntax the description teaches, whether or not tools are offered now (the
+/// template would drop them).
 pub fn with_tools_described(messages: &[Json], tools: &[Json]) -> Vec<Json> {
-    let description = describe_tools(tools);
+    let description = (!tools.is_empty()).then(|| describe_tools(tools));
     let mut out = Vec::with_capacity(messages.len() + 1);
     let first_is_system = messages
         .first()
         .is_some_and(|m| m.get("role").and_then(Json::as_str) == Some("system"));
-    if !first_is_system {
+    if let Some(description) = description.as_ref().filter(|_| !first_is_system) {
         out.push(json!({"role": "system", "content": description}));
     }
     for (i, message) in messages.iter().enumerate() {
@@ -121,7 +133,7 @@ pub fn with_tools_described(messages: &[Json], tools: &[Json]) -> Vec<Json> {
             out.push(message);
             continue;
         };
-        if i == 0 && first_is_system {
+        if let Some(description) = description.as_ref().filter(|_| i == 0 && first_is_system) {
             let content = map.get("content").and_then(Json::as_str).unwrap_or("");
             let joined = format!("{content}\n\n{description}");
             map.insert(
@@ -182,21 +194,25 @@ pub fn parse_json_calls(text: &str) -> Option<Vec<ParsedCall>> {
 }
 
 /// Hermes calls in `text` (which begins with the first `<tool_call>`): the calls and
-/// the text between and after them, or `None` when a call does not parse.
+/// the text between and after them, or `None` when a call does not parse. Each call is
+/// one JSON value read as JSON (so a `</tool_call>` inside one of its strings is text),
+/// then its closing tag, which may be missing at the very end (a stop string took it).
 fn hermes_calls(text: &str) -> Option<(Vec<ParsedCall>, String)> {
     let mut calls = Vec::new();
     let mut rest = String::new();
     let mut tail = text;
     while let Some(start) = tail.find(HERMES_OPEN) {
         rest.push_str(&tail[..start]);
-        let body = &tail[start + HERMES_OPEN.len()..];
-        let (inside, after) = match body.find(HERMES_CLOSE) {
-            Some(end) => (&body[..end], &body[end + HERMES_CLOSE.len()..]),
-            // Cut off before its closing tag (a stop string took it, or the model ended).
-            None => (body, ""),
+        let body = tail[start + HERMES_OPEN.len()..].trim_start();
+        let mut values = serde_json::Deserializer::from_str(body).into_iter::<Json>();
+        let value = values.next()?.ok()?;
+        let after = body[values.byte_offset()..].trim_start();
+        calls.extend(parse_json_calls(&value.to_string())?);
+        tail = match after.strip_prefix(HERMES_CLOSE) {
+            Some(after) => after,
+            None if after.is_empty() => after,
+            None => return None,
         };
-        calls.extend(parse_json_calls(inside)?);
-        tail = after;
     }
     rest.push_str(tail);
     Some((calls, rest))
@@ -388,6 +404,22 @@ mod tests {
     }
 
     #[test]
+    fn a_closing_tag_inside_an_argument_is_text() {
+        let out = parse_output(
+            ToolSyntax::Hermes,
+            "<tool_call>{\"name\": \"echo\", \"arguments\": {\"s\": \"a</tool_call>b\"}}</tool_call> done",
+        );
+        assert_eq!(out.calls, [call("echo", r#"{"s":"a</tool_call>b"}"#)]);
+        assert_eq!(out.content.as_deref(), Some("done"));
+        // Text between a call and its closing tag: not a call.
+        let text = "<tool_call>{\"name\": \"f\", \"arguments\": {}} oops</tool_call>";
+        assert_eq!(
+            parse_output(ToolSyntax::Hermes, text).content.as_deref(),
+            Some(text)
+        );
+    }
+
+    #[test]
     fn what_is_not_a_call_stays_text() {
         for text in [
             "Plain words.",
@@ -473,6 +505,10 @@ mod tests {
             "<tool_call>\n{\"name\":\"f\",\"arguments\":{\"x\":1}}\n</tool_call>"
         );
         assert!(out[2].get("tool_calls").is_none());
+        // Without tools, earlier calls are still written out.
+        let history = with_tools_described(&messages, &[]);
+        assert_eq!(history.len(), 3);
+        assert_eq!(history[1]["content"], out[2]["content"]);
         let with_system = with_tools_described(
             &[
                 json!({"role": "system", "content": "Be brief."}),

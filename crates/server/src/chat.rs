@@ -86,13 +86,16 @@ impl ChatSetup {
     /// `raise_exception`, or any error while rendering) is a 400 with its message.
     pub fn render(&self, input: &ChatInput) -> Result<String, ApiError> {
         let described;
-        let (messages, tools) = if input.tools.is_empty() {
-            (input.messages.as_slice(), None)
-        } else if self.tools.template_renders_tools {
-            (input.messages.as_slice(), Some(input.tools.as_slice()))
-        } else {
+        let has_calls = || input.messages.iter().any(|m| m.get("tool_calls").is_some());
+        let (messages, tools) = if self.tools.template_renders_tools {
+            let tools = Some(input.tools.as_slice()).filter(|t| !t.is_empty());
+            (input.messages.as_slice(), tools)
+        } else if !input.tools.is_empty() || has_calls() {
+            // The template would drop the tools and the earlier calls.
             described = with_tools_described(&input.messages, &input.tools);
             (described.as_slice(), None)
+        } else {
+            (input.messages.as_slice(), None)
         };
         let mut text = self
             .template

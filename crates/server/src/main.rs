@@ -144,6 +144,10 @@ struct ServeArgs {
     /// Log lines as text or as JSON objects (one per line).
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "FERRITE_LOG_FORMAT")]
     log_format: LogFormat,
+    /// `max_tokens` of a chat request that gives none (lowered to fit the context and
+    /// the per-request limits).
+    #[arg(long, default_value_t = 4096, env = "FERRITE_CHAT_MAX_TOKENS", value_parser = positive_count)]
+    chat_max_tokens: usize,
     /// A Jinja chat template for `/v1/chat/completions`, replacing the model's own (a
     /// model without one gets ChatML).
     #[arg(long, env = "FERRITE_CHAT_TEMPLATE")]
@@ -157,6 +161,13 @@ enum LogFormat {
     Text,
     /// One JSON object per line, with the request id of the span it belongs to.
     Json,
+}
+
+fn positive_count(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(v) if v > 0 => Ok(v),
+        _ => Err(format!("`{s}` is not a positive whole number")),
+    }
 }
 
 fn non_negative_seconds(s: &str) -> Result<f64, String> {
@@ -302,6 +313,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         kv_budget: args.kv_budget,
         max_logprob_entries: args.max_logprob_entries,
         max_echo_bytes: args.max_echo_bytes,
+        chat_max_tokens: args.chat_max_tokens,
     };
     state.request_timeout = args.request_timeout.map(Duration::from_secs_f64);
     state.allowed_origins = allowed_origins;

@@ -34,6 +34,9 @@ pub struct RequestLimits {
     /// Most bytes of echoed prompt text one answer may carry, over every choice (400 past
     /// it).
     pub max_echo_bytes: usize,
+    /// `max_tokens` of a chat request that gives none (lowered to fit the context and
+    /// these limits): the engine reserves KV cache for all of it while the answer runs.
+    pub chat_max_tokens: usize,
 }
 
 impl Default for RequestLimits {
@@ -46,6 +49,7 @@ impl Default for RequestLimits {
             kv_budget: 131_072,
             max_logprob_entries: 1 << 20,
             max_echo_bytes: 16 << 20,
+            chat_max_tokens: 4096,
         }
     }
 }

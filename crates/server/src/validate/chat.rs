@@ -8,7 +8,8 @@ use serde_json::{json, Map, Value};
 
 pub use super::constraint::ToolChoice;
 use super::constraint::{
-    any_call_schema, chosen_tools, tool_choice, tool_constraint, tool_definitions, ToolDefinition,
+    any_call_schema, chosen_tools, tool_choice, tool_constraint, tool_definitions, tool_schema,
+    ToolDefinition,
 };
 use super::{deserialize_naming_the_field, drop_unknown, json_object, require, GenerateParams};
 use crate::error::ApiError;
@@ -149,19 +150,22 @@ pub fn parse_chat_body(body: &[u8], ignore_unknown: bool) -> Result<ChatParams, 
     map.insert("prompt".into(), Value::String(String::new()));
     let request: CompletionRequest = deserialize_naming_the_field(Value::Object(map))?;
     let mut generate = GenerateParams::try_from(request)?;
-    generate.default_max_tokens = None;
     let forced = match &tool_choice {
         ToolChoice::None | ToolChoice::Auto => None,
         ToolChoice::Required => {
             let chosen = chosen_tools(&tools, &tool_choice)?;
             let one = any_call_schema(&chosen);
-            Some(if parallel_tool_calls {
+            let schema = if parallel_tool_calls {
                 json!({"type": "array", "items": one, "minItems": 1})
             } else {
                 one
-            })
+            };
+            Some(tool_schema(schema, &chosen)?)
         }
-        ToolChoice::Named(_) => Some(chosen_tools(&tools, &tool_choice)?[0].parameters.clone()),
+        ToolChoice::Named(_) => {
+            let chosen = chosen_tools(&tools, &tool_choice)?;
+            Some(tool_schema(chosen[0].parameters.clone(), &[])?)
+        }
     };
     if let Some(schema) = forced {
         if let Some(other) = &generate.constraint {
@@ -277,7 +281,7 @@ fn message(i: usize, value: Value) -> Result<Value, ApiError> {
                 format!("`messages[{i}].content` is required for a {role} message"),
             ))
         }
-        Some(Value::Array(parts)) => content_parts(i, parts)?,
+        Some(Value::Array(parts)) => content_parts(i, parts, role == "assistant")?,
         Some(_) => {
             return Err(ApiError::invalid(
                 at(".content"),
@@ -318,7 +322,7 @@ fn message(i: usize, value: Value) -> Result<Value, ApiError> {
 
 /// Text parts joined by newlines (as vLLM joins them for a text template); any other part
 /// is a 400, since the model reads text only.
-fn content_parts(i: usize, parts: &[Value]) -> Result<String, ApiError> {
+fn content_parts(i: usize, parts: &[Value], assistant: bool) -> Result<String, ApiError> {
     let mut texts = Vec::with_capacity(parts.len());
     for (j, part) in parts.iter().enumerate() {
         let param = format!("messages[{i}].content[{j}]");
@@ -332,6 +336,8 @@ fn content_parts(i: usize, parts: &[Value]) -> Result<String, ApiError> {
                     ))
                 }
             },
+            // An assistant's refusal, as SDKs copy it back from an answer: not text to render.
+            Some("refusal") if assistant => {}
             Some(
                 kind @ ("image_url" | "image" | "input_image" | "input_audio" | "audio_url"
                 | "video_url" | "file"),
@@ -420,10 +426,7 @@ mod tests {
         let p = parse(&with("")).unwrap();
         assert_eq!(p.input.messages, [json!({"role": "user", "content": "hi"})]);
         assert!(p.input.add_generation_prompt && !p.input.continue_final_message);
-        assert_eq!(
-            (p.generate.max_tokens, p.generate.default_max_tokens),
-            (None, None)
-        );
+        assert_eq!(p.generate.max_tokens, None);
         assert_eq!(p.tool_choice, ToolChoice::None);
         let p = parse(&with(
             r#","logprobs":true,"top_logprobs":3,"max_completion_tokens":7,"n":2"#,
@@ -439,6 +442,7 @@ mod tests {
             r#"{"model":"m","messages":[
                 {"role":"developer","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},
                 {"role":"user","content":"q","name":"ann","refusal":null},
+                {"role":"assistant","content":[{"type":"refusal","refusal":"no"},{"type":"text","text":"ok"}]},
                 {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"x\": 1}"}}]},
                 {"role":"tool","tool_call_id":"c1","content":"2"}]}"#,
         )
@@ -448,6 +452,7 @@ mod tests {
             [
                 json!({"role": "system", "content": "a\nb"}),
                 json!({"role": "user", "content": "q", "name": "ann"}),
+                json!({"role": "assistant", "content": "ok"}),
                 json!({"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {"x": 1}}, "id": "c1"}]}),
                 json!({"role": "tool", "content": "2", "tool_call_id": "c1"}),
             ]

@@ -5,7 +5,7 @@
 
 use ferrite_engine::constrain::{Grammar, GrammarKind};
 use ferrite_protocol::CompletionRequest;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
 
@@ -262,11 +262,22 @@ pub fn chosen_tools<'a>(
     Ok(chosen)
 }
 
-/// The schema of one call of `tool`: `{"name": …, "arguments": {…}}`.
+/// Where a JSON schema keeps the subschemas its `$ref`s point at.
+const DEFINITIONS: [&str; 2] = ["$defs", "definitions"];
+
+/// The schema of one call of `tool`: `{"name": …, "arguments": {…}}`. Its parameters'
+/// `$defs` are left out: [`tool_schema`] puts them at the root, where their `$ref`s
+/// (`#/$defs/…`, as Pydantic writes them) point.
 pub fn call_schema(tool: &ToolDefinition) -> Value {
+    let mut parameters = tool.parameters.clone();
+    if let Value::Object(map) = &mut parameters {
+        for key in DEFINITIONS {
+            map.remove(key);
+        }
+    }
     json!({
         "type": "object",
-        "properties": {"name": {"const": tool.name}, "arguments": tool.parameters},
+        "properties": {"name": {"const": tool.name}, "arguments": parameters},
         "required": ["name", "arguments"],
         "additionalProperties": false,
     })
@@ -280,6 +291,45 @@ pub fn any_call_schema(tools: &[&ToolDefinition]) -> Value {
     } else {
         json!({"anyOf": calls})
     }
+}
+
+/// `schema` (built from `tools`' parameters) made ready to compile: the tools'
+/// `$defs`/`definitions` gathered at its root (a name two tools define differently is a
+/// 400), and llguidance told to be lenient, as OpenAI is, with what it does not implement
+/// (`format: int32`, unknown keywords), and to lay the JSON out compactly.
+pub fn tool_schema(mut schema: Value, tools: &[&ToolDefinition]) -> Result<Value, ApiError> {
+    for key in DEFINITIONS {
+        let mut gathered = Map::new();
+        for tool in tools {
+            let Some(Value::Object(defs)) = tool.parameters.get(key) else {
+                continue;
+            };
+            for (name, def) in defs {
+                match gathered.get(name) {
+                    Some(other) if other != def => {
+                        return Err(ApiError::invalid(
+                            "tools",
+                            format!("two tools define `{key}/{name}` differently; give them different names"),
+                        ))
+                    }
+                    _ => {
+                        gathered.insert(name.clone(), def.clone());
+                    }
+                }
+            }
+        }
+        if !gathered.is_empty() {
+            schema[key] = Value::Object(gathered);
+        }
+    }
+    if let Value::Object(map) = &mut schema {
+        map.entry("x-guidance").or_insert_with(|| {
+            let mut guidance = json_layout();
+            guidance["lenient"] = json!(true);
+            guidance
+        });
+    }
+    Ok(schema)
 }
 
 /// A JSON-schema constraint asked for by `tool_choice`.
@@ -301,7 +351,7 @@ fn tool_call(
     }
     let tools = tool_definitions(tools)?;
     let chosen = chosen_tools(&tools, &choice)?;
-    tool_constraint(&any_call_schema(&chosen)).map(Some)
+    tool_constraint(&tool_schema(any_call_schema(&chosen), &chosen)?).map(Some)
 }
 
 /// The request's constraint, if any: a 400 naming both fields when two constrain it.

@@ -22,7 +22,7 @@ use crate::error::ApiError;
 pub use chat::{parse_chat_body, ChatInput, ChatParams, ToolChoice};
 use checks::{int_in_range, non_negative, token_ids};
 pub use constraint::{
-    any_call_schema, json_layout, tool_definitions, OutputConstraint, ToolDefinition,
+    any_call_schema, json_layout, tool_definitions, tool_schema, OutputConstraint, ToolDefinition,
 };
 pub use output::OutputOptions;
 
@@ -74,9 +74,10 @@ pub struct GenerateParams {
     /// Requested `max_tokens` (`None`: the default, lowered to fit the context); 0 only
     /// with `echo`, to score the prompt.
     pub max_tokens: Option<usize>,
-    /// `max_tokens` when none is given: 16 for a text completion, as OpenAI's legacy API;
-    /// `None` for chat, whose answer may run to the end of the context.
-    pub default_max_tokens: Option<usize>,
+    /// `max_tokens` when none is given (lowered to fit the context and the server's
+    /// limits): 16 for a text completion, as OpenAI's legacy API; for chat, whose answer
+    /// runs until the model ends it, the server's `--chat-max-tokens`.
+    pub default_max_tokens: usize,
     /// `context_length_exceeded_behavior`.
     pub overflow: Overflow,
     /// Keep the end of a prompt that alone exceeds the context.
@@ -490,7 +491,7 @@ impl TryFrom<CompletionRequest> for GenerateParams {
             n,
             best_of,
             max_tokens,
-            default_max_tokens: Some(DEFAULT_MAX_TOKENS),
+            default_max_tokens: DEFAULT_MAX_TOKENS,
             overflow,
             truncate_sequence: r.truncate_sequence.unwrap_or(false),
             sampling,

@@ -18,8 +18,21 @@ use crate::error::ApiError;
 use crate::routes::body::RawBody;
 use crate::state::AppState;
 use crate::validate::{
-    parse_chat_body, ChatParams, OutputConstraint, PromptInput, ToolChoice, ToolDefinition,
+    any_call_schema, parse_chat_body, tool_schema, ChatParams, OutputConstraint, PromptInput,
+    ToolChoice, ToolDefinition,
 };
+
+/// The field named by the lazy grammar of `tool_choice: auto`: a grammar that does not
+/// compile (a tool's schema llguidance cannot take) leaves the output free instead of
+/// refusing the request, which asked for no constraint.
+pub(super) const AUTO_TOOLS_FIELD: &str = "tools";
+
+/// Whether `piece` is one control token of the vocabulary.
+fn is_control_token(tokenizer: &Tokenizer, piece: &str) -> bool {
+    tokenizer
+        .piece_id(piece)
+        .is_some_and(|id| tokenizer.kind(id) == Some(TokenKind::Control))
+}
 
 /// Handles `POST /v1/chat/completions`.
 pub async fn chat_completions(
@@ -45,11 +58,22 @@ pub async fn chat_completions(
                 generate.constraint =
                     hermes_calls_grammar(&tools, parallel_tool_calls, engine.tokenizer());
             }
-            ToolOutput::Parse(syntax)
+            // A marker that is a control token (Mistral's `[TOOL_CALLS]`) would be left
+            // out of the text, and the call with it.
+            if is_control_token(engine.tokenizer(), syntax.marker()) {
+                generate.output.skip_special_tokens = false;
+            }
+            ToolOutput::Parse {
+                syntax,
+                parallel: parallel_tool_calls,
+            }
         }
-        ToolChoice::Required => ToolOutput::Calls,
+        ToolChoice::Required => ToolOutput::Calls {
+            parallel: parallel_tool_calls,
+        },
         ToolChoice::Named(name) => ToolOutput::Arguments(name),
     };
+    generate.default_max_tokens = state.limits.chat_max_tokens;
     if let Some(end) = setup.end_of_turn {
         if !generate.stop.iter().any(|s| s == end) {
             generate.stop.push(end.to_string());
@@ -93,8 +117,9 @@ fn hermes_calls_grammar(
         return None;
     }
     let chosen: Vec<&ToolDefinition> = tools.iter().collect();
-    let mut schema = crate::validate::any_call_schema(&chosen);
-    schema["x-guidance"] = crate::validate::json_layout();
+    // Tools whose definitions clash are left unconstrained here: `auto` asks for no
+    // constraint, only for calls that parse.
+    let schema = tool_schema(any_call_schema(&chosen), &chosen).ok()?;
     let calls = if parallel { "*" } else { "?" };
     let source = format!(
         "start: (before_call call){calls} after\n\
@@ -106,7 +131,7 @@ fn hermes_calls_grammar(
         close = json!(HERMES_CLOSE),
     );
     Some(OutputConstraint {
-        field: "tools",
+        field: AUTO_TOOLS_FIELD,
         grammar: Grammar {
             kind: GrammarKind::Lark,
             source,

@@ -156,7 +156,7 @@ fn chat_choice(
         logprobs: c
             .tokens
             .map(|t| chat_logprobs(tokenizer, &t, alternatives, as_ids)),
-        finish_reason: Some(chat_finish_reason(c.finish_reason, called)),
+        finish_reason: Some(chat_finish_reason(c.finish_reason, called, output)),
         stop_reason: c.stop_reason,
         token_ids: c.token_ids,
     }

@@ -88,9 +88,19 @@ async fn run(
         let (params, engine, limits) = (Arc::clone(&params), engine.clone(), state.limits);
         tokio::task::spawn_blocking(move || {
             let constraint = match &params.constraint {
-                Some(c) => Some(engine.compile_grammar(&c.grammar).map_err(|e| {
-                    ApiError::invalid(c.field, format!("invalid `{}`: {e}", c.field))
-                })?),
+                Some(c) => match engine.compile_grammar(&c.grammar) {
+                    Ok(compiled) => Some(compiled),
+                    Err(e) if c.field == chat::AUTO_TOOLS_FIELD => {
+                        tracing::warn!(error = %e, "tool calls left unconstrained: their grammar does not compile");
+                        None
+                    }
+                    Err(e) => {
+                        return Err(ApiError::invalid(
+                            c.field,
+                            format!("invalid `{}`: {e}", c.field),
+                        ))
+                    }
+                },
                 None => None,
             };
             prepare::prepare(

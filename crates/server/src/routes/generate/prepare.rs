@@ -11,7 +11,7 @@ use ferrite_engine::SequenceRequest;
 
 use crate::error::ApiError;
 use crate::state::RequestLimits;
-use crate::validate::{GenerateParams, Overflow, PromptInput, DEFAULT_MAX_TOKENS};
+use crate::validate::{GenerateParams, Overflow, PromptInput};
 
 /// The prompt as `echo` returns it: its tokens decoded (special tokens spelled out only
 /// with `skip_special_tokens: false`), and the characters each token adds, so that the
@@ -111,7 +111,10 @@ pub fn prepare(
                 ids.clone()
             }
         };
-        let (tokens, max_tokens) = fit_context(params, tokens, context)?;
+        let (tokens, mut max_tokens) = fit_context(params, tokens, context)?;
+        if params.max_tokens.is_none() {
+            max_tokens = default_within_limits(max_tokens, tokens.len(), params, limits);
+        }
         let echo = if params.output.echo {
             Echo::of(tokenizer, &tokens, params.output.skip_special_tokens)
         } else {
@@ -302,6 +305,29 @@ fn breaker_tokens(tokenizer: &Tokenizer, breakers: &[String]) -> Vec<TokenId> {
         .collect()
 }
 
+/// A default `max_tokens` lowered to this prompt's share of the server's per-request
+/// limits (KV cache, generated tokens, log-probabilities), so that a client that asked
+/// for no length is not refused for one. A prompt that leaves no share still gets one
+/// token: the limits' own checks then say what is too large.
+fn default_within_limits(
+    max_tokens: usize,
+    prompt_tokens: usize,
+    params: &GenerateParams,
+    limits: &RequestLimits,
+) -> usize {
+    let choices = params.best_of.max(1);
+    let sequences = choices * params.prompts.len().max(1);
+    let mut share = max_tokens
+        .min((limits.kv_budget / choices).saturating_sub(prompt_tokens))
+        .min(limits.max_generated_tokens / sequences);
+    if let Some(k) = params.output.logprobs {
+        let echoed = if params.output.echo { prompt_tokens } else { 0 };
+        share =
+            share.min((limits.max_logprob_entries / ((1 + k) * sequences)).saturating_sub(echoed));
+    }
+    share.max(1)
+}
+
 /// Applies the context rules: a prompt that alone fills the context is a 400 unless
 /// `truncate_sequence` keeps its end; a completion that would overflow is shortened
 /// (`truncate`) or refused (`error`). Returns the prompt and its `max_tokens`.
@@ -314,13 +340,10 @@ fn fit_context(
         return Err(ApiError::invalid("prompt", "the prompt is empty"));
     }
     // Without `max_tokens`, the default is lowered to what fits, whatever `overflow` says;
-    // a prompt cut to fit keeps room for at most DEFAULT_MAX_TOKENS of it.
-    let reserved = params.max_tokens.unwrap_or(
-        params
-            .default_max_tokens
-            .unwrap_or(usize::MAX)
-            .min(DEFAULT_MAX_TOKENS),
-    );
+    // a prompt cut to fit keeps room for it, or for half the context at most.
+    let reserved = params
+        .max_tokens
+        .unwrap_or(params.default_max_tokens.min(context / 2));
     if tokens.len() >= context {
         if !params.truncate_sequence {
             return Err(ApiError::ContextLengthExceeded {
@@ -336,7 +359,7 @@ fn fit_context(
     }
     let room = context - tokens.len();
     let Some(wanted) = params.max_tokens else {
-        return Ok((tokens, params.default_max_tokens.unwrap_or(room).min(room)));
+        return Ok((tokens, params.default_max_tokens.min(room)));
     };
     if wanted > room && params.overflow == Overflow::Error {
         return Err(ApiError::ContextLengthExceeded {
@@ -447,16 +470,20 @@ mod tests {
             (90, 10, 60),
             "the end of the prompt is kept"
         );
-        // Without max_tokens: 16 for a completion, the rest of the context for chat,
-        // lowered to fit either way.
+        // Without max_tokens: the default (16 for a completion, more for chat), lowered to
+        // fit whatever `overflow` says.
         let mut default =
             params(r#"{"model":"m","prompt":"x","context_length_exceeded_behavior":"error"}"#);
         assert_eq!(fit_context(&default, vec![1; 10], 100).unwrap().1, 16);
         assert_eq!(fit_context(&default, vec![1; 90], 100).unwrap().1, 10);
-        default.default_max_tokens = None;
+        default.default_max_tokens = 4096;
         assert_eq!(fit_context(&default, vec![1; 10], 100).unwrap().1, 90);
         default.truncate_sequence = true;
         let (t, max) = fit_context(&default, vec![1; 150], 100).unwrap();
-        assert_eq!((t.len(), max), (84, 16), "a cut prompt leaves room for 16");
+        assert_eq!(
+            (t.len(), max),
+            (50, 50),
+            "a cut prompt leaves half the context"
+        );
     }
 }

@@ -22,12 +22,34 @@ pub(super) enum Dialect {
 pub(super) enum ToolOutput {
     /// All of it is content.
     None,
-    /// Calls in the model's syntax may come among the text (`tool_choice: auto`).
-    Parse(ToolSyntax),
+    /// Calls in the model's syntax may come among the text (`tool_choice: auto`); with
+    /// `parallel` false only the first counts.
+    Parse {
+        /// The syntax the template teaches.
+        syntax: ToolSyntax,
+        /// `parallel_tool_calls`.
+        parallel: bool,
+    },
     /// The output is a call or an array of calls, `{"name", "arguments"}` (`required`).
-    Calls,
+    Calls {
+        /// `parallel_tool_calls`.
+        parallel: bool,
+    },
     /// The output is the arguments of this function (`tool_choice` names it).
     Arguments(String),
+}
+
+impl ToolOutput {
+    /// Whether only one call may count.
+    fn single(&self) -> bool {
+        matches!(
+            self,
+            Self::Parse {
+                parallel: false,
+                ..
+            } | Self::Calls { parallel: false }
+        )
+    }
 }
 
 /// A chat choice's text on its way to becoming a message: content that can go out at
@@ -45,7 +67,7 @@ impl MessageBuilder {
     pub fn new(output: &ToolOutput) -> Self {
         Self {
             stream: match output {
-                ToolOutput::Parse(syntax) => Some(ToolStream::new(*syntax)),
+                ToolOutput::Parse { syntax, .. } => Some(ToolStream::new(*syntax)),
                 _ => None,
             },
             output: output.clone(),
@@ -57,7 +79,7 @@ impl MessageBuilder {
     pub fn push(&mut self, text: &str) -> String {
         match (&self.output, &mut self.stream) {
             (ToolOutput::None, _) => text.to_string(),
-            (ToolOutput::Parse(_), Some(stream)) => stream.push(text),
+            (ToolOutput::Parse { .. }, Some(stream)) => stream.push(text),
             _ => {
                 self.whole.push_str(text);
                 String::new()
@@ -65,8 +87,18 @@ impl MessageBuilder {
         }
     }
 
-    /// The end of the choice: the content held back and the calls.
+    /// The end of the choice: the content held back and the calls (the first alone
+    /// without `parallel_tool_calls`).
     pub fn finish(self) -> ParsedOutput {
+        let single = self.output.single();
+        let mut out = self.finish_all();
+        if single {
+            out.calls.truncate(1);
+        }
+        out
+    }
+
+    fn finish_all(self) -> ParsedOutput {
         let whole = self.whole;
         let as_text = |text: String| ParsedOutput {
             content: Some(text).filter(|t| !t.is_empty()),
@@ -74,8 +106,8 @@ impl MessageBuilder {
         };
         match self.output {
             ToolOutput::None => ParsedOutput::default(),
-            ToolOutput::Parse(_) => self.stream.map(ToolStream::finish).unwrap_or_default(),
-            ToolOutput::Calls => match parse_json_calls(&whole) {
+            ToolOutput::Parse { .. } => self.stream.map(ToolStream::finish).unwrap_or_default(),
+            ToolOutput::Calls { .. } => match parse_json_calls(&whole) {
                 Some(calls) => ParsedOutput {
                     content: None,
                     calls,
@@ -131,9 +163,10 @@ pub(super) fn tool_calls(calls: Vec<ParsedCall>) -> Vec<ToolCall> {
         .collect()
 }
 
-/// A chat finish reason: `tool_calls` when the model stopped after calling tools.
-pub(super) fn chat_finish_reason(reason: String, called: bool) -> String {
-    if called && reason == "stop" {
+/// A chat finish reason: `tool_calls` when the model stopped after calling tools, but
+/// `stop` for a call of the function `tool_choice` named, as OpenAI answers it.
+pub(super) fn chat_finish_reason(reason: String, called: bool, output: &ToolOutput) -> String {
+    if called && reason == "stop" && !matches!(output, ToolOutput::Arguments(_)) {
         "tool_calls".into()
     } else {
         reason
@@ -197,7 +230,7 @@ mod tests {
     #[test]
     fn forced_calls_and_arguments_become_calls() {
         let (content, calls) = MessageBuilder::whole(
-            &ToolOutput::Calls,
+            &ToolOutput::Calls { parallel: true },
             r#"[{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {}}]"#,
         );
         assert_eq!(content, None);
@@ -229,10 +262,31 @@ mod tests {
     }
 
     #[test]
-    fn a_call_ends_with_tool_calls_unless_cut() {
-        assert_eq!(chat_finish_reason("stop".into(), true), "tool_calls");
-        assert_eq!(chat_finish_reason("length".into(), true), "length");
-        assert_eq!(chat_finish_reason("stop".into(), false), "stop");
+    fn without_parallel_calls_the_first_counts() {
+        let two = r#"<tool_call>{"name": "f", "arguments": {}}</tool_call><tool_call>{"name": "g", "arguments": {}}</tool_call>"#;
+        let parse = |parallel| ToolOutput::Parse {
+            syntax: ToolSyntax::Hermes,
+            parallel,
+        };
+        assert_eq!(MessageBuilder::whole(&parse(true), two).1.len(), 2);
+        let (_, calls) = MessageBuilder::whole(&parse(false), two);
+        assert_eq!(
+            calls.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+            ["f"]
+        );
+    }
+
+    #[test]
+    fn a_call_ends_with_tool_calls_unless_cut_or_named() {
+        let auto = ToolOutput::Parse {
+            syntax: ToolSyntax::Hermes,
+            parallel: true,
+        };
+        assert_eq!(chat_finish_reason("stop".into(), true, &auto), "tool_calls");
+        assert_eq!(chat_finish_reason("length".into(), true, &auto), "length");
+        assert_eq!(chat_finish_reason("stop".into(), false, &auto), "stop");
+        let named = ToolOutput::Arguments("f".into());
+        assert_eq!(chat_finish_reason("stop".into(), true, &named), "stop");
         let calls = tool_calls(vec![ParsedCall {
             name: "f".into(),
             arguments: "{}".into(),

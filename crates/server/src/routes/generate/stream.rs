@@ -259,7 +259,7 @@ impl ChunkWriter {
             ));
         }
         let mut last = choice(ChatDelta::default(), std::mem::take(&mut state.pending));
-        last.finish_reason = Some(chat_finish_reason(reason, called));
+        last.finish_reason = Some(chat_finish_reason(reason, called, output));
         last.stop_reason = Some(stop);
         out.push(last);
         out
