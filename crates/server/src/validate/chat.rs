@@ -405,16 +405,10 @@ fn tool_call(i: usize, j: usize, call: &Value) -> Result<Value, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::validate::tests::param_of;
 
     fn parse(body: &str) -> Result<ChatParams, ApiError> {
         parse_chat_body(body.as_bytes(), false)
-    }
-
-    fn param_of(e: ApiError) -> Option<String> {
-        match e {
-            ApiError::InvalidRequest { param, .. } => param,
-            other => panic!("{other:?}"),
-        }
     }
 
     fn with(extra: &str) -> String {

@@ -526,7 +526,8 @@ mod tests {
         GenerateParams::try_from(parse_body(body.as_bytes(), false)?)
     }
 
-    fn param_of(e: ApiError) -> Option<String> {
+    /// The field a 400 names.
+    pub(super) fn param_of(e: ApiError) -> Option<String> {
         match e {
             ApiError::InvalidRequest { param, .. } => param,
             _ => None,
