@@ -313,3 +313,28 @@ def test_sigterm_during_a_pathological_request_exits_zero_within_grace_plus_five
         if s.proc.poll() is None:
             s.proc.kill()
         s.log.close()
+
+
+def test_grammars_that_would_recurse_too_deep_are_refused_not_fatal(server):
+    # llguidance compiles a $ref chain or a chain of Lark rules depth-first: 400 links
+    # overflowed a 2 MiB stack and aborted the process (found by a hostile-client probe of
+    # the chat route; completions had it too). Now measured first: a 400 naming the field.
+    n = 20000
+    defs = {f"A{i}": {"type": "object", "properties": {"a": {"$ref": f"#/$defs/A{i + 1}"}}} for i in range(n)}
+    defs[f"A{n}"] = {"type": "string"}
+    chain = {"$ref": "#/$defs/A0", "$defs": defs}
+    rules = "start: r0\n" + "".join(f"r{i}: \"a\" r{i + 1}\n" for i in range(n)) + f"r{n}: \"b\"\n"
+    base = {"model": "smollm2-135m", "max_tokens": 2}
+    for path, body, field in [
+        ("/v1/completions", {"prompt": "x", "guided_json": chain}, "guided_json"),
+        ("/v1/completions", {"prompt": "x", "guided_grammar": rules}, "guided_grammar"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "response_format":
+            {"type": "json_schema", "json_schema": {"name": "x", "schema": chain}}}, "response_format"),
+    ]:
+        r = httpx.post(f"{server.base}{path}", json={**base, **body}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+    # A chain well within the limit still compiles (on the compiler's own deep stack).
+    ok = {"$ref": "#/$defs/A0", "$defs": {**{k: v for k, v in defs.items() if int(k[1:]) < 300}, "A300": {"type": "string"}}}
+    r = httpx.post(f"{server.base}/v1/completions", json={**base, "prompt": "x", "guided_json": ok}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert httpx.get(f"{server.base}/health", timeout=5).status_code == 200

@@ -4,12 +4,15 @@
 //! each sampled token, and names the tokens the grammar forces next.
 //!
 //! Grammar work is bounded: llguidance's [`ParserLimits`] cap what one grammar may build
-//! and what one token's mask may cost (see [`GRAMMAR_LIMITS`]). A grammar that does not
+//! and what one token's mask may cost (see [`GRAMMAR_LIMITS`]), and [`depth`] how deep
+//! compiling one may recurse (a grammar deeper than that is refused before it compiles,
+//! on a stack with room for many times the deepest allowed). A grammar that does not
 //! compile, exceeds the limits while compiling, or allows no output at all is refused
 //! before any generation (compiling computes the first mask to find out). One that runs
 //! over the limits midway ends its sequence ([`MaskError::OverLimit`]), never the engine.
 //! llguidance turns its own panics into errors.
 
+pub mod depth;
 mod tokenizer_env;
 
 use std::fmt;
@@ -104,6 +107,22 @@ impl ConstraintFactory {
         if grammar.kind == GrammarKind::Regex {
             check_forced_length(&grammar.source)?;
         }
+        depth::check(grammar)?;
+        // Compiling recurses as deep as the grammar goes: on a stack that holds the
+        // deepest one `depth::check` lets through, many times over.
+        std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("grammar-compile".into())
+                .stack_size(depth::COMPILE_STACK_BYTES)
+                .spawn_scoped(scope, || self.compile_here(grammar))
+                .map_err(|e| format!("cannot start the grammar compiler: {e}"))?
+                .join()
+                .map_err(|_| "the grammar compiler failed".to_string())?
+        })
+    }
+
+    /// [`ConstraintFactory::compile`] on the calling thread.
+    fn compile_here(&self, grammar: &Grammar) -> Result<Constraint, String> {
         let top = TopLevelGrammar::from_tagged_str(grammar.kind.tag(), &grammar.source)
             .map_err(message)?;
         let parser = self.factory.create_parser(top).map_err(message)?;
