@@ -261,3 +261,41 @@ def test_a_conversation_longer_than_the_context_names_the_messages(client):
         chat(client, [{"role": "user", "content": "word " * 9000}], max_tokens=2)
     assert e.value.body["param"] == "messages" and e.value.body["code"] == "context_length_exceeded"
     assert "rendered conversation" in e.value.body["message"]
+
+
+def test_a_client_that_leaves_during_a_long_prefill_is_noticed_at_once(server):
+    # Nothing is sent while a long prompt is prefilled; the stream's task still notices
+    # that its client left (and frees the sequence) instead of at the first token.
+    def running():
+        return server.metrics().get("ferrite_requests_running", 0)
+    with httpx.stream("POST", f"{server.base}/v1/chat/completions", timeout=60,
+                      json={"model": MODEL, "messages": [{"role": "user", "content": "word " * 7000}],
+                            "max_tokens": 50, "stream": True}) as r:
+        assert r.status_code == 200
+        deadline = time.time() + 5
+        while running() == 0 and time.time() < deadline:
+            time.sleep(0.05)
+        assert running() == 1
+    left = time.time()
+    while running() != 0 and time.time() - left < 20:
+        time.sleep(0.05)
+    # The prefill alone takes tens of seconds here.
+    assert running() == 0 and time.time() - left < 3
+
+
+def test_top_logprobs_keep_only_their_alternatives():
+    # Each token's alternatives once kept the whole vocabulary's allocation (384 KiB at
+    # SmolLM2's 49,152 tokens): 16 × 300 tokens grew the server by ~1.9 GB.
+    server = Server(MODEL)
+    try:
+        def peak_mib():
+            status = Path(f"/proc/{server.proc.pid}/status").read_text()
+            return int(next(l for l in status.splitlines() if l.startswith("VmHWM")).split()[1]) // 1024
+        before = peak_mib()
+        r = httpx.post(f"{server.base}/v1/chat/completions", timeout=300, json={
+            "model": MODEL, "messages": HELLO, "n": 16, "max_tokens": 300, "ignore_eos": True,
+            "logprobs": True, "top_logprobs": 1})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16 * 300
+        assert peak_mib() - before < 400, f"{before} → {peak_mib()} MiB"
+    finally:
+        server.stop()

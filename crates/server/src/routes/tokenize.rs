@@ -81,7 +81,7 @@ pub async fn tokenize(
         }
         _ => {
             return Err(ApiError::invalid_body(
-                "give `prompt` (text) or `messages` (a conversation), not both",
+                "give one of `prompt` (text) or `messages` (a conversation)",
             ))
         }
     };

@@ -522,6 +522,10 @@ mod tests {
             (r#","chat_template_kwargs":[1]"#, "chat_template_kwargs"),
             (r#","tools":{}"#, "tools"),
             (r#","tools":[{"type":"function","function":{}}]"#, "tools"),
+            (
+                r#","tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"f"}}]"#,
+                "tools",
+            ),
             (r#","tool_choice":"required""#, "tool_choice"),
             (r#","tool_choice":"sometimes""#, "tool_choice"),
             (

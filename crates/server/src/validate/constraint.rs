@@ -199,9 +199,10 @@ pub struct ToolDefinition {
     pub parameters: Value,
 }
 
-/// Checks `tools`: each `{"type": "function", "function": {"name": …, "parameters": {…}}}`.
+/// Checks `tools`: each `{"type": "function", "function": {"name": …, "parameters": {…}}}`,
+/// no two with one name (a call could not say which it is).
 pub fn tool_definitions(tools: &[Value]) -> Result<Vec<ToolDefinition>, ApiError> {
-    tools
+    let definitions = tools
         .iter()
         .map(|tool| {
             let function = tool
@@ -235,7 +236,16 @@ pub fn tool_definitions(tools: &[Value]) -> Result<Vec<ToolDefinition>, ApiError
                 parameters,
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    let mut names: Vec<&str> = definitions.iter().map(|d| d.name.as_str()).collect();
+    names.sort_unstable();
+    if let Some(twice) = names.windows(2).find(|w| w[0] == w[1]) {
+        return Err(ApiError::invalid(
+            "tools",
+            format!("two tools are named `{}`; tool names must differ", twice[0]),
+        ));
+    }
+    Ok(definitions)
 }
 
 /// The tools `choice` allows: all of them for `required`, the named one alone (a 400 when

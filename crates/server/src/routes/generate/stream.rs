@@ -4,6 +4,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -328,7 +329,16 @@ pub(super) fn respond(
                 tokens,
                 finish: None,
             };
-            while let Some((index, event)) = merged.next().await {
+            loop {
+                // A client that left is noticed while no event comes (a long prefill), not
+                // only at the next send: its sequences are freed at once.
+                let next = tokio::select! {
+                    next = merged.next() => next,
+                    _ = tx.closed() => return,
+                };
+                let Some((index, event)) = next else {
+                    break;
+                };
                 let state = &mut states
                     .iter_mut()
                     .find(|(i, _)| *i == index)
@@ -439,8 +449,11 @@ pub(super) fn respond(
         }
         .instrument(tracing::Span::current()),
     );
+    // A comment line every second while nothing else goes out (a long prefill, a wait for
+    // admission): writing is how a client that has left is noticed, and its sequences
+    // freed, before they cost a whole prefill.
     Sse::new(ReceiverStream::new(rx).map(Ok::<_, Infallible>))
-        .keep_alive(KeepAlive::default())
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(1)))
         .into_response()
 }
 
