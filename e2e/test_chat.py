@@ -224,6 +224,14 @@ def test_a_bad_message_is_a_400_naming_the_field(client, messages, param):
     assert e.value.body["param"] == param, e.value.body
 
 
+def test_openai_fields_with_nothing_to_do_are_accepted(client):
+    r = chat(client, max_tokens=3, store=False, service_tier="auto")
+    assert r.choices[0].message.content
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, max_tokens=3, reasoning_effort="low")
+    assert e.value.body["param"] == "reasoning_effort"
+
+
 @pytest.mark.parametrize("extra,param", [
     ({"logprobs": 3}, "logprobs"),
     ({"temperature": 7}, "temperature"),

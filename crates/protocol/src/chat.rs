@@ -16,6 +16,8 @@ pub const CHAT_ONLY_FIELDS: &[&str] = &[
     "add_generation_prompt",
     "continue_final_message",
     "chat_template_kwargs",
+    "store",
+    "service_tier",
 ];
 
 /// Completion fields a chat request may not carry, and why.
@@ -26,6 +28,18 @@ pub const NOT_FOR_CHAT: &[(&str, &str)] = &[
     (
         "images",
         "images come as content parts of a message (and this model reads text only)",
+    ),
+    (
+        "functions",
+        "it is OpenAI's deprecated form of `tools`: send `tools`",
+    ),
+    (
+        "function_call",
+        "it is OpenAI's deprecated form of `tool_choice`: send `tool_choice`",
+    ),
+    (
+        "reasoning_effort",
+        "the models this server runs do not reason before answering",
     ),
 ];
 

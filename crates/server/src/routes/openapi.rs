@@ -146,6 +146,14 @@ fn chat_fields() -> Vec<(&'static str, Value)> {
             "chat_template_kwargs",
             json!({"type": "object", "description": "vLLM: more variables for the template (e.g. `enable_thinking`)."}),
         ),
+        (
+            "store",
+            json!({"type": "boolean", "description": "OpenAI: accepted; this server stores nothing either way."}),
+        ),
+        (
+            "service_tier",
+            json!({"enum": ["auto", "default"], "description": "OpenAI: this server has one tier; `auto` and `default` are accepted."}),
+        ),
     ];
     let described_anew = [
         (

@@ -95,7 +95,7 @@ pub fn parse_chat_body(body: &[u8], ignore_unknown: bool) -> Result<ChatParams, 
         if map.get(*field).is_some_and(asks) {
             return Err(ApiError::invalid(
                 *field,
-                format!("`{field}` is not a chat field: {why}"),
+                format!("`{field}` cannot be used in a chat request: {why}"),
             ));
         }
         map.remove(*field);
@@ -110,6 +110,18 @@ pub fn parse_chat_body(body: &[u8], ignore_unknown: bool) -> Result<ChatParams, 
     let messages = map.remove("messages").unwrap_or_default();
     let add_generation_prompt = flag(&mut map, "add_generation_prompt")?;
     let continue_final_message = flag(&mut map, "continue_final_message")?;
+    // OpenAI's: nothing is stored here, whatever `store` says, and there is one tier.
+    flag(&mut map, "store")?;
+    match map.remove("service_tier") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(tier)) if tier == "auto" || tier == "default" => {}
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "service_tier",
+                "this server has one service tier: `service_tier` may be \"auto\" or \"default\"",
+            ))
+        }
+    }
     let template_kwargs = match map.remove("chat_template_kwargs") {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(kwargs)) => kwargs,
@@ -423,7 +435,7 @@ mod tests {
         assert_eq!(p.generate.max_tokens, None);
         assert_eq!(p.tool_choice, ToolChoice::None);
         let p = parse(&with(
-            r#","logprobs":true,"top_logprobs":3,"max_completion_tokens":7,"n":2"#,
+            r#","logprobs":true,"top_logprobs":3,"max_completion_tokens":7,"n":2,"store":false,"service_tier":"auto","functions":null"#,
         ))
         .unwrap();
         assert_eq!(p.generate.output.logprobs, Some(3));
@@ -537,6 +549,11 @@ mod tests {
                 "tool_choice",
             ),
             (r#","parallel_tool_calls":"x""#, "parallel_tool_calls"),
+            (r#","store":"yes""#, "store"),
+            (r#","service_tier":"flex""#, "service_tier"),
+            (r#","functions":[{"name":"f"}]"#, "functions"),
+            (r#","function_call":"auto""#, "function_call"),
+            (r#","reasoning_effort":"low""#, "reasoning_effort"),
         ] {
             let body = with(extra);
             let err = parse(&body).expect_err(&body);
