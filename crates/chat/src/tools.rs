@@ -94,6 +94,21 @@ pub struct ParsedOutput {
     pub calls: Vec<ParsedCall>,
 }
 
+impl ParsedOutput {
+    /// This end of an output after the text `early` that already went out: the whole
+    /// output's content, trimmed when it stands beside calls (`None` when empty).
+    pub fn after(mut self, early: &str) -> Self {
+        let content = format!("{early}{}", self.content.take().unwrap_or_default());
+        let content = if self.calls.is_empty() {
+            content
+        } else {
+            content.trim().to_string()
+        };
+        self.content = Some(content).filter(|c| !c.is_empty());
+        self
+    }
+}
+
 /// The system message that describes `tools` to a model whose template does not, in the
 /// Hermes syntax that [`ToolStream`] reads back.
 pub fn describe_tools(tools: &[Json]) -> String {
@@ -187,9 +202,14 @@ fn call_of(value: &Json) -> Option<ParsedCall> {
 /// Calls from JSON text holding one call `{"name", "arguments"}` or an array of them
 /// (`None` when it is not that).
 pub fn parse_json_calls(text: &str) -> Option<Vec<ParsedCall>> {
-    match serde_json::from_str::<Json>(text.trim()).ok()? {
+    calls_of(&serde_json::from_str::<Json>(text.trim()).ok()?)
+}
+
+/// The calls a JSON value holds: one call, or a non-empty array of them.
+fn calls_of(value: &Json) -> Option<Vec<ParsedCall>> {
+    match value {
         Json::Array(items) if !items.is_empty() => items.iter().map(call_of).collect(),
-        value => call_of(&value).map(|c| vec![c]),
+        value => call_of(value).map(|c| vec![c]),
     }
 }
 
@@ -207,7 +227,7 @@ fn hermes_calls(text: &str) -> Option<(Vec<ParsedCall>, String)> {
         let mut values = serde_json::Deserializer::from_str(body).into_iter::<Json>();
         let value = values.next()?.ok()?;
         let after = body[values.byte_offset()..].trim_start();
-        calls.extend(parse_json_calls(&value.to_string())?);
+        calls.extend(calls_of(&value)?);
         tail = match after.strip_prefix(HERMES_CLOSE) {
             Some(after) => after,
             None if after.is_empty() => after,
@@ -347,16 +367,7 @@ fn longest_prefix_suffix(text: &str, tag: &str) -> usize {
 pub fn parse_output(syntax: ToolSyntax, text: &str) -> ParsedOutput {
     let mut stream = ToolStream::new(syntax);
     let early = stream.push(text);
-    let mut out = stream.finish();
-    if !early.is_empty() {
-        let content = format!("{early}{}", out.content.unwrap_or_default());
-        out.content = if out.calls.is_empty() {
-            Some(content)
-        } else {
-            Some(content.trim().to_string()).filter(|t| !t.is_empty())
-        };
-    }
-    out
+    stream.finish().after(&early)
 }
 
 #[cfg(test)]

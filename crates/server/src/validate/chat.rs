@@ -8,8 +8,8 @@ use serde_json::{json, Map, Value};
 
 pub use super::constraint::ToolChoice;
 use super::constraint::{
-    any_call_schema, chosen_tools, tool_choice, tool_constraint, tool_definitions, tool_schema,
-    ToolDefinition,
+    any_call_schema, both_constrain, chosen_tools, tool_choice, tool_constraint, tool_definitions,
+    tool_schema, ToolDefinition,
 };
 use super::{deserialize_naming_the_field, drop_unknown, json_object, require, GenerateParams};
 use crate::error::ApiError;
@@ -181,13 +181,7 @@ pub fn parse_chat_body(body: &[u8], ignore_unknown: bool) -> Result<ChatParams, 
     };
     if let Some(schema) = forced {
         if let Some(other) = &generate.constraint {
-            return Err(ApiError::invalid(
-                "tool_choice",
-                format!(
-                    "`{}` and `tool_choice` both constrain the output; use one",
-                    other.field
-                ),
-            ));
+            return Err(both_constrain(other.field, "tool_choice"));
         }
         generate.constraint = Some(tool_constraint(&schema)?);
     }

@@ -16,6 +16,18 @@ pub struct OutputConstraint {
     pub field: &'static str,
     /// What the output must follow.
     pub grammar: Grammar,
+    /// Set where the request did not ask for the constraint, only for output that parses
+    /// (`tool_choice: auto`): one that does not compile leaves the output free instead of
+    /// refusing the request.
+    pub best_effort: bool,
+}
+
+/// The 400 for a second field constraining the output beside the first.
+pub fn both_constrain(first: &str, second: &'static str) -> ApiError {
+    ApiError::invalid(
+        second,
+        format!("`{first}` and `{second}` both constrain the output; use one"),
+    )
 }
 
 /// How generated JSON is laid out unless the schema says otherwise (`x-guidance`): one
@@ -51,6 +63,7 @@ fn json_schema(field: &'static str, schema: &Value) -> Result<OutputConstraint, 
             kind: GrammarKind::JsonSchema,
             source: schema_text(field, schema)?,
         },
+        best_effort: false,
     })
 }
 
@@ -61,6 +74,7 @@ fn text_grammar(field: &'static str, kind: GrammarKind, source: &str) -> OutputC
             kind,
             source: source.to_string(),
         },
+        best_effort: false,
     }
 }
 
@@ -394,12 +408,6 @@ pub fn output_constraint(r: &CompletionRequest) -> Result<Option<OutputConstrain
     match found.len() {
         0 => Ok(None),
         1 => Ok(found.pop()),
-        _ => Err(ApiError::invalid(
-            found[1].field,
-            format!(
-                "`{}` and `{}` both constrain the output; use one",
-                found[0].field, found[1].field
-            ),
-        )),
+        _ => Err(both_constrain(found[0].field, found[1].field)),
     }
 }

@@ -22,11 +22,6 @@ use crate::validate::{
     ToolChoice, ToolDefinition,
 };
 
-/// The field named by the lazy grammar of `tool_choice: auto`: a grammar that does not
-/// compile (a tool's schema llguidance cannot take) leaves the output free instead of
-/// refusing the request, which asked for no constraint.
-pub(super) const AUTO_TOOLS_FIELD: &str = "tools";
-
 /// Whether `piece` is one control token of the vocabulary.
 fn is_control_token(tokenizer: &Tokenizer, piece: &str) -> bool {
     tokenizer
@@ -131,10 +126,13 @@ fn hermes_calls_grammar(
         close = json!(HERMES_CLOSE),
     );
     Some(OutputConstraint {
-        field: AUTO_TOOLS_FIELD,
+        field: "tools",
         grammar: Grammar {
             kind: GrammarKind::Lark,
             source,
         },
+        // A tool schema llguidance cannot take leaves the output free: the request asked
+        // for no constraint.
+        best_effort: true,
     })
 }

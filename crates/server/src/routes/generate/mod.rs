@@ -90,7 +90,7 @@ async fn run(
             let constraint = match &params.constraint {
                 Some(c) => match engine.compile_grammar(&c.grammar) {
                     Ok(compiled) => Some(compiled),
-                    Err(e) if c.field == chat::AUTO_TOOLS_FIELD => {
+                    Err(e) if c.best_effort => {
                         tracing::warn!(error = %e, "tool calls left unconstrained: their grammar does not compile");
                         None
                     }

@@ -134,17 +134,12 @@ impl MessageBuilder {
     pub fn whole(output: &ToolOutput, text: &str) -> (Option<String>, Vec<ParsedCall>) {
         let mut builder = Self::new(output);
         let early = builder.push(text);
-        let rest = builder.finish();
-        let content = format!("{early}{}", rest.content.unwrap_or_default());
-        if rest.calls.is_empty() {
-            (Some(content), rest.calls)
-        } else {
-            let content = content.trim();
-            (
-                (!content.is_empty()).then(|| content.to_string()),
-                rest.calls,
-            )
-        }
+        let out = builder.finish().after(&early);
+        // Without calls the content is text, if empty.
+        let content = out
+            .content
+            .or_else(|| out.calls.is_empty().then(String::new));
+        (content, out.calls)
     }
 }
 

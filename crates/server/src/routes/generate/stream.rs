@@ -37,6 +37,8 @@ struct ChoiceStream {
     ledger: Option<TokenLedger>,
     /// The prompt's ids until the choice's first chunk carries them (`return_token_ids`).
     prompt_token_ids: Option<Vec<u32>>,
+    /// Its message as it forms, on the chat route.
+    chat: Option<ChatChoiceState>,
 }
 
 /// Something new for one choice: text, the tokens it came from, and on its last piece
@@ -51,10 +53,20 @@ struct Piece {
 struct ChatChoiceState {
     /// Whether its first chunk, with the role, went out.
     started: bool,
-    /// Its text becoming a message.
+    /// Its text becoming a message (until the choice ends).
     builder: Option<MessageBuilder>,
     /// Tokens whose text is held back (a possible tool call), sent with the next chunk.
     pending: Vec<LedgerToken>,
+}
+
+impl ChatChoiceState {
+    fn new(output: &ToolOutput) -> Self {
+        Self {
+            started: false,
+            builder: Some(MessageBuilder::new(output)),
+            pending: Vec::new(),
+        }
+    }
 }
 
 /// Writes pieces as chunks in the route's shape.
@@ -63,52 +75,32 @@ struct ChunkWriter {
     params: Arc<GenerateParams>,
     tokenizer: Arc<Tokenizer>,
     dialect: Dialect,
-    /// Chat choices by index.
-    chat: Vec<(usize, ChatChoiceState)>,
 }
 
 impl ChunkWriter {
-    /// The events for `piece` of choice `index`; `prompt_token_ids` on a choice's first,
-    /// `running` usage on each with `continuous_usage_stats`.
+    /// The events for `piece` of the choice `index` (whose chat state is `chat` on the
+    /// chat route); `prompt_token_ids` on a choice's first, `running` usage on each with
+    /// `continuous_usage_stats`.
     fn write(
-        &mut self,
+        &self,
         index: usize,
+        chat: Option<&mut ChatChoiceState>,
         piece: Piece,
         prompt_token_ids: Option<Vec<u32>>,
         running: Option<Usage>,
     ) -> Vec<Event> {
-        match &self.dialect {
-            Dialect::Text => {
-                let choice = self.text_choice(index, piece, prompt_token_ids);
-                vec![json_event(&CompletionChunk {
-                    id: self.meta.id.clone(),
-                    object: "text_completion".into(),
-                    created: self.meta.created,
-                    model: self.meta.model.clone(),
-                    system_fingerprint: self.meta.fingerprint.clone(),
-                    choices: vec![choice],
-                    usage: running,
-                })]
-            }
-            Dialect::Chat(output) => {
-                let output = output.clone();
-                let choices = self.chat_choices(index, piece, &output);
+        match (&self.dialect, chat) {
+            (Dialect::Chat(output), Some(chat)) => {
                 let mut ids = prompt_token_ids;
-                choices
+                self.chat_choices(index, chat, piece, output)
                     .into_iter()
-                    .map(|choice| {
-                        json_event(&ChatCompletionChunk {
-                            id: self.meta.id.clone(),
-                            object: "chat.completion.chunk".into(),
-                            created: self.meta.created,
-                            model: self.meta.model.clone(),
-                            system_fingerprint: self.meta.fingerprint.clone(),
-                            choices: vec![choice],
-                            usage: running,
-                            prompt_token_ids: ids.take(),
-                        })
-                    })
+                    .map(|choice| self.chat_chunk(vec![choice], running, ids.take()))
                     .collect()
+            }
+            // (A chat choice always has its state.)
+            _ => {
+                let choice = self.text_choice(index, piece, prompt_token_ids);
+                vec![self.text_chunk(vec![choice], running)]
             }
         }
     }
@@ -116,26 +108,39 @@ impl ChunkWriter {
     /// The last event with `include_usage`: no choices, the usage.
     fn usage(&self, usage: Usage) -> Event {
         match self.dialect {
-            Dialect::Text => json_event(&CompletionChunk {
-                id: self.meta.id.clone(),
-                object: "text_completion".into(),
-                created: self.meta.created,
-                model: self.meta.model.clone(),
-                system_fingerprint: self.meta.fingerprint.clone(),
-                choices: Vec::new(),
-                usage: Some(usage),
-            }),
-            Dialect::Chat(_) => json_event(&ChatCompletionChunk {
-                id: self.meta.id.clone(),
-                object: "chat.completion.chunk".into(),
-                created: self.meta.created,
-                model: self.meta.model.clone(),
-                system_fingerprint: self.meta.fingerprint.clone(),
-                choices: Vec::new(),
-                usage: Some(usage),
-                prompt_token_ids: None,
-            }),
+            Dialect::Text => self.text_chunk(Vec::new(), Some(usage)),
+            Dialect::Chat(_) => self.chat_chunk(Vec::new(), Some(usage), None),
         }
+    }
+
+    fn text_chunk(&self, choices: Vec<ChunkChoice>, usage: Option<Usage>) -> Event {
+        json_event(&CompletionChunk {
+            id: self.meta.id.clone(),
+            object: "text_completion".into(),
+            created: self.meta.created,
+            model: self.meta.model.clone(),
+            system_fingerprint: self.meta.fingerprint.clone(),
+            choices,
+            usage,
+        })
+    }
+
+    fn chat_chunk(
+        &self,
+        choices: Vec<ChatChunkChoice>,
+        usage: Option<Usage>,
+        prompt_token_ids: Option<Vec<u32>>,
+    ) -> Event {
+        json_event(&ChatCompletionChunk {
+            id: self.meta.id.clone(),
+            object: "chat.completion.chunk".into(),
+            created: self.meta.created,
+            model: self.meta.model.clone(),
+            system_fingerprint: self.meta.fingerprint.clone(),
+            choices,
+            usage,
+            prompt_token_ids,
+        })
     }
 
     fn text_choice(
@@ -168,42 +173,24 @@ impl ChunkWriter {
     /// A chat choice's chunks for `piece`: the role first, then content as it may go
     /// out, and at the end what was held (content, tool calls) and the finish reason.
     fn chat_choices(
-        &mut self,
+        &self,
         index: usize,
+        state: &mut ChatChoiceState,
         piece: Piece,
         output: &ToolOutput,
     ) -> Vec<ChatChunkChoice> {
-        let position = match self.chat.iter().position(|(i, _)| *i == index) {
-            Some(p) => p,
-            None => {
-                self.chat.push((
-                    index,
-                    ChatChoiceState {
-                        started: false,
-                        builder: Some(MessageBuilder::new(output)),
-                        pending: Vec::new(),
-                    },
-                ));
-                self.chat.len() - 1
-            }
-        };
-        let (params, tokenizer) = (Arc::clone(&self.params), Arc::clone(&self.tokenizer));
-        let state = &mut self.chat[position].1;
+        let params = &self.params.output;
         let mut out = Vec::new();
         let choice = |delta: ChatDelta, tokens: Vec<LedgerToken>| ChatChunkChoice {
             index,
             delta,
             logprobs: params
-                .output
                 .logprobs
                 .filter(|_| !tokens.is_empty())
-                .map(|k| chat_logprobs(&tokenizer, &tokens, k, params.output.tokens_as_ids)),
+                .map(|k| chat_logprobs(&self.tokenizer, &tokens, k, params.tokens_as_ids)),
             finish_reason: None,
             stop_reason: None,
-            token_ids: params
-                .output
-                .return_token_ids
-                .then(|| generated_ids(&tokens)),
+            token_ids: params.return_token_ids.then(|| generated_ids(&tokens)),
         };
         if !state.started {
             state.started = true;
@@ -308,18 +295,21 @@ pub(super) fn respond(
                                 || params.output.return_token_ids)
                                 .then(TokenLedger::new),
                             prompt_token_ids: prompt.token_ids.clone(),
+                            chat: match &dialect {
+                                Dialect::Chat(output) => Some(ChatChoiceState::new(output)),
+                                Dialect::Text => None,
+                            },
                         },
                     ));
                     streams.push(Box::pin(events.into_stream().map(move |e| (index, e))));
                 }
             }
             let mut merged = stream::select_all(streams);
-            let mut writer = ChunkWriter {
+            let writer = ChunkWriter {
                 meta,
                 params: Arc::clone(&params),
                 tokenizer,
                 dialect,
-                chat: Vec::new(),
             };
             // Prompt tokens the prefix cache served, per prompt (the same for each of its
             // choices), known as its choices finish.
@@ -431,7 +421,7 @@ pub(super) fn respond(
                         None
                     };
                     let running = params.continuous_usage.then(|| with_total(usage));
-                    for event in writer.write(index, piece, ids, running) {
+                    for event in writer.write(index, state.chat.as_mut(), piece, ids, running) {
                         if tx.send(event).await.is_err() {
                             return;
                         }
