@@ -7,6 +7,7 @@ pub mod error;
 pub mod gguf;
 mod gguf_header;
 pub mod kv_cache;
+pub mod lookup;
 pub mod model;
 mod prefix_cache;
 pub mod quant;
@@ -18,6 +19,8 @@ pub mod stop;
 pub mod threads;
 pub mod tokenizer;
 pub mod worker;
+
+pub use running::MAX_DRAFT;
 
 pub use error::EngineError;
 pub use sequence::{FinishReason, PromptLogprob, SequenceEvent, SequenceRequest};

@@ -9,14 +9,15 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::constrain::{Constraint, MaskError};
 use crate::kv_cache::SequenceCache;
+use crate::lookup::{self, DraftLength, PromptLookup};
 use crate::model::Logits;
 use crate::sampling::{log_sum_exp, top_k, Sampler};
 use crate::sequence::{FinishReason, PromptLogprob, SequenceEvent, SequenceRequest};
 use crate::stop::{StopCheck, StopMatcher};
 use crate::tokenizer::{IncrementalDecoder, TokenId, Tokenizer};
 
-/// Most draft tokens verified in one step.
-pub(crate) const MAX_DRAFT: usize = 8;
+/// Most draft tokens verified in one step, whatever drafted them.
+pub const MAX_DRAFT: usize = 8;
 
 /// Most forced tokens kept as drafts at once (a long forced run is taken in pieces).
 const MAX_FORCED_DRAFT: usize = 256;
@@ -29,6 +30,15 @@ pub(crate) const TOKEN_WORK_LIMIT: Duration = Duration::from_millis(1500);
 /// Choices that share a sequence's prompt: they start from its cache once its prompt is
 /// in, instead of computing the prompt again.
 pub(crate) type Followers = Vec<(SequenceRequest, UnboundedSender<SequenceEvent>)>;
+
+/// A sequence's prompt lookup (see [`crate::lookup`]).
+struct LookupState {
+    config: PromptLookup,
+    length: DraftLength,
+    /// Whether the pending draft came from the lookup (and not from a prediction or a
+    /// grammar's forced tokens).
+    drafted: bool,
+}
 
 /// A sequence inside the engine.
 pub(crate) struct Sequence {
@@ -51,6 +61,7 @@ pub(crate) struct Sequence {
     pub(crate) cached_tokens: usize,
     allowed_tokens: Option<Arc<[TokenId]>>,
     draft: VecDeque<TokenId>,
+    lookup: Option<LookupState>,
     deadline: Option<Instant>,
     constraint: Option<Constraint>,
     pub(crate) followers: Followers,
@@ -62,6 +73,7 @@ impl Sequence {
         request: SequenceRequest,
         cache: SequenceCache,
         events: UnboundedSender<SequenceEvent>,
+        lookup: Option<PromptLookup>,
     ) -> Self {
         let prompt_len = request.prompt.len();
         let prompt_scores = match request.prompt_logprobs {
@@ -92,6 +104,11 @@ impl Sequence {
             cached_tokens: 0,
             allowed_tokens: request.allowed_tokens,
             draft: request.prediction.into(),
+            lookup: lookup.map(|config| LookupState {
+                config,
+                length: DraftLength::new(config.max_draft),
+                drafted: false,
+            }),
             deadline: request.deadline,
             constraint: request.constraint,
             followers: Vec::new(),
@@ -224,7 +241,8 @@ impl Sequence {
     ) -> (Sequence, bool) {
         let capacity = (request.prompt.len() + request.max_tokens).min(context);
         let cache = self.cache.fork(capacity);
-        let mut follower = Sequence::new(request, cache, events);
+        let lookup = self.lookup.as_ref().map(|l| l.config);
+        let mut follower = Sequence::new(request, cache, events, lookup);
         follower.cached_tokens = self.cached_tokens;
         if let (Some(scores), Some(_)) = (prompt_scores, follower.prompt_logprobs) {
             follower.prompt_scores = scores.to_vec();
@@ -238,6 +256,21 @@ impl Sequence {
         self.prompt_logprobs.map(|_| self.prompt_scores.clone())
     }
 
+    /// Drafts the next tokens by prompt lookup, if it is on, the sequence is decoding and
+    /// nothing else (a prediction, a grammar's forced tokens) is drafted.
+    pub(crate) fn draft_by_lookup(&mut self) {
+        let decoding = self.pending_prefill() == 0 && self.completion_tokens() > 0;
+        let Some(state) = self.lookup.as_mut() else {
+            return;
+        };
+        if !decoding || !self.draft.is_empty() {
+            return;
+        }
+        let found = lookup::find(&self.tokens, &state.config, state.length.get());
+        self.draft.extend(found);
+        state.drafted = !self.draft.is_empty();
+    }
+
     /// Samples from each row in turn while the sampled token equals the draft token fed
     /// after it (`input` is what the step fed); then drops the cache positions of
     /// rejected drafts.
@@ -248,6 +281,8 @@ impl Sequence {
         tokenizer: &Tokenizer,
         context: usize,
     ) -> bool {
+        let looked_up = self.lookup.as_ref().is_some_and(|l| l.drafted);
+        let before = self.tokens.len();
         for (r, logits) in rows.iter().enumerate() {
             if self.accept_logits(logits, tokenizer, context) {
                 return true;
@@ -259,6 +294,15 @@ impl Sequence {
         }
         // Positions whose draft token was not the sampled one hold wrong keys and values.
         self.cache.truncate(self.tokens.len() - 1);
+        if let Some(state) = self.lookup.as_mut().filter(|_| looked_up) {
+            let accepted = (self.tokens.len() - before).saturating_sub(1);
+            state.length.record(input.len() - 1, accepted);
+            // What the lookup drafted and the step did not feed is looked up afresh.
+            if state.drafted {
+                state.drafted = false;
+                self.draft.clear();
+            }
+        }
         false
     }
 
@@ -269,6 +313,9 @@ impl Sequence {
             self.draft.pop_front();
         } else {
             self.draft.clear();
+        }
+        if let (true, Some(state)) = (self.draft.is_empty(), self.lookup.as_mut()) {
+            state.drafted = false;
         }
     }
 

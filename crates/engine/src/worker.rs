@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::constrain::{Constraint, ConstraintFactory, Grammar};
+use crate::lookup::PromptLookup;
 use crate::model::{BatchEntry, Logits, Model, ModelInfo};
 use crate::prefix_cache::PrefixCache;
 use crate::running::{Followers, Sequence};
@@ -32,6 +33,8 @@ pub struct EngineConfig {
     /// Most requests (groups of sequences sharing a prompt) waiting for admission; past
     /// it, submissions fail with [`EngineError::Overloaded`].
     pub max_waiting: usize,
+    /// Speculative decoding by prompt lookup, or `None` for off.
+    pub prompt_lookup: Option<PromptLookup>,
 }
 
 /// Counters the engine keeps up to date, for metrics and tests.
@@ -49,6 +52,7 @@ pub struct EngineStats {
     abandoned: AtomicU64,
     timed_out: AtomicU64,
     draft_tokens_accepted: AtomicU64,
+    draft_tokens_fed: AtomicU64,
     prefix_cache_hit_tokens: AtomicU64,
 }
 
@@ -76,8 +80,11 @@ pub struct StatsSnapshot {
     pub abandoned: u64,
     /// Sequences ended by their deadline.
     pub timed_out: u64,
-    /// Predicted tokens accepted as drafts (generated without a forward step of their own).
+    /// Draft tokens (predicted, forced by a grammar, or found by prompt lookup) accepted:
+    /// generated without a forward step of their own.
     pub draft_tokens_accepted: u64,
+    /// Draft tokens fed to forward steps for verification, accepted or not.
+    pub draft_tokens_fed: u64,
     /// Prompt tokens whose keys and values came from the prefix cache.
     pub prefix_cache_hit_tokens: u64,
 }
@@ -328,6 +335,7 @@ impl EngineHandle {
             abandoned: s.abandoned.load(Ordering::Relaxed),
             timed_out: s.timed_out.load(Ordering::Relaxed),
             draft_tokens_accepted: s.draft_tokens_accepted.load(Ordering::Relaxed),
+            draft_tokens_fed: s.draft_tokens_fed.load(Ordering::Relaxed),
             prefix_cache_hit_tokens: s.prefix_cache_hit_tokens.load(Ordering::Relaxed),
         }
     }
@@ -399,6 +407,12 @@ const PREFILL_STEP_TARGET: Duration = Duration::from_millis(300);
 
 /// Smallest prefill chunk while others decode, so that a long prompt still advances.
 const MIN_PREFILL_CHUNK: usize = 16;
+
+/// Most sequences decoding together for prompt lookup to draft. A drafted row costs a
+/// row's arithmetic; with a few rows a step's time is the weights' reading and a row is
+/// almost free, with many the arithmetic is the step's time and a rejected draft slows
+/// every sequence in it.
+const LOOKUP_MAX_DECODING: usize = 4;
 
 struct Worker {
     /// Most prompt tokens in a step while other sequences decode (adapted to
@@ -566,7 +580,12 @@ impl Worker {
                 None => (self.model.new_cache(capacity), 0),
             };
             slots.push(pending.slot);
-            let mut seq = Sequence::new(*pending.request, cache, pending.events);
+            let mut seq = Sequence::new(
+                *pending.request,
+                cache,
+                pending.events,
+                self.config.prompt_lookup,
+            );
             seq.cached_tokens = cached_tokens;
             seq.followers = pending.followers;
             self.running.push(seq);
@@ -659,6 +678,20 @@ impl Worker {
     /// tokens), hands each sequence its logits rows, and returns which sequences finished.
     /// Followers started this step join the running set.
     fn forward_and_sample(&mut self, plan: &[usize]) -> Result<Vec<bool>, EngineError> {
+        // Drafted rows cost arithmetic: worth it while a step's time is the weights'
+        // reading, that is while few sequences decode.
+        let decoding = self
+            .running
+            .iter()
+            .filter(|s| s.pending_prefill() == 0)
+            .count();
+        if decoding <= LOOKUP_MAX_DECODING {
+            for (seq, &n) in self.running.iter_mut().zip(plan) {
+                if n > 0 {
+                    seq.draft_by_lookup();
+                }
+            }
+        }
         let inputs: Vec<Option<(Vec<u32>, Logits)>> = self
             .running
             .iter()
@@ -733,6 +766,9 @@ impl Worker {
                 self.stats
                     .draft_tokens_accepted
                     .fetch_add(accepted.saturating_sub(1) as u64, Ordering::Relaxed);
+                self.stats
+                    .draft_tokens_fed
+                    .fetch_add(tokens.len() as u64 - 1, Ordering::Relaxed);
             }
             let generated = seq.completion_tokens() - generated_before;
             self.stats

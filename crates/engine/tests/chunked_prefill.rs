@@ -37,6 +37,7 @@ fn run_ids(
             context_length: 4096,
             prefix_cache_positions: 0,
             max_waiting: 8,
+            prompt_lookup: None,
         },
     );
     let h = engine.handle();

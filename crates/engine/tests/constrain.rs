@@ -22,6 +22,7 @@ fn start() -> Engine {
             context_length: 2048,
             prefix_cache_positions: 0,
             max_waiting: 1024,
+            prompt_lookup: None,
         },
     )
 }

@@ -24,6 +24,7 @@ fn start() -> Engine {
             context_length: 2048,
             prefix_cache_positions: 0,
             max_waiting: 1024,
+            prompt_lookup: None,
         },
     )
 }
@@ -254,6 +255,7 @@ fn a_full_queue_refuses_and_abort_ends_everything() {
             context_length: 2048,
             prefix_cache_positions: 0,
             max_waiting: 2,
+            prompt_lookup: None,
         },
     );
     let h = engine.handle();

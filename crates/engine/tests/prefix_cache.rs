@@ -24,6 +24,7 @@ fn start(name: &str, prefix_cache_positions: usize) -> Engine {
             context_length: 4096,
             prefix_cache_positions,
             max_waiting: 1024,
+            prompt_lookup: None,
         },
     )
 }

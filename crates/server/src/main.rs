@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use ferrite_engine::gguf::GgufFile;
+use ferrite_engine::lookup::PromptLookup;
 use ferrite_engine::sampling::SamplingParams;
 use ferrite_engine::scheduler::SchedulerConfig;
 use ferrite_engine::tokenizer::Tokenizer;
@@ -152,6 +153,36 @@ struct ServeArgs {
     /// model without one gets ChatML).
     #[arg(long, env = "FERRITE_CHAT_TEMPLATE")]
     chat_template: Option<PathBuf>,
+    /// Speculative decoding by prompt lookup: up to this many tokens per step are guessed
+    /// from an earlier occurrence of the text's last tokens (in the prompt or the output)
+    /// and verified in the same forward step. The output is unchanged; text that repeats
+    /// its input (extraction, editing, quoting) comes faster. 0 (the default) turns it
+    /// off; at most 8.
+    #[arg(long, default_value_t = 0, env = "FERRITE_PROMPT_LOOKUP")]
+    prompt_lookup: usize,
+    /// Shortest run of tokens prompt lookup takes as a repetition.
+    #[arg(long, default_value_t = 2, env = "FERRITE_PROMPT_LOOKUP_MIN")]
+    prompt_lookup_min: usize,
+    /// Longest run of tokens prompt lookup matches (a longer match wins over a more
+    /// recent one).
+    #[arg(long, default_value_t = 4, env = "FERRITE_PROMPT_LOOKUP_MAX")]
+    prompt_lookup_max: usize,
+}
+
+impl ServeArgs {
+    /// The prompt lookup configured, if it is on.
+    fn prompt_lookup(&self) -> Result<Option<PromptLookup>> {
+        if self.prompt_lookup == 0 {
+            return Ok(None);
+        }
+        PromptLookup::new(
+            self.prompt_lookup_min,
+            self.prompt_lookup_max,
+            self.prompt_lookup,
+        )
+        .map(Some)
+        .map_err(|e| anyhow::anyhow!("--prompt-lookup: {e}"))
+    }
 }
 
 /// How log lines are written.
@@ -286,6 +317,7 @@ fn serve(args: ServeArgs) -> Result<()> {
     // FERRITE_CPU caps the kernels (portable, avx2, native): a wrong value stops here.
     cpu::Cap::from_env().map_err(|e| anyhow::anyhow!(e))?;
     cpu::prefetch_from_env().map_err(|e| anyhow::anyhow!(e))?;
+    args.prompt_lookup()?;
     let chat_template = args
         .chat_template
         .as_deref()
@@ -507,7 +539,16 @@ fn load_engine(
         context_length,
         prefix_cache_positions: args.prefix_cache_positions,
         max_waiting: args.max_waiting.max(1),
+        prompt_lookup: args.prompt_lookup()?,
     };
+    if let Some(lookup) = config.prompt_lookup {
+        tracing::info!(
+            max_draft = lookup.max_draft,
+            min_ngram = lookup.min_ngram,
+            max_ngram = lookup.max_ngram,
+            "prompt lookup on"
+        );
+    }
     let engine = Engine::start(model, tokenizer, config);
     warm_up(&engine.handle())?;
     tracing::info!(

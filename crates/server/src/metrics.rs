@@ -133,7 +133,7 @@ impl Metrics {
             f64::from(u8::from(engine.is_some())),
         );
         if let Some(s) = engine {
-            let engine_metrics: [(&str, &str, &str, f64); 12] = [
+            let engine_metrics: [(&str, &str, &str, f64); 13] = [
                 ("ferrite_requests_running", "gauge", "Sequences (one per choice) being generated.", s.running as f64),
                 ("ferrite_requests_waiting", "gauge", "Requests waiting for admission (one per request, whatever its prompts).", s.queued as f64),
                 ("ferrite_kv_cache_usage_ratio", "gauge", "Share of the KV cache budget the running sequences reserve.", ratio(s.kv_reserved, s.kv_budget)),
@@ -144,7 +144,8 @@ impl Metrics {
                 ("ferrite_requests_timed_out_total", "counter", "Sequences ended by their deadline (inference_timeout or --request-timeout).", s.timed_out as f64),
                 ("ferrite_forward_steps_total", "counter", "Batched forward steps run.", s.steps as f64),
                 ("ferrite_prefix_cache_hit_tokens_total", "counter", "Prompt tokens whose keys and values came from the prefix cache.", s.prefix_cache_hit_tokens as f64),
-                ("ferrite_draft_tokens_accepted_total", "counter", "Predicted tokens accepted as drafts, generated without a forward step of their own.", s.draft_tokens_accepted as f64),
+                ("ferrite_draft_tokens_accepted_total", "counter", "Draft tokens (predicted, forced by a grammar, or found by prompt lookup) accepted: generated without a forward step of their own.", s.draft_tokens_accepted as f64),
+                ("ferrite_draft_tokens_fed_total", "counter", "Draft tokens fed to forward steps for verification, accepted or not.", s.draft_tokens_fed as f64),
                 ("ferrite_kv_cache_budget_positions", "gauge", "KV cache positions the running sequences may reserve together.", s.kv_budget as f64),
             ];
             for (name, kind, help, value) in engine_metrics {
