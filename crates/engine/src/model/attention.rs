@@ -78,6 +78,11 @@ impl ScoreScale {
         self.cap(dot * self.factor)
     }
 
+    /// Whether scores are soft-capped.
+    pub fn is_capped(self) -> bool {
+        self.cap != 0.0
+    }
+
     /// A scaled score, soft-capped if the shape says so.
     #[inline]
     pub fn cap(self, scaled: f32) -> f32 {
@@ -233,7 +238,7 @@ struct Kernels {
 
 /// Tiled rows of one sequence and KV head handled by one task (they share each tile's
 /// keys and values, converted once).
-const TILED_TASK_ROWS: usize = 16;
+const TILED_TASK_ROWS: usize = 64;
 
 /// Causal attention of the new rows of several sequences (in order; each one's keys and
 /// values already written to its cache). Returns every row's `n_head × head_dim` output,

@@ -67,6 +67,14 @@ pub(super) unsafe fn attend_avx2(
 /// Value vectors per query updated together (bounded by the registers).
 const VALUE_VECTORS: usize = 4;
 
+/// Whether queries go through the tile two at a time: with sixteen lanes (AVX-512), a
+/// pair's score and value accumulators fit the registers, and each key or value loaded
+/// serves both queries, which halves the loads per multiply-add. AVX2's sixteen registers
+/// hold one query's.
+fn pairs<L: Lanes>() -> bool {
+    L::WIDTH == 16
+}
+
 #[inline(always)]
 unsafe fn tiled_body<L: Lanes>(
     queries: &[Query<'_>],
@@ -87,27 +95,24 @@ unsafe fn tiled_body<L: Lanes>(
             })
     );
     out.fill(0.0);
-    let mut max = vec![f32::NEG_INFINITY; queries.len()];
-    let mut sum = vec![0.0f32; queries.len()];
+    let mut state = vec![Softmax::EMPTY; queries.len()];
     // Keys transposed: dimension d of key j at d × TILE + j. Values: key j's at j × head_dim.
     let mut keys = vec![0.0f32; head_dim * TILE];
     let mut values = vec![0.0f32; TILE * head_dim];
     let mut row = vec![0.0f32; head_dim];
+    let mut active = Vec::with_capacity(queries.len());
+    let out_base = out.as_mut_ptr();
     let first_tile = queries.iter().map(|q| q.first).min().unwrap() / TILE;
     let last_tile = queries.iter().map(|q| q.last).max().unwrap() / TILE;
     for tile in first_tile..=last_tile {
         let base = tile * TILE;
         let seen = |q: &Query<'_>| q.first.max(base)..q.last.min(base + TILE - 1) + 1;
-        let overlapping = || {
-            queries
-                .iter()
-                .enumerate()
-                .filter(|(_, q)| !seen(q).is_empty())
-        };
-        let Some(lo) = overlapping().map(|(_, q)| seen(q).start).min() else {
+        active.clear();
+        active.extend((0..queries.len()).filter(|&i| !seen(&queries[i]).is_empty()));
+        let Some(lo) = active.iter().map(|&i| seen(&queries[i]).start).min() else {
             continue;
         };
-        let hi = overlapping().map(|(_, q)| seen(q).end).max().unwrap();
+        let hi = active.iter().map(|&i| seen(&queries[i]).end).max().unwrap();
         // Cells outside every query's view stay zero: they are never weighed.
         keys.fill(0.0);
         for p in lo..hi {
@@ -119,58 +124,114 @@ unsafe fn tiled_body<L: Lanes>(
             let dst = values[j * head_dim..(j + 1) * head_dim].as_mut_ptr();
             convert_into::<L>(view.values(p)[offset..].as_ptr(), dst, head_dim);
         }
-        for (i, query) in overlapping() {
-            let seen = seen(query);
-            let acc = out[i * head_dim..(i + 1) * head_dim].as_mut_ptr();
-            let scores = scores::<L>(query.q, &keys, scale, base, &seen);
-            let tile_max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let new_max = max[i].max(tile_max);
-            if new_max > max[i] {
-                let rescale = (max[i] - new_max).exp();
-                let r = L::splat(rescale);
-                for d in (0..head_dim).step_by(L::WIDTH) {
-                    L::store(acc.add(d), L::mul(L::load(acc.add(d)), r));
-                }
-                sum[i] *= rescale;
+        // Query i's accumulator: `head_dim` values of `out` (its length was checked).
+        let acc = |i: usize| out_base.add(i * head_dim);
+        let mut k = 0;
+        while k < active.len() {
+            let i = active[k];
+            let range = seen(&queries[i]);
+            let cells = range.start - base..range.end - base;
+            // Two queries that see the same cells of the tile go through it together.
+            let partner = active
+                .get(k + 1)
+                .copied()
+                .filter(|&j| pairs::<L>() && seen(&queries[j]) == range);
+            if let Some(j) = partner {
+                let [si, sj] = scores_pair::<L>([queries[i].q, queries[j].q], &keys, scale, &cells);
+                let wi = state[i].step::<L>(&si, acc(i), head_dim);
+                let wj = state[j].step::<L>(&sj, acc(j), head_dim);
+                add_values_pair::<L>([acc(i), acc(j)], head_dim, &values, [&wi, &wj], cells);
+                k += 2;
+            } else {
+                let scores = scores::<L>(queries[i].q, &keys, scale, &cells);
+                let weights = state[i].step::<L>(&scores, acc(i), head_dim);
+                add_values::<L>(acc(i), head_dim, &values, &weights, cells);
+                k += 1;
             }
-            max[i] = new_max;
-            let mut weights = [0.0f32; TILE];
-            let m = L::splat(new_max);
-            for j in (0..TILE).step_by(L::WIDTH) {
-                let w = L::expf(L::sub(L::load(scores.as_ptr().add(j)), m));
-                L::store(weights.as_mut_ptr().add(j), w);
-            }
-            let mut total = 0.0f64;
-            for j in (0..TILE).step_by(16) {
-                let mut v = [L::zero(); 2];
-                for (h, v) in v.iter_mut().take(16 / L::WIDTH).enumerate() {
-                    *v = L::load(weights.as_ptr().add(j + h * L::WIDTH));
-                }
-                total += L::sum16(&v[..16 / L::WIDTH]) as f64;
-            }
-            sum[i] = (sum[i] as f64 + total) as f32;
-            add_values::<L>(
-                acc,
-                head_dim,
-                &values,
-                &weights,
-                seen.start - base..seen.end - base,
-            );
         }
     }
-    for (o, &s) in out.chunks_exact_mut(head_dim).zip(&sum) {
-        normalise(o, s);
+    for (o, s) in out.chunks_exact_mut(head_dim).zip(&state) {
+        normalise(o, s.sum);
     }
 }
 
-/// The query's scores with the tile's keys (`positions` seen, the others -∞), scaled.
+/// One query's online softmax: the largest score so far and the sum of the weights.
+#[derive(Clone, Copy)]
+struct Softmax {
+    max: f32,
+    sum: f32,
+}
+
+impl Softmax {
+    const EMPTY: Self = Self {
+        max: f32::NEG_INFINITY,
+        sum: 0.0,
+    };
+
+    /// Takes a tile's scores: rescales the accumulator (`head_dim` values at `acc`) and
+    /// the sum when the maximum rises, adds the tile's weights to the sum (sixteen at a
+    /// time into an f64), and returns the weights.
+    #[inline(always)]
+    unsafe fn step<L: Lanes>(
+        &mut self,
+        scores: &[f32; TILE],
+        acc: *mut f32,
+        head_dim: usize,
+    ) -> [f32; TILE] {
+        let s = scores.as_ptr();
+        let mut top = L::load(s);
+        for j in (L::WIDTH..TILE).step_by(L::WIDTH) {
+            top = L::max(top, L::load(s.add(j)));
+        }
+        let new_max = self.max.max(L::hmax(top));
+        if new_max > self.max {
+            let rescale = (self.max - new_max).exp();
+            let r = L::splat(rescale);
+            for d in (0..head_dim).step_by(L::WIDTH) {
+                L::store(acc.add(d), L::mul(L::load(acc.add(d)), r));
+            }
+            self.sum *= rescale;
+        }
+        self.max = new_max;
+        let mut weights = [0.0f32; TILE];
+        let m = L::splat(new_max);
+        for j in (0..TILE).step_by(L::WIDTH) {
+            let w = L::expf(L::sub(L::load(s.add(j)), m));
+            L::store(weights.as_mut_ptr().add(j), w);
+        }
+        let mut total = 0.0f64;
+        for j in (0..TILE).step_by(16) {
+            let mut v = [L::zero(); 2];
+            for (h, v) in v.iter_mut().take(16 / L::WIDTH).enumerate() {
+                *v = L::load(weights.as_ptr().add(j + h * L::WIDTH));
+            }
+            total += L::sum16(&v[..16 / L::WIDTH]) as f64;
+        }
+        self.sum = (self.sum as f64 + total) as f32;
+        weights
+    }
+}
+
+/// Scaled (and soft-capped) scores of the tile's `cells` (indices within the tile); the
+/// other cells -∞.
+#[inline(always)]
+fn finish_scores(scores: &mut [f32; TILE], scale: ScoreScale, cells: &std::ops::Range<usize>) {
+    if scale.is_capped() {
+        for score in &mut scores[cells.clone()] {
+            *score = scale.cap(*score);
+        }
+    }
+    scores[..cells.start].fill(f32::NEG_INFINITY);
+    scores[cells.end..].fill(f32::NEG_INFINITY);
+}
+
+/// The query's scores with the tile's keys, scaled; cells outside `cells` -∞.
 #[inline(always)]
 unsafe fn scores<L: Lanes>(
     q: &[f32],
     keys: &[f32],
     scale: ScoreScale,
-    base: usize,
-    seen: &std::ops::Range<usize>,
+    cells: &std::ops::Range<usize>,
 ) -> [f32; TILE] {
     // Sized for the narrowest width; `TILE / WIDTH` of them are used.
     let mut acc = [L::zero(); 8];
@@ -182,17 +243,43 @@ unsafe fn scores<L: Lanes>(
             *a = L::fmadd(L::load(k.add(d * TILE + v * L::WIDTH)), qd, *a);
         }
     }
-    let mut scores = [f32::NEG_INFINITY; TILE];
+    let mut scores = [0.0f32; TILE];
     let s = L::splat(scale.factor());
     for (v, a) in acc.iter().take(n).enumerate() {
         L::store(scores.as_mut_ptr().add(v * L::WIDTH), L::mul(*a, s));
     }
-    for (j, score) in scores.iter_mut().enumerate() {
-        *score = if seen.contains(&(base + j)) {
-            scale.cap(*score)
-        } else {
-            f32::NEG_INFINITY
-        };
+    finish_scores(&mut scores, scale, cells);
+    scores
+}
+
+/// [`scores`] of two queries, each key vector loaded once for both (sixteen lanes only).
+#[inline(always)]
+unsafe fn scores_pair<L: Lanes>(
+    q: [&[f32]; 2],
+    keys: &[f32],
+    scale: ScoreScale,
+    cells: &std::ops::Range<usize>,
+) -> [[f32; TILE]; 2] {
+    const N: usize = TILE / 16;
+    debug_assert_eq!(L::WIDTH, 16);
+    let (mut first, mut second) = ([L::zero(); N], [L::zero(); N]);
+    let k = keys.as_ptr();
+    for (d, (&q0, &q1)) in q[0].iter().zip(q[1]).enumerate() {
+        let (q0, q1) = (L::splat(q0), L::splat(q1));
+        for (v, (a0, a1)) in first.iter_mut().zip(&mut second).enumerate() {
+            let key = L::load(k.add(d * TILE + v * L::WIDTH));
+            *a0 = L::fmadd(key, q0, *a0);
+            *a1 = L::fmadd(key, q1, *a1);
+        }
+    }
+    let acc = [first, second];
+    let s = L::splat(scale.factor());
+    let mut scores = [[0.0f32; TILE]; 2];
+    for (scores, acc) in scores.iter_mut().zip(&acc) {
+        for (v, a) in acc.iter().enumerate() {
+            L::store(scores.as_mut_ptr().add(v * L::WIDTH), L::mul(*a, s));
+        }
+        finish_scores(scores, scale, cells);
     }
     scores
 }
@@ -226,6 +313,43 @@ unsafe fn add_values<L: Lanes>(
             L::store(acc.add(d + h * L::WIDTH), *a);
         }
         d += step.min(n * L::WIDTH);
+    }
+}
+
+/// [`add_values`] for two queries that see the same keys, each value vector loaded once
+/// for both (sixteen lanes only: the head size is a multiple of 64, so every step is
+/// [`VALUE_VECTORS`] vectors).
+#[inline(always)]
+unsafe fn add_values_pair<L: Lanes>(
+    acc: [*mut f32; 2],
+    head_dim: usize,
+    values: &[f32],
+    weights: [&[f32; TILE]; 2],
+    seen: std::ops::Range<usize>,
+) {
+    debug_assert_eq!(L::WIDTH, 16);
+    let v = values.as_ptr();
+    for d in (0..head_dim).step_by(VALUE_VECTORS * L::WIDTH) {
+        let mut a = [[L::zero(); VALUE_VECTORS]; 2];
+        for (q, a) in a.iter_mut().enumerate() {
+            for (h, a) in a.iter_mut().enumerate() {
+                *a = L::load(acc[q].add(d + h * L::WIDTH));
+            }
+        }
+        let [first, second] = &mut a;
+        for j in seen.clone() {
+            let (w0, w1) = (L::splat(weights[0][j]), L::splat(weights[1][j]));
+            for (h, (a0, a1)) in first.iter_mut().zip(second.iter_mut()).enumerate() {
+                let value = L::load(v.add(j * head_dim + d + h * L::WIDTH));
+                *a0 = L::fmadd(value, w0, *a0);
+                *a1 = L::fmadd(value, w1, *a1);
+            }
+        }
+        for (q, a) in a.iter().enumerate() {
+            for (h, a) in a.iter().enumerate() {
+                L::store(acc[q].add(d + h * L::WIDTH), *a);
+            }
+        }
     }
 }
 

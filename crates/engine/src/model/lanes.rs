@@ -33,6 +33,10 @@ pub(super) trait Lanes {
     /// 1 + 3, those two, then `_mm512_reduce_add_ps` (halves, quarters, pairs, neighbours).
     unsafe fn reduce64(acc: &[Self::V]) -> f32;
     unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
+    /// The lanes' larger values (for lanes that are not NaN).
+    unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
+    /// The largest lane (of lanes that are not NaN).
+    unsafe fn hmax(v: Self::V) -> f32;
     /// ggml's AVX-512 `ggml_v_expf` on every lane (bit for bit, at either width; see
     /// [`super::attention_tiled::expf`]).
     unsafe fn expf(x: Self::V) -> Self::V;
@@ -122,6 +126,16 @@ impl Lanes for Avx2 {
     #[inline(always)]
     unsafe fn sub(a: __m256, b: __m256) -> __m256 {
         _mm256_sub_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn max(a: __m256, b: __m256) -> __m256 {
+        _mm256_max_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn hmax(v: __m256) -> f32 {
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+        lanes.into_iter().fold(f32::NEG_INFINITY, f32::max)
     }
     #[inline(always)]
     unsafe fn expf(x: __m256) -> __m256 {
@@ -221,6 +235,14 @@ impl Lanes for Avx512 {
     #[inline(always)]
     unsafe fn sub(a: __m512, b: __m512) -> __m512 {
         _mm512_sub_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn max(a: __m512, b: __m512) -> __m512 {
+        _mm512_max_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn hmax(v: __m512) -> f32 {
+        _mm512_reduce_max_ps(v)
     }
     #[inline(always)]
     unsafe fn expf(x: __m512) -> __m512 {
