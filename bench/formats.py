@@ -11,14 +11,19 @@ servers are started on the same file with bench/bench.py's servers and load gene
 stay up together while the file is measured: `--rounds` times (default 5), each server in
 turn (the order alternating from round to round), a prefill (TTFT of a ~500-token prompt
 that no prefix cache holds) and a decode (64 streamed tokens, single stream), each under
-bench/quiet.py (the idle server sleeps). This machine's speed drifts by a third within
+bench/quiet.py (the idle server sleeps). With `--ik-llama-server`, ik_llama.cpp's server
+is measured the same way beside them. The machine's memory bandwidth is measured before
+and after (benches/memory_bandwidth.rs), and ferrite's decode is stated as the weights it
+reads per second (the file's size per token: every matrix is read once per token) and as
+a share of that bandwidth. This machine's speed drifts by a third within
 minutes and differed by up to a fifth between two runs of the same binary started apart;
 measured this way, back to back, a drift falls on both servers. Each tokens/s cell is the
 median of its rounds and each ratio the median of the rounds' ratios. Prints a Markdown
 table.
 
     cargo build --release
-    python3 bench/formats.py --llama-server /path/to/llama-server [--types q4_k q8_0 ...]
+    python3 bench/formats.py --llama-server /path/to/llama-server \
+        [--ik-llama-server /path/to/ik/llama-server] [--types q4_k_m q8_0 ...]
 """
 
 import argparse
@@ -35,8 +40,9 @@ ROOT = HERE.parent
 SYNTH = ROOT / "target" / "release" / "ferrite-synth"
 
 
-def start(bench, kind, model, llama_server, work):
-    """bench.py's servers, started on the model file by its path."""
+def start(bench, kind, model, binary, work):
+    """bench.py's servers, started on the model file by its path: ferrite, or a
+    llama.cpp-style `llama-server` at `binary` (llama.cpp's or ik_llama.cpp's)."""
     port = bench.free_port()
     url = f"http://127.0.0.1:{port}"
     path = str(bench.cache_path(model))
@@ -44,7 +50,7 @@ def start(bench, kind, model, llama_server, work):
     if kind == "ferrite":
         cmd, ready = [str(bench.FERRITE), "serve", "--model", path, "--port", str(port)], "/ready"
     else:
-        cmd = [llama_server, "-m", path, "--port", str(port), "-t", "2", "-c", "8192"]
+        cmd = [binary, "-m", path, "--port", str(port), "-t", "2", "-c", "8192"]
         ready = "/health"
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     bench.wait_ready(url, ready, proc, timeout=600)
@@ -65,6 +71,14 @@ def measure(bench, kind, proc, url, model, work, long_prompt, round_):
             "quiet": [pre["quiet"], dec["quiet"]]}
 
 
+def memory_bandwidth():
+    """The machine's read and triad bandwidth (GB/s) from benches/memory_bandwidth.rs."""
+    out = subprocess.run(["cargo", "bench", "-q", "-p", "ferrite-engine", "--bench",
+                          "memory_bandwidth", "--", "--json"], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 # The file types made as llama-quantize makes them: ferrite-synth's type and mix.
 LLAMA_QUANTIZE = {"q4_k_m": "q4_k", "q5_k_m": "q5_k", "iq4_xs": "iq4_xs"}
 
@@ -79,6 +93,7 @@ def synth_type(name):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama-server", required=True)
+    ap.add_argument("--ik-llama-server", help="ik_llama.cpp's llama-server, measured too")
     ap.add_argument("--types", nargs="+", default=["q4_k_m", "q5_k_m", "q8_0", "iq4_xs", "f16"])
     ap.add_argument("--rounds", type=int, default=5, help="turns of each server per file")
     ap.add_argument("--json-out")
@@ -96,16 +111,22 @@ def main():
     long_prompt = scratch / "long_prompt.txt"
     long_prompt.write_text(" ".join([lg.DEFAULT_PROMPT] * 5))
     table = {}
+    weight_bytes = {}
+    bandwidth = [memory_bandwidth()]
     for ty in args.types:
         name = f"llama1b-{ty}"
         path = scratch / "models" / f"{name}.gguf"
         subprocess.run([str(SYNTH), "--arch", "llama", "--shape", "1b", *synth_type(ty),
                         "--tokenizer-from", str(tokenizer), "--out", str(path)], check=True)
-        kinds = ["ferrite", "llama-server"]
+        weight_bytes[ty] = path.stat().st_size
+        binaries = {"ferrite": None, "llama-server": args.llama_server}
+        if args.ik_llama_server:
+            binaries["ik_llama.cpp"] = args.ik_llama_server
+        kinds = list(binaries)
         servers = {}
         try:
             for kind in kinds:
-                servers[kind] = start(bench, kind, name, args.llama_server, scratch)
+                servers[kind] = start(bench, kind, name, binaries[kind], scratch)
             rounds = {kind: [] for kind in kinds}
             for r in range(args.rounds):
                 for kind in (kinds if r % 2 == 0 else kinds[::-1]):
@@ -121,22 +142,42 @@ def main():
                 "decode_tok_s": statistics.median(m["decode_tok_s"] for m in runs),
                 "rounds": runs,
             }
-        pairs = list(zip(rounds["ferrite"], rounds["llama-server"]))
-        table[(ty, "ratio")] = {
-            key: statistics.median(f[key] / l[key] for f, l in pairs)
-            for key in ("prefill_tok_s", "decode_tok_s")
-        }
+        for other in kinds[1:]:
+            pairs = list(zip(rounds["ferrite"], rounds[other]))
+            table[(ty, f"ratio/{other}")] = {
+                key: statistics.median(f[key] / l[key] for f, l in pairs)
+                for key in ("prefill_tok_s", "decode_tok_s")
+            }
         path.unlink()
-    rows = ["| weights (1B shape) | prefill tok/s ferrite | llama-server | ratio "
-            "| decode tok/s ferrite | llama-server | ratio |", "|---|---|---|---|---|---|---|"]
+    bandwidth.append(memory_bandwidth())
+    others = [k for k in ("llama-server", "ik_llama.cpp") if (args.types[0], k) in table]
+    head = ["weights (1B shape)"]
+    for phase in ("prefill", "decode"):
+        head.append(f"{phase} tok/s ferrite")
+        for other in others:
+            head += [other, "ratio"]
+    head.append("ferrite decode: weights read, GB/s (of the read bandwidth)")
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    read = statistics.mean(b["read_gb_s"] for b in bandwidth)
     for ty in args.types:
-        f, l, q = table[(ty, "ferrite")], table[(ty, "llama-server")], table[(ty, "ratio")]
-        rows.append(f"| {ty.upper()} | {f['prefill_tok_s']:.1f} | {l['prefill_tok_s']:.1f} "
-                    f"| {q['prefill_tok_s']:.2f} | {f['decode_tok_s']:.2f} "
-                    f"| {l['decode_tok_s']:.2f} | {q['decode_tok_s']:.2f} |")
+        cells = [ty.upper()]
+        for key in ("prefill_tok_s", "decode_tok_s"):
+            cells.append(f"{table[(ty, 'ferrite')][key]:.1f}")
+            for other in others:
+                cells.append(f"{table[(ty, other)][key]:.1f}")
+                cells.append(f"{table[(ty, f'ratio/{other}')][key]:.2f}")
+        streamed = table[(ty, "ferrite")]["decode_tok_s"] * weight_bytes[ty] / 1e9
+        cells.append(f"{streamed:.1f} ({streamed / read:.0%})")
+        rows.append("| " + " | ".join(cells) + " |")
+    rows.append("")
+    rows.append("Memory read bandwidth (benches/memory_bandwidth.rs, 2 threads, before and after): "
+                + ", ".join(f"{b['read_gb_s']:.1f}" for b in bandwidth) + " GB/s; triad "
+                + ", ".join(f"{b['triad_gb_s']:.1f}" for b in bandwidth) + " GB/s.")
     print("\n".join(rows))
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({f"{t}/{k}": v for (t, k), v in table.items()}, indent=2))
+        cells = {f"{t}/{k}": v for (t, k), v in table.items()}
+        cells.update(bandwidth=bandwidth, weight_bytes=weight_bytes)
+        Path(args.json_out).write_text(json.dumps(cells, indent=2))
     print(f"logs: {scratch}", file=sys.stderr)
 
 
