@@ -285,6 +285,10 @@ impl Sequence {
         let before = self.tokens.len();
         for (r, logits) in rows.iter().enumerate() {
             if self.accept_logits(logits, tokenizer, context) {
+                // The positions after the finishing token's hold draft tokens it did not
+                // match, and the prefix cache keeps this cache for later prompts: only
+                // what the sequence's tokens computed may stay.
+                self.cache.truncate(self.tokens.len() - 1);
                 return true;
             }
             let sampled = *self.tokens.last().expect("a token was just sampled");

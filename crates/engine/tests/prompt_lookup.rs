@@ -12,7 +12,7 @@ use ferrite_engine::scheduler::SchedulerConfig;
 use ferrite_engine::{Engine, EngineConfig, EngineHandle, SequenceEvent, SequenceRequest};
 use tokio::sync::mpsc::UnboundedReceiver;
 
-fn start(prompt_lookup: Option<PromptLookup>) -> Engine {
+fn start(prompt_lookup: Option<PromptLookup>, prefix_cache_positions: usize) -> Engine {
     common::start_engine(
         "smollm2-135m",
         EngineConfig {
@@ -22,7 +22,7 @@ fn start(prompt_lookup: Option<PromptLookup>) -> Engine {
                 kv_budget: 1 << 16,
             },
             context_length: 2048,
-            prefix_cache_positions: 0,
+            prefix_cache_positions,
             max_waiting: 1024,
             prompt_lookup,
         },
@@ -88,8 +88,8 @@ const QUOTE: &str = "Copy the sentence.\nSentence: The committee approved the ne
 
 #[test]
 fn prompt_lookup_changes_no_token_and_saves_steps() {
-    let plain = start(None);
-    let fast = start(Some(PromptLookup::new(2, 4, 8).unwrap()));
+    let plain = start(None, 0);
+    let fast = start(Some(PromptLookup::new(2, 4, 8).unwrap()), 0);
     let (p, f) = (plain.handle(), fast.handle());
     let cases: Vec<(&str, usize, SamplingParams)> = vec![
         (QUOTE, 48, greedy()),
@@ -141,4 +141,55 @@ fn prompt_lookup_changes_no_token_and_saves_steps() {
     assert_eq!(got, want, "a batch of sequences");
     plain.shutdown();
     fast.shutdown();
+}
+
+/// A sequence that finishes on a token sampled inside a verified draft, where the draft
+/// guessed another token, must leave in the prefix cache only the positions its own
+/// tokens computed: a follow-up prompt that starts with its whole output (a
+/// conversation's next turn) answers exactly as a cold run does. A prediction that
+/// differs from the output at the stop token makes such a draft every time (prompt
+/// lookup makes them as they come).
+#[test]
+fn a_sequence_that_ends_inside_a_draft_leaves_only_its_own_positions_cached() {
+    let cold = start(None, 0);
+    let cached = start(Some(PromptLookup::new(2, 4, 8).unwrap()), 8192);
+    let (c, h) = (cold.handle(), cached.handle());
+    let (copy, _) = run(&c, vec![request(&c, QUOTE, 8, greedy())]);
+    let tokens: Vec<u32> = copy[0].iter().map(|(id, _, _)| *id).collect();
+    let at = (2..tokens.len())
+        .find(|&i| !tokens[..i].contains(&tokens[i]))
+        .expect("a token that first appears a few tokens in");
+    // The output up to the stop token, predicted with another token in its place.
+    let mut first = request(&h, QUOTE, 8, greedy());
+    first.stop_token_ids = vec![tokens[at]];
+    first.prediction = tokens.clone();
+    first.prediction[at] = tokens[at] + 1;
+    let accepted = h.stats().draft_tokens_accepted;
+    let (out, _) = run(&h, vec![first]);
+    assert_eq!(out[0].len(), at + 1, "it stopped at the stop token");
+    assert!(
+        h.stats().draft_tokens_accepted - accepted >= at as u64 - 1,
+        "the drafts ran"
+    );
+    // The next turn: the prompt, all of the output, and more text.
+    let follow_up = |e: &EngineHandle| {
+        let mut prompt = e.tokenizer().encode_prompt(QUOTE);
+        prompt.extend(&tokens[..=at]);
+        prompt.extend(e.tokenizer().encode(" Again:", false));
+        let mut r = SequenceRequest::new(prompt, greedy(), 4);
+        r.ignore_eos = true;
+        r.top_logprobs = Some(2);
+        r
+    };
+    let hits = h.stats().prefix_cache_hit_tokens;
+    let (want, _) = run(&c, vec![follow_up(&c)]);
+    let (got, _) = run(&h, vec![follow_up(&h)]);
+    let prompt_len = h.tokenizer().encode_prompt(QUOTE).len();
+    assert!(
+        h.stats().prefix_cache_hit_tokens - hits >= (prompt_len + at) as u64,
+        "the follow-up reused the first sequence's output from the prefix cache"
+    );
+    assert_eq!(got, want);
+    cold.shutdown();
+    cached.shutdown();
 }
