@@ -102,8 +102,8 @@ def test_repeated_text_takes_fewer_steps(lookup):
 
 @pytest.mark.parametrize("args, message", [
     (["--prompt-lookup", "9"], "--prompt-lookup: prompt lookup drafts 1 to 8 tokens"),
-    (["--prompt-lookup", "4", "--prompt-lookup-min", "5"], "1 <= min <= max <= 64"),
-    (["--prompt-lookup", "4", "--prompt-lookup-max", "65"], "1 <= min <= max <= 64"),
+    (["--prompt-lookup", "4", "--prompt-lookup-min", "5"], "1 <= min <= max <= 16"),
+    (["--prompt-lookup", "4", "--prompt-lookup-max", "17"], "1 <= min <= max <= 16"),
 ])
 def test_a_bad_configuration_stops_the_server_before_it_loads(args, message):
     p = subprocess.run([str(BINARY), "serve", "--port", str(free_port()), *args],

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
-/// Floats per array: 1 GiB of reads for the sum, 3 × 256 MiB moved by the triad.
+/// Floats per array: 256 MiB read by the sum, 3 × 256 MiB moved by the triad.
 const LEN: usize = 64 << 20;
 
 /// The value of `--name` in `args`, parsed.
@@ -31,9 +31,13 @@ fn main() {
         .unwrap();
     let (read, triad) = pool.install(|| measure(threads, rounds));
     if json {
-        println!("{{\"threads\": {threads}, \"read_gb_s\": {read:.2}, \"triad_gb_s\": {triad:.2}}}");
+        println!(
+            "{{\"threads\": {threads}, \"read_gb_s\": {read:.2}, \"triad_gb_s\": {triad:.2}}}"
+        );
     } else {
-        println!("read {read:.1} GB/s, triad {triad:.1} GB/s ({threads} threads, best of {rounds})");
+        println!(
+            "read {read:.1} GB/s, triad {triad:.1} GB/s ({threads} threads, best of {rounds})"
+        );
     }
 }
 

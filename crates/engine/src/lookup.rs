@@ -23,7 +23,7 @@ pub struct PromptLookup {
 }
 
 impl PromptLookup {
-    /// Checks the configuration: `1 ≤ min_ngram ≤ max_ngram ≤ 64` and `1 ≤ max_draft ≤`
+    /// Checks the configuration: `1 ≤ min_ngram ≤ max_ngram ≤` [`MAX_NGRAM`] and `1 ≤ max_draft ≤`
     /// [`MAX_DRAFT`].
     pub fn new(min_ngram: usize, max_ngram: usize, max_draft: usize) -> Result<Self, String> {
         if min_ngram == 0 || min_ngram > max_ngram || max_ngram > MAX_NGRAM {
@@ -47,15 +47,16 @@ impl PromptLookup {
 
 /// Longest repeated run that may be looked for: it bounds the work per position of
 /// [`find`].
-pub const MAX_NGRAM: usize = 64;
+pub const MAX_NGRAM: usize = 16;
 
 /// The tokens that followed the most recent earlier occurrence of the longest suffix of
 /// `tokens` (between `min_ngram` and `max_ngram` tokens long) that occurred before, at most
 /// `len` of them; empty when there is none.
 ///
 /// One backward pass over `tokens`: each position is compared with the suffix for at most
-/// `max_ngram` tokens (64 at most), so the work is linear in the sequence's length, and it
-/// stops at the first match of the longest size.
+/// `max_ngram` tokens (16 at most: a 128k-token sequence takes about 2 M comparisons), so
+/// the work is linear in the sequence's length, and it stops at the first match of the
+/// longest size.
 pub fn find<'a>(tokens: &'a [TokenId], config: &PromptLookup, len: usize) -> &'a [TokenId] {
     let n = tokens.len();
     let max_ngram = config.max_ngram.min(MAX_NGRAM);
@@ -180,12 +181,12 @@ mod tests {
     #[test]
     fn a_long_sequence_is_searched_in_linear_time() {
         // The worst case: every position matches all but the first token of the longest
-        // suffix looked for, so every one is compared 63 times and none ends the search.
+        // suffix looked for, so every one is compared 15 times and none ends the search.
         let mut t = vec![1u32; 200_000];
         t.push(2);
-        t.extend([1; 63]);
+        t.extend([1; 15]);
         let started = std::time::Instant::now();
-        assert_eq!(find(&t, &config(2, 64, 8), 2), &[2, 1]);
+        assert_eq!(find(&t, &config(2, 16, 8), 2), &[2, 1]);
         assert!(started.elapsed() < std::time::Duration::from_secs(1));
     }
 
@@ -193,10 +194,10 @@ mod tests {
     fn configuration_is_checked() {
         assert!(PromptLookup::new(0, 3, 4).is_err());
         assert!(PromptLookup::new(4, 3, 4).is_err());
-        assert!(PromptLookup::new(2, 65, 4).is_err());
+        assert!(PromptLookup::new(2, MAX_NGRAM + 1, 4).is_err());
         assert!(PromptLookup::new(2, 3, 0).is_err());
         assert!(PromptLookup::new(2, 3, MAX_DRAFT + 1).is_err());
-        assert!(PromptLookup::new(1, 64, MAX_DRAFT).is_ok());
+        assert!(PromptLookup::new(1, MAX_NGRAM, MAX_DRAFT).is_ok());
     }
 
     /// The definition, written the slow way: for each size from the longest down, the

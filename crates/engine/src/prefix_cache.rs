@@ -3,7 +3,7 @@
 //! re-sent with a new turn) starts from them instead of recomputing them. Entries are
 //! evicted least recently used within a budget of cached positions.
 
-use crate::kv_cache::SequenceCache;
+use crate::kv_cache::{SequenceCache, BLOCK_POSITIONS};
 use crate::tokenizer::TokenId;
 
 /// One cached sequence.
@@ -14,6 +14,11 @@ struct Entry {
     prompt_len: usize,
     cache: SequenceCache,
     last_used: u64,
+}
+
+/// The positions of memory a cache holds: its blocks'.
+fn held(cache: &SequenceCache) -> usize {
+    cache.blocks() * BLOCK_POSITIONS
 }
 
 /// A reusable start found for a new sequence.
@@ -41,15 +46,16 @@ impl PrefixCache {
         }
     }
 
-    /// Positions held.
+    /// Positions held: an entry's cache holds whole blocks, so an entry of 30 tokens
+    /// holds a block's worth of memory, and that is what the budget counts.
     pub(crate) fn positions(&self) -> usize {
-        self.entries.iter().map(|e| e.tokens.len()).sum()
+        self.entries.iter().map(|e| held(&e.cache)).sum()
     }
 
     /// Keeps a finished sequence's cache for `tokens` (those it holds).
     pub(crate) fn insert(&mut self, tokens: &[TokenId], prompt_len: usize, cache: SequenceCache) {
         let len = cache.len().min(tokens.len());
-        if len == 0 || len > self.budget {
+        if len == 0 || held(&cache) > self.budget {
             return;
         }
         let tokens = &tokens[..len];
@@ -136,7 +142,7 @@ mod tests {
 
     #[test]
     fn a_new_prompt_reuses_the_longest_shared_start() {
-        let mut p = PrefixCache::new(100);
+        let mut p = PrefixCache::new(4 * BLOCK_POSITIONS);
         p.insert(&[1, 2, 3, 4, 5], 3, cache(5));
         p.insert(&[1, 2, 9], 3, cache(3));
         let hit = p.lookup(&[1, 2, 3, 4, 7, 8], 10, all).unwrap();
@@ -153,25 +159,39 @@ mod tests {
         );
     }
 
+    /// `n` consecutive token ids from `first`.
+    fn run(first: u32, n: usize) -> Vec<u32> {
+        (first..first + n as u32).collect()
+    }
+
     #[test]
     fn redundant_entries_go_and_the_budget_holds() {
-        let mut p = PrefixCache::new(8);
+        const B: usize = BLOCK_POSITIONS;
+        // The budget counts whole blocks, the memory entries hold.
+        let mut p = PrefixCache::new(5 * B);
         p.insert(&[1, 2], 2, cache(2));
         p.insert(&[1, 2, 3], 2, cache(3));
         assert_eq!(
             p.positions(),
-            3,
+            B,
             "the shorter entry is covered by the longer"
         );
         p.insert(&[1, 2], 2, cache(2));
-        assert_eq!(p.positions(), 3, "a covered entry is not added");
-        p.insert(&[5, 6, 7, 8], 4, cache(4));
+        assert_eq!(p.positions(), B, "a covered entry is not added");
+        let long = run(100, 2 * B + 1);
+        p.insert(&long, 4, cache(long.len()));
+        assert_eq!(p.positions(), 4 * B);
         p.lookup(&[1, 2, 3, 9], 10, all);
-        p.insert(&[9, 9, 9], 3, cache(3));
-        // 3 + 4 + 3 > 8: the least recently used ([5, 6, 7, 8]) goes.
-        assert_eq!(p.positions(), 6);
-        assert!(p.lookup(&[5, 6, 7, 0], 10, all).is_none());
+        let other = run(1000, B + 1);
+        p.insert(&other, 3, cache(other.len()));
+        // 1 + 3 + 2 blocks > 5: the least recently used (`long`) goes.
+        assert_eq!(p.positions(), 3 * B);
+        assert!(p.lookup(&[100, 101, 102, 0], 10, all).is_none());
         assert!(p.lookup(&[1, 2, 3, 0], 10, all).is_some());
+        // An entry larger than the whole budget is never kept.
+        let huge = run(5000, 5 * B + 1);
+        p.insert(&huge, 3, cache(huge.len()));
+        assert!(p.lookup(&[5000, 5001, 0], 10, all).is_none());
     }
 
     #[test]
