@@ -27,9 +27,11 @@ def sdk(server):
 
 
 def answer(server, **body):
-    """The request's answer with what varies between runs (ids, times) left out."""
+    """The request's answer with what varies between runs (ids, times, and how much of
+    the prompt each server's prefix cache happened to hold) left out."""
     r = sdk(server).completions.create(model=MODEL, **body).model_dump()
-    return [(c["text"], c["finish_reason"], c["logprobs"]) for c in r["choices"]], r["usage"]
+    usage = {k: r["usage"][k] for k in ("prompt_tokens", "completion_tokens")}
+    return [(c["text"], c["finish_reason"], c["logprobs"]) for c in r["choices"]], usage
 
 
 CASES = {
