@@ -563,8 +563,11 @@ fn simd_wide_tiles() -> bool {
     }
 }
 
-/// Output features per parallel task.
-const CHUNK: usize = 32;
+/// Output features per parallel task. Each task is a run of weights read in one stream
+/// and a unit of work stealing: 32 made a 1B model's decode step some two thousand tasks,
+/// and 128 decodes it 10–15% faster (alternating A/B of the two builds, both orders;
+/// SmolLM2 and Gemma 3 unchanged or slightly faster, prefill unchanged).
+const CHUNK: usize = 128;
 // Layouts interleave rows in pairs (`pair_lanes`) and sixteens (`q4k_lanes`,
 // `q6k_lanes`): a chunk must never split a group (sixteen is a multiple of two).
 const _: () = assert!(CHUNK.is_multiple_of(16));
