@@ -64,8 +64,9 @@ pub fn find<'a>(tokens: &'a [TokenId], config: &PromptLookup, len: usize) -> &'a
         return &[];
     }
     let last = tokens[n - 1];
-    let mut best: Option<(usize, usize)> = None; // (match length, end of the earlier run)
-                                                 // `end` is the last token of a candidate earlier run; it must leave a token after it.
+    // The best match so far: its length and the end of the earlier run.
+    let mut best: Option<(usize, usize)> = None;
+    // `end` is the last token of a candidate earlier run; it must leave a token after it.
     for end in (0..n - 1).rev() {
         if tokens[end] != last {
             continue;

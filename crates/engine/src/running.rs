@@ -301,11 +301,6 @@ impl Sequence {
         if let Some(state) = self.lookup.as_mut().filter(|_| looked_up) {
             let accepted = (self.tokens.len() - before).saturating_sub(1);
             state.length.record(input.len() - 1, accepted);
-            // What the lookup drafted and the step did not feed is looked up afresh.
-            if state.drafted {
-                state.drafted = false;
-                self.draft.clear();
-            }
         }
         false
     }

@@ -637,6 +637,15 @@ impl Worker {
             config.max_step_tokens = config.max_step_tokens.min(decoding + self.prefill_chunk);
         }
         let plan = scheduler::plan_step(&config, &views);
+        // Drafted rows cost arithmetic: worth it while a step's time is the weights'
+        // reading, that is while few sequences decode.
+        if decoding <= LOOKUP_MAX_DECODING {
+            for (seq, &n) in self.running.iter_mut().zip(&plan) {
+                if n > 0 {
+                    seq.draft_by_lookup();
+                }
+            }
+        }
         let prefill_tokens: usize = views
             .iter()
             .zip(&plan)
@@ -678,20 +687,6 @@ impl Worker {
     /// tokens), hands each sequence its logits rows, and returns which sequences finished.
     /// Followers started this step join the running set.
     fn forward_and_sample(&mut self, plan: &[usize]) -> Result<Vec<bool>, EngineError> {
-        // Drafted rows cost arithmetic: worth it while a step's time is the weights'
-        // reading, that is while few sequences decode.
-        let decoding = self
-            .running
-            .iter()
-            .filter(|s| s.pending_prefill() == 0)
-            .count();
-        if decoding <= LOOKUP_MAX_DECODING {
-            for (seq, &n) in self.running.iter_mut().zip(plan) {
-                if n > 0 {
-                    seq.draft_by_lookup();
-                }
-            }
-        }
         let inputs: Vec<Option<(Vec<u32>, Logits)>> = self
             .running
             .iter()

@@ -11,7 +11,7 @@
 
 use crate::kv_cache::LayerView;
 
-use super::attention::{normalise, ScoreScale};
+use super::attention::{normalise, Partial, ScoreScale};
 use super::attention_tiled::{Query, TILE};
 use super::lanes::{Avx2, Avx512, Lanes};
 
@@ -95,7 +95,7 @@ unsafe fn tiled_body<L: Lanes>(
             })
     );
     out.fill(0.0);
-    let mut state = vec![Softmax::EMPTY; queries.len()];
+    let mut state = vec![Partial::EMPTY; queries.len()];
     // Keys transposed: dimension d of key j at d × TILE + j. Values: key j's at j × head_dim.
     let mut keys = vec![0.0f32; head_dim * TILE];
     let mut values = vec![0.0f32; TILE * head_dim];
@@ -138,13 +138,13 @@ unsafe fn tiled_body<L: Lanes>(
                 .filter(|&j| pairs::<L>() && seen(&queries[j]) == range);
             if let Some(j) = partner {
                 let [si, sj] = scores_pair::<L>([queries[i].q, queries[j].q], &keys, scale, &cells);
-                let wi = state[i].step::<L>(&si, acc(i), head_dim);
-                let wj = state[j].step::<L>(&sj, acc(j), head_dim);
+                let wi = softmax_step::<L>(&mut state[i], &si, acc(i), head_dim);
+                let wj = softmax_step::<L>(&mut state[j], &sj, acc(j), head_dim);
                 add_values_pair::<L>([acc(i), acc(j)], head_dim, &values, [&wi, &wj], cells);
                 k += 2;
             } else {
                 let scores = scores::<L>(queries[i].q, &keys, scale, &cells);
-                let weights = state[i].step::<L>(&scores, acc(i), head_dim);
+                let weights = softmax_step::<L>(&mut state[i], &scores, acc(i), head_dim);
                 add_values::<L>(acc(i), head_dim, &values, &weights, cells);
                 k += 1;
             }
@@ -155,61 +155,48 @@ unsafe fn tiled_body<L: Lanes>(
     }
 }
 
-/// One query's online softmax: the largest score so far and the sum of the weights.
-#[derive(Clone, Copy)]
-struct Softmax {
-    max: f32,
-    sum: f32,
-}
-
-impl Softmax {
-    const EMPTY: Self = Self {
-        max: f32::NEG_INFINITY,
-        sum: 0.0,
-    };
-
-    /// Takes a tile's scores: rescales the accumulator (`head_dim` values at `acc`) and
-    /// the sum when the maximum rises, adds the tile's weights to the sum (sixteen at a
-    /// time into an f64), and returns the weights.
-    #[inline(always)]
-    unsafe fn step<L: Lanes>(
-        &mut self,
-        scores: &[f32; TILE],
-        acc: *mut f32,
-        head_dim: usize,
-    ) -> [f32; TILE] {
-        let s = scores.as_ptr();
-        let mut top = L::load(s);
-        for j in (L::WIDTH..TILE).step_by(L::WIDTH) {
-            top = L::max(top, L::load(s.add(j)));
-        }
-        let new_max = self.max.max(L::hmax(top));
-        if new_max > self.max {
-            let rescale = (self.max - new_max).exp();
-            let r = L::splat(rescale);
-            for d in (0..head_dim).step_by(L::WIDTH) {
-                L::store(acc.add(d), L::mul(L::load(acc.add(d)), r));
-            }
-            self.sum *= rescale;
-        }
-        self.max = new_max;
-        let mut weights = [0.0f32; TILE];
-        let m = L::splat(new_max);
-        for j in (0..TILE).step_by(L::WIDTH) {
-            let w = L::expf(L::sub(L::load(s.add(j)), m));
-            L::store(weights.as_mut_ptr().add(j), w);
-        }
-        let mut total = 0.0f64;
-        for j in (0..TILE).step_by(16) {
-            let mut v = [L::zero(); 2];
-            for (h, v) in v.iter_mut().take(16 / L::WIDTH).enumerate() {
-                *v = L::load(weights.as_ptr().add(j + h * L::WIDTH));
-            }
-            total += L::sum16(&v[..16 / L::WIDTH]) as f64;
-        }
-        self.sum = (self.sum as f64 + total) as f32;
-        weights
+/// Takes a query's tile of scores into its online softmax (`state`: the largest score so
+/// far and the sum of the weights): rescales the accumulator (`head_dim` values at `acc`)
+/// and the sum when the maximum rises, adds the tile's weights to the sum (sixteen at a
+/// time into an f64), and returns the weights.
+#[inline(always)]
+unsafe fn softmax_step<L: Lanes>(
+    state: &mut Partial,
+    scores: &[f32; TILE],
+    acc: *mut f32,
+    head_dim: usize,
+) -> [f32; TILE] {
+    let s = scores.as_ptr();
+    let mut top = L::load(s);
+    for j in (L::WIDTH..TILE).step_by(L::WIDTH) {
+        top = L::max(top, L::load(s.add(j)));
     }
+    let new_max = state.max.max(L::hmax(top));
+    if new_max > state.max {
+        let rescale = (state.max - new_max).exp();
+        let r = L::splat(rescale);
+        for d in (0..head_dim).step_by(L::WIDTH) {
+            L::store(acc.add(d), L::mul(L::load(acc.add(d)), r));
+        }
+        state.sum *= rescale;
+    }
+    state.max = new_max;
+    let mut weights = [0.0f32; TILE];
+    let m = L::splat(new_max);
+    for j in (0..TILE).step_by(L::WIDTH) {
+        let w = L::expf(L::sub(L::load(s.add(j)), m));
+        L::store(weights.as_mut_ptr().add(j), w);
+    }
+    let mut total = 0.0f64;
+    for j in (0..TILE).step_by(16) {
+        let mut v = [L::zero(); 2];
+        for (h, v) in v.iter_mut().take(16 / L::WIDTH).enumerate() {
+            *v = L::load(weights.as_ptr().add(j + h * L::WIDTH));
+        }
+        total += L::sum16(&v[..16 / L::WIDTH]) as f64;
+    }
+    state.sum = (state.sum as f64 + total) as f32;
+    weights
 }
 
 /// Scaled (and soft-capped) scores of the tile's `cells` (indices within the tile); the
