@@ -59,6 +59,19 @@ fi
 .venv-clients/bin/python -m pip install --disable-pip-version-check -q -r e2e/clients/requirements.txt
 .venv/bin/python -m pytest e2e -q
 
+step "deploy: Kustomize overlays, Dockerfile, and the image's steps outside a container"
+./deploy/check.sh
+
+step "rolling restarts: three replicas behind HAProxy, SIGTERM each in turn, SIGKILL one"
+if ! command -v haproxy >/dev/null && [ ! -x /usr/sbin/haproxy ]; then
+  sudo=""
+  if [ "$(id -u)" != 0 ]; then sudo=sudo; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get install -y -q --no-install-recommends haproxy ||
+    { $sudo apt-get update -q && $sudo apt-get install -y -q --no-install-recommends haproxy; }
+fi
+.venv/bin/python scripts/rolling_restart.py
+
 step "soak test (500 mixed requests at concurrency 16, loopback), SmolLM2 then Gemma 3"
 .venv/bin/python scripts/soak.py
 .venv/bin/python scripts/soak.py --model gemma3-270m --warmup 200

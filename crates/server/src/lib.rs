@@ -11,6 +11,7 @@ pub mod fetch;
 pub mod listen;
 pub mod metrics;
 pub mod observe;
+pub mod probe;
 pub mod routes;
 pub mod state;
 pub mod validate;

@@ -1,7 +1,9 @@
 //! `ferrite`: an OpenAI-compatible completion server for GGUF models.
 //!
-//! `ferrite serve` loads a model and serves `POST /v1/completions`; `ferrite pull NAME`
-//! fetches a known model into the cache.
+//! `ferrite serve` loads a model and serves `POST /v1/completions`; `ferrite pull MODEL`
+//! fetches a model into the cache (a container's init step); `ferrite probe` asks a running
+//! server for `/health` or `/ready` (a container's health check, with no `curl` in the
+//! image).
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
@@ -23,6 +25,7 @@ use tracing_subscriber::EnvFilter;
 
 use ferrite_server::chat::ChatSetup;
 use ferrite_server::cors::AllowedOrigins;
+use ferrite_server::probe::Probe;
 use ferrite_server::state::{AppState, RequestLimits};
 use ferrite_server::{auth, fetch, listen, routes};
 
@@ -41,11 +44,30 @@ struct Cli {
 enum Command {
     /// Serve a model over HTTP.
     Serve(Box<ServeArgs>),
-    /// Download known models into the cache ($FERRITE_HOME, default ~/.cache/ferrite).
+    /// Download models into the cache ($FERRITE_HOME, default ~/.cache/ferrite; Hugging
+    /// Face files in its own cache, $HF_HOME), so that a later `serve` needs no network.
     Pull {
-        /// Model names (smollm2-135m, gemma3-270m).
+        /// Models as `serve --model` takes them: a known name (smollm2-135m, gemma3-270m),
+        /// a Hugging Face repo id (owner/repo[:file.gguf]) or a GGUF path (only checked:
+        /// its header must read).
         #[arg(required = true)]
-        names: Vec<String>,
+        models: Vec<String>,
+    },
+    /// Ask a running server on this machine for `/health` (or `/ready`): exit status 0 on
+    /// 200, 1 on any other answer or none within the timeout.
+    Probe {
+        /// The server's port.
+        #[arg(long, default_value_t = 8080, env = "FERRITE_PORT")]
+        port: u16,
+        /// The server's listening host (`0.0.0.0` or `::` is asked on loopback).
+        #[arg(long, default_value = "127.0.0.1", env = "FERRITE_HOST")]
+        host: String,
+        /// The path asked: `/health` (alive) or `/ready` (taking requests).
+        #[arg(long, default_value = "/health")]
+        path: String,
+        /// Seconds to wait for the answer.
+        #[arg(long, default_value_t = 2.0, value_parser = positive_seconds)]
+        timeout: f64,
     },
 }
 
@@ -223,7 +245,7 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     let format = match &cli.command {
         Command::Serve(args) => args.log_format,
-        Command::Pull { .. } => LogFormat::Text,
+        Command::Pull { .. } | Command::Probe { .. } => LogFormat::Text,
     };
     init_logs(format);
     for parameter in refused {
@@ -233,11 +255,40 @@ fn main() -> Result<()> {
         );
     }
     match cli.command {
-        Command::Pull { names } => {
-            for name in names {
-                fetch::pull(&name)?;
+        Command::Pull { models } => {
+            for model in models {
+                let (path, name) = fetch::resolve(Some(&model))?;
+                // A path is not fetched, but an init step that names one must find a model
+                // there: its header and tensor table are read (not its weights).
+                GgufFile::open(&path)
+                    .with_context(|| format!("{} is not a GGUF model", path.display()))?;
+                eprintln!("{name}: {}", path.display());
             }
             Ok(())
+        }
+        Command::Probe {
+            port,
+            host,
+            path,
+            timeout,
+        } => {
+            let probe = Probe {
+                host,
+                port,
+                path,
+                timeout: Duration::from_secs_f64(timeout),
+            };
+            match probe.status() {
+                Ok(200) => Ok(()),
+                Ok(status) => {
+                    eprintln!("{}: {status}", probe.path);
+                    std::process::exit(1)
+                }
+                Err(e) => {
+                    eprintln!("{}: {e:#}", probe.path);
+                    std::process::exit(1)
+                }
+            }
         }
         Command::Serve(args) => serve(*args),
     }
