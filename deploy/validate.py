@@ -101,9 +101,15 @@ def check_ferrite(objects, where, variables, fail):
     for name in list(config) + list(env):
         if name.startswith("FERRITE_"):
             fail.check(name in variables, where, f"{name} is not an option of ferrite serve")
+    home = {m["mountPath"]: m["name"] for m in server.get("volumeMounts", [])}.get(
+        "/var/lib/ferrite")
+    fail.check(home is not None, where, "nothing is mounted at FERRITE_HOME (/var/lib/ferrite)")
     for init in pod.get("initContainers", []):
         fail.check(init.get("args", [None])[0] == "pull", where,
                    f"init container {init['name']} does not run `ferrite pull`")
+        mounts = {m["mountPath"]: m["name"] for m in init.get("volumeMounts", [])}
+        fail.check(mounts.get("/var/lib/ferrite") == home, where,
+                   f"init container {init['name']} pulls into another volume than the server's")
 
     # Shutdown: preStop pause + ferrite's grace + its exit margin within the pod's grace.
     pre_stop = server.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command")
@@ -127,13 +133,16 @@ def check_ferrite(objects, where, variables, fail):
                    f"{probe} is not a GET of {path} on a declared port")
     threads = env.get("FERRITE_THREADS", {}).get("valueFrom", {}).get("resourceFieldRef", {})
     fail.check(threads.get("resource") == "limits.cpu" and threads.get("containerName") ==
-               "ferrite" and "cpu" in server.get("resources", {}).get("limits", {}), where,
-               "FERRITE_THREADS does not follow the container's CPU limit")
+               "ferrite" and str(threads.get("divisor")) == "1" and
+               "cpu" in server.get("resources", {}).get("limits", {}), where,
+               "FERRITE_THREADS is not one per CPU of the container's limit")
 
     # The Service and selectors reach the pods.
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     service = named(objects, "Service", "ferrite")
     fail.check(service is not None, where, "no Service named ferrite")
+    if service is None:
+        return
     if service:
         selector = service["spec"]["selector"]
         fail.check(selector.items() <= labels.items(), where, "the Service misses the pods")
@@ -194,6 +203,10 @@ def check_endpoint_picker(objects, where, fail):
             for ref in profile["plugins"]:
                 fail.check(ref["pluginRef"] in plugins, where,
                            f"profile {profile['name']} names no plugin {ref['pluginRef']}")
+        for source in config.get("dataLayer", {}).get("sources", []):
+            refs = [source["pluginRef"]] + [e["pluginRef"] for e in source.get("extractors", [])]
+            for ref in refs:
+                fail.check(ref in plugins, where, f"the data layer names no plugin {ref}")
         extractor = plugins.get("core-metrics-extractor", {}).get("parameters", {})
         engines = {e["name"]: e for e in extractor.get("engineConfigs", [])}
         fail.check(extractor.get("defaultEngine") in engines, where,

@@ -382,3 +382,8 @@ def test_model_names_cannot_escape_the_cache():
     for name in ["../../no/such/model", "owner/repo:../../escape.gguf"]:
         out = serve_fails(name)
         assert "error" in out.lower() and ("not a GGUF file" in out), out
+        # `ferrite pull` (a container's init step) takes the same specs, with the same rules.
+        pulled = subprocess.run([str(BINARY), "pull", name], capture_output=True, text=True,
+                                timeout=60)
+        assert pulled.returncode == 1 and "panicked" not in pulled.stderr, pulled.stderr
+        assert "not a GGUF file" in pulled.stderr, pulled.stderr

@@ -276,7 +276,8 @@ fn main() -> Result<()> {
                 host,
                 port,
                 path,
-                timeout: Duration::from_secs_f64(timeout),
+                timeout: Duration::try_from_secs_f64(timeout)
+                    .map_err(|_| anyhow::anyhow!("--timeout {timeout}: too long"))?,
             };
             match probe.status() {
                 Ok(200) => Ok(()),

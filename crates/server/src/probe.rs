@@ -29,19 +29,20 @@ pub struct Probe {
 }
 
 impl Probe {
-    /// The address connected to: the host as given, except that an any-address (what a
+    /// The addresses to try, in order: the host's, except that an any-address (what a
     /// server listening on every interface is configured with) becomes loopback.
-    fn address(&self) -> Result<SocketAddr> {
+    fn addresses(&self) -> Result<Vec<SocketAddr>> {
         let host = match self.host.as_str() {
             "0.0.0.0" | "" => "127.0.0.1",
             "::" | "[::]" => "::1",
             h => h.trim_start_matches('[').trim_end_matches(']'),
         };
-        (host, self.port)
+        let found: Vec<SocketAddr> = (host, self.port)
             .to_socket_addrs()
             .with_context(|| format!("resolving {host}"))?
-            .next()
-            .with_context(|| format!("{host} has no address"))
+            .collect();
+        anyhow::ensure!(!found.is_empty(), "{host} has no address");
+        Ok(found)
     }
 
     /// Asks once: `Ok(status)` for any HTTP answer, an error where there was none in time.
@@ -59,9 +60,25 @@ impl Probe {
                 .filter(|d| !d.is_zero())
                 .context("no answer within the timeout")
         };
-        let address = self.address()?;
-        let mut stream = TcpStream::connect_timeout(&address, left()?)
-            .with_context(|| format!("connecting to {address}"))?;
+        // `localhost` may name ::1 and 127.0.0.1: the first that takes the connection.
+        let mut connected = None;
+        let mut refused = None;
+        for address in self.addresses()? {
+            match TcpStream::connect_timeout(&address, left()?) {
+                Ok(stream) => {
+                    connected = Some((stream, address));
+                    break;
+                }
+                Err(e) => {
+                    refused =
+                        Some(anyhow::Error::new(e).context(format!("connecting to {address}")))
+                }
+            }
+        }
+        let (mut stream, address) = match connected {
+            Some(found) => found,
+            None => return Err(refused.expect("at least one address was tried")),
+        };
         stream.set_write_timeout(Some(left()?))?;
         let request = format!(
             "GET {} HTTP/1.0\r\nHost: {}\r\nUser-Agent: ferrite-probe\r\n\r\n",
@@ -141,6 +158,15 @@ mod tests {
             .starts_with("GET /ready HTTP/1.0\r\n"));
         let (port, _) = serve_once(b"HTTP/1.1 503 Service Unavailable\r\n\r\n", Duration::ZERO);
         assert_eq!(probe(port, "/ready", 2000).status().unwrap(), 503);
+    }
+
+    #[test]
+    fn a_host_name_is_tried_at_each_of_its_addresses() {
+        // `localhost` may resolve to ::1 first, where nothing listens.
+        let (port, _) = serve_once(b"HTTP/1.1 200 OK\r\n\r\n", Duration::ZERO);
+        let mut by_name = probe(port, "/health", 2000);
+        by_name.host = "localhost".into();
+        assert_eq!(by_name.status().unwrap(), 200);
     }
 
     #[test]
