@@ -443,7 +443,9 @@ impl QMatrix {
             .iter()
             .enumerate()
             .flat_map(|(mi, m)| match m {
-                Self::Own { rows, .. } => (0..rows.div_ceil(CHUNK)).map(|c| (mi, c)).collect(),
+                Self::Own { rows, .. } => (0..rows.div_ceil(m.chunk_rows()))
+                    .map(|c| (mi, c))
+                    .collect(),
                 Self::Candle(_) => Vec::new(),
             })
             .collect();
@@ -467,7 +469,8 @@ impl QMatrix {
             let Self::Own { rows, .. } = matrices[mi] else {
                 unreachable!("only own matrices have tasks");
             };
-            let columns = c * CHUNK..((c + 1) * CHUNK).min(*rows);
+            let per = matrices[mi].chunk_rows();
+            let columns = c * per..((c + 1) * per).min(*rows);
             // SAFETY: tasks are distinct (matrix, chunk) pairs, so their columns never
             // overlap.
             let out = unsafe { targets[mi].columns(columns) };
@@ -483,9 +486,26 @@ impl QMatrix {
         let Self::Own { data, rows, .. } = self else {
             unreachable!("only own formats are chunked");
         };
-        let start = c * CHUNK;
+        let n = self.chunk_rows();
+        let start = c * n;
         data.0
-            .chunk(acts, kernels, start..(start + CHUNK).min(*rows), out);
+            .chunk(acts, kernels, start..(start + n).min(*rows), out);
+    }
+
+    /// Output features per parallel task: [`CHUNK`], and twice that for the float formats.
+    /// A 1B F16 decode is a stream of 2.15 GB per token at the memory's speed, split into
+    /// some 65 parallel products; with 256-row tasks (1–4 MiB of weights each) it ran
+    /// 1.4% faster than with 128 in a paired A/B (16 pairs, 11 won), and 32-row tasks
+    /// were 2.5% slower; prefill was unchanged (BENCHMARKS.md, issue 17's F16 cell). No
+    /// layout of a float matrix depends on the task size.
+    fn chunk_rows(&self) -> usize {
+        match self {
+            Self::Own {
+                format: OwnFormat::F16 | OwnFormat::Bf16 | OwnFormat::F32,
+                ..
+            } => 2 * CHUNK,
+            _ => CHUNK,
+        }
     }
 }
 
