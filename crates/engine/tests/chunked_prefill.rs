@@ -32,12 +32,11 @@ fn run_ids(
             scheduler: SchedulerConfig {
                 max_running: 4,
                 max_step_tokens: step_tokens,
-                kv_budget: 1 << 16,
+                ..common::config().scheduler
             },
             context_length: 4096,
-            prefix_cache_positions: 0,
             max_waiting: 8,
-            prompt_lookup: None,
+            ..common::config()
         },
     );
     let h = engine.handle();

@@ -5,26 +5,10 @@ mod common;
 
 use ferrite_engine::constrain::{Grammar, GrammarKind};
 use ferrite_engine::sampling::SamplingParams;
-use ferrite_engine::scheduler::SchedulerConfig;
-use ferrite_engine::{
-    Engine, EngineConfig, EngineHandle, FinishReason, SequenceEvent, SequenceRequest,
-};
+use ferrite_engine::{Engine, EngineHandle, FinishReason, SequenceEvent, SequenceRequest};
 
 fn start() -> Engine {
-    common::start_engine(
-        "smollm2-135m",
-        EngineConfig {
-            scheduler: SchedulerConfig {
-                max_running: 16,
-                max_step_tokens: 512,
-                kv_budget: 1 << 16,
-            },
-            context_length: 2048,
-            prefix_cache_positions: 0,
-            max_waiting: 1024,
-            prompt_lookup: None,
-        },
-    )
+    common::start_engine("smollm2-135m", common::config())
 }
 
 /// Generates with `grammar` at temperature 1 and returns the text and why it ended.

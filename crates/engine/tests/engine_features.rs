@@ -13,20 +13,7 @@ use ferrite_engine::{
 use tokio::sync::mpsc::UnboundedReceiver;
 
 fn start() -> Engine {
-    common::start_engine(
-        "smollm2-135m",
-        EngineConfig {
-            scheduler: SchedulerConfig {
-                max_running: 16,
-                max_step_tokens: 512,
-                kv_budget: 1 << 16,
-            },
-            context_length: 2048,
-            prefix_cache_positions: 0,
-            max_waiting: 1024,
-            prompt_lookup: None,
-        },
-    )
+    common::start_engine("smollm2-135m", common::config())
 }
 
 /// Everything one sequence sent, gathered.
@@ -249,13 +236,10 @@ fn a_full_queue_refuses_and_abort_ends_everything() {
         EngineConfig {
             scheduler: SchedulerConfig {
                 max_running: 1,
-                max_step_tokens: 512,
-                kv_budget: 1 << 16,
+                ..common::config().scheduler
             },
-            context_length: 2048,
-            prefix_cache_positions: 0,
             max_waiting: 2,
-            prompt_lookup: None,
+            ..common::config()
         },
     );
     let h = engine.handle();

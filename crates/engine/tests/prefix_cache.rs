@@ -18,13 +18,11 @@ fn start(name: &str, prefix_cache_positions: usize) -> Engine {
         EngineConfig {
             scheduler: SchedulerConfig {
                 max_running: 8,
-                max_step_tokens: 512,
-                kv_budget: 1 << 16,
+                ..common::config().scheduler
             },
             context_length: 4096,
             prefix_cache_positions,
-            max_waiting: 1024,
-            prompt_lookup: None,
+            ..common::config()
         },
     )
 }

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use ferrite_engine::lookup::PromptLookup;
 use ferrite_engine::sampling::SamplingParams;
-use ferrite_engine::scheduler::SchedulerConfig;
 use ferrite_engine::{Engine, EngineConfig, EngineHandle, SequenceEvent, SequenceRequest};
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -16,15 +15,9 @@ fn start(prompt_lookup: Option<PromptLookup>, prefix_cache_positions: usize) -> 
     common::start_engine(
         "smollm2-135m",
         EngineConfig {
-            scheduler: SchedulerConfig {
-                max_running: 16,
-                max_step_tokens: 512,
-                kv_budget: 1 << 16,
-            },
-            context_length: 2048,
             prefix_cache_positions,
-            max_waiting: 1024,
             prompt_lookup,
+            ..common::config()
         },
     )
 }

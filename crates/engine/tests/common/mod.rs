@@ -8,6 +8,7 @@ pub mod gguf_bytes;
 use std::path::PathBuf;
 
 use ferrite_engine::gguf::GgufFile;
+use ferrite_engine::scheduler::SchedulerConfig;
 use ferrite_engine::tokenizer::Tokenizer;
 use ferrite_engine::{model, Engine, EngineConfig};
 
@@ -56,6 +57,23 @@ pub const MODELS: [(&str, &str); 2] = [
     ("smollm2-135m", "smollm2-135m-q4_1.llamacpp.json"),
     ("gemma3-270m", "gemma3-270m-q4_k_m.llamacpp.json"),
 ];
+
+/// The engine settings the tests start from (each changes what it is about): 16
+/// sequences, 512-token steps, 65,536 KV positions, a 2048-token context, no prefix cache,
+/// 1024 waiting requests, no prompt lookup.
+pub fn config() -> EngineConfig {
+    EngineConfig {
+        scheduler: SchedulerConfig {
+            max_running: 16,
+            max_step_tokens: 512,
+            kv_budget: 1 << 16,
+        },
+        context_length: 2048,
+        prefix_cache_positions: 0,
+        max_waiting: 1024,
+        prompt_lookup: None,
+    }
+}
 
 /// Starts an engine on a pulled model.
 pub fn start_engine(name: &str, config: EngineConfig) -> Engine {
