@@ -79,10 +79,6 @@ def container(deployment, name):
     return None
 
 
-def seconds(value):
-    return float(value)
-
-
 def check_ferrite(objects, where, variables, fail):
     """The ferrite Deployment and what names it."""
     deployment = named(objects, "Deployment", "ferrite")
@@ -114,9 +110,9 @@ def check_ferrite(objects, where, variables, fail):
     # Shutdown: preStop pause + ferrite's grace + its exit margin within the pod's grace.
     pre_stop = server.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command")
     fail.check(pre_stop and pre_stop[0].endswith("sleep"), where, "no preStop pause")
-    pause = seconds(pre_stop[-1]) if pre_stop else 0
-    grace = seconds(env.get("FERRITE_SHUTDOWN_GRACE", {}).get("value")
-                    or config.get("FERRITE_SHUTDOWN_GRACE", "20"))
+    pause = float(pre_stop[-1]) if pre_stop else 0
+    grace = float(env.get("FERRITE_SHUTDOWN_GRACE", {}).get("value")
+                  or config.get("FERRITE_SHUTDOWN_GRACE", "20"))
     total = pod.get("terminationGracePeriodSeconds", 30)
     fail.check(total > pause + grace + EXIT_MARGIN_S, where,
                f"terminationGracePeriodSeconds {total} does not cover preStop {pause} s + "
@@ -137,25 +133,27 @@ def check_ferrite(objects, where, variables, fail):
                "cpu" in server.get("resources", {}).get("limits", {}), where,
                "FERRITE_THREADS is not one per CPU of the container's limit")
 
-    # The Service and selectors reach the pods.
+    # The Service and selectors reach the pods: each names some of the pods' labels, and
+    # only those (an empty selector would mean every pod, or for a Service, none).
     labels = deployment["spec"]["template"]["metadata"]["labels"]
+
+    def selects_pods(selector):
+        return bool(selector) and selector.items() <= labels.items()
+
     service = named(objects, "Service", "ferrite")
     fail.check(service is not None, where, "no Service named ferrite")
     if service is None:
         return
-    if service:
-        selector = service["spec"]["selector"]
-        fail.check(selector.items() <= labels.items(), where, "the Service misses the pods")
-        for p in service["spec"]["ports"]:
-            fail.check(p["targetPort"] in ports, where, f"Service port {p['name']} has no target")
-    for kind in ("PodDisruptionBudget",):
-        for o in by_kind(objects, kind):
-            fail.check(o["spec"]["selector"]["matchLabels"].items() <= labels.items(), where,
-                       f"{kind} {o['metadata']['name']} misses the pods")
-    for o in by_kind(objects, "NetworkPolicy"):
-        if o["metadata"]["name"] == "ferrite":
-            fail.check(o["spec"]["podSelector"]["matchLabels"].items() <= labels.items(), where,
-                       "the NetworkPolicy misses the pods")
+    fail.check(selects_pods(service["spec"]["selector"]), where, "the Service misses the pods")
+    for p in service["spec"]["ports"]:
+        fail.check(p["targetPort"] in ports, where, f"Service port {p['name']} has no target")
+    for o in by_kind(objects, "PodDisruptionBudget"):
+        fail.check(selects_pods(o["spec"]["selector"]["matchLabels"]), where,
+                   f"PodDisruptionBudget {o['metadata']['name']} misses the pods")
+    policy = named(objects, "NetworkPolicy", "ferrite")
+    if policy is not None:
+        fail.check(selects_pods(policy["spec"]["podSelector"]["matchLabels"]), where,
+                   "the NetworkPolicy misses the pods")
 
     # Autoscalers target the Deployment; use one of HPA and KEDA, not both.
     scalers = by_kind(objects, "HorizontalPodAutoscaler") + by_kind(objects, "ScaledObject")
@@ -174,8 +172,7 @@ def check_ferrite(objects, where, variables, fail):
     for pool in by_kind(objects, "InferencePool"):
         # Its schema is checked apart: here, a missing field is a mismatch, not a crash.
         spec = pool.get("spec", {})
-        selector = spec.get("selector", {}).get("matchLabels", {})
-        fail.check(selector and selector.items() <= labels.items(), where,
+        fail.check(selects_pods(spec.get("selector", {}).get("matchLabels", {})), where,
                    "the InferencePool misses the pods")
         fail.check([p.get("number") for p in spec.get("targetPorts", [])] == [port], where,
                    "the InferencePool's target port is not ferrite's")

@@ -196,8 +196,8 @@ def main():
             as_user = ["setpriv", f"--reuid={uid}", f"--regid={gid or uid}", "--clear-groups"]
 
         # The init step: the model is already in the volume, so pull fetches nothing.
-        pulled = subprocess.run(as_user + [str(binary)] + [mapped(a) for a in pull_cmd[:1]]
-                                + [args.model], env=run_env, capture_output=True, text=True,
+        pull_argv = as_user + [mapped(a) for a in entrypoint] + [pull_cmd[0], args.model]
+        pulled = subprocess.run(pull_argv, env=run_env, capture_output=True, text=True,
                                 timeout=60)
         check(pulled.returncode == 0 and "already in the cache" in pulled.stderr,
               f"the pull step finds {args.model} in the volume and fetches nothing")

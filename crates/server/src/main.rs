@@ -279,17 +279,13 @@ fn main() -> Result<()> {
                 timeout: Duration::try_from_secs_f64(timeout)
                     .map_err(|_| anyhow::anyhow!("--timeout {timeout}: too long"))?,
             };
-            match probe.status() {
-                Ok(200) => Ok(()),
-                Ok(status) => {
-                    eprintln!("{}: {status}", probe.path);
-                    std::process::exit(1)
-                }
-                Err(e) => {
-                    eprintln!("{}: {e:#}", probe.path);
-                    std::process::exit(1)
-                }
-            }
+            let failure = match probe.status() {
+                Ok(200) => return Ok(()),
+                Ok(status) => status.to_string(),
+                Err(e) => format!("{e:#}"),
+            };
+            eprintln!("{}: {failure}", probe.path);
+            std::process::exit(1)
         }
         Command::Serve(args) => serve(*args),
     }
