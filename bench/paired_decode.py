@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""Single-stream decode of ferrite and llama-server measured in pairs, for a file whose
+decode runs at the memory's speed (a 1B F16 model, say) on a machine whose memory
+bandwidth drifts: rounds minutes apart compare different machines, two decodes seconds
+apart compare the servers. Not a test: it prints each pair and the median ratio.
+
+Both servers stay up; each pair is one 64-token streamed decode on each (bench/loadgen.py,
+concurrency 1), the order alternating from pair to pair.
+
+    python3 bench/paired_decode.py --model /path/to/file.gguf --llama-server PATH \\
+        [--pairs 20] [--ferrite target/release/ferrite]
+
+The figures in BENCHMARKS.md's F16 section came from this loop.
+"""
+
+import argparse
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import bench  # noqa: E402  (free_port, wait_ready)
+
+
+def decode_rate(url, model):
+    """tok/s after the first token of one 64-token streamed completion."""
+    out = subprocess.run(
+        [sys.executable, str(HERE / "loadgen.py"), "--url", url, "--model", model, "-c", "1",
+         "-n", "1", "--max-tokens", "64", "--stream"],
+        capture_output=True, text=True, check=True).stdout
+    line = next(l for l in out.splitlines() if l.startswith("per-request decode"))
+    return float(line.split()[2])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="a GGUF file")
+    ap.add_argument("--llama-server", required=True)
+    ap.add_argument("--ferrite", default=str(bench.FERRITE))
+    ap.add_argument("--pairs", type=int, default=20)
+    args = ap.parse_args()
+    name = Path(args.model).stem
+    ports = {"ferrite": bench.free_port(), "llama-server": bench.free_port()}
+    commands = {
+        "ferrite": [args.ferrite, "serve", "--model", args.model, "--port",
+                    str(ports["ferrite"])],
+        "llama-server": [args.llama_server, "-m", args.model, "--port",
+                         str(ports["llama-server"]), "-t", "2", "-c", "4096"],
+    }
+    ready = {"ferrite": "/ready", "llama-server": "/health"}
+    procs = {}
+    try:
+        for kind, cmd in commands.items():
+            procs[kind] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.DEVNULL)
+            bench.wait_ready(f"http://127.0.0.1:{ports[kind]}", ready[kind], procs[kind],
+                             timeout=600)
+        ratios = []
+        for i in range(args.pairs):
+            order = list(commands) if i % 2 == 0 else list(reversed(commands))
+            rate = {kind: decode_rate(f"http://127.0.0.1:{ports[kind]}", name)
+                    for kind in order}
+            ratios.append(rate["ferrite"] / rate["llama-server"])
+            print(f"pair {i + 1}: ferrite {rate['ferrite']:.2f}, llama-server "
+                  f"{rate['llama-server']:.2f} tok/s, ratio {ratios[-1]:.3f}", flush=True)
+        print(f"median ferrite / llama-server {statistics.median(ratios):.3f}; ferrite faster "
+              f"in {sum(r > 1 for r in ratios)} of {len(ratios)} pairs")
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+            proc.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    main()
