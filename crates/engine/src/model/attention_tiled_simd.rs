@@ -67,12 +67,18 @@ pub(super) unsafe fn attend_avx2(
 /// Value vectors per query updated together (bounded by the registers).
 const VALUE_VECTORS: usize = 4;
 
-/// Whether queries go through the tile two at a time: with sixteen lanes (AVX-512), a
-/// pair's score and value accumulators fit the registers, and each key or value loaded
-/// serves both queries, which halves the loads per multiply-add. AVX2's sixteen registers
-/// hold one query's.
-fn pairs<L: Lanes>() -> bool {
-    L::WIDTH == 16
+/// How many queries go through a tile together: with sixteen lanes (AVX-512) and its 32
+/// registers, four queries' score or value accumulators (sixteen vectors) fit beside the
+/// operands, and each key or value vector loaded serves all four, a quarter of a load
+/// per multiply-add. A tile's keys and values (32 KiB in f32) fill a Zen 4's level-1
+/// cache, so the loads come partly from level 2 and sharing them is what keeps the
+/// multiply-adds fed. AVX2's sixteen registers hold one query's.
+fn group_size<L: Lanes>() -> usize {
+    if L::WIDTH == 16 {
+        4
+    } else {
+        1
+    }
 }
 
 #[inline(always)]
@@ -131,28 +137,60 @@ unsafe fn tiled_body<L: Lanes>(
             let i = active[k];
             let range = seen(&queries[i]);
             let cells = range.start - base..range.end - base;
-            // Two queries that see the same cells of the tile go through it together.
-            let partner = active
-                .get(k + 1)
-                .copied()
-                .filter(|&j| pairs::<L>() && seen(&queries[j]) == range);
-            if let Some(j) = partner {
-                let [si, sj] = scores_pair::<L>([queries[i].q, queries[j].q], &keys, scale, &cells);
-                let wi = softmax_step::<L>(&mut state[i], &si, acc(i), head_dim);
-                let wj = softmax_step::<L>(&mut state[j], &sj, acc(j), head_dim);
-                add_values_pair::<L>([acc(i), acc(j)], head_dim, &values, [&wi, &wj], cells);
-                k += 2;
-            } else {
-                let scores = scores::<L>(queries[i].q, &keys, scale, &cells);
-                let weights = softmax_step::<L>(&mut state[i], &scores, acc(i), head_dim);
-                add_values::<L>(acc(i), head_dim, &values, &weights, cells);
-                k += 1;
+            // Following queries that see the same cells of the tile go through it together.
+            let together = 1 + active[k + 1..]
+                .iter()
+                .take(group_size::<L>() - 1)
+                .take_while(|&&j| seen(&queries[j]) == range)
+                .count();
+            let group = &active[k..k + together];
+            match together {
+                4 => through_tile::<L, 4>(
+                    group, queries, &keys, &values, scale, &cells, &mut state, acc, head_dim,
+                ),
+                3 => through_tile::<L, 3>(
+                    group, queries, &keys, &values, scale, &cells, &mut state, acc, head_dim,
+                ),
+                2 => through_tile::<L, 2>(
+                    group, queries, &keys, &values, scale, &cells, &mut state, acc, head_dim,
+                ),
+                _ => {
+                    let scores = scores::<L>(queries[i].q, &keys, scale, &cells);
+                    let weights = softmax_step::<L>(&mut state[i], &scores, acc(i), head_dim);
+                    add_values::<L>(acc(i), head_dim, &values, &weights, cells.clone());
+                }
             }
+            k += together;
         }
     }
     for (o, s) in out.chunks_exact_mut(head_dim).zip(&state) {
         normalise(o, s.sum);
     }
+}
+
+/// `N` queries (indices into `queries`, `N` of them in `group`) that see the same `cells`
+/// of the tile, through it together (sixteen lanes only): their scores, each one's softmax
+/// step, their weighted values; `acc(i)` is query `i`'s accumulator.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn through_tile<L: Lanes, const N: usize>(
+    group: &[usize],
+    queries: &[Query<'_>],
+    keys: &[f32],
+    values: &[f32],
+    scale: ScoreScale,
+    cells: &std::ops::Range<usize>,
+    state: &mut [Partial],
+    acc: impl Fn(usize) -> *mut f32,
+    head_dim: usize,
+) {
+    let group: [usize; N] = group.try_into().unwrap();
+    let scores = scores_group::<L, N>(group.map(|i| queries[i].q), keys, scale, cells);
+    let mut weights = [[0.0f32; TILE]; N];
+    for ((w, s), &i) in weights.iter_mut().zip(&scores).zip(&group) {
+        *w = softmax_step::<L>(&mut state[i], s, acc(i), head_dim);
+    }
+    add_values_group::<L, N>(group.map(&acc), head_dim, values, &weights, cells.clone());
 }
 
 /// Takes a query's tile of scores into its online softmax (`state`: the largest score so
@@ -239,29 +277,31 @@ unsafe fn scores<L: Lanes>(
     scores
 }
 
-/// [`scores`] of two queries, each key vector loaded once for both (sixteen lanes only).
+/// [`scores`] of `N` queries, each key vector loaded once for all (sixteen lanes only).
+// Indexed loops: each loaded vector goes to every query's accumulator in turn.
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn scores_pair<L: Lanes>(
-    q: [&[f32]; 2],
+unsafe fn scores_group<L: Lanes, const N: usize>(
+    q: [&[f32]; N],
     keys: &[f32],
     scale: ScoreScale,
     cells: &std::ops::Range<usize>,
-) -> [[f32; TILE]; 2] {
-    const N: usize = TILE / 16;
+) -> [[f32; TILE]; N] {
+    const V: usize = TILE / 16;
     debug_assert_eq!(L::WIDTH, 16);
-    let (mut first, mut second) = ([L::zero(); N], [L::zero(); N]);
+    let mut acc = [[L::zero(); V]; N];
     let k = keys.as_ptr();
-    for (d, (&q0, &q1)) in q[0].iter().zip(q[1]).enumerate() {
-        let (q0, q1) = (L::splat(q0), L::splat(q1));
-        for (v, (a0, a1)) in first.iter_mut().zip(&mut second).enumerate() {
+    for d in 0..q[0].len() {
+        let qd: [L::V; N] = std::array::from_fn(|n| L::splat(*q[n].get_unchecked(d)));
+        for v in 0..V {
             let key = L::load(k.add(d * TILE + v * L::WIDTH));
-            *a0 = L::fmadd(key, q0, *a0);
-            *a1 = L::fmadd(key, q1, *a1);
+            for n in 0..N {
+                acc[n][v] = L::fmadd(key, qd[n], acc[n][v]);
+            }
         }
     }
-    let acc = [first, second];
     let s = L::splat(scale.factor());
-    let mut scores = [[0.0f32; TILE]; 2];
+    let mut scores = [[0.0f32; TILE]; N];
     for (scores, acc) in scores.iter_mut().zip(&acc) {
         for (v, a) in acc.iter().enumerate() {
             L::store(scores.as_mut_ptr().add(v * L::WIDTH), L::mul(*a, s));
@@ -303,33 +343,35 @@ unsafe fn add_values<L: Lanes>(
     }
 }
 
-/// [`add_values`] for two queries that see the same keys, each value vector loaded once
-/// for both (sixteen lanes only: the head size is a multiple of 64, so every step is
+/// [`add_values`] for `N` queries that see the same keys, each value vector loaded once
+/// for all (sixteen lanes only: the head size is a multiple of 64, so every step is
 /// [`VALUE_VECTORS`] vectors).
+// Indexed loops: each loaded vector goes to every query's accumulator in turn.
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn add_values_pair<L: Lanes>(
-    acc: [*mut f32; 2],
+unsafe fn add_values_group<L: Lanes, const N: usize>(
+    acc: [*mut f32; N],
     head_dim: usize,
     values: &[f32],
-    weights: [&[f32; TILE]; 2],
+    weights: &[[f32; TILE]; N],
     seen: std::ops::Range<usize>,
 ) {
     debug_assert_eq!(L::WIDTH, 16);
     let v = values.as_ptr();
     for d in (0..head_dim).step_by(VALUE_VECTORS * L::WIDTH) {
-        let mut a = [[L::zero(); VALUE_VECTORS]; 2];
+        let mut a = [[L::zero(); VALUE_VECTORS]; N];
         for (q, a) in a.iter_mut().enumerate() {
             for (h, a) in a.iter_mut().enumerate() {
                 *a = L::load(acc[q].add(d + h * L::WIDTH));
             }
         }
-        let [first, second] = &mut a;
         for j in seen.clone() {
-            let (w0, w1) = (L::splat(weights[0][j]), L::splat(weights[1][j]));
-            for (h, (a0, a1)) in first.iter_mut().zip(second.iter_mut()).enumerate() {
+            let w: [L::V; N] = std::array::from_fn(|n| L::splat(weights[n][j]));
+            for h in 0..VALUE_VECTORS {
                 let value = L::load(v.add(j * head_dim + d + h * L::WIDTH));
-                *a0 = L::fmadd(value, w0, *a0);
-                *a1 = L::fmadd(value, w1, *a1);
+                for n in 0..N {
+                    a[n][h] = L::fmadd(value, w[n], a[n][h]);
+                }
             }
         }
         for (q, a) in a.iter().enumerate() {
