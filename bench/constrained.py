@@ -19,7 +19,6 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from pathlib import Path
 
 from bench import FERRITE, free_port, wait_ready
 

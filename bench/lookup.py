@@ -111,6 +111,39 @@ def start(model, extra, work, label):
     return proc, url
 
 
+def compare(servers, label, prompt, rounds):
+    """One workload sent `rounds` times to the servers `with` and `without` lookup (the
+    order alternating); stops if an answer differs. Returns the completion tokens, the
+    median decode tok/s of each, the median of the rounds' ratios, and the share of
+    drafted tokens accepted."""
+    rates = {k: [] for k in servers}
+    answers = {}
+    before = metrics(servers["with"][1])
+    for r in range(rounds):
+        order = list(servers) if r % 2 == 0 else list(servers)[::-1]
+        for kind in order:
+            text, tokens, rate = complete(servers[kind][1], prompt)
+            answers.setdefault(kind, (text, tokens))
+            if answers[kind] != (text, tokens):
+                sys.exit(f"{label}: {kind} answered differently between rounds")
+            rates[kind].append(rate)
+            print(f"{label} / {kind} round {r + 1}: {tokens} tokens, {rate:.1f} tok/s",
+                  file=sys.stderr, flush=True)
+    if answers["with"] != answers["without"]:
+        sys.exit(f"{label}: the answers differ:\n{answers}")
+    after = metrics(servers["with"][1])
+    fed = after["ferrite_draft_tokens_fed_total"] - before["ferrite_draft_tokens_fed_total"]
+    accepted = (after["ferrite_draft_tokens_accepted_total"]
+                - before["ferrite_draft_tokens_accepted_total"])
+    return {
+        "tokens": answers["with"][1],
+        "without": statistics.median(rates["without"]),
+        "with": statistics.median(rates["with"]),
+        "ratio": statistics.median(w / o for w, o in zip(rates["with"], rates["without"])),
+        "accepted": f"{accepted / fed:.0%} of {fed / rounds:.0f}" if fed else "none drafted",
+    }
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma3-270m"])
@@ -125,30 +158,9 @@ def main():
                    "with": start(model, ["--prompt-lookup", args.lookup], work, "with")}
         try:
             for name, content in WORKLOADS.items():
-                rates = {k: [] for k in servers}
-                answers = {}
-                before = metrics(servers["with"][1])
-                for r in range(args.rounds):
-                    order = list(servers) if r % 2 == 0 else list(servers)[::-1]
-                    for kind in order:
-                        text, tokens, rate = complete(servers[kind][1], content)
-                        answers.setdefault(kind, (text, tokens))
-                        if answers[kind] != (text, tokens):
-                            sys.exit(f"{model} / {name}: {kind} answered differently between rounds")
-                        rates[kind].append(rate)
-                        print(f"{model} / {name} / {kind} round {r + 1}: {tokens} tokens, "
-                              f"{rate:.1f} tok/s", file=sys.stderr, flush=True)
-                if answers["with"] != answers["without"]:
-                    sys.exit(f"{model} / {name}: the answers differ:\n{answers}")
-                after = metrics(servers["with"][1])
-                fed = after["ferrite_draft_tokens_fed_total"] - before["ferrite_draft_tokens_fed_total"]
-                accepted = (after["ferrite_draft_tokens_accepted_total"]
-                            - before["ferrite_draft_tokens_accepted_total"])
-                ratio = statistics.median(w / o for w, o in zip(rates["with"], rates["without"]))
-                share = f"{accepted / fed:.0%} of {fed / args.rounds:.0f}" if fed else "none drafted"
-                rows.append(f"| {model} | {name} | {answers['with'][1]} "
-                            f"| {statistics.median(rates['without']):.1f} "
-                            f"| {statistics.median(rates['with']):.1f} | {ratio:.2f} | {share} |")
+                r = compare(servers, f"{model} / {name}", content, args.rounds)
+                rows.append(f"| {model} | {name} | {r['tokens']} | {r['without']:.1f} "
+                            f"| {r['with']:.1f} | {r['ratio']:.2f} | {r['accepted']} |")
         finally:
             for proc, _ in servers.values():
                 bench.stop(proc)

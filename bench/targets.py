@@ -1,0 +1,310 @@
+#!/usr/bin/env python3
+"""Every speed target of issue 19 measured in one run, on one machine, with the same model
+files for every server: ferrite, llama.cpp's llama-server and ik_llama.cpp's. Not a test:
+it prints one Markdown table (each target, the figures behind it, the ratio, met or not)
+and writes a plot. It takes about an hour on 2 cores.
+
+The models: SmolLM2-135M and Gemma 3 270M (the real files from ferrite's model cache) and
+a Llama-3.2-1B-shaped Q4_K_M file with random weights (`ferrite-synth`, as
+bench/formats.py makes it). What is measured, in this order:
+
+1. memory bandwidth (benches/memory_bandwidth.rs; the read ceiling is the larger of its
+   one-stream and four-stream reads);
+2. per model, each server in turn with bench.py's loads (prefill of a ~525-token prompt,
+   single-stream decode, aggregate decode and TTFT at 1, 4 and 16 streams, peak RSS);
+   ik_llama.cpp on the 1B file only, where its targets are;
+3. per model, long prompts: time to the first token of a unique ~512- and ~4,096-token
+   prompt, best of three, per prompt token, on ferrite and llama-server (one slot, 8,192
+   tokens of context);
+4. prompt lookup on the real models (bench/lookup.py's copying, code-editing and
+   extraction workloads, three rounds, answers identical);
+5. memory bandwidth again.
+
+Each figure is one measurement of this run (bench.py's medians over its requests); runs
+bench/quiet.py calls contended are retried.
+
+    cargo build --release
+    pip install -r bench/requirements.txt      # matplotlib, for the plot
+    python3 bench/targets.py --llama-server /path/to/llama-server \\
+        --ik-llama-server /path/to/ik_llama.cpp/build/bin/llama-server \\
+        [--plot bench-targets.png] [--json-out targets.json]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import bench  # noqa: E402
+import formats  # noqa: E402
+import long_prompts  # noqa: E402
+import lookup  # noqa: E402
+
+REAL = ["smollm2-135m", "gemma3-270m"]
+ONE_B = "llama1b-q4_k_m"
+# Paragraphs of long_prompts.PARAGRAPH (about 51 tokens each) for the two prompt lengths.
+SHORT_REPEATS, LONG_REPEATS = 10, 80
+LOOKUP_WORKLOADS = ["copy a paragraph", "edit code", "extract sentences"]
+
+
+def start(kind, path, binary, work, llama_args):
+    """A server on the model file `path`: ferrite with its defaults, or a llama.cpp-style
+    server at `binary` with `llama_args`."""
+    port = bench.free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = open(work / f"{kind}-{path.stem}-{port}.log", "wb")
+    if kind == "ferrite":
+        cmd, ready = [str(bench.FERRITE), "serve", "--model", str(path), "--port", str(port)], "/ready"
+    else:
+        cmd, ready = [binary, "-m", str(path), "--port", str(port), "-t", "2", *llama_args], "/health"
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    bench.wait_ready(url, ready, proc, timeout=600)
+    return proc, url
+
+
+def loads(kind, path, binary, work, long_prompt):
+    """bench.py's figures for one server on one model."""
+    proc, url = start(kind, path, binary, work, ["-np", "16", "-c", "32768"])
+    try:
+        label = f"{kind}-{path.stem}"
+        pre = bench.loadgen(url, proc.pid, work, f"{label}-prefill",
+                            ["-c", "1", "-n", "5", "--max-tokens", "1", "--stream",
+                             "--vary-prompt", "--prompt-file", str(long_prompt)])
+        dec = bench.loadgen(url, proc.pid, work, f"{label}-decode",
+                            ["-c", "1", "-n", "4", "--max-tokens", "128", "--stream"])
+        out = {"prefill_tok_s": pre["prompt_tokens_per_request"] / pre["ttft_p50_s"],
+               "decode_tok_s": dec["per_request_decode_tok_per_s_mean"]}
+        for c, n in bench.LOAD_LEVELS:
+            s = bench.loadgen(url, proc.pid, work, f"{label}-c{c}",
+                              ["-c", str(c), "-n", str(n), "--max-tokens", "128", "--vary-prompt",
+                               "--stream"])
+            out[f"load_c{c}_tok_s"] = s["aggregate_tok_per_s"]
+            out[f"ttft_p50_c{c}_s"] = s["ttft_p50_s"]
+        out["peak_rss_mib"] = bench.peak_rss_mib(proc.pid)
+        return out
+    finally:
+        bench.stop(proc)
+
+
+def first_token_ms(url, repeats, tag, llama):
+    """Milliseconds per prompt token to the first token of a unique prompt of `repeats`
+    paragraphs (one new token, greedy), and the prompt's length in tokens."""
+    body = {"model": "default", "prompt": f"{tag} {time.time()} " + long_prompts.PARAGRAPH * repeats,
+            "max_tokens": 1, "temperature": 0}
+    if llama:
+        body["cache_prompt"] = False
+    request = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+    began = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=900) as r:
+        tokens = json.load(r)["usage"]["prompt_tokens"]
+    return (time.perf_counter() - began) * 1000 / tokens, tokens
+
+
+def long_prompt_costs(kind, path, binary, work):
+    """Best of three ms per prompt token at both prompt lengths, after a warm-up."""
+    proc, url = start(kind, path, binary, work, ["-np", "1", "-c", "8192"])
+    try:
+        llama = kind != "ferrite"
+        first_token_ms(url, 2, "warm-up", llama)
+        out = {}
+        for name, repeats in (("short", SHORT_REPEATS), ("long", LONG_REPEATS)):
+            runs = [first_token_ms(url, repeats, f"{kind}-{k}", llama) for k in range(3)]
+            out[f"{name}_ms_per_token"] = min(ms for ms, _ in runs)
+            out[f"{name}_tokens"] = runs[0][1]
+            print(f"  {kind} {path.stem} {name}: {[round(ms, 3) for ms, _ in runs]} ms/token "
+                  f"({runs[0][1]} tokens)", file=sys.stderr, flush=True)
+        return out
+    finally:
+        bench.stop(proc)
+
+
+def lookup_speedups(model, work):
+    """bench/lookup.py's comparison of the workloads whose output repeats the input."""
+    servers = {"without": lookup.start(model, [], work, "without"),
+               "with": lookup.start(model, ["--prompt-lookup", "8"], work, "with")}
+    try:
+        return {name: lookup.compare(servers, f"{model} / {name}", lookup.WORKLOADS[name], 3)
+                for name in LOOKUP_WORKLOADS}
+    finally:
+        for proc, _ in servers.values():
+            bench.stop(proc)
+
+
+def ceiling(bandwidth):
+    """The read ceiling of one bandwidth measurement, GB/s."""
+    return max(bandwidth["read_gb_s"], bandwidth.get("read_4_streams_gb_s", 0.0))
+
+
+def rows_of(results):
+    """The table's rows: (target, figures, ratio, bound, met)."""
+    rows = []
+    load, longp = results["load"], results["long"]
+
+    def add(target, figures, ratio, bound, higher):
+        met = ratio >= bound if higher else ratio <= bound
+        rows.append((target, figures, ratio, (">= " if higher else "<= ") + f"{bound:g}", met))
+
+    for model in results["models"]:
+        f, l = load[f"{model}/ferrite"], load[f"{model}/llama-server"]
+        for key, label, bound, higher, unit in (
+                ("prefill_tok_s", "prefill", 1.2, True, "tok/s"),
+                ("decode_tok_s", "single-stream decode", 1.1, True, "tok/s"),
+                ("load_c16_tok_s", "16-stream aggregate decode", 1.5, True, "tok/s"),
+                ("ttft_p50_c16_s", "TTFT p50 at 16 streams", 0.8, False, "s"),
+                ("peak_rss_mib", "peak RSS at 16 streams", 1.0, False, "MiB")):
+            add(f"{model}: {label} vs llama-server",
+                f"{f[key]:.2f} / {l[key]:.2f} {unit}", f[key] / l[key], bound, higher)
+    if f"{ONE_B}/ik_llama.cpp" in load:
+        f, k = load[f"{ONE_B}/ferrite"], load[f"{ONE_B}/ik_llama.cpp"]
+        for key, label in (("prefill_tok_s", "prefill"), ("decode_tok_s", "single-stream decode")):
+            add(f"{ONE_B}: {label} vs ik_llama.cpp", f"{f[key]:.2f} / {k[key]:.2f} tok/s",
+                f[key] / k[key], 1.0, True)
+    if ONE_B in results["models"]:
+        read = statistics.mean(ceiling(b) for b in results["bandwidth"])
+        streamed = load[f"{ONE_B}/ferrite"]["decode_tok_s"] * results["weight_bytes"] / 1e9
+        add(f"{ONE_B}: decode's weight reads, share of the read ceiling",
+            f"{streamed:.1f} / {read:.1f} GB/s", streamed / read, 0.8, True)
+    for model in results["models"]:
+        c = longp[f"{model}/ferrite"]
+        add(f"{model}: ms per prompt token, {c['long_tokens']} against {c['short_tokens']} tokens",
+            f"{c['long_ms_per_token']:.2f} / {c['short_ms_per_token']:.2f} ms",
+            c["long_ms_per_token"] / c["short_ms_per_token"], 1.5, False)
+    for model, workloads in results["lookup"].items():
+        for name, r in workloads.items():
+            add(f"{model}: prompt lookup, {name} (identical output)",
+                f"{r['with']:.1f} / {r['without']:.1f} tok/s", r["ratio"], 1.5, True)
+    return rows
+
+
+def table(results):
+    lines = ["| target | figures (ferrite / other) | ratio | target | met |",
+             "|---|---|---|---|---|"]
+    for target, figures, ratio, bound, met in rows_of(results):
+        lines.append(f"| {target} | {figures} | {ratio:.2f} | {bound} | {'yes' if met else '**no**'} |")
+    lines.append("")
+    lines.append("For information, llama-server's own long-prompt ratio and the lower loads:")
+    lines.append("")
+    lines.append("| model | llama-server ms per prompt token, long / short | 1 stream tok/s, ferrite / "
+                 "llama-server | 4 streams |")
+    lines.append("|---|---|---|---|")
+    for model in results["models"]:
+        c = results["long"][f"{model}/llama-server"]
+        f, l = results["load"][f"{model}/ferrite"], results["load"][f"{model}/llama-server"]
+        lines.append(f"| {model} | {c['long_ms_per_token']:.2f} / {c['short_ms_per_token']:.2f} "
+                     f"= {c['long_ms_per_token'] / c['short_ms_per_token']:.2f} "
+                     f"| {f['load_c1_tok_s']:.1f} / {l['load_c1_tok_s']:.1f} "
+                     f"| {f['load_c4_tok_s']:.1f} / {l['load_c4_tok_s']:.1f} |")
+    lines.append("")
+    lines.append("Memory bandwidth (benches/memory_bandwidth.rs, 2 threads, before and after), read "
+                 "one stream / four streams per thread, triad: "
+                 + "; ".join(f"{b['read_gb_s']:.1f} / {b.get('read_4_streams_gb_s', 0):.1f}, "
+                             f"{b['triad_gb_s']:.1f} GB/s" for b in results["bandwidth"]) + ".")
+    return "\n".join(lines)
+
+
+def plot(results, path):
+    """Left: each target's margin (the ratio over the target, inverted where lower is
+    better: above 1 is met). Right: aggregate decode against concurrency."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot", file=sys.stderr)
+        return
+    rows = rows_of(results)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(16, 0.32 * len(rows) + 2),
+                                      gridspec_kw={"width_ratios": [3, 2]})
+    margins = []
+    for _, _, ratio, bound, _ in rows:
+        value = float(bound.split()[1])
+        margins.append(ratio / value if bound.startswith(">=") else value / ratio)
+    y = range(len(rows))
+    left.barh(y, margins, color=["tab:green" if met else "tab:red" for *_, met in rows])
+    left.axvline(1.0, color="black", linewidth=1)
+    left.set_yticks(list(y), [r[0] for r in rows], fontsize=7)
+    left.invert_yaxis()
+    left.set_xlabel("margin over the target (ratio / target; target / ratio where lower is better)")
+    left.set_title("issue 19's targets, one run")
+    levels = [c for c, _ in bench.LOAD_LEVELS]
+    for model in results["models"]:
+        for kind, style in (("ferrite", "o-"), ("llama-server", "s--"), ("ik_llama.cpp", "^:")):
+            r = results["load"].get(f"{model}/{kind}")
+            if r:
+                right.plot(levels, [r[f"load_c{c}_tok_s"] for c in levels], style,
+                           label=f"{model}, {kind}")
+    right.set(xscale="log", xlabel="concurrent streams", ylabel="aggregate decode tokens/s",
+              title="aggregate decode against concurrency")
+    right.set_xticks(levels, [str(c) for c in levels])
+    right.legend(fontsize=7)
+    right.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    print(f"plot written to {path}", file=sys.stderr)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--llama-server", required=True)
+    ap.add_argument("--ik-llama-server", help="ik_llama.cpp's llama-server (its 1B targets)")
+    ap.add_argument("--models", nargs="+", default=[*REAL, ONE_B])
+    ap.add_argument("--plot", help="write the plot (PNG) here")
+    ap.add_argument("--json-out", help="write every figure here")
+    args = ap.parse_args()
+    assert bench.FERRITE.exists() and formats.SYNTH.exists(), "build first: cargo build --release"
+    home = Path(os.environ.get("FERRITE_HOME", Path.home() / ".cache" / "ferrite"))
+    work = Path(tempfile.mkdtemp(prefix="ferrite-targets-"))
+    paths = {}
+    for model in args.models:
+        if model == ONE_B:
+            paths[model] = work / f"{ONE_B}.gguf"
+            subprocess.run([str(formats.SYNTH), "--arch", "llama", "--shape", "1b",
+                            *formats.synth_type("q4_k_m"), "--tokenizer-from",
+                            str(home / "models" / "smollm2-135m.gguf"), "--out", str(paths[model])],
+                           check=True)
+        else:
+            paths[model] = home / "models" / f"{model}.gguf"
+            assert paths[model].exists(), f"{paths[model]}: run `ferrite pull {model}` first"
+    import loadgen as lg  # the 103-token prompt, five times over for prefill
+
+    long_prompt = work / "long_prompt.txt"
+    long_prompt.write_text(" ".join([lg.DEFAULT_PROMPT] * 5))
+    results = {"models": args.models, "load": {}, "long": {}, "lookup": {},
+               "bandwidth": [formats.memory_bandwidth()]}
+    for model in args.models:
+        servers = {"ferrite": None, "llama-server": args.llama_server}
+        if model == ONE_B and args.ik_llama_server:
+            servers["ik_llama.cpp"] = args.ik_llama_server
+        for kind, binary in servers.items():
+            print(f"loads: {kind} on {model} ...", file=sys.stderr, flush=True)
+            results["load"][f"{model}/{kind}"] = loads(kind, paths[model], binary, work, long_prompt)
+        for kind in ("ferrite", "llama-server"):
+            print(f"long prompts: {kind} on {model} ...", file=sys.stderr, flush=True)
+            results["long"][f"{model}/{kind}"] = long_prompt_costs(kind, paths[model], servers[kind], work)
+    if ONE_B in args.models:
+        results["weight_bytes"] = paths[ONE_B].stat().st_size
+    for model in (m for m in args.models if m in REAL):
+        results["lookup"][model] = lookup_speedups(model, work)
+    results["bandwidth"].append(formats.memory_bandwidth())
+    print(table(results))
+    if args.plot:
+        plot(results, args.plot)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(results, indent=2))
+    if ONE_B in args.models:
+        paths[ONE_B].unlink()
+    print(f"logs and raw loadgen summaries: {work}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
