@@ -2,7 +2,7 @@
 """Every speed target of issue 19 measured in one run, on one machine, with the same model
 files for every server: ferrite, llama.cpp's llama-server and ik_llama.cpp's. Not a test:
 it prints one Markdown table (each target, the figures behind it, the ratio, met or not)
-and writes a plot. It takes about an hour on 2 cores.
+and writes a plot. It takes about half an hour on 2 cores.
 
 The models: SmolLM2-135M and Gemma 3 270M (the real files from ferrite's model cache) and
 a Llama-3.2-1B-shaped Q4_K_M file with random weights (`ferrite-synth`, as
@@ -10,8 +10,12 @@ bench/formats.py makes it). What is measured, in this order:
 
 1. memory bandwidth (benches/memory_bandwidth.rs; the read ceiling is the larger of its
    one-stream and four-stream reads);
-2. per model, each server in turn with bench.py's loads (prefill of a ~525-token prompt,
-   single-stream decode, aggregate decode and TTFT at 1, 4 and 16 streams, peak RSS);
+2. per model, the servers up side by side: prefill of a ~525-token prompt (three
+   requests) and single-stream decode (two of 128 tokens), `--rounds` times (default 3),
+   the servers taking turns in an order that alternates, each figure the median of its
+   rounds (this machine's memory speed drifts by a third within minutes: taking turns
+   puts a drift on every server alike); then, one server after the other, bench.py's
+   loads (aggregate decode and TTFT at 1, 4 and 16 streams) and each one's peak RSS;
    ik_llama.cpp on the 1B file only, where its targets are;
 3. per model, long prompts: time to the first token of a unique ~512- and ~4,096-token
    prompt, best of three, per prompt token, on ferrite and llama-server (one slot, 8,192
@@ -20,8 +24,7 @@ bench/formats.py makes it). What is measured, in this order:
    extraction workloads, three rounds, answers identical);
 5. memory bandwidth again.
 
-Each figure is one measurement of this run (bench.py's medians over its requests); runs
-bench/quiet.py calls contended are retried.
+Runs bench/quiet.py calls contended are retried.
 
     cargo build --release
     pip install -r bench/requirements.txt      # matplotlib, for the plot
@@ -71,28 +74,43 @@ def start(kind, path, binary, work, llama_args):
     return proc, url
 
 
-def loads(kind, path, binary, work, long_prompt):
-    """bench.py's figures for one server on one model."""
-    proc, url = start(kind, path, binary, work, ["-np", "16", "-c", "32768"])
+def loads(servers, path, work, long_prompt, rounds):
+    """bench.py's figures for each server (`kind: binary`) on one model. The servers run
+    side by side: prefill and single-stream decode are measured `rounds` times, the
+    servers taking turns (the order alternating), and each figure is the median of its
+    rounds, so that a drift of the machine's speed falls on every server alike; then the
+    loads at 1, 4 and 16 streams, one server after the other, and each one's peak RSS."""
+    up = {}
     try:
-        label = f"{kind}-{path.stem}"
-        pre = bench.loadgen(url, proc.pid, work, f"{label}-prefill",
-                            ["-c", "1", "-n", "5", "--max-tokens", "1", "--stream",
-                             "--vary-prompt", "--prompt-file", str(long_prompt)])
-        dec = bench.loadgen(url, proc.pid, work, f"{label}-decode",
-                            ["-c", "1", "-n", "4", "--max-tokens", "128", "--stream"])
-        out = {"prefill_tok_s": pre["prompt_tokens_per_request"] / pre["ttft_p50_s"],
-               "decode_tok_s": dec["per_request_decode_tok_per_s_mean"]}
-        for c, n in bench.LOAD_LEVELS:
-            s = bench.loadgen(url, proc.pid, work, f"{label}-c{c}",
-                              ["-c", str(c), "-n", str(n), "--max-tokens", "128", "--vary-prompt",
-                               "--stream"])
-            out[f"load_c{c}_tok_s"] = s["aggregate_tok_per_s"]
-            out[f"ttft_p50_c{c}_s"] = s["ttft_p50_s"]
-        out["peak_rss_mib"] = bench.peak_rss_mib(proc.pid)
+        for kind, binary in servers.items():
+            up[kind] = start(kind, path, binary, work, ["-np", "16", "-c", "32768"])
+        rates = {kind: {"prefill_tok_s": [], "decode_tok_s": []} for kind in up}
+        for r in range(rounds):
+            for kind in (list(up) if r % 2 == 0 else list(up)[::-1]):
+                proc, url = up[kind]
+                label = f"{kind}-{path.stem}-r{r + 1}"
+                pre = bench.loadgen(url, proc.pid, work, f"{label}-prefill",
+                                    ["-c", "1", "-n", "3", "--max-tokens", "1", "--stream",
+                                     "--vary-prompt", "--prompt-file", str(long_prompt)])
+                dec = bench.loadgen(url, proc.pid, work, f"{label}-decode",
+                                    ["-c", "1", "-n", "2", "--max-tokens", "128", "--stream"])
+                rates[kind]["prefill_tok_s"].append(pre["prompt_tokens_per_request"] / pre["ttft_p50_s"])
+                rates[kind]["decode_tok_s"].append(dec["per_request_decode_tok_per_s_mean"])
+        out = {}
+        for kind, (proc, url) in up.items():
+            out[kind] = {key: statistics.median(values) for key, values in rates[kind].items()}
+            out[kind]["rounds"] = rates[kind]
+            for c, n in bench.LOAD_LEVELS:
+                s = bench.loadgen(url, proc.pid, work, f"{kind}-{path.stem}-c{c}",
+                                  ["-c", str(c), "-n", str(n), "--max-tokens", "128",
+                                   "--vary-prompt", "--stream"])
+                out[kind][f"load_c{c}_tok_s"] = s["aggregate_tok_per_s"]
+                out[kind][f"ttft_p50_c{c}_s"] = s["ttft_p50_s"]
+            out[kind]["peak_rss_mib"] = bench.peak_rss_mib(proc.pid)
         return out
     finally:
-        bench.stop(proc)
+        for proc, _ in up.values():
+            bench.stop(proc)
 
 
 def first_token_ms(url, repeats, tag, llama):
@@ -258,6 +276,8 @@ def main():
     ap.add_argument("--llama-server", required=True)
     ap.add_argument("--ik-llama-server", help="ik_llama.cpp's llama-server (its 1B targets)")
     ap.add_argument("--models", nargs="+", default=[*REAL, ONE_B])
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="turns of each server at prefill and single-stream decode")
     ap.add_argument("--plot", help="write the plot (PNG) here")
     ap.add_argument("--json-out", help="write every figure here")
     args = ap.parse_args()
@@ -285,9 +305,9 @@ def main():
         servers = {"ferrite": None, "llama-server": args.llama_server}
         if model == ONE_B and args.ik_llama_server:
             servers["ik_llama.cpp"] = args.ik_llama_server
-        for kind, binary in servers.items():
-            print(f"loads: {kind} on {model} ...", file=sys.stderr, flush=True)
-            results["load"][f"{model}/{kind}"] = loads(kind, paths[model], binary, work, long_prompt)
+        print(f"loads: {', '.join(servers)} on {model} ...", file=sys.stderr, flush=True)
+        for kind, figures in loads(servers, paths[model], work, long_prompt, args.rounds).items():
+            results["load"][f"{model}/{kind}"] = figures
         for kind in ("ferrite", "llama-server"):
             print(f"long prompts: {kind} on {model} ...", file=sys.stderr, flush=True)
             results["long"][f"{model}/{kind}"] = long_prompt_costs(kind, paths[model], servers[kind], work)
