@@ -43,6 +43,7 @@ mod pair_lanes;
 mod q4k_lanes;
 mod q6k_lanes;
 mod q8;
+mod q8_lanes;
 mod rows;
 pub mod sample;
 pub(crate) mod simd;
@@ -205,8 +206,10 @@ impl ActivationKind {
 
 /// Quantized activation rows, in the form a format's dot products take.
 enum Activations {
-    /// Q8 rows, and for a prompt under AVX-512 VNNI the same rows as tiles.
-    Q8(Vec<q8::Q8Row>, Vec<ActTile>),
+    /// Q8 rows, for a prompt under AVX-512 VNNI the same rows as tiles, and the lane
+    /// starts the sixteen-row Q8_0 kernel adds (computed by the first chunk that needs
+    /// them).
+    Q8(Vec<q8::Q8Row>, Vec<ActTile>, q8_lanes::StartsOnce),
     /// Q8_K rows, and the sums the Q5_K / IQ4_XS / Q6_K kernels add, each computed by the
     /// first chunk that needs them.
     Q8K(Vec<kquant::Q8KRow>, pair_lanes::SumsOnce),
@@ -235,7 +238,7 @@ impl Activations {
                 } else {
                     Vec::new()
                 };
-                Self::Q8(rows, tiles)
+                Self::Q8(rows, tiles, Default::default())
             }
             // Only the repacked Q4_K GEMM quantizes its rows differently.
             ActivationKind::Q8KByKernel => Self::Q8K(

@@ -237,7 +237,7 @@ impl PackedRows {
 
 impl Layout for PackedRows {
     fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
-        let Activations::Q8(a, tiles) = acts else {
+        let Activations::Q8(a, tiles, _) = acts else {
             unreachable!("block-of-32 formats take Q8 activations");
         };
         let (packed, n, start, end) = (self, kernels.len(), range.start, range.end);

@@ -35,7 +35,7 @@ impl Layout for RowMajor {
         let (format, data, row_bytes) = (&self.format, &self.data, self.row_bytes);
         let (n, start, end) = (kernels.len(), range.start, range.end);
         match acts {
-            Activations::Q8(a, _) => {
+            Activations::Q8(a, _, _) => {
                 for r in start..end {
                     let w = &data[r * row_bytes..(r + 1) * row_bytes];
                     for (t, a) in a.iter().enumerate() {
