@@ -3,9 +3,10 @@
 //! behind the one [`Layout`] trait that multiplies a chunk of its rows.
 //!
 //! The layouts, and the modules that hold them with their kernels:
-//! - Q8_0 interleaved sixteen rows to a vector where the CPU has AVX-512 VNNI: `q8_lanes`;
-//! - block-of-32 formats (Q4_0, Q4_1, Q5_0, and Q8_0 elsewhere) repacked eight rows at a
-//!   time: `packed` (portable) and `packed_simd` (AVX2, AVX-512 VNNI);
+//! - Q8_0 and Q4_1 interleaved sixteen rows to a vector where the CPU has AVX-512 VNNI:
+//!   `block_lanes`;
+//! - block-of-32 formats (Q4_0, Q5_0, and Q8_0 and Q4_1 elsewhere) repacked eight rows at
+//!   a time: `packed` (portable) and `packed_simd` (AVX2, AVX-512 VNNI);
 //! - Q4_K and Q6_K interleaved sixteen rows to a vector where the CPU has AVX-512 VNNI:
 //!   `q4k_lanes`, `q6k_lanes`;
 //! - Q5_K and IQ4_XS two rows to a vector there: `pair_lanes`;
@@ -19,6 +20,7 @@
 
 use std::ops::Range;
 
+use super::block_lanes::BlockLanes;
 use super::dot::BlockFormat;
 use super::float_rows::FloatRows;
 use super::output::Columns;
@@ -26,7 +28,6 @@ use super::packed::PackedRows;
 use super::pair_lanes::{PairFormat, PairLanes};
 use super::q4k_lanes::Q4kLanes;
 use super::q6k_lanes::Q6kLanes;
-use super::q8_lanes::Q8Lanes;
 use super::rows::RowMajor;
 use super::{kquant, simd_wide_tiles, Activations, OwnFormat, RowKernel};
 
@@ -44,8 +45,8 @@ pub(super) trait Layout: Send + Sync {
 pub(super) fn lay_out(format: OwnFormat, data: &[u8], rows: usize, cols: usize) -> Box<dyn Layout> {
     let blocks = cols / kquant::QK_K;
     match format {
-        OwnFormat::Blocks(BlockFormat::Q8_0) if simd_wide_tiles() => {
-            Box::new(Q8Lanes::new(data, rows, cols))
+        OwnFormat::Blocks(f @ (BlockFormat::Q8_0 | BlockFormat::Q4_1)) if simd_wide_tiles() => {
+            Box::new(BlockLanes::new(f, data, rows, cols))
         }
         OwnFormat::Blocks(f) => Box::new(PackedRows::new(f, data, rows, cols)),
         OwnFormat::Q4K if simd_wide_tiles() => Box::new(Q4kLanes::new(data, rows, blocks)),

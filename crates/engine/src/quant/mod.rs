@@ -33,6 +33,7 @@ mod float_rows;
 mod float_simd;
 #[macro_use]
 mod kquant;
+mod block_lanes;
 mod iq4;
 mod kquant_simd;
 mod layout;
@@ -43,7 +44,6 @@ mod pair_lanes;
 mod q4k_lanes;
 mod q6k_lanes;
 mod q8;
-mod q8_lanes;
 mod rows;
 pub mod sample;
 pub(crate) mod simd;
@@ -209,7 +209,7 @@ enum Activations {
     /// Q8 rows, for a prompt under AVX-512 VNNI the same rows as tiles, and the lane
     /// starts the sixteen-row Q8_0 kernel adds (computed by the first chunk that needs
     /// them).
-    Q8(Vec<q8::Q8Row>, Vec<ActTile>, q8_lanes::StartsOnce),
+    Q8(Vec<q8::Q8Row>, Vec<ActTile>, block_lanes::StartsOnce),
     /// Q8_K rows, and the sums the Q5_K / IQ4_XS / Q6_K kernels add, each computed by the
     /// first chunk that needs them.
     Q8K(Vec<kquant::Q8KRow>, pair_lanes::SumsOnce),

@@ -1,0 +1,399 @@
+//! Q8_0 and Q4_1 weights interleaved sixteen rows at a time, one weight row per 32-bit
+//! lane, for the AVX-512 VNNI kernel: one multiply-add instruction takes four consecutive
+//! values of each of sixteen rows against the same four activations (broadcast).
+//!
+//! Per group of sixteen rows (the last one padded with zero rows), the weights are one
+//! stream of 64-byte lines, a unit of blocks after another (decoding reads them in order;
+//! three separate streams of scales, minimums and values cost single-stream decode 8%):
+//! - Q8_0, a unit of two blocks of 32: one line of the sixteen rows' scales `d` (the
+//!   file's f16) for each block, then each block's eight lines of values;
+//! - Q4_1, a unit of one block: one line of the sixteen scales `d` and minimums `m`, then
+//!   four lines of values.
+//!
+//! Row `r`'s four bytes are at `4r..4r + 4` of each line of values:
+//! - Q8_0: eight lines, line `q` holding values `4q..4q + 4`, each stored 128 higher (an
+//!   unsigned byte, which is what the instruction's unsigned operand takes). The
+//!   activations are the signed operand, and each lane starts from `-128 ·` the sum of its
+//!   four activations ([`lane_starts`]), so the integer it ends with is the four products'
+//!   exact sum.
+//! - Q4_1: four lines, line `h` holding the file's bytes `4h..4h + 4`: values `4h..4h + 4`
+//!   in the low nibbles and `4h + 16..4h + 20` in the high ones, unsigned already.
+//!
+//! That integer is llama.cpp's lane: `ggml_vec_dot_q8_0_q8_0` (and `_q4_1_q8_1`) sums
+//! each block in eight lanes of four products, adds `d_w · d_a ·` the lane into that
+//! lane's float accumulator with one fused multiply-add, and ends with `hsum_float_8` of
+//! the eight (Q4_1 adds its minimums' `m · s`, one fused multiply-add per block, after).
+//! Here a group's eight accumulators per activation row are the eight lanes of sixteen
+//! weight rows at once, the same operations on the same values in the same order, and
+//! the horizontal sum is seven vector additions in `hsum_float_8`'s order; so results are
+//! bit-identical to [`super::dot::BlockFormat::dot_portable`]. Against the eight-row
+//! layout (`packed`), which converts and scales the integer lanes of one (weight row,
+//! activation row) pair per instruction, this needs no per-pair scale vector and no
+//! horizontal sums per block, and a group's weights are one contiguous stream.
+
+use std::ops::Range;
+use std::sync::OnceLock;
+
+use super::act_tile::Line;
+use super::dot::BlockFormat;
+use super::layout::Layout;
+#[cfg(target_arch = "x86_64")]
+use super::layout::{lane_groups, LANE_ROWS};
+use super::output::Columns;
+use super::q8::Q8Row;
+use super::{Activations, RowKernel};
+
+/// Weight rows per group (one per 32-bit lane of a 512-bit vector).
+pub const ROWS: usize = 16;
+/// Groups of four values per block: the kernel's lanes.
+const QUADS: usize = 8;
+
+/// How a format's blocks are grouped into units of lines: (blocks per unit, value lines
+/// per block); a unit is one header line and its blocks' value lines.
+fn unit(format: BlockFormat) -> (usize, usize) {
+    match format {
+        BlockFormat::Q8_0 => (2, 8),
+        BlockFormat::Q4_1 => (1, 4),
+        BlockFormat::Q4_0 | BlockFormat::Q5_0 => {
+            unreachable!("{format:?} is not laid out in lanes")
+        }
+    }
+}
+
+/// Where block `b` of a group is: (its unit's header line, the byte of its scales in that
+/// line, its first value line), in lines and bytes from the group's start.
+#[inline(always)]
+fn place(format: BlockFormat, b: usize) -> (usize, usize, usize) {
+    let (per_unit, value_lines) = unit(format);
+    let header = b / per_unit * (1 + per_unit * value_lines);
+    let within = b % per_unit;
+    (header, 32 * within, header + 1 + within * value_lines)
+}
+
+/// A Q8_0 or Q4_1 matrix in the sixteen-row layout (see the module).
+pub struct BlockLanes {
+    format: BlockFormat,
+    blocks: usize,
+    /// Lines per group.
+    group_lines: usize,
+    lines: Vec<Line>,
+}
+
+impl BlockLanes {
+    /// Interleaves row-major blocks of `format` (`rows` rows of `cols / 32` blocks each).
+    pub fn new(format: BlockFormat, raw: &[u8], rows: usize, cols: usize) -> Self {
+        let bytes = format.block_bytes();
+        let (per_unit, value_lines) = unit(format);
+        let blocks = cols / 32;
+        assert_eq!(raw.len(), rows * blocks * bytes);
+        let group_lines = blocks.div_ceil(per_unit) * (1 + per_unit * value_lines);
+        let q4_1 = format == BlockFormat::Q4_1;
+        // Padding rows hold the value 0 (Q8_0's stored as 128) with zero scales.
+        let fill = if q4_1 { 0 } else { 0x80 };
+        let mut lines = vec![Line([fill; 64]); rows.div_ceil(ROWS) * group_lines];
+        for line in lines.chunks_mut(group_lines) {
+            for b in 0..blocks {
+                line[place(format, b).0].0 = [0; 64];
+            }
+        }
+        for r in 0..rows {
+            let (g, lane) = (r / ROWS, r % ROWS);
+            let group = &mut lines[g * group_lines..][..group_lines];
+            for b in 0..blocks {
+                let block = &raw[(r * blocks + b) * bytes..][..bytes];
+                let (header, at, values) = place(format, b);
+                let header = &mut group[header].0;
+                header[at + 2 * lane..at + 2 * lane + 2].copy_from_slice(&block[..2]);
+                if q4_1 {
+                    header[32 + 2 * lane..32 + 2 * lane + 2].copy_from_slice(&block[2..4]);
+                }
+                let quants = &block[if q4_1 { 4 } else { 2 }..];
+                for (l, four) in quants.chunks_exact(4).enumerate() {
+                    let line = &mut group[values + l].0[4 * lane..4 * lane + 4];
+                    for (to, &v) in line.iter_mut().zip(four) {
+                        *to = if q4_1 { v } else { v ^ 0x80 };
+                    }
+                }
+            }
+        }
+        Self {
+            format,
+            blocks,
+            group_lines,
+            lines,
+        }
+    }
+
+    /// Group `g`'s lines.
+    fn group(&self, g: usize) -> &[Line] {
+        &self.lines[g * self.group_lines..(g + 1) * self.group_lines]
+    }
+}
+
+/// Per block and group of four values of `a`'s first `blocks` blocks, `-128 ·` their sum:
+/// where a lane of the Q8_0 kernel starts, so that the weights' offset of 128 cancels.
+pub fn lane_starts(a: &Q8Row, blocks: usize) -> Vec<i32> {
+    a.qs[..blocks * 32]
+        .chunks_exact(4)
+        .map(|four| -128 * four.iter().map(|&v| v as i32).sum::<i32>())
+        .collect()
+}
+
+/// Every row's [`lane_starts`] for one matrix product, computed by the first chunk that
+/// needs them and shared by the others.
+#[derive(Default)]
+pub struct StartsOnce(OnceLock<Vec<Vec<i32>>>);
+
+impl StartsOnce {
+    /// The starts of the rows `a` (which must be the rows they were first asked for).
+    pub fn get(&self, a: &[Q8Row], blocks: usize) -> &[Vec<i32>] {
+        let starts = self
+            .0
+            .get_or_init(|| a.iter().map(|row| lane_starts(row, blocks)).collect());
+        assert!(starts.len() == a.len() && starts.iter().all(|s| s.len() == blocks * QUADS));
+        starts
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub use simd::dot_group;
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use std::arch::x86_64::*;
+
+    use super::{place, unit, BlockFormat, BlockLanes, Line, QUADS, ROWS};
+    use crate::quant::q8::Q8Row;
+    use crate::quant::simd::prefetch_span;
+
+    /// Group `g`'s sixteen rows against `T` activation rows (`starts`: each one's
+    /// [`super::lane_starts`], read for Q8_0 only): `out[t][r]` is row `16g + r` · `a[t]`
+    /// (zero past the matrix).
+    ///
+    /// # Safety
+    /// AVX2, FMA, F16C and AVX-512 (F, VL, BW, VNNI) must be available
+    /// ([`crate::quant::simd::vnni_available`]).
+    pub unsafe fn dot_group<const T: usize>(
+        m: &BlockLanes,
+        g: usize,
+        a: [&Q8Row; T],
+        starts: [&[i32]; T],
+    ) -> [[f32; ROWS]; T] {
+        let blocks = m.blocks;
+        assert!(a.iter().zip(&starts).all(|(a, s)| {
+            a.d.len() >= blocks
+                && a.s.len() >= blocks
+                && a.qs.len() >= blocks * 32
+                && (m.format != BlockFormat::Q8_0 || s.len() >= blocks * QUADS)
+        }));
+        let lines = m.group(g);
+        match m.format {
+            BlockFormat::Q8_0 => group_vnni::<T, false>(lines, blocks, a, starts),
+            _ => group_vnni::<T, true>(lines, blocks, a, starts),
+        }
+    }
+
+    /// [`dot_group`] on a group's lines; `Q4_1` says which format.
+    /// Per block: the rows' scales times each activation row's (one multiplication per
+    /// activation row); per group of four values (a line of Q8_0's, or one nibble of a
+    /// line of Q4_1's) and activation row, one integer multiply-add (four activations
+    /// broadcast), its conversion, and one fused multiply-add into that group's
+    /// accumulator; Q4_1's minimums times the activation row's `s` into their own.
+    // Indexed loops: each vector of weights goes to every activation row's accumulator.
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl,avx512bw")]
+    unsafe fn group_vnni<const T: usize, const Q4_1: bool>(
+        group: &[Line],
+        blocks: usize,
+        a: [&Q8Row; T],
+        starts: [&[i32]; T],
+    ) -> [[f32; ROWS]; T] {
+        let ahead = crate::cpu::prefetch_ahead();
+        let format = if Q4_1 {
+            BlockFormat::Q4_1
+        } else {
+            BlockFormat::Q8_0
+        };
+        let (per_unit, value_lines) = unit(format);
+        assert!(group.len() >= blocks.div_ceil(per_unit) * (1 + per_unit * value_lines));
+        let low = _mm512_set1_epi8(0x0F);
+        let mut acc = [[_mm512_setzero_ps(); QUADS]; T];
+        let mut extra = [_mm512_setzero_ps(); T];
+        let half = |at: *const u8| _mm512_cvtph_ps(_mm256_loadu_si256(at as *const __m256i));
+        for b in 0..blocks {
+            let (header, at, values) = place(format, b);
+            if b % per_unit == 0 {
+                let unit_lines = 1 + per_unit * value_lines;
+                prefetch_span(group.as_ptr().add(header), unit_lines * 64, ahead);
+            }
+            let header = group.as_ptr().add(header) as *const u8;
+            let lines = group.as_ptr().add(values);
+            let d = half(header.add(at));
+            let scale: [__m512; T] =
+                std::array::from_fn(|t| _mm512_mul_ps(d, _mm512_set1_ps(*a[t].d.get_unchecked(b))));
+            if Q4_1 {
+                let m = half(header.add(32));
+                for t in 0..T {
+                    let s = _mm512_set1_ps(*a[t].s.get_unchecked(b));
+                    extra[t] = _mm512_fmadd_ps(m, s, extra[t]);
+                }
+            }
+            for q in 0..QUADS {
+                let w = if Q4_1 {
+                    let v = _mm512_load_si512(lines.add(q % 4) as *const __m512i);
+                    match q < 4 {
+                        true => _mm512_and_si512(v, low),
+                        false => _mm512_and_si512(_mm512_srli_epi16::<4>(v), low),
+                    }
+                } else {
+                    _mm512_load_si512(lines.add(q) as *const __m512i)
+                };
+                for t in 0..T {
+                    let four = a[t].qs.as_ptr().add(b * 32 + 4 * q) as *const i32;
+                    let start = match Q4_1 {
+                        true => _mm512_setzero_si512(),
+                        false => _mm512_set1_epi32(*starts[t].get_unchecked(b * QUADS + q)),
+                    };
+                    let y = _mm512_set1_epi32(four.read_unaligned());
+                    let lane = _mm512_dpbusd_epi32(start, w, y);
+                    acc[t][q] = _mm512_fmadd_ps(scale[t], _mm512_cvtepi32_ps(lane), acc[t][q]);
+                }
+            }
+        }
+        let mut out = [[0f32; ROWS]; T];
+        for t in 0..T {
+            let l = &acc[t];
+            // hsum_float_8: lanes i and i + 4 first, then (0 + 2) + (1 + 3); then Q4_1's
+            // minimums (zero for Q8_0, which adds nothing to a finite sum).
+            let even = _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6]));
+            let odd = _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7]));
+            let sum = _mm512_add_ps(even, odd);
+            let sum = if Q4_1 {
+                _mm512_add_ps(sum, extra[t])
+            } else {
+                sum
+            };
+            _mm512_storeu_ps(out[t].as_mut_ptr(), sum);
+        }
+        out
+    }
+}
+
+impl Layout for BlockLanes {
+    fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
+        let Activations::Q8(a, _, starts) = acts else {
+            unreachable!("block-of-32 formats take Q8 activations");
+        };
+        #[cfg(target_arch = "x86_64")]
+        {
+            let starts = match self.format {
+                BlockFormat::Q8_0 => starts.get(a, self.blocks),
+                _ => &[],
+            };
+            let start = |t: usize| starts.get(t).map_or(&[][..], Vec::as_slice);
+            // Sixteen weight rows (one per lane) by two activation rows at a time: their
+            // sixteen accumulators stay in registers.
+            let all: Vec<usize> = (0..kernels.len()).collect();
+            lane_groups(out, range, &all, |g, four| {
+                let mut got = [[0f32; LANE_ROWS]; 4];
+                for (k, two) in four.chunks(2).enumerate() {
+                    let (x, y) = (two[0], *two.last().unwrap());
+                    // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
+                    let pair = unsafe {
+                        match two.len() {
+                            2 => dot_group::<2>(self, g, [&a[x], &a[y]], [start(x), start(y)]),
+                            _ => {
+                                let [one] = dot_group::<1>(self, g, [&a[x]], [start(x)]);
+                                [one, [0.0; LANE_ROWS]]
+                            }
+                        }
+                    };
+                    got[2 * k..2 * k + two.len()].copy_from_slice(&pair[..two.len()]);
+                }
+                got
+            });
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (a, starts, kernels, range, out);
+            unreachable!("the layout is only built where the CPU has AVX-512 VNNI");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::q8::quantize_row;
+    use crate::quant::sample::{self, Xorshift};
+    use crate::quant::OwnFormat;
+
+    /// Every row of every group, against one and two activation rows, equals the portable
+    /// dot product bit for bit, for both formats, the extreme values (-128 and 127 in
+    /// Q8_0's weights and the activations, 0 and 15 in Q4_1's) included.
+    #[test]
+    fn lanes_kernel_is_bit_identical_to_the_portable_one() {
+        // Whatever FERRITE_CPU says: this compares the kernel the CPU can run.
+        if crate::cpu::lacks(crate::cpu::detected().vnni, "vnni") {
+            return;
+        }
+        for (seed, format) in [(21, BlockFormat::Q8_0), (22, BlockFormat::Q4_1)] {
+            let mut rng = Xorshift::new(seed);
+            let (rows, cols) = (37, 7 * 32);
+            let mut raw = sample::weights(OwnFormat::Blocks(format), rows, cols, &mut rng);
+            let (blocks, bytes) = (cols / 32, format.block_bytes());
+            let head = bytes - if format == BlockFormat::Q8_0 { 32 } else { 16 };
+            // Row 3's values all the lowest, row 4's all the highest.
+            let (lowest, highest) = match format {
+                BlockFormat::Q8_0 => (0x80u8, 0x7f),
+                _ => (0x00, 0xff),
+            };
+            for (r, v) in [(3usize, lowest), (4, highest)] {
+                for b in 0..blocks {
+                    raw[(r * blocks + b) * bytes + head..][..bytes - head].fill(v);
+                }
+            }
+            let m = BlockLanes::new(format, &raw, rows, cols);
+            let mut acts: Vec<Q8Row> = (0..3)
+                .map(|_| quantize_row(&sample::activations(1, cols, 4.0, &mut rng)))
+                .collect();
+            // Activation row 2's values all -128 (the quantizer never makes it).
+            acts[2].qs.fill(-128);
+            let starts: Vec<Vec<i32>> = acts.iter().map(|a| lane_starts(a, blocks)).collect();
+            let row_bytes = blocks * bytes;
+            for g in 0..rows.div_ceil(ROWS) {
+                for (first, second) in [(0, 1), (2, 0), (1, 2)] {
+                    let (x, y) = (&acts[first], &acts[second]);
+                    // SAFETY: VNNI was checked.
+                    let got =
+                        unsafe { dot_group::<2>(&m, g, [x, y], [&starts[first], &starts[second]]) };
+                    let one = unsafe { dot_group::<1>(&m, g, [x], [&starts[first]]) };
+                    for lane in 0..ROWS {
+                        let r = g * ROWS + lane;
+                        for (t, &k) in [first, second].iter().enumerate() {
+                            let want = match r < rows {
+                                true => format
+                                    .dot_portable(&raw[r * row_bytes..][..row_bytes], &acts[k]),
+                                false => 0.0,
+                            };
+                            let got = got[t][lane];
+                            assert_eq!(
+                                want.to_bits(),
+                                got.to_bits(),
+                                "{format:?} row {r}, act {k}"
+                            );
+                            if t == 0 {
+                                let one = one[0][lane];
+                                assert_eq!(
+                                    want.to_bits(),
+                                    one.to_bits(),
+                                    "{format:?} row {r} alone"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
