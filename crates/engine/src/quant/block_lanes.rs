@@ -1,4 +1,4 @@
-//! Q8_0 and Q4_1 weights interleaved sixteen rows at a time, one weight row per 32-bit
+//! Q8_0, Q4_1 and Q5_0 weights interleaved sixteen rows at a time, one weight row per 32-bit
 //! lane, for the AVX-512 VNNI kernel: one multiply-add instruction takes four consecutive
 //! values of each of sixteen rows against the same four activations (broadcast).
 //!
@@ -8,7 +8,9 @@
 //! - Q8_0, a unit of two blocks of 32: one line of the sixteen rows' scales `d` (the
 //!   file's f16) for each block, then each block's eight lines of values;
 //! - Q4_1, a unit of one block: one line of the sixteen scales `d` and minimums `m`, then
-//!   four lines of values.
+//!   four lines of values;
+//! - Q5_0, a unit of two blocks: one line of scales for both, then per block one line of
+//!   fifth bits and four lines of values.
 //!
 //! Row `r`'s four bytes are at `4r..4r + 4` of each line of values:
 //! - Q8_0: eight lines, line `q` holding values `4q..4q + 4`, each stored 128 higher (an
@@ -18,8 +20,13 @@
 //!   exact sum.
 //! - Q4_1: four lines, line `h` holding the file's bytes `4h..4h + 4`: values `4h..4h + 4`
 //!   in the low nibbles and `4h + 16..4h + 20` in the high ones, unsigned already.
+//! - Q5_0: four lines of nibbles as Q4_1's, and a line of eight 64-bit masks, mask `q`
+//!   holding the fifth bits of values `4q..4q + 4` of every row (row `r`'s at bits
+//!   `4r..4r + 4`: a byte mask for the instruction's operand); with it a value is
+//!   stored 16 higher, unsigned, and the lanes start from `-16 ·` the activations' sum.
 //!
-//! That integer is llama.cpp's lane: `ggml_vec_dot_q8_0_q8_0` (and `_q4_1_q8_1`) sums
+//! That integer is llama.cpp's lane: `ggml_vec_dot_q8_0_q8_0` (and `_q4_1_q8_1`,
+//! `_q5_0_q8_0`) sums
 //! each block in eight lanes of four products, adds `d_w · d_a ·` the lane into that
 //! lane's float accumulator with one fused multiply-add, and ends with `hsum_float_8` of
 //! the eight (Q4_1 adds its minimums' `m · s`, one fused multiply-add per block, after).
@@ -54,9 +61,8 @@ fn unit(format: BlockFormat) -> (usize, usize) {
     match format {
         BlockFormat::Q8_0 => (2, 8),
         BlockFormat::Q4_1 => (1, 4),
-        BlockFormat::Q4_0 | BlockFormat::Q5_0 => {
-            unreachable!("{format:?} is not laid out in lanes")
-        }
+        BlockFormat::Q5_0 => (2, 5),
+        BlockFormat::Q4_0 => unreachable!("Q4_0 is not laid out in lanes"),
     }
 }
 
@@ -70,7 +76,7 @@ fn place(format: BlockFormat, b: usize) -> (usize, usize, usize) {
     (header, 32 * within, header + 1 + within * value_lines)
 }
 
-/// A Q8_0 or Q4_1 matrix in the sixteen-row layout (see the module).
+/// A Q8_0, Q4_1 or Q5_0 matrix in the sixteen-row layout (see the module).
 pub struct BlockLanes {
     format: BlockFormat,
     blocks: usize,
@@ -88,8 +94,9 @@ impl BlockLanes {
         assert_eq!(raw.len(), rows * blocks * bytes);
         let group_lines = blocks.div_ceil(per_unit) * (1 + per_unit * value_lines);
         let q4_1 = format == BlockFormat::Q4_1;
-        // Padding rows hold the value 0 (Q8_0's stored as 128) with zero scales.
-        let fill = if q4_1 { 0 } else { 0x80 };
+        // Padding rows have zero scales, so their values never count (Q8_0's are stored
+        // as 128, the value 0).
+        let fill = if format == BlockFormat::Q8_0 { 0x80 } else { 0 };
         let mut lines = vec![Line([fill; 64]); rows.div_ceil(ROWS) * group_lines];
         for line in lines.chunks_mut(group_lines) {
             for b in 0..blocks {
@@ -107,11 +114,30 @@ impl BlockLanes {
                 if q4_1 {
                     header[32 + 2 * lane..32 + 2 * lane + 2].copy_from_slice(&block[2..4]);
                 }
-                let quants = &block[if q4_1 { 4 } else { 2 }..];
+                let (quants, values) = match format {
+                    BlockFormat::Q8_0 => (&block[2..], values),
+                    BlockFormat::Q4_1 => (&block[4..], values),
+                    _ => {
+                        // Value j's fifth bit is bit j of the block's qh.
+                        let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+                        let masks = &mut group[values].0;
+                        for j in 0..32 {
+                            let bit = 8 * 8 * (j / 4) + 4 * lane + j % 4;
+                            let set = ((qh >> j) & 1) as u8;
+                            masks[bit / 8] =
+                                (masks[bit / 8] & !(1 << (bit % 8))) | (set << (bit % 8));
+                        }
+                        (&block[6..], values + 1)
+                    }
+                };
                 for (l, four) in quants.chunks_exact(4).enumerate() {
                     let line = &mut group[values + l].0[4 * lane..4 * lane + 4];
                     for (to, &v) in line.iter_mut().zip(four) {
-                        *to = if q4_1 { v } else { v ^ 0x80 };
+                        *to = if format == BlockFormat::Q8_0 {
+                            v ^ 0x80
+                        } else {
+                            v
+                        };
                     }
                 }
             }
@@ -131,7 +157,8 @@ impl BlockLanes {
 }
 
 /// Per block and group of four values of `a`'s first `blocks` blocks, `-128 ·` their sum:
-/// where a lane of the Q8_0 kernel starts, so that the weights' offset of 128 cancels.
+/// where a lane of the Q8_0 kernel starts, so that the weights' offset of 128 cancels
+/// (Q5_0's lanes start from an eighth of it: its offset is 16).
 pub fn lane_starts(a: &Q8Row, blocks: usize) -> Vec<i32> {
     a.qs[..blocks * 32]
         .chunks_exact(4)
@@ -184,36 +211,44 @@ mod simd {
             a.d.len() >= blocks
                 && a.s.len() >= blocks
                 && a.qs.len() >= blocks * 32
-                && (m.format != BlockFormat::Q8_0 || s.len() >= blocks * QUADS)
+                && (m.format == BlockFormat::Q4_1 || s.len() >= blocks * QUADS)
         }));
         let lines = m.group(g);
         match m.format {
-            BlockFormat::Q8_0 => group_vnni::<T, false>(lines, blocks, a, starts),
-            _ => group_vnni::<T, true>(lines, blocks, a, starts),
+            BlockFormat::Q8_0 => group_vnni::<T, Q8_0>(lines, blocks, a, starts),
+            BlockFormat::Q4_1 => group_vnni::<T, Q4_1>(lines, blocks, a, starts),
+            _ => group_vnni::<T, Q5_0>(lines, blocks, a, starts),
         }
     }
 
-    /// [`dot_group`] on a group's lines; `Q4_1` says which format.
+    /// The formats, as `group_vnni`'s parameter.
+    const Q8_0: u8 = 0;
+    const Q4_1: u8 = 1;
+    const Q5_0: u8 = 2;
+
+    /// [`dot_group`] on a group's lines of format `F`.
     /// Per block: the rows' scales times each activation row's (one multiplication per
     /// activation row); per group of four values (a line of Q8_0's, or one nibble of a
-    /// line of Q4_1's) and activation row, one integer multiply-add (four activations
-    /// broadcast), its conversion, and one fused multiply-add into that group's
-    /// accumulator; Q4_1's minimums times the activation row's `s` into their own.
+    /// line of Q4_1's or Q5_0's, with Q5_0's fifth bits added under their mask) and
+    /// activation row, one integer multiply-add (four activations broadcast), its
+    /// conversion, and one fused multiply-add into that group's accumulator; Q4_1's
+    /// minimums times the activation row's `s` into their own.
     // Indexed loops: each vector of weights goes to every activation row's accumulator.
     #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl,avx512bw")]
-    unsafe fn group_vnni<const T: usize, const Q4_1: bool>(
+    unsafe fn group_vnni<const T: usize, const F: u8>(
         group: &[Line],
         blocks: usize,
         a: [&Q8Row; T],
         starts: [&[i32]; T],
     ) -> [[f32; ROWS]; T] {
         let ahead = crate::cpu::prefetch_ahead();
-        let format = if Q4_1 {
-            BlockFormat::Q4_1
-        } else {
-            BlockFormat::Q8_0
+        let format = match F {
+            Q8_0 => BlockFormat::Q8_0,
+            Q4_1 => BlockFormat::Q4_1,
+            _ => BlockFormat::Q5_0,
         };
+        let fifth = _mm512_set1_epi8(0x10);
         let (per_unit, value_lines) = unit(format);
         assert!(group.len() >= blocks.div_ceil(per_unit) * (1 + per_unit * value_lines));
         let low = _mm512_set1_epi8(0x0F);
@@ -231,7 +266,7 @@ mod simd {
             let d = half(header.add(at));
             let scale: [__m512; T] =
                 std::array::from_fn(|t| _mm512_mul_ps(d, _mm512_set1_ps(*a[t].d.get_unchecked(b))));
-            if Q4_1 {
+            if F == Q4_1 {
                 let m = half(header.add(32));
                 for t in 0..T {
                     let s = _mm512_set1_ps(*a[t].s.get_unchecked(b));
@@ -239,20 +274,29 @@ mod simd {
                 }
             }
             for q in 0..QUADS {
-                let w = if Q4_1 {
+                let nibbles = |lines: *const Line| {
                     let v = _mm512_load_si512(lines.add(q % 4) as *const __m512i);
                     match q < 4 {
                         true => _mm512_and_si512(v, low),
                         false => _mm512_and_si512(_mm512_srli_epi16::<4>(v), low),
                     }
-                } else {
-                    _mm512_load_si512(lines.add(q) as *const __m512i)
+                };
+                let w = match F {
+                    Q8_0 => _mm512_load_si512(lines.add(q) as *const __m512i),
+                    Q4_1 => nibbles(lines),
+                    _ => {
+                        let low = nibbles(lines.add(1));
+                        let mask = (lines as *const u64).add(q).read();
+                        _mm512_mask_add_epi8(low, mask, low, fifth)
+                    }
                 };
                 for t in 0..T {
                     let four = a[t].qs.as_ptr().add(b * 32 + 4 * q) as *const i32;
-                    let start = match Q4_1 {
-                        true => _mm512_setzero_si512(),
-                        false => _mm512_set1_epi32(*starts[t].get_unchecked(b * QUADS + q)),
+                    let start = match F {
+                        Q4_1 => _mm512_setzero_si512(),
+                        // -16 · Σ: -128 · Σ over 8, exactly.
+                        Q5_0 => _mm512_set1_epi32(*starts[t].get_unchecked(b * QUADS + q) >> 3),
+                        _ => _mm512_set1_epi32(*starts[t].get_unchecked(b * QUADS + q)),
                     };
                     let y = _mm512_set1_epi32(four.read_unaligned());
                     let lane = _mm512_dpbusd_epi32(start, w, y);
@@ -264,11 +308,11 @@ mod simd {
         for t in 0..T {
             let l = &acc[t];
             // hsum_float_8: lanes i and i + 4 first, then (0 + 2) + (1 + 3); then Q4_1's
-            // minimums (zero for Q8_0, which adds nothing to a finite sum).
+            // minimums (none for the others).
             let even = _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6]));
             let odd = _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7]));
             let sum = _mm512_add_ps(even, odd);
-            let sum = if Q4_1 {
+            let sum = if F == Q4_1 {
                 _mm512_add_ps(sum, extra[t])
             } else {
                 sum
@@ -287,8 +331,8 @@ impl Layout for BlockLanes {
         #[cfg(target_arch = "x86_64")]
         {
             let starts = match self.format {
-                BlockFormat::Q8_0 => starts.get(a, self.blocks),
-                _ => &[],
+                BlockFormat::Q4_1 => &[],
+                _ => starts.get(a, self.blocks),
             };
             let start = |t: usize| starts.get(t).map_or(&[][..], Vec::as_slice);
             // Sixteen weight rows (one per lane) by two activation rows at a time: their
@@ -329,28 +373,31 @@ mod tests {
     use crate::quant::OwnFormat;
 
     /// Every row of every group, against one and two activation rows, equals the portable
-    /// dot product bit for bit, for both formats, the extreme values (-128 and 127 in
-    /// Q8_0's weights and the activations, 0 and 15 in Q4_1's) included.
+    /// dot product bit for bit, for every format, the extreme values (-128 and 127 in
+    /// Q8_0's weights and the activations, the lowest and highest of Q4_1's and Q5_0's)
+    /// included.
     #[test]
     fn lanes_kernel_is_bit_identical_to_the_portable_one() {
         // Whatever FERRITE_CPU says: this compares the kernel the CPU can run.
         if crate::cpu::lacks(crate::cpu::detected().vnni, "vnni") {
             return;
         }
-        for (seed, format) in [(21, BlockFormat::Q8_0), (22, BlockFormat::Q4_1)] {
+        let formats = [BlockFormat::Q8_0, BlockFormat::Q4_1, BlockFormat::Q5_0];
+        for (seed, format) in (21..).zip(formats) {
             let mut rng = Xorshift::new(seed);
             let (rows, cols) = (37, 7 * 32);
             let mut raw = sample::weights(OwnFormat::Blocks(format), rows, cols, &mut rng);
             let (blocks, bytes) = (cols / 32, format.block_bytes());
-            let head = bytes - if format == BlockFormat::Q8_0 { 32 } else { 16 };
-            // Row 3's values all the lowest, row 4's all the highest.
-            let (lowest, highest) = match format {
-                BlockFormat::Q8_0 => (0x80u8, 0x7f),
-                _ => (0x00, 0xff),
+            // Row 3's values all the lowest, row 4's all the highest (Q5_0's fifth bits,
+            // bytes 2..6, with its nibbles).
+            let (from, lowest, highest) = match format {
+                BlockFormat::Q8_0 => (2, 0x80u8, 0x7f),
+                BlockFormat::Q4_1 => (4, 0x00, 0xff),
+                _ => (2, 0x00, 0xff),
             };
             for (r, v) in [(3usize, lowest), (4, highest)] {
                 for b in 0..blocks {
-                    raw[(r * blocks + b) * bytes + head..][..bytes - head].fill(v);
+                    raw[(r * blocks + b) * bytes + from..][..bytes - from].fill(v);
                 }
             }
             let m = BlockLanes::new(format, &raw, rows, cols);

@@ -3,10 +3,10 @@
 //! behind the one [`Layout`] trait that multiplies a chunk of its rows.
 //!
 //! The layouts, and the modules that hold them with their kernels:
-//! - Q8_0 and Q4_1 interleaved sixteen rows to a vector where the CPU has AVX-512 VNNI:
-//!   `block_lanes`;
-//! - block-of-32 formats (Q4_0, Q5_0, and Q8_0 and Q4_1 elsewhere) repacked eight rows at
-//!   a time: `packed` (portable) and `packed_simd` (AVX2, AVX-512 VNNI);
+//! - Q8_0, Q4_1 and Q5_0 interleaved sixteen rows to a vector where the CPU has AVX-512
+//!   VNNI: `block_lanes`;
+//! - block-of-32 formats (Q4_0, and the others elsewhere) repacked eight rows at a time:
+//!   `packed` (portable) and `packed_simd` (AVX2, AVX-512 VNNI);
 //! - Q4_K and Q6_K interleaved sixteen rows to a vector where the CPU has AVX-512 VNNI:
 //!   `q4k_lanes`, `q6k_lanes`;
 //! - Q5_K and IQ4_XS two rows to a vector there: `pair_lanes`;
@@ -45,7 +45,9 @@ pub(super) trait Layout: Send + Sync {
 pub(super) fn lay_out(format: OwnFormat, data: &[u8], rows: usize, cols: usize) -> Box<dyn Layout> {
     let blocks = cols / kquant::QK_K;
     match format {
-        OwnFormat::Blocks(f @ (BlockFormat::Q8_0 | BlockFormat::Q4_1)) if simd_wide_tiles() => {
+        OwnFormat::Blocks(f @ (BlockFormat::Q8_0 | BlockFormat::Q4_1 | BlockFormat::Q5_0))
+            if simd_wide_tiles() =>
+        {
             Box::new(BlockLanes::new(f, data, rows, cols))
         }
         OwnFormat::Blocks(f) => Box::new(PackedRows::new(f, data, rows, cols)),
