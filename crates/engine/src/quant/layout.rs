@@ -38,6 +38,13 @@ pub(super) trait Layout: Send + Sync {
     /// written into `out`. `acts` are quantized as the matrix's format takes them
     /// ([`super::ActivationKind::of`]).
     fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns);
+
+    /// Whether its chunks read a prompt's Q8 activations as tiles (`act_tile`): only the
+    /// eight-row block-of-32 layout does, so the tiles are built only for products that
+    /// have such a matrix.
+    fn reads_act_tiles(&self) -> bool {
+        false
+    }
 }
 
 /// `rows × cols` weights of `format` (raw blocks, row after row, sizes already checked)

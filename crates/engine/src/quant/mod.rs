@@ -206,7 +206,8 @@ impl ActivationKind {
 
 /// Quantized activation rows, in the form a format's dot products take.
 enum Activations {
-    /// Q8 rows, for a prompt under AVX-512 VNNI the same rows as tiles, and the lane
+    /// Q8 rows, for a prompt under AVX-512 VNNI the same rows as tiles (where an
+    /// eight-row block-of-32 matrix reads them; empty otherwise), and the lane
     /// starts the sixteen-row Q8_0 kernel adds (computed by the first chunk that needs
     /// them).
     Q8(Vec<q8::Q8Row>, Vec<ActTile>, block_lanes::StartsOnce),
@@ -224,13 +225,20 @@ enum Activations {
 
 impl Activations {
     /// The rows of `x` (`cols` wide), quantized as `kind` says (in parallel for a prompt;
-    /// a few decode rows take less time than waking the other threads).
-    fn quantize(kind: ActivationKind, x: &[f32], cols: usize, kernels: &[RowKernel]) -> Self {
+    /// a few decode rows take less time than waking the other threads); Q8 rows also as
+    /// tiles where `tiles` says a matrix will read them ([`Layout::reads_act_tiles`]).
+    fn quantize(
+        kind: ActivationKind,
+        x: &[f32],
+        cols: usize,
+        kernels: &[RowKernel],
+        tiles: bool,
+    ) -> Self {
         let rows = x.par_chunks_exact(cols).zip(kernels).with_min_len(16);
         match kind {
             ActivationKind::Q8 => {
                 let rows: Vec<q8::Q8Row> = rows.map(|(r, _)| q8::quantize_row(r)).collect();
-                let tiles = if kernels.len() >= 4 && simd_wide_tiles() {
+                let tiles = if tiles && kernels.len() >= 4 && simd_wide_tiles() {
                     let refs: Vec<&q8::Q8Row> = rows.iter().collect();
                     refs.par_chunks(TILE_ROWS)
                         .map(|tile| ActTile::new(tile, cols / 32))
@@ -435,7 +443,14 @@ impl QMatrix {
             let i = match acts.iter().position(|(k, _)| *k == kind) {
                 Some(i) => i,
                 None => {
-                    acts.push((kind, Activations::quantize(kind, x, *cols, kernels)));
+                    // Tiles only where a matrix taking this kind reads them.
+                    let tiles = matrices.iter().any(|m| match m {
+                        Self::Own { format, data, .. } => {
+                            ActivationKind::of(*format) == kind && data.0.reads_act_tiles()
+                        }
+                        Self::Candle(_) => false,
+                    });
+                    acts.push((kind, Activations::quantize(kind, x, *cols, kernels, tiles)));
                     acts.len() - 1
                 }
             };

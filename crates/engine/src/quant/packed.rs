@@ -236,6 +236,10 @@ impl PackedRows {
 }
 
 impl Layout for PackedRows {
+    fn reads_act_tiles(&self) -> bool {
+        true
+    }
+
     fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
         let Activations::Q8(a, tiles, _) = acts else {
             unreachable!("block-of-32 formats take Q8 activations");
