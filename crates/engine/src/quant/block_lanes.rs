@@ -26,10 +26,10 @@
 //!   stored 16 higher, unsigned, and the lanes start from `-16 ·` the activations' sum.
 //!
 //! That integer is llama.cpp's lane: `ggml_vec_dot_q8_0_q8_0` (and `_q4_1_q8_1`,
-//! `_q5_0_q8_0`) sums
-//! each block in eight lanes of four products, adds `d_w · d_a ·` the lane into that
-//! lane's float accumulator with one fused multiply-add, and ends with `hsum_float_8` of
-//! the eight (Q4_1 adds its minimums' `m · s`, one fused multiply-add per block, after).
+//! `_q5_0_q8_0`) sums each block in eight lanes of four products, adds `d_w · d_a ·` the
+//! lane into that lane's float accumulator with one fused multiply-add, and ends with
+//! `hsum_float_8` of the eight (Q4_1 adds its minimums' `m · s`, one fused multiply-add
+//! per block, after).
 //! Here a group's eight accumulators per activation row are the eight lanes of sixteen
 //! weight rows at once, the same operations on the same values in the same order, and
 //! the horizontal sum is seven vector additions in `hsum_float_8`'s order; so results are
@@ -94,15 +94,8 @@ impl BlockLanes {
         assert_eq!(raw.len(), rows * blocks * bytes);
         let group_lines = blocks.div_ceil(per_unit) * (1 + per_unit * value_lines);
         let q4_1 = format == BlockFormat::Q4_1;
-        // Padding rows have zero scales, so their values never count (Q8_0's are stored
-        // as 128, the value 0).
-        let fill = if format == BlockFormat::Q8_0 { 0x80 } else { 0 };
-        let mut lines = vec![Line([fill; 64]); rows.div_ceil(ROWS) * group_lines];
-        for line in lines.chunks_mut(group_lines) {
-            for b in 0..blocks {
-                line[place(format, b).0].0 = [0; 64];
-            }
-        }
+        // Padding rows keep zero bytes: their scales are zero, so their values never count.
+        let mut lines = vec![Line([0; 64]); rows.div_ceil(ROWS) * group_lines];
         for r in 0..rows {
             let (g, lane) = (r / ROWS, r % ROWS);
             let group = &mut lines[g * group_lines..][..group_lines];
