@@ -74,6 +74,21 @@ def start(kind, model, llama_server, log_dir):
     return proc, url
 
 
+def start_file(kind, path, binary, log_dir, llama_args):
+    """A server on the model file `path`: ferrite with its defaults, or a llama.cpp-style
+    server at `binary` (llama.cpp's or ik_llama.cpp's) on 2 threads with `llama_args`."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = open(log_dir / f"{kind}-{path.stem}-{port}.log", "wb")
+    if kind == "ferrite":
+        cmd, ready = [str(FERRITE), "serve", "--model", str(path), "--port", str(port)], "/ready"
+    else:
+        cmd, ready = [binary, "-m", str(path), "--port", str(port), "-t", "2", *llama_args], "/health"
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    wait_ready(url, ready, proc, timeout=600)
+    return proc, url
+
+
 def loadgen(url, pid, out_dir, label, args):
     out = out_dir / f"{label}.json"
     cmd = [sys.executable, str(TOOLS / "quiet.py"), "--exclude-pid", str(pid), "--retries", "3", "--",
@@ -154,16 +169,26 @@ def measure(kind, model, llama_server, work, long_prompt, with_load):
         results["quiet"]["decode"] = dec["quiet"]
         results["decode_tok_s"] = dec["per_request_decode_tok_per_s_mean"]
         if with_load:
-            for c, n in LOAD_LEVELS:
-                s = loadgen(url, proc.pid, work, f"{kind}-{model}-c{c}",
-                            ["-c", str(c), "-n", str(n), "--max-tokens", "128", "--vary-prompt", "--stream"])
-                results["quiet"][f"c{c}"] = s["quiet"]
-                results[f"load_c{c}_tok_s"] = s["aggregate_tok_per_s"]
-                results[f"ttft_p50_c{c}_s"] = s["ttft_p50_s"]
-            results["peak_rss_mib"] = peak_rss_mib(proc.pid)
+            loads = concurrency_loads(url, proc.pid, work, f"{kind}-{model}")
+            results["quiet"].update(loads.pop("quiet"))
+            results.update(loads)
         return results
     finally:
         stop(proc)
+
+
+def concurrency_loads(url, pid, work, label):
+    """The loads at each of LOAD_LEVELS (103-token prompts, 128 new tokens each): aggregate
+    decode tok/s and TTFT p50 per level, then the server's peak RSS."""
+    results = {"quiet": {}}
+    for c, n in LOAD_LEVELS:
+        s = loadgen(url, pid, work, f"{label}-c{c}",
+                    ["-c", str(c), "-n", str(n), "--max-tokens", "128", "--vary-prompt", "--stream"])
+        results["quiet"][f"c{c}"] = s["quiet"]
+        results[f"load_c{c}_tok_s"] = s["aggregate_tok_per_s"]
+        results[f"ttft_p50_c{c}_s"] = s["ttft_p50_s"]
+    results["peak_rss_mib"] = peak_rss_mib(pid)
+    return results
 
 
 def stop(proc):

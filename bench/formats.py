@@ -40,23 +40,6 @@ ROOT = HERE.parent
 SYNTH = ROOT / "target" / "release" / "ferrite-synth"
 
 
-def start(bench, kind, model, binary, work):
-    """bench.py's servers, started on the model file by its path: ferrite, or a
-    llama.cpp-style `llama-server` at `binary` (llama.cpp's or ik_llama.cpp's)."""
-    port = bench.free_port()
-    url = f"http://127.0.0.1:{port}"
-    path = str(bench.cache_path(model))
-    log = open(work / f"{kind}-{model}.log", "wb")
-    if kind == "ferrite":
-        cmd, ready = [str(bench.FERRITE), "serve", "--model", path, "--port", str(port)], "/ready"
-    else:
-        cmd = [binary, "-m", path, "--port", str(port), "-t", "2", "-c", "8192"]
-        ready = "/health"
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    bench.wait_ready(url, ready, proc, timeout=600)
-    return proc, url
-
-
 def measure(bench, kind, proc, url, model, work, long_prompt, round_):
     """Prefill and decode tokens/s of one running server on one model (fewer and shorter
     requests than bench.py's: some of these kernels are slow at this size)."""
@@ -126,7 +109,8 @@ def main():
         servers = {}
         try:
             for kind in kinds:
-                servers[kind] = start(bench, kind, name, binaries[kind], scratch)
+                servers[kind] = bench.start_file(kind, bench.cache_path(name), binaries[kind], scratch,
+                                                  ["-c", "8192"])
             rounds = {kind: [] for kind in kinds}
             for r in range(args.rounds):
                 for kind in (kinds if r % 2 == 0 else kinds[::-1]):

@@ -16,7 +16,6 @@ Not a test: it measures and prints a Markdown table.
 import argparse
 import json
 import statistics
-import subprocess
 import tempfile
 import time
 import urllib.request
@@ -35,9 +34,9 @@ NEW_TOKENS = 32
 ROUNDS = 3
 
 
-def timed(url, prompt, llama):
+def timed(url, prompt, llama, new_tokens=NEW_TOKENS):
     models = json.load(urllib.request.urlopen(url + "/v1/models"))
-    body = {"model": models["data"][0]["id"], "prompt": prompt, "max_tokens": NEW_TOKENS,
+    body = {"model": models["data"][0]["id"], "prompt": prompt, "max_tokens": new_tokens,
             "temperature": 0, "ignore_eos": True}
     if llama:
         body["cache_prompt"] = False
@@ -52,14 +51,7 @@ def timed(url, prompt, llama):
 def start(kind, model, llama_server, log_dir):
     if kind == "ferrite":
         return bench.start(kind, model, llama_server, log_dir)
-    port = bench.free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = open(log_dir / f"llama-{model}.log", "wb")
-    cmd = [llama_server, "-m", str(bench.cache_path(model)), "--port", str(port), "-t", "2",
-           "-c", "4096"]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    bench.wait_ready(url, "/health", proc)
-    return proc, url
+    return bench.start_file(kind, bench.cache_path(model), llama_server, log_dir, ["-c", "4096"])
 
 
 def measure(kind, model, llama_server, log_dir):

@@ -41,7 +41,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -59,21 +58,6 @@ SHORT_REPEATS, LONG_REPEATS = 10, 80
 LOOKUP_WORKLOADS = ["copy a paragraph", "edit code", "extract sentences"]
 
 
-def start(kind, path, binary, work, llama_args):
-    """A server on the model file `path`: ferrite with its defaults, or a llama.cpp-style
-    server at `binary` with `llama_args`."""
-    port = bench.free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = open(work / f"{kind}-{path.stem}-{port}.log", "wb")
-    if kind == "ferrite":
-        cmd, ready = [str(bench.FERRITE), "serve", "--model", str(path), "--port", str(port)], "/ready"
-    else:
-        cmd, ready = [binary, "-m", str(path), "--port", str(port), "-t", "2", *llama_args], "/health"
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    bench.wait_ready(url, ready, proc, timeout=600)
-    return proc, url
-
-
 def loads(servers, path, work, long_prompt, rounds):
     """bench.py's figures for each server (`kind: binary`) on one model. The servers run
     side by side: prefill and single-stream decode are measured `rounds` times, the
@@ -83,7 +67,7 @@ def loads(servers, path, work, long_prompt, rounds):
     up = {}
     try:
         for kind, binary in servers.items():
-            up[kind] = start(kind, path, binary, work, ["-np", "16", "-c", "32768"])
+            up[kind] = bench.start_file(kind, path, binary, work, ["-np", "16", "-c", "32768"])
         rates = {kind: {"prefill_tok_s": [], "decode_tok_s": []} for kind in up}
         for r in range(rounds):
             for kind in (list(up) if r % 2 == 0 else list(up)[::-1]):
@@ -100,13 +84,7 @@ def loads(servers, path, work, long_prompt, rounds):
         for kind, (proc, url) in up.items():
             out[kind] = {key: statistics.median(values) for key, values in rates[kind].items()}
             out[kind]["rounds"] = rates[kind]
-            for c, n in bench.LOAD_LEVELS:
-                s = bench.loadgen(url, proc.pid, work, f"{kind}-{path.stem}-c{c}",
-                                  ["-c", str(c), "-n", str(n), "--max-tokens", "128",
-                                   "--vary-prompt", "--stream"])
-                out[kind][f"load_c{c}_tok_s"] = s["aggregate_tok_per_s"]
-                out[kind][f"ttft_p50_c{c}_s"] = s["ttft_p50_s"]
-            out[kind]["peak_rss_mib"] = bench.peak_rss_mib(proc.pid)
+            out[kind].update(bench.concurrency_loads(url, proc.pid, work, f"{kind}-{path.stem}"))
         return out
     finally:
         for proc, _ in up.values():
@@ -115,22 +93,15 @@ def loads(servers, path, work, long_prompt, rounds):
 
 def first_token_ms(url, repeats, tag, llama):
     """Milliseconds per prompt token to the first token of a unique prompt of `repeats`
-    paragraphs (one new token, greedy), and the prompt's length in tokens."""
-    body = {"model": "default", "prompt": f"{tag} {time.time()} " + long_prompts.PARAGRAPH * repeats,
-            "max_tokens": 1, "temperature": 0}
-    if llama:
-        body["cache_prompt"] = False
-    request = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"content-type": "application/json"})
-    began = time.perf_counter()
-    with urllib.request.urlopen(request, timeout=900) as r:
-        tokens = json.load(r)["usage"]["prompt_tokens"]
-    return (time.perf_counter() - began) * 1000 / tokens, tokens
+    paragraphs (long_prompts.py's request with one new token), and the prompt's length."""
+    prompt = f"{tag} {time.time()} " + long_prompts.PARAGRAPH * repeats
+    seconds, tokens = long_prompts.timed(url, prompt, llama, new_tokens=1)
+    return seconds * 1000 / tokens, tokens
 
 
 def long_prompt_costs(kind, path, binary, work):
     """Best of three ms per prompt token at both prompt lengths, after a warm-up."""
-    proc, url = start(kind, path, binary, work, ["-np", "1", "-c", "8192"])
+    proc, url = bench.start_file(kind, path, binary, work, ["-np", "1", "-c", "8192"])
     try:
         llama = kind != "ferrite"
         first_token_ms(url, 2, "warm-up", llama)
@@ -160,7 +131,7 @@ def lookup_speedups(model, work):
 
 def ceiling(bandwidth):
     """The read ceiling of one bandwidth measurement, GB/s."""
-    return max(bandwidth["read_gb_s"], bandwidth.get("read_4_streams_gb_s", 0.0))
+    return max(bandwidth["read_gb_s"], bandwidth["read_4_streams_gb_s"])
 
 
 def rows_of(results):
@@ -225,7 +196,7 @@ def table(results):
     lines.append("")
     lines.append("Memory bandwidth (benches/memory_bandwidth.rs, 2 threads, before and after), read "
                  "one stream / four streams per thread, triad: "
-                 + "; ".join(f"{b['read_gb_s']:.1f} / {b.get('read_4_streams_gb_s', 0):.1f}, "
+                 + "; ".join(f"{b['read_gb_s']:.1f} / {b['read_4_streams_gb_s']:.1f}, "
                              f"{b['triad_gb_s']:.1f} GB/s" for b in results["bandwidth"]) + ".")
     return "\n".join(lines)
 
