@@ -24,6 +24,14 @@
 //!   holding the fifth bits of values `4q..4q + 4` of every row (row `r`'s at bits
 //!   `4r..4r + 4`: a byte mask for the instruction's operand); with it a value is
 //!   stored 16 higher, unsigned, and the lanes start from `-16 ·` the activations' sum.
+//!   Against more than four activation rows a chunk decodes each group once into Q8_0's
+//!   lines (bytes 16 higher) and reads those as Q8_0 with Q5_0's starts: at 16 rows the
+//!   kernel ran 87 against 69 giga multiply-adds a second decoding the group again for
+//!   every pair of rows (`matmul_kernels`, one thread); at 4 rows, 64 against 74.
+//!
+//! Each format's starts are computed once per product ([`StartsOnce`]): Q5_0's lanes
+//! shifting Q8_0's by three in the kernel cost a scalar shift and a broadcast per lane
+//! and activation row, a quarter of its one-row speed (39 against 51).
 //!
 //! That integer is llama.cpp's lane: `ggml_vec_dot_q8_0_q8_0` (and `_q4_1_q8_1`,
 //! `_q5_0_q8_0`) sums each block in eight lanes of four products, adds `d_w · d_a ·` the
@@ -149,34 +157,50 @@ impl BlockLanes {
     }
 }
 
-/// Per block and group of four values of `a`'s first `blocks` blocks, `-128 ·` their sum:
-/// where a lane of the Q8_0 kernel starts, so that the weights' offset of 128 cancels
-/// (Q5_0's lanes start from an eighth of it: its offset is 16).
-pub fn lane_starts(a: &Q8Row, blocks: usize) -> Vec<i32> {
+/// What `format`'s stored values are above the file's: 128 for Q8_0, 16 for Q5_0 (Q4_1's
+/// are the file's nibbles).
+fn offset(format: BlockFormat) -> i32 {
+    match format {
+        BlockFormat::Q8_0 => 128,
+        BlockFormat::Q5_0 => 16,
+        _ => 0,
+    }
+}
+
+/// Per block and group of four values of `a`'s first `blocks` blocks, `-offset ·` their
+/// sum: where a lane of the kernel starts for a format whose values are stored `offset`
+/// higher ([`offset`]), so that the offset cancels.
+pub fn lane_starts(a: &Q8Row, blocks: usize, offset: i32) -> Vec<i32> {
     a.qs[..blocks * 32]
         .chunks_exact(4)
-        .map(|four| -128 * four.iter().map(|&v| v as i32).sum::<i32>())
+        .map(|four| -offset * four.iter().map(|&v| v as i32).sum::<i32>())
         .collect()
 }
 
-/// Every row's [`lane_starts`] for one matrix product, computed by the first chunk that
-/// needs them and shared by the others.
+/// Every row's [`lane_starts`] for one matrix product, Q8_0's and Q5_0's, each computed
+/// by the first chunk that needs them and shared by the others.
 #[derive(Default)]
-pub struct StartsOnce(OnceLock<Vec<Vec<i32>>>);
+pub struct StartsOnce([OnceLock<Vec<Vec<i32>>>; 2]);
 
 impl StartsOnce {
-    /// The starts of the rows `a` (which must be the rows they were first asked for).
-    pub fn get(&self, a: &[Q8Row], blocks: usize) -> &[Vec<i32>] {
-        let starts = self
-            .0
-            .get_or_init(|| a.iter().map(|row| lane_starts(row, blocks)).collect());
+    /// The starts of the rows `a` (which must be the rows they were first asked for)
+    /// against a matrix of `format` (Q8_0 or Q5_0).
+    pub fn get(&self, a: &[Q8Row], blocks: usize, format: BlockFormat) -> &[Vec<i32>] {
+        let once = &self.0[usize::from(format == BlockFormat::Q5_0)];
+        let offset = offset(format);
+        assert!(offset > 0, "{format:?} has no lane starts");
+        let starts = once.get_or_init(|| {
+            a.iter()
+                .map(|row| lane_starts(row, blocks, offset))
+                .collect()
+        });
         assert!(starts.len() == a.len() && starts.iter().all(|s| s.len() == blocks * QUADS));
         starts
     }
 }
 
 #[cfg(target_arch = "x86_64")]
-pub use simd::dot_group;
+pub use simd::{dot_expanded, dot_group, expand_q5_0};
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
@@ -187,7 +211,7 @@ mod simd {
     use crate::quant::simd::prefetch_span;
 
     /// Group `g`'s sixteen rows against `T` activation rows (`starts`: each one's
-    /// [`super::lane_starts`], read for Q8_0 only): `out[t][r]` is row `16g + r` · `a[t]`
+    /// [`super::lane_starts`] for the matrix's format, none for Q4_1): `out[t][r]` is row `16g + r` · `a[t]`
     /// (zero past the matrix).
     ///
     /// # Safety
@@ -212,6 +236,81 @@ mod simd {
             BlockFormat::Q4_1 => group_vnni::<T, Q4_1>(lines, blocks, a, starts),
             _ => group_vnni::<T, Q5_0>(lines, blocks, a, starts),
         }
+    }
+
+    /// Group `g` of a Q5_0 matrix written out, into `into`, as the lines of a Q8_0 group:
+    /// the same header lines, and each block's values as eight lines of bytes, each value
+    /// stored 16 higher. For more than two pairs of activation rows, decoding a group's
+    /// nibbles and fifth bits once and reading the result as Q8_0 takes fewer instructions
+    /// than decoding them again for every pair ([`dot_expanded`] reads it).
+    ///
+    /// # Safety
+    /// As [`dot_group`]'s.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn expand_q5_0(m: &BlockLanes, g: usize, into: &mut Vec<Line>) {
+        assert_eq!(m.format, BlockFormat::Q5_0);
+        let (blocks, group) = (m.blocks, m.group(g));
+        let (per_unit, value_lines) = unit(BlockFormat::Q8_0);
+        into.clear();
+        into.resize(
+            blocks.div_ceil(per_unit) * (1 + per_unit * value_lines),
+            Line([0; 64]),
+        );
+        for b in 0..blocks {
+            let (header, _, values) = place(BlockFormat::Q5_0, b);
+            let (to_header, _, to_values) = place(BlockFormat::Q8_0, b);
+            if b % per_unit == 0 {
+                into[to_header] = group[header];
+            }
+            let lines = group.as_ptr().add(values);
+            for q in 0..QUADS {
+                let to = into.as_mut_ptr().add(to_values + q) as *mut __m512i;
+                _mm512_store_si512(to, q5_0_values(lines, q));
+            }
+        }
+    }
+
+    /// The sixteen rows of a group that [`expand_q5_0`] wrote, `lines` (of a matrix of
+    /// `blocks` blocks a row), against `T` activation rows (their Q5_0 starts): as
+    /// [`dot_group`] on the group it came from, bit for bit.
+    ///
+    /// # Safety
+    /// As [`dot_group`]'s.
+    pub unsafe fn dot_expanded<const T: usize>(
+        lines: &[Line],
+        blocks: usize,
+        a: [&Q8Row; T],
+        starts: [&[i32]; T],
+    ) -> [[f32; ROWS]; T] {
+        assert!(a.iter().zip(&starts).all(|(a, s)| {
+            a.d.len() >= blocks && a.qs.len() >= blocks * 32 && s.len() >= blocks * QUADS
+        }));
+        // Q8_0's lines; the starts, Q5_0's, cancel its offset.
+        group_vnni::<T, Q8_0>(lines, blocks, a, starts)
+    }
+
+    /// A Q4_1 or Q5_0 block's values `4q..4q + 4` of its sixteen rows, unsigned bytes, from
+    /// its four lines of nibbles at `nibbles` (the low nibbles are values 0..16, the high
+    /// ones 16..32).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn nibble_values(nibbles: *const Line, q: usize) -> __m512i {
+        let low = _mm512_set1_epi8(0x0F);
+        let v = _mm512_load_si512(nibbles.add(q % 4) as *const __m512i);
+        match q < 4 {
+            true => _mm512_and_si512(v, low),
+            false => _mm512_and_si512(_mm512_srli_epi16::<4>(v), low),
+        }
+    }
+
+    /// A Q5_0 block's values `4q..4q + 4` of its sixteen rows, stored 16 higher, from its
+    /// mask line and four lines of nibbles at `lines`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn q5_0_values(lines: *const Line, q: usize) -> __m512i {
+        let low = nibble_values(lines.add(1), q);
+        let mask = (lines as *const u64).add(q).read();
+        _mm512_mask_add_epi8(low, mask, low, _mm512_set1_epi8(0x10))
     }
 
     /// The formats, as `group_vnni`'s parameter.
@@ -241,10 +340,8 @@ mod simd {
             Q4_1 => BlockFormat::Q4_1,
             _ => BlockFormat::Q5_0,
         };
-        let fifth = _mm512_set1_epi8(0x10);
         let (per_unit, value_lines) = unit(format);
         assert!(group.len() >= blocks.div_ceil(per_unit) * (1 + per_unit * value_lines));
-        let low = _mm512_set1_epi8(0x0F);
         let mut acc = [[_mm512_setzero_ps(); QUADS]; T];
         let mut extra = [_mm512_setzero_ps(); T];
         let half = |at: *const u8| _mm512_cvtph_ps(_mm256_loadu_si256(at as *const __m256i));
@@ -267,28 +364,15 @@ mod simd {
                 }
             }
             for q in 0..QUADS {
-                let nibbles = |lines: *const Line| {
-                    let v = _mm512_load_si512(lines.add(q % 4) as *const __m512i);
-                    match q < 4 {
-                        true => _mm512_and_si512(v, low),
-                        false => _mm512_and_si512(_mm512_srli_epi16::<4>(v), low),
-                    }
-                };
                 let w = match F {
                     Q8_0 => _mm512_load_si512(lines.add(q) as *const __m512i),
-                    Q4_1 => nibbles(lines),
-                    _ => {
-                        let low = nibbles(lines.add(1));
-                        let mask = (lines as *const u64).add(q).read();
-                        _mm512_mask_add_epi8(low, mask, low, fifth)
-                    }
+                    Q4_1 => nibble_values(lines, q),
+                    _ => q5_0_values(lines, q),
                 };
                 for t in 0..T {
                     let four = a[t].qs.as_ptr().add(b * 32 + 4 * q) as *const i32;
                     let start = match F {
                         Q4_1 => _mm512_setzero_si512(),
-                        // -16 · Σ: -128 · Σ over 8, exactly.
-                        Q5_0 => _mm512_set1_epi32(*starts[t].get_unchecked(b * QUADS + q) >> 3),
                         _ => _mm512_set1_epi32(*starts[t].get_unchecked(b * QUADS + q)),
                     };
                     let y = _mm512_set1_epi32(four.read_unaligned());
@@ -325,22 +409,44 @@ impl Layout for BlockLanes {
         {
             let starts = match self.format {
                 BlockFormat::Q4_1 => &[],
-                _ => starts.get(a, self.blocks),
+                format => starts.get(a, self.blocks, format),
             };
             let start = |t: usize| starts.get(t).map_or(&[][..], Vec::as_slice);
             // Sixteen weight rows (one per lane) by two activation rows at a time: their
             // sixteen accumulators stay in registers.
             let all: Vec<usize> = (0..kernels.len()).collect();
+            // Q5_0 against more than two pairs: each group decoded once (`expand_q5_0`).
+            let expand = self.format == BlockFormat::Q5_0 && kernels.len() > 4;
+            let (mut expanded, mut decoded) = (Vec::new(), None);
             lane_groups(out, range, &all, |g, four| {
+                if expand && decoded != Some(g) {
+                    // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
+                    unsafe { expand_q5_0(self, g, &mut expanded) };
+                    decoded = Some(g);
+                }
                 let mut got = [[0f32; LANE_ROWS]; 4];
                 for (k, two) in four.chunks(2).enumerate() {
                     let (x, y) = (two[0], *two.last().unwrap());
-                    // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
+                    let blocks = self.blocks;
+                    // SAFETY: as above.
                     let pair = unsafe {
-                        match two.len() {
-                            2 => dot_group::<2>(self, g, [&a[x], &a[y]], [start(x), start(y)]),
-                            _ => {
+                        match (expand, two.len()) {
+                            (false, 2) => {
+                                dot_group::<2>(self, g, [&a[x], &a[y]], [start(x), start(y)])
+                            }
+                            (true, 2) => dot_expanded::<2>(
+                                &expanded,
+                                blocks,
+                                [&a[x], &a[y]],
+                                [start(x), start(y)],
+                            ),
+                            (false, _) => {
                                 let [one] = dot_group::<1>(self, g, [&a[x]], [start(x)]);
+                                [one, [0.0; LANE_ROWS]]
+                            }
+                            (true, _) => {
+                                let [one] =
+                                    dot_expanded::<1>(&expanded, blocks, [&a[x]], [start(x)]);
                                 [one, [0.0; LANE_ROWS]]
                             }
                         }
@@ -366,7 +472,8 @@ mod tests {
     use crate::quant::OwnFormat;
 
     /// Every row of every group, against one and two activation rows, equals the portable
-    /// dot product bit for bit, for every format, the extreme values (-128 and 127 in
+    /// dot product bit for bit, for every format (Q5_0 also decoded once, as for more
+    /// than four rows), the extreme values (-128 and 127 in
     /// Q8_0's weights and the activations, the lowest and highest of Q4_1's and Q5_0's)
     /// included.
     #[test]
@@ -399,7 +506,11 @@ mod tests {
                 .collect();
             // Activation row 2's values all -128 (the quantizer never makes it).
             acts[2].qs.fill(-128);
-            let starts: Vec<Vec<i32>> = acts.iter().map(|a| lane_starts(a, blocks)).collect();
+            let offset = offset(format);
+            let starts: Vec<Vec<i32>> = acts
+                .iter()
+                .map(|a| lane_starts(a, blocks, offset))
+                .collect();
             let row_bytes = blocks * bytes;
             for g in 0..rows.div_ceil(ROWS) {
                 for (first, second) in [(0, 1), (2, 0), (1, 2)] {
@@ -408,6 +519,20 @@ mod tests {
                     let got =
                         unsafe { dot_group::<2>(&m, g, [x, y], [&starts[first], &starts[second]]) };
                     let one = unsafe { dot_group::<1>(&m, g, [x], [&starts[first]]) };
+                    // Q5_0 decoded once and read as Q8_0, as for more than four rows.
+                    let expanded = (format == BlockFormat::Q5_0).then(|| {
+                        let mut lines = Vec::new();
+                        // SAFETY: as above.
+                        unsafe {
+                            expand_q5_0(&m, g, &mut lines);
+                            dot_expanded::<2>(
+                                &lines,
+                                blocks,
+                                [x, y],
+                                [&starts[first], &starts[second]],
+                            )
+                        }
+                    });
                     for lane in 0..ROWS {
                         let r = g * ROWS + lane;
                         for (t, &k) in [first, second].iter().enumerate() {
@@ -416,6 +541,14 @@ mod tests {
                                     .dot_portable(&raw[r * row_bytes..][..row_bytes], &acts[k]),
                                 false => 0.0,
                             };
+                            if let Some(expanded) = &expanded {
+                                let got = expanded[t][lane];
+                                assert_eq!(
+                                    want.to_bits(),
+                                    got.to_bits(),
+                                    "{format:?} row {r}, act {k}, decoded once"
+                                );
+                            }
                             let got = got[t][lane];
                             assert_eq!(
                                 want.to_bits(),

@@ -86,13 +86,14 @@ pub(super) const LANE_ROWS: usize = super::q4k_lanes::ROWS;
 
 /// Runs `dot(g, four)` (the sixteen weight rows of interleaved group `g` by up to four
 /// activation rows `four`, results `[k][lane]`) over the groups that overlap the chunk
-/// `range`, for the activation rows `rows`, and writes the chunk's results.
+/// `range`, for the activation rows `rows`, and writes the chunk's results. A group's
+/// calls come one after another, so `dot` may keep what it prepared for the group.
 #[cfg(target_arch = "x86_64")]
 pub(super) fn lane_groups(
     out: &Columns,
     range: Range<usize>,
     rows: &[usize],
-    dot: impl Fn(usize, &[usize]) -> [[f32; LANE_ROWS]; 4],
+    mut dot: impl FnMut(usize, &[usize]) -> [[f32; LANE_ROWS]; 4],
 ) {
     for g in range.start / LANE_ROWS..range.end.div_ceil(LANE_ROWS) {
         for four in rows.chunks(4) {
