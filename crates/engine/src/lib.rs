@@ -6,6 +6,7 @@ pub mod cpu;
 pub mod error;
 pub mod gguf;
 mod gguf_header;
+pub mod huge_pages;
 pub mod kv_cache;
 pub mod lookup;
 pub mod model;

@@ -402,6 +402,10 @@ mod simd {
 }
 
 impl Layout for BlockLanes {
+    fn back_with_huge_pages(&self) -> usize {
+        crate::huge_pages::back(&self.lines)
+    }
+
     fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
         let Activations::Q8(a, _, starts) = acts else {
             unreachable!("block-of-32 formats take Q8 activations");

@@ -140,6 +140,10 @@ impl FloatKernels for f16 {
 }
 
 impl<W: FloatKernels> Layout for FloatRows<W> {
+    fn back_with_huge_pages(&self) -> usize {
+        crate::huge_pages::back(&self.values)
+    }
+
     fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
         let x = W::activations(acts);
         let (w, cols) = (&self.values, self.cols);
@@ -148,6 +152,10 @@ impl<W: FloatKernels> Layout for FloatRows<W> {
 }
 
 impl Layout for FloatRows<bf16> {
+    fn back_with_huge_pages(&self) -> usize {
+        crate::huge_pages::back(&self.values)
+    }
+
     fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
         let (x, narrowed) = brain_activations(acts);
         let cols = self.cols;

@@ -45,11 +45,22 @@ pub(super) trait Layout: Send + Sync {
     fn reads_act_tiles(&self) -> bool {
         false
     }
+
+    /// Asks for its weights' memory to be backed by huge pages
+    /// ([`crate::huge_pages::back`]); the bytes that are.
+    fn back_with_huge_pages(&self) -> usize;
 }
 
 /// `rows × cols` weights of `format` (raw blocks, row after row, sizes already checked)
-/// laid out for this CPU's kernels.
+/// laid out for this CPU's kernels, its memory in huge pages where the system allows.
 pub(super) fn lay_out(format: OwnFormat, data: &[u8], rows: usize, cols: usize) -> Box<dyn Layout> {
+    let laid = choose(format, data, rows, cols);
+    laid.back_with_huge_pages();
+    laid
+}
+
+/// [`lay_out`]'s choice of layout.
+fn choose(format: OwnFormat, data: &[u8], rows: usize, cols: usize) -> Box<dyn Layout> {
     let blocks = cols / kquant::QK_K;
     match format {
         OwnFormat::Blocks(f @ (BlockFormat::Q8_0 | BlockFormat::Q4_1 | BlockFormat::Q5_0))

@@ -236,6 +236,10 @@ impl PackedRows {
 }
 
 impl Layout for PackedRows {
+    fn back_with_huge_pages(&self) -> usize {
+        crate::huge_pages::back(&self.data)
+    }
+
     fn reads_act_tiles(&self) -> bool {
         true
     }

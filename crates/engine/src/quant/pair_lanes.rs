@@ -427,6 +427,10 @@ mod simd {
 }
 
 impl Layout for PairLanes {
+    fn back_with_huge_pages(&self) -> usize {
+        crate::huge_pages::back(&self.lines)
+    }
+
     fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
         let Activations::Q8K(a, once) = acts else {
             unreachable!("this layout takes Q8_K activations");

@@ -200,6 +200,10 @@ mod simd {
 }
 
 impl Layout for Q4kLanes {
+    fn back_with_huge_pages(&self) -> usize {
+        crate::huge_pages::back(&self.lines)
+    }
+
     fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
         let Activations::Q8K(a, _) = acts else {
             unreachable!("Q4_K takes Q8_K activations");

@@ -31,6 +31,10 @@ impl RowMajor {
 }
 
 impl Layout for RowMajor {
+    fn back_with_huge_pages(&self) -> usize {
+        crate::huge_pages::back(&self.data)
+    }
+
     fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
         let (format, data, row_bytes) = (&self.format, &self.data, self.row_bytes);
         let (n, start, end) = (kernels.len(), range.start, range.end);
