@@ -54,6 +54,9 @@ fn main() {
 fn run(rows: usize, cols: usize, only: Option<&str>, batches: &[usize]) {
     let formats = [
         ("Q4_0", OwnFormat::Blocks(BlockFormat::Q4_0)),
+        // Q4_0 as real models' matrices take it (rows a multiple of eight: llama.cpp's
+        // repacked arithmetic).
+        ("Q4_0R", OwnFormat::Q4_0Repacked),
         ("Q4_1", OwnFormat::Blocks(BlockFormat::Q4_1)),
         ("Q5_0", OwnFormat::Blocks(BlockFormat::Q5_0)),
         ("Q8_0", OwnFormat::Blocks(BlockFormat::Q8_0)),

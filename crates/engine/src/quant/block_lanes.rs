@@ -1,4 +1,4 @@
-//! Q8_0, Q4_1 and Q5_0 weights interleaved sixteen rows at a time, one weight row per 32-bit
+//! Q8_0, Q4_1, Q5_0 and Q4_0 weights interleaved sixteen rows at a time, one weight row per 32-bit
 //! lane, for the AVX-512 VNNI kernel: one multiply-add instruction takes four consecutive
 //! values of each of sixteen rows against the same four activations (broadcast).
 //!
@@ -10,7 +10,9 @@
 //! - Q4_1, a unit of one block: one line of the sixteen scales `d` and minimums `m`, then
 //!   four lines of values;
 //! - Q5_0, a unit of two blocks: one line of scales for both, then per block one line of
-//!   fifth bits and four lines of values.
+//!   fifth bits and four lines of values;
+//! - Q4_0, a unit of two blocks: one line of scales for both, then per block four lines of
+//!   values.
 //!
 //! Row `r`'s four bytes are at `4r..4r + 4` of each line of values:
 //! - Q8_0: eight lines, line `q` holding values `4q..4q + 4`, each stored 128 higher (an
@@ -33,6 +35,9 @@
 //! shifting Q8_0's by three in the kernel cost a scalar shift and a broadcast per lane
 //! and activation row, a quarter of its one-row speed (39 against 51).
 //!
+//! - Q4_0: four lines of nibbles as Q4_1's, values stored 8 higher (the file's nibbles),
+//!   each block's lanes starting from `-8 ·` the sum of its activations.
+//!
 //! That integer is llama.cpp's lane: `ggml_vec_dot_q8_0_q8_0` (and `_q4_1_q8_1`,
 //! `_q5_0_q8_0`) sums each block in eight lanes of four products, adds `d_w · d_a ·` the
 //! lane into that lane's float accumulator with one fused multiply-add, and ends with
@@ -41,7 +46,14 @@
 //! Here a group's eight accumulators per activation row are the eight lanes of sixteen
 //! weight rows at once, the same operations on the same values in the same order, and
 //! the horizontal sum is seven vector additions in `hsum_float_8`'s order; so results are
-//! bit-identical to [`super::dot::BlockFormat::dot_portable`]. Against the eight-row
+//! bit-identical to [`super::dot::BlockFormat::dot_portable`].
+//!
+//! Q4_0 follows llama.cpp's other Q4_0 kernel, the one it uses once it has repacked a
+//! matrix eight rows at a time (x86 with AVX2, rows a multiple of eight, so every Q4_0
+//! matrix of a real model; [`super::dot::dot_q4_0_repacked`]): a block's 32 products are
+//! one integer per row, converted and folded into the row's one float accumulator with a
+//! fused multiply-add by `d_w · d_a`. Here the eight multiply-adds of a block go into one
+//! integer lane per row, and nothing is summed across lanes at all. Against the eight-row
 //! layout (`packed`), which converts and scales the integer lanes of one (weight row,
 //! activation row) pair per instruction, this needs no per-pair scale vector and no
 //! horizontal sums per block, and a group's weights are one contiguous stream.
@@ -70,7 +82,7 @@ fn unit(format: BlockFormat) -> (usize, usize) {
         BlockFormat::Q8_0 => (2, 8),
         BlockFormat::Q4_1 => (1, 4),
         BlockFormat::Q5_0 => (2, 5),
-        BlockFormat::Q4_0 => unreachable!("Q4_0 is not laid out in lanes"),
+        BlockFormat::Q4_0 => (2, 4),
     }
 }
 
@@ -84,7 +96,7 @@ fn place(format: BlockFormat, b: usize) -> (usize, usize, usize) {
     (header, 32 * within, header + 1 + within * value_lines)
 }
 
-/// A Q8_0, Q4_1 or Q5_0 matrix in the sixteen-row layout (see the module).
+/// A Q8_0, Q4_1, Q5_0 or (repacked, see the module) Q4_0 matrix in the sixteen-row layout.
 pub struct BlockLanes {
     format: BlockFormat,
     blocks: usize,
@@ -116,7 +128,7 @@ impl BlockLanes {
                     header[32 + 2 * lane..32 + 2 * lane + 2].copy_from_slice(&block[2..4]);
                 }
                 let (quants, values) = match format {
-                    BlockFormat::Q8_0 => (&block[2..], values),
+                    BlockFormat::Q8_0 | BlockFormat::Q4_0 => (&block[2..], values),
                     BlockFormat::Q4_1 => (&block[4..], values),
                     _ => {
                         // Value j's fifth bit is bit j of the block's qh.
@@ -157,13 +169,14 @@ impl BlockLanes {
     }
 }
 
-/// What `format`'s stored values are above the file's: 128 for Q8_0, 16 for Q5_0 (Q4_1's
-/// are the file's nibbles).
+/// What `format`'s stored values are above the values they stand for: 128 for Q8_0, 16
+/// for Q5_0, 8 for Q4_0 (Q4_1's nibbles are its values).
 fn offset(format: BlockFormat) -> i32 {
     match format {
         BlockFormat::Q8_0 => 128,
         BlockFormat::Q5_0 => 16,
-        _ => 0,
+        BlockFormat::Q4_0 => 8,
+        BlockFormat::Q4_1 => 0,
     }
 }
 
@@ -177,16 +190,20 @@ pub fn lane_starts(a: &Q8Row, blocks: usize, offset: i32) -> Vec<i32> {
         .collect()
 }
 
-/// Every row's [`lane_starts`] for one matrix product, Q8_0's and Q5_0's, each computed
-/// by the first chunk that needs them and shared by the others.
+/// Every row's [`lane_starts`] for one matrix product, Q8_0's, Q5_0's and Q4_0's, each
+/// computed by the first chunk that needs them and shared by the others.
 #[derive(Default)]
-pub struct StartsOnce([OnceLock<Vec<Vec<i32>>>; 2]);
+pub struct StartsOnce([OnceLock<Vec<Vec<i32>>>; 3]);
 
 impl StartsOnce {
     /// The starts of the rows `a` (which must be the rows they were first asked for)
-    /// against a matrix of `format` (Q8_0 or Q5_0).
+    /// against a matrix of `format` (Q8_0, Q5_0 or Q4_0).
     pub fn get(&self, a: &[Q8Row], blocks: usize, format: BlockFormat) -> &[Vec<i32>] {
-        let once = &self.0[usize::from(format == BlockFormat::Q5_0)];
+        let once = match format {
+            BlockFormat::Q5_0 => &self.0[1],
+            BlockFormat::Q4_0 => &self.0[2],
+            _ => &self.0[0],
+        };
         let offset = offset(format);
         assert!(offset > 0, "{format:?} has no lane starts");
         let starts = once.get_or_init(|| {
@@ -234,7 +251,8 @@ mod simd {
         match m.format {
             BlockFormat::Q8_0 => group_vnni::<T, Q8_0>(lines, blocks, a, starts),
             BlockFormat::Q4_1 => group_vnni::<T, Q4_1>(lines, blocks, a, starts),
-            _ => group_vnni::<T, Q5_0>(lines, blocks, a, starts),
+            BlockFormat::Q5_0 => group_vnni::<T, Q5_0>(lines, blocks, a, starts),
+            BlockFormat::Q4_0 => group_vnni::<T, Q4_0>(lines, blocks, a, starts),
         }
     }
 
@@ -318,6 +336,7 @@ mod simd {
     const Q8_0: u8 = 0;
     const Q4_1: u8 = 1;
     const Q5_0: u8 = 2;
+    const Q4_0: u8 = 3;
 
     /// [`dot_group`] on a group's lines of format `F`.
     /// Per block: the rows' scales times each activation row's (one multiplication per
@@ -339,6 +358,7 @@ mod simd {
         let format = match F {
             Q8_0 => BlockFormat::Q8_0,
             Q4_1 => BlockFormat::Q4_1,
+            Q4_0 => BlockFormat::Q4_0,
             _ => BlockFormat::Q5_0,
         };
         let (per_unit, value_lines) = unit(format);
@@ -364,6 +384,26 @@ mod simd {
                     extra[t] = _mm512_fmadd_ps(m, s, extra[t]);
                 }
             }
+            if F == Q4_0 {
+                // One integer per row and block: it starts from the block's quads' starts
+                // together, and the block's eight multiply-adds all add into it.
+                let mut sum: [__m512i; T] = std::array::from_fn(|t| {
+                    let s = starts[t].get_unchecked(b * QUADS..(b + 1) * QUADS);
+                    _mm512_set1_epi32(s.iter().sum())
+                });
+                for q in 0..QUADS {
+                    let w = nibble_values(lines, q);
+                    for t in 0..T {
+                        let four = a[t].qs.as_ptr().add(b * 32 + 4 * q) as *const i32;
+                        let y = _mm512_set1_epi32(four.read_unaligned());
+                        sum[t] = _mm512_dpbusd_epi32(sum[t], w, y);
+                    }
+                }
+                for t in 0..T {
+                    acc[t][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), scale[t], acc[t][0]);
+                }
+                continue;
+            }
             for q in 0..QUADS {
                 let w = match F {
                     Q8_0 => _mm512_load_si512(lines.add(q) as *const __m512i),
@@ -385,6 +425,11 @@ mod simd {
         let mut out = [[0f32; ROWS]; T];
         for t in 0..T {
             let l = &acc[t];
+            if F == Q4_0 {
+                // Its one accumulator per row.
+                _mm512_storeu_ps(out[t].as_mut_ptr(), l[0]);
+                continue;
+            }
             // hsum_float_8: lanes i and i + 4 first, then (0 + 2) + (1 + 3); then Q4_1's
             // minimums (none for the others).
             let even = _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6]));
@@ -477,7 +522,7 @@ mod tests {
     use crate::quant::OwnFormat;
 
     /// Every row of every group, against one and two activation rows, equals the portable
-    /// dot product bit for bit, for every format (Q5_0 also decoded once, as for more
+    /// dot product bit for bit (Q4_0's repacked one), for every format (Q5_0 also decoded once, as for more
     /// than four rows), the extreme values (-128 and 127 in
     /// Q8_0's weights and the activations, the lowest and highest of Q4_1's and Q5_0's)
     /// included.
@@ -487,7 +532,12 @@ mod tests {
         if crate::cpu::lacks(crate::cpu::detected().vnni, "vnni") {
             return;
         }
-        let formats = [BlockFormat::Q8_0, BlockFormat::Q4_1, BlockFormat::Q5_0];
+        let formats = [
+            BlockFormat::Q8_0,
+            BlockFormat::Q4_1,
+            BlockFormat::Q5_0,
+            BlockFormat::Q4_0,
+        ];
         for (seed, format) in (21..).zip(formats) {
             let mut rng = Xorshift::new(seed);
             let (rows, cols) = (37, 7 * 32);
@@ -498,6 +548,7 @@ mod tests {
             let (from, lowest, highest) = match format {
                 BlockFormat::Q8_0 => (2, 0x80u8, 0x7f),
                 BlockFormat::Q4_1 => (4, 0x00, 0xff),
+                // Q5_0's and Q4_0's: bytes 2.. (Q5_0's fifth bits among them).
                 _ => (2, 0x00, 0xff),
             };
             for (r, v) in [(3usize, lowest), (4, highest)] {
@@ -541,10 +592,14 @@ mod tests {
                     for lane in 0..ROWS {
                         let r = g * ROWS + lane;
                         for (t, &k) in [first, second].iter().enumerate() {
-                            let want = match r < rows {
-                                true => format
-                                    .dot_portable(&raw[r * row_bytes..][..row_bytes], &acts[k]),
-                                false => 0.0,
+                            let w = || &raw[r * row_bytes..][..row_bytes];
+                            let want = match (r < rows, format) {
+                                (false, _) => 0.0,
+                                // The repacked kernel's arithmetic (see the module).
+                                (true, BlockFormat::Q4_0) => {
+                                    crate::quant::dot::dot_q4_0_repacked(w(), &acts[k])
+                                }
+                                (true, _) => format.dot_portable(w(), &acts[k]),
                             };
                             if let Some(expanded) = &expanded {
                                 let got = expanded[t][lane];

@@ -3,10 +3,11 @@
 //! behind the one [`Layout`] trait that multiplies a chunk of its rows.
 //!
 //! The layouts, and the modules that hold them with their kernels:
-//! - Q8_0, Q4_1 and Q5_0 interleaved sixteen rows to a vector where the CPU has AVX-512
-//!   VNNI: `block_lanes`;
-//! - block-of-32 formats (Q4_0, and the others elsewhere) repacked eight rows at a time:
-//!   `packed` (portable) and `packed_simd` (AVX2, AVX-512 VNNI);
+//! - Q8_0, Q4_1, Q5_0 and Q4_0 (the last with llama.cpp's repacked arithmetic)
+//!   interleaved sixteen rows to a vector where the CPU has AVX-512 VNNI: `block_lanes`;
+//! - block-of-32 formats (Q4_0 with rows not a multiple of eight, and the others
+//!   elsewhere) repacked eight rows at a time: `packed` (portable) and `packed_simd`
+//!   (AVX2, AVX-512 VNNI);
 //! - Q4_K and Q6_K interleaved sixteen rows to a vector where the CPU has AVX-512 VNNI:
 //!   `q4k_lanes`, `q6k_lanes`;
 //! - Q5_K and IQ4_XS two rows to a vector there: `pair_lanes`;
@@ -69,6 +70,9 @@ fn choose(format: OwnFormat, data: &[u8], rows: usize, cols: usize) -> Box<dyn L
             Box::new(BlockLanes::new(f, data, rows, cols))
         }
         OwnFormat::Blocks(f) => Box::new(PackedRows::new(f, data, rows, cols)),
+        OwnFormat::Q4_0Repacked if simd_wide_tiles() => {
+            Box::new(BlockLanes::new(BlockFormat::Q4_0, data, rows, cols))
+        }
         OwnFormat::Q4K if simd_wide_tiles() => Box::new(Q4kLanes::new(data, rows, blocks)),
         OwnFormat::Q6K if simd_wide_tiles() => Box::new(Q6kLanes::new(data, rows, blocks)),
         OwnFormat::Q5K if simd_wide_tiles() => {
