@@ -180,13 +180,24 @@ fn offset(format: BlockFormat) -> i32 {
     }
 }
 
-/// Per block and group of four values of `a`'s first `blocks` blocks, `-offset ·` their
-/// sum: where a lane of the kernel starts for a format whose values are stored `offset`
-/// higher ([`offset`]), so that the offset cancels.
-pub fn lane_starts(a: &Q8Row, blocks: usize, offset: i32) -> Vec<i32> {
+/// How many starts a block of `format` takes: one per group of four values (a lane of
+/// the kernel), Q4_0's one for the block (its one integer per row and block).
+fn starts_per_block(format: BlockFormat) -> usize {
+    match format {
+        BlockFormat::Q4_0 => 1,
+        _ => QUADS,
+    }
+}
+
+/// Where the kernel's integers start for activation row `a` (its first `blocks` blocks)
+/// against a matrix of `format`: per block, and per group of four values but for Q4_0
+/// ([`starts_per_block`]), `-offset ·` the values' sum, so that the offset the weights
+/// are stored with ([`offset`]) cancels (all zero for Q4_1, which has none).
+pub fn lane_starts(a: &Q8Row, blocks: usize, format: BlockFormat) -> Vec<i32> {
+    let offset = offset(format);
     a.qs[..blocks * 32]
-        .chunks_exact(4)
-        .map(|four| -offset * four.iter().map(|&v| v as i32).sum::<i32>())
+        .chunks_exact(32 / starts_per_block(format))
+        .map(|values| -offset * values.iter().map(|&v| v as i32).sum::<i32>())
         .collect()
 }
 
@@ -204,14 +215,14 @@ impl StartsOnce {
             BlockFormat::Q4_0 => &self.0[2],
             _ => &self.0[0],
         };
-        let offset = offset(format);
-        assert!(offset > 0, "{format:?} has no lane starts");
+        assert!(offset(format) > 0, "{format:?} has no lane starts");
         let starts = once.get_or_init(|| {
             a.iter()
-                .map(|row| lane_starts(row, blocks, offset))
+                .map(|row| lane_starts(row, blocks, format))
                 .collect()
         });
-        assert!(starts.len() == a.len() && starts.iter().all(|s| s.len() == blocks * QUADS));
+        let per_row = blocks * starts_per_block(format);
+        assert!(starts.len() == a.len() && starts.iter().all(|s| s.len() == per_row));
         starts
     }
 }
@@ -223,7 +234,7 @@ pub use simd::{dot_expanded, dot_group, expand_q5_0};
 mod simd {
     use std::arch::x86_64::*;
 
-    use super::{place, unit, BlockFormat, BlockLanes, Line, QUADS, ROWS};
+    use super::{place, starts_per_block, unit, BlockFormat, BlockLanes, Line, QUADS, ROWS};
     use crate::quant::q8::Q8Row;
     use crate::quant::simd::prefetch_span;
 
@@ -245,7 +256,7 @@ mod simd {
             a.d.len() >= blocks
                 && a.s.len() >= blocks
                 && a.qs.len() >= blocks * 32
-                && (m.format == BlockFormat::Q4_1 || s.len() >= blocks * QUADS)
+                && (m.format == BlockFormat::Q4_1 || s.len() >= blocks * starts_per_block(m.format))
         }));
         let lines = m.group(g);
         match m.format {
@@ -385,12 +396,10 @@ mod simd {
                 }
             }
             if F == Q4_0 {
-                // One integer per row and block: it starts from the block's quads' starts
-                // together, and the block's eight multiply-adds all add into it.
-                let mut sum: [__m512i; T] = std::array::from_fn(|t| {
-                    let s = starts[t].get_unchecked(b * QUADS..(b + 1) * QUADS);
-                    _mm512_set1_epi32(s.iter().sum())
-                });
+                // One integer per row and block: it starts from the block's start, and the
+                // block's eight multiply-adds all add into it.
+                let mut sum: [__m512i; T] =
+                    std::array::from_fn(|t| _mm512_set1_epi32(*starts[t].get_unchecked(b)));
                 for q in 0..QUADS {
                     let w = nibble_values(lines, q);
                     for t in 0..T {
@@ -447,8 +456,8 @@ mod simd {
 }
 
 impl Layout for BlockLanes {
-    fn back_with_huge_pages(&self) -> usize {
-        crate::huge_pages::back(&self.lines)
+    fn back_with_huge_pages(&self) {
+        crate::huge_pages::back(&self.lines);
     }
 
     fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
@@ -476,32 +485,16 @@ impl Layout for BlockLanes {
                 }
                 let mut got = [[0f32; LANE_ROWS]; 4];
                 for (k, two) in four.chunks(2).enumerate() {
-                    let (x, y) = (two[0], *two.last().unwrap());
-                    let blocks = self.blocks;
+                    let part = &mut got[2 * k..];
                     // SAFETY: as above.
-                    let pair = unsafe {
-                        match (expand, two.len()) {
-                            (false, 2) => {
-                                dot_group::<2>(self, g, [&a[x], &a[y]], [start(x), start(y)])
-                            }
-                            (true, 2) => dot_expanded::<2>(
-                                &expanded,
-                                blocks,
-                                [&a[x], &a[y]],
-                                [start(x), start(y)],
-                            ),
-                            (false, _) => {
-                                let [one] = dot_group::<1>(self, g, [&a[x]], [start(x)]);
-                                [one, [0.0; LANE_ROWS]]
-                            }
-                            (true, _) => {
-                                let [one] =
-                                    dot_expanded::<1>(&expanded, blocks, [&a[x]], [start(x)]);
-                                [one, [0.0; LANE_ROWS]]
-                            }
+                    with_row_count!(two.len(), part, T => unsafe {
+                        let rows = std::array::from_fn(|i| &a[two[i]]);
+                        let starts = std::array::from_fn(|i| start(two[i]));
+                        match expand {
+                            true => dot_expanded::<T>(&expanded, self.blocks, rows, starts),
+                            false => dot_group::<T>(self, g, rows, starts),
                         }
-                    };
-                    got[2 * k..2 * k + two.len()].copy_from_slice(&pair[..two.len()]);
+                    });
                 }
                 got
             });
@@ -562,10 +555,9 @@ mod tests {
                 .collect();
             // Activation row 2's values all -128 (the quantizer never makes it).
             acts[2].qs.fill(-128);
-            let offset = offset(format);
             let starts: Vec<Vec<i32>> = acts
                 .iter()
-                .map(|a| lane_starts(a, blocks, offset))
+                .map(|a| lane_starts(a, blocks, format))
                 .collect();
             let row_bytes = blocks * bytes;
             for g in 0..rows.div_ceil(ROWS) {
