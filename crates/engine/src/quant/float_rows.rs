@@ -140,8 +140,8 @@ impl FloatKernels for f16 {
 }
 
 impl<W: FloatKernels> Layout for FloatRows<W> {
-    fn back_with_huge_pages(&self) -> usize {
-        crate::huge_pages::back(&self.values)
+    fn back_with_huge_pages(&self) {
+        crate::huge_pages::back(&self.values);
     }
 
     fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
@@ -152,8 +152,8 @@ impl<W: FloatKernels> Layout for FloatRows<W> {
 }
 
 impl Layout for FloatRows<bf16> {
-    fn back_with_huge_pages(&self) -> usize {
-        crate::huge_pages::back(&self.values)
+    fn back_with_huge_pages(&self) {
+        crate::huge_pages::back(&self.values);
     }
 
     fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {

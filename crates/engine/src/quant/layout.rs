@@ -48,8 +48,8 @@ pub(super) trait Layout: Send + Sync {
     }
 
     /// Asks for its weights' memory to be backed by huge pages
-    /// ([`crate::huge_pages::back`]); the bytes that are.
-    fn back_with_huge_pages(&self) -> usize;
+    /// ([`crate::huge_pages::back`]).
+    fn back_with_huge_pages(&self);
 }
 
 /// `rows × cols` weights of `format` (raw blocks, row after row, sizes already checked)

@@ -236,8 +236,8 @@ impl PackedRows {
 }
 
 impl Layout for PackedRows {
-    fn back_with_huge_pages(&self) -> usize {
-        crate::huge_pages::back(&self.data)
+    fn back_with_huge_pages(&self) {
+        crate::huge_pages::back(&self.data);
     }
 
     fn reads_act_tiles(&self) -> bool {

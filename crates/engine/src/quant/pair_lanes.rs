@@ -427,8 +427,8 @@ mod simd {
 }
 
 impl Layout for PairLanes {
-    fn back_with_huge_pages(&self) -> usize {
-        crate::huge_pages::back(&self.lines)
+    fn back_with_huge_pages(&self) {
+        crate::huge_pages::back(&self.lines);
     }
 
     fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {

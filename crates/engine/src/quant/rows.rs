@@ -31,8 +31,8 @@ impl RowMajor {
 }
 
 impl Layout for RowMajor {
-    fn back_with_huge_pages(&self) -> usize {
-        crate::huge_pages::back(&self.data)
+    fn back_with_huge_pages(&self) {
+        crate::huge_pages::back(&self.data);
     }
 
     fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
