@@ -247,21 +247,20 @@ mod tests {
             let Some(&first) = ends.first() else {
                 continue;
             };
+            // Whether every occurrence was followed by `t` at `i` (or by nothing yet).
+            let agree = |i: usize, t: TokenId| {
+                ends.iter()
+                    .all(|&e| tokens.get(e + 1 + i).is_none_or(|&u| u == t))
+            };
             let mut draft = vec![tokens[first + 1]];
+            if !agree(0, draft[0]) {
+                return draft;
+            }
             for i in 1..len {
-                let Some(&t) = tokens.get(first + 1 + i) else {
-                    break;
-                };
-                let agree = ends
-                    .iter()
-                    .all(|&e| tokens.get(e + 1 + i).is_none_or(|&u| u == t));
-                let agree_before = ends
-                    .iter()
-                    .all(|&e| tokens.get(e + 1).is_none_or(|&u| u == draft[0]));
-                if !agree || !agree_before {
-                    break;
+                match tokens.get(first + 1 + i) {
+                    Some(&t) if agree(i, t) => draft.push(t),
+                    _ => break,
                 }
-                draft.push(t);
             }
             return draft;
         }
