@@ -236,11 +236,12 @@ mod simd {
 
     use super::{place, starts_per_block, unit, BlockFormat, BlockLanes, Line, QUADS, ROWS};
     use crate::quant::q8::Q8Row;
-    use crate::quant::simd::prefetch_span;
+    use crate::quant::simd::{prefetch_span, Upcoming};
 
     /// Group `g`'s sixteen rows against `T` activation rows (`starts`: each one's
-    /// [`super::lane_starts`] for the matrix's format, none for Q4_1): `out[t][r]` is row `16g + r` · `a[t]`
-    /// (zero past the matrix).
+    /// [`super::lane_starts`] for the matrix's format, none for Q4_1): `out[t][r]` is row
+    /// `16g + r` · `a[t]` (zero past the matrix). `soon`: lines to ask the memory for
+    /// meanwhile ([`Upcoming`]).
     ///
     /// # Safety
     /// AVX2, FMA, F16C and AVX-512 (F, VL, BW, VNNI) must be available
@@ -250,6 +251,7 @@ mod simd {
         g: usize,
         a: [&Q8Row; T],
         starts: [&[i32]; T],
+        soon: Upcoming,
     ) -> [[f32; ROWS]; T] {
         let blocks = m.blocks;
         assert!(a.iter().zip(&starts).all(|(a, s)| {
@@ -260,10 +262,10 @@ mod simd {
         }));
         let lines = m.group(g);
         match m.format {
-            BlockFormat::Q8_0 => group_vnni::<T, Q8_0>(lines, blocks, a, starts),
-            BlockFormat::Q4_1 => group_vnni::<T, Q4_1>(lines, blocks, a, starts),
-            BlockFormat::Q5_0 => group_vnni::<T, Q5_0>(lines, blocks, a, starts),
-            BlockFormat::Q4_0 => group_vnni::<T, Q4_0>(lines, blocks, a, starts),
+            BlockFormat::Q8_0 => group_vnni::<T, Q8_0>(lines, blocks, a, starts, soon),
+            BlockFormat::Q4_1 => group_vnni::<T, Q4_1>(lines, blocks, a, starts, soon),
+            BlockFormat::Q5_0 => group_vnni::<T, Q5_0>(lines, blocks, a, starts, soon),
+            BlockFormat::Q4_0 => group_vnni::<T, Q4_0>(lines, blocks, a, starts, soon),
         }
     }
 
@@ -302,7 +304,7 @@ mod simd {
 
     /// The sixteen rows of a group that [`expand_q5_0`] wrote, `lines` (of a matrix of
     /// `blocks` blocks a row), against `T` activation rows (their Q5_0 starts): as
-    /// [`dot_group`] on the group it came from, bit for bit.
+    /// [`dot_group`] on the group it came from, bit for bit (`soon` as there).
     ///
     /// # Safety
     /// As [`dot_group`]'s.
@@ -311,12 +313,13 @@ mod simd {
         blocks: usize,
         a: [&Q8Row; T],
         starts: [&[i32]; T],
+        soon: Upcoming,
     ) -> [[f32; ROWS]; T] {
         assert!(a.iter().zip(&starts).all(|(a, s)| {
             a.d.len() >= blocks && a.qs.len() >= blocks * 32 && s.len() >= blocks * QUADS
         }));
         // Q8_0's lines; the starts, Q5_0's, cancel its offset.
-        group_vnni::<T, Q8_0>(lines, blocks, a, starts)
+        group_vnni::<T, Q8_0>(lines, blocks, a, starts, soon)
     }
 
     /// A Q4_1 or Q5_0 block's values `4q..4q + 4` of its sixteen rows, unsigned bytes, from
@@ -364,6 +367,7 @@ mod simd {
         blocks: usize,
         a: [&Q8Row; T],
         starts: [&[i32]; T],
+        mut soon: Upcoming,
     ) -> [[f32; ROWS]; T] {
         let ahead = crate::cpu::prefetch_ahead();
         let format = match F {
@@ -382,6 +386,7 @@ mod simd {
             if b % per_unit == 0 {
                 let unit_lines = 1 + per_unit * value_lines;
                 prefetch_span(group.as_ptr().add(header), unit_lines * 64, ahead);
+                soon.step();
             }
             let header = group.as_ptr().add(header) as *const u8;
             let lines = group.as_ptr().add(values);
@@ -471,31 +476,30 @@ impl Layout for BlockLanes {
                 format => starts.get(a, self.blocks, format),
             };
             let start = |t: usize| starts.get(t).map_or(&[][..], Vec::as_slice);
-            // Sixteen weight rows (one per lane) by two activation rows at a time: their
+            // Sixteen weight rows (one per lane) by two activation rows a pass: their
             // sixteen accumulators stay in registers.
             let all: Vec<usize> = (0..kernels.len()).collect();
             // Q5_0 against more than two pairs: each group decoded once (`expand_q5_0`).
             let expand = self.format == BlockFormat::Q5_0 && kernels.len() > 4;
             let (mut expanded, mut decoded) = (Vec::new(), None);
-            lane_groups(out, range, &all, |g, four| {
+            // The kernel asks for its share of the next group once a unit.
+            let (group, units) = (|g| self.group(g), self.blocks.div_ceil(unit(self.format).0));
+            lane_groups(out, range, &all, 2, (group, units), |g, two, soon| {
                 if expand && decoded != Some(g) {
                     // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
                     unsafe { expand_q5_0(self, g, &mut expanded) };
                     decoded = Some(g);
                 }
                 let mut got = [[0f32; LANE_ROWS]; 4];
-                for (k, two) in four.chunks(2).enumerate() {
-                    let part = &mut got[2 * k..];
-                    // SAFETY: as above.
-                    with_row_count!(two.len(), part, T => unsafe {
-                        let rows = std::array::from_fn(|i| &a[two[i]]);
-                        let starts = std::array::from_fn(|i| start(two[i]));
-                        match expand {
-                            true => dot_expanded::<T>(&expanded, self.blocks, rows, starts),
-                            false => dot_group::<T>(self, g, rows, starts),
-                        }
-                    });
-                }
+                // SAFETY: as above.
+                with_row_count!(two.len(), got, T => unsafe {
+                    let rows = std::array::from_fn(|i| &a[two[i]]);
+                    let starts = std::array::from_fn(|i| start(two[i]));
+                    match expand {
+                        true => dot_expanded::<T>(&expanded, self.blocks, rows, starts, soon),
+                        false => dot_group::<T>(self, g, rows, starts, soon),
+                    }
+                });
                 got
             });
         }
@@ -512,6 +516,7 @@ mod tests {
     use super::*;
     use crate::quant::q8::quantize_row;
     use crate::quant::sample::{self, Xorshift};
+    use crate::quant::simd::Upcoming;
     use crate::quant::OwnFormat;
 
     /// Every row of every group, against one and two activation rows, equals the portable
@@ -564,9 +569,18 @@ mod tests {
                 for (first, second) in [(0, 1), (2, 0), (1, 2)] {
                     let (x, y) = (&acts[first], &acts[second]);
                     // SAFETY: VNNI was checked.
-                    let got =
-                        unsafe { dot_group::<2>(&m, g, [x, y], [&starts[first], &starts[second]]) };
-                    let one = unsafe { dot_group::<1>(&m, g, [x], [&starts[first]]) };
+                    let got = unsafe {
+                        dot_group::<2>(
+                            &m,
+                            g,
+                            [x, y],
+                            [&starts[first], &starts[second]],
+                            Upcoming::NONE,
+                        )
+                    };
+                    let one = unsafe {
+                        dot_group::<1>(&m, g, [x], [&starts[first]], Upcoming::new(m.group(0), 3))
+                    };
                     // Q5_0 decoded once and read as Q8_0, as for more than four rows.
                     let expanded = (format == BlockFormat::Q5_0).then(|| {
                         let mut lines = Vec::new();
@@ -578,6 +592,7 @@ mod tests {
                                 blocks,
                                 [x, y],
                                 [&starts[first], &starts[second]],
+                                Upcoming::new(m.group(0), 3),
                             )
                         }
                     });

@@ -21,6 +21,7 @@
 
 use std::ops::Range;
 
+use super::act_tile::Line;
 use super::block_lanes::BlockLanes;
 use super::dot::BlockFormat;
 use super::float_rows::FloatRows;
@@ -30,6 +31,8 @@ use super::pair_lanes::{PairFormat, PairLanes};
 use super::q4k_lanes::Q4kLanes;
 use super::q6k_lanes::Q6kLanes;
 use super::rows::RowMajor;
+#[cfg(target_arch = "x86_64")]
+use super::simd::Upcoming;
 use super::{kquant, simd_wide_tiles, Activations, OwnFormat, RowKernel};
 
 /// A weight matrix laid out for its kernels, and those kernels.
@@ -99,23 +102,140 @@ fn choose(format: OwnFormat, data: &[u8], rows: usize, cols: usize) -> Box<dyn L
 /// Weight rows per group of the interleaved K-quant layouts (one per 512-bit lane).
 pub(super) const LANE_ROWS: usize = super::q4k_lanes::ROWS;
 
-/// Runs `dot(g, four)` (the sixteen weight rows of interleaved group `g` by up to four
-/// activation rows `four`, results `[k][lane]`) over the groups that overlap the chunk
-/// `range`, for the activation rows `rows`, and writes the chunk's results. A group's
-/// calls come one after another, so `dot` may keep what it prepared for the group.
+/// Runs `dot(g, pass, soon)` (the sixteen weight rows of interleaved group `g` by the
+/// activation rows `pass`, at most `per_pass` (≤ 4) of them, results `[k][lane]`) over the
+/// groups that overlap the chunk `range`, for the activation rows `rows`, and writes the
+/// chunk's results. A group's passes come one after another, so `dot` may keep what it
+/// prepared for the group.
+///
+/// `soon` is what the pass asks the memory for over its `steps` steps (the kernel's
+/// loop over a group, [`Upcoming`]): a part of the next group's lines (`group(g + 1)`,
+/// within the chunk), none in a group's first pass, which streams the group itself, and
+/// an equal part in each later one.
 #[cfg(target_arch = "x86_64")]
-pub(super) fn lane_groups(
+pub(super) fn lane_groups<'m>(
     out: &Columns,
     range: Range<usize>,
     rows: &[usize],
-    mut dot: impl FnMut(usize, &[usize]) -> [[f32; LANE_ROWS]; 4],
+    per_pass: usize,
+    (group, steps): (impl Fn(usize) -> &'m [Line], usize),
+    mut dot: impl FnMut(usize, &[usize], Upcoming) -> [[f32; LANE_ROWS]; 4],
 ) {
-    for g in range.start / LANE_ROWS..range.end.div_ceil(LANE_ROWS) {
-        for four in rows.chunks(4) {
+    assert!((1..=4).contains(&per_pass));
+    let groups = range.start / LANE_ROWS..range.end.div_ceil(LANE_ROWS);
+    let passes = rows.len().div_ceil(per_pass);
+    // Lines a later pass asks for, and a step of it (the divisions once per product: a
+    // division per pass cost a prompt's products 8%).
+    let part = match passes > 1 {
+        true => group(groups.start).len().div_ceil(passes - 1),
+        false => 0,
+    };
+    let per_step = part.div_ceil(steps.max(1));
+    for g in groups.clone() {
+        let next = match passes > 1 && g + 1 < groups.end {
+            true => group(g + 1),
+            false => &[],
+        };
+        for (k, pass) in rows.chunks(per_pass).enumerate() {
+            let soon = match k {
+                0 => Upcoming::NONE,
+                _ => {
+                    let from = ((k - 1) * part).min(next.len());
+                    Upcoming::new(&next[from..(from + part).min(next.len())], per_step)
+                }
+            };
             // The group's first row may come before the chunk's.
             let first = (g * LANE_ROWS).max(range.start);
-            for (&t, got) in four.iter().zip(&dot(g, four)) {
+            for (&t, got) in pass.iter().zip(&dot(g, pass, soon)) {
                 out.set_run(t, first, &got[first - g * LANE_ROWS..]);
+            }
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use crate::quant::output::Output;
+
+    /// Every group's passes come in order; the first asks for nothing and the later ones
+    /// for consecutive parts that together are the next group's lines, exactly; the
+    /// chunk's last group and single-pass products ask for nothing; and every result
+    /// lands in its place.
+    #[test]
+    fn later_passes_ask_for_exactly_the_next_group() {
+        // Three groups of ten lines, the chunk starting inside the first.
+        let lines = vec![Line([0; 64]); 30];
+        let group = |g: usize| &lines[10 * g..10 * (g + 1)];
+        let at = |g: usize, line: usize| lines.as_ptr() as usize + 64 * (10 * g + line);
+        for n in [1usize, 2, 3, 7] {
+            let (range, rows) = (5..48, 48);
+            let mut out = vec![0f32; n * rows];
+            let output = Output::new(&mut out, n, rows);
+            // SAFETY: the only columns.
+            let columns = unsafe { output.columns(range.clone()) };
+            let rows_of: Vec<usize> = (0..n).collect();
+            let mut calls = Vec::new();
+            lane_groups(
+                &columns,
+                range.clone(),
+                &rows_of,
+                2,
+                (group, 4),
+                |g, pass, soon| {
+                    calls.push((g, pass.to_vec(), soon.span()));
+                    std::array::from_fn(|k| {
+                        std::array::from_fn(|r| {
+                            (1000 * pass.get(k).map_or(0, |&t| t) + 16 * g + r) as f32
+                        })
+                    })
+                },
+            );
+            let passes = n.div_ceil(2);
+            assert_eq!(calls.len(), 3 * passes, "{n} rows");
+            for g in 0..3 {
+                let mine = &calls[g * passes..(g + 1) * passes];
+                let mut asked = Vec::new();
+                for (k, (got_g, pass, span)) in mine.iter().enumerate() {
+                    assert_eq!(
+                        (*got_g, pass.as_slice()),
+                        (g, &rows_of[2 * k..(2 * k + 2).min(n)])
+                    );
+                    assert!(
+                        k > 0 || span.is_empty(),
+                        "a group's first pass asks for nothing"
+                    );
+                    if !span.is_empty() {
+                        asked.push(span.clone());
+                    }
+                }
+                // Consecutive parts, together the next group's lines.
+                let want = match (passes > 1, g + 1 < 3) {
+                    (true, true) => Some(at(g + 1, 0)..at(g + 1, 10)),
+                    _ => None,
+                };
+                match want {
+                    Some(want) => {
+                        assert_eq!(
+                            asked.first().unwrap().start,
+                            want.start,
+                            "{n} rows, group {g}"
+                        );
+                        assert_eq!(asked.last().unwrap().end, want.end, "{n} rows, group {g}");
+                        assert!(asked.windows(2).all(|w| w[0].end == w[1].start));
+                    }
+                    None => assert!(asked.is_empty(), "{n} rows, group {g}"),
+                }
+            }
+            for t in 0..n {
+                for r in 0..rows {
+                    let want = if range.contains(&r) {
+                        (1000 * t + r) as f32
+                    } else {
+                        0.0
+                    };
+                    assert_eq!(out[t * rows + r], want, "row {t}, feature {r}");
+                }
             }
         }
     }

@@ -95,11 +95,12 @@ mod simd {
 
     use super::{Line, Q4kLanes, LINES, MINS, ROWS, VALUES};
     use crate::quant::kquant::{Q8KRow, QK_K};
-    use crate::quant::simd::{pair16, prefetch_span};
+    use crate::quant::simd::{pair16, prefetch_span, Upcoming};
     use crate::quant::RowKernel;
 
     /// Group `g`'s sixteen rows against `T` activation rows, each rounded as its kernel
-    /// says: `out[t][r]` is row `16g + r` · `a[t]` (zero past the matrix).
+    /// says: `out[t][r]` is row `16g + r` · `a[t]` (zero past the matrix). `soon`: lines
+    /// to ask the memory for meanwhile ([`Upcoming`]).
     ///
     /// # Safety
     /// AVX2, FMA, F16C and AVX-512 (F, VL, BW, VNNI) must be available
@@ -109,9 +110,10 @@ mod simd {
         g: usize,
         a: [&Q8KRow; T],
         kernels: [RowKernel; T],
+        soon: Upcoming,
     ) -> [[f32; ROWS]; T] {
         assert!(a.iter().all(|row| row.has_blocks(m.blocks)));
-        group_vnni(m.group(g), m.blocks, a, kernels)
+        group_vnni(m.group(g), m.blocks, a, kernels, soon)
     }
 
     /// [`dot_group`] on a group's lines. Per sub-block: its 32 values of the sixteen rows
@@ -125,6 +127,7 @@ mod simd {
         blocks: usize,
         a: [&Q8KRow; T],
         kernels: [RowKernel; T],
+        mut soon: Upcoming,
     ) -> [[f32; ROWS]; T] {
         let ahead = crate::cpu::prefetch_ahead();
         assert!(lines.len() >= blocks * LINES);
@@ -136,6 +139,7 @@ mod simd {
         for b in 0..blocks {
             let base = lines.as_ptr().add(b * LINES);
             prefetch_span(base, LINES * 64, ahead);
+            soon.step();
             let line = |k: usize| base.add(k) as *const __m512i;
             let d = _mm512_cvtph_ps(_mm256_load_si256(line(0) as *const __m256i));
             let dmin = _mm512_cvtph_ps(_mm256_load_si256((line(0) as *const __m256i).add(1)));
@@ -213,19 +217,27 @@ impl Layout for Q4kLanes {
             let (m, n, start, end) = (self, kernels.len(), range.start, range.end);
             // Sixteen weight rows (one per lane) by up to four activation rows.
             let all: Vec<usize> = (0..n).collect();
-            lane_groups(out, start..end, &all, |g, four| {
-                let mut got = [[0f32; LANE_ROWS]; 4];
-                // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
-                with_row_count!(four.len(), got, T => unsafe {
-                    dot_group::<T>(
-                        m,
-                        g,
-                        std::array::from_fn(|k| &a[four[k]]),
-                        std::array::from_fn(|k| kernels[four[k]]),
-                    )
-                });
-                got
-            });
+            lane_groups(
+                out,
+                start..end,
+                &all,
+                4,
+                (|g| m.group(g), m.blocks),
+                |g, four, soon| {
+                    let mut got = [[0f32; LANE_ROWS]; 4];
+                    // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
+                    with_row_count!(four.len(), got, T => unsafe {
+                        dot_group::<T>(
+                            m,
+                            g,
+                            std::array::from_fn(|k| &a[four[k]]),
+                            std::array::from_fn(|k| kernels[four[k]]),
+                            soon,
+                        )
+                    });
+                    got
+                },
+            );
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -240,6 +252,7 @@ mod tests {
     use super::*;
     use crate::quant::kquant::{dot_q4k_portable, quantize_row_q8k, Q8KRow};
     use crate::quant::sample::{self, Xorshift};
+    use crate::quant::simd::Upcoming;
     use crate::quant::{OwnFormat, RowKernel};
 
     /// Every row of every group, against up to four activation rows of either kernel,
@@ -268,8 +281,24 @@ mod tests {
         let row_bytes = cols / QK_K * Q4_K;
         for g in 0..rows.div_ceil(ROWS) {
             // SAFETY: VNNI was checked.
-            let got = unsafe { dot_group::<4>(&m, g, std::array::from_fn(|t| &acts[t]), kernels) };
-            let one = unsafe { dot_group::<1>(&m, g, [&acts[1]], [kernels[1]]) };
+            let got = unsafe {
+                dot_group::<4>(
+                    &m,
+                    g,
+                    std::array::from_fn(|t| &acts[t]),
+                    kernels,
+                    Upcoming::NONE,
+                )
+            };
+            let one = unsafe {
+                dot_group::<1>(
+                    &m,
+                    g,
+                    [&acts[1]],
+                    [kernels[1]],
+                    Upcoming::new(m.group(0), 3),
+                )
+            };
             for lane in 0..ROWS {
                 let r = g * ROWS + lane;
                 for t in 0..4 {

@@ -87,7 +87,7 @@ impl Q6kLanes {
     }
 
     /// Group `g`'s lines, super-block after super-block.
-    fn group(&self, g: usize) -> &[Line] {
+    pub fn group(&self, g: usize) -> &[Line] {
         let len = self.blocks * LINES;
         &self.lines[g * len..(g + 1) * len]
     }
@@ -102,10 +102,11 @@ mod simd {
 
     use super::{Line, Q6kLanes, LINES, ROWS, SCALES, VALUES};
     use crate::quant::kquant::{Q8KRow, QK_K};
-    use crate::quant::simd::{pair16, prefetch_span};
+    use crate::quant::simd::{pair16, prefetch_span, Upcoming};
 
     /// Group `g`'s sixteen rows against `T` activation rows: `out[t][r]` is row
-    /// `16g + r` · `a[t]` (zero past the matrix).
+    /// `16g + r` · `a[t]` (zero past the matrix). `soon`: lines to ask the memory for
+    /// meanwhile ([`Upcoming`]).
     ///
     /// # Safety
     /// AVX2, FMA, F16C and AVX-512 (F, VL, BW, VNNI) must be available
@@ -114,9 +115,10 @@ mod simd {
         m: &Q6kLanes,
         g: usize,
         a: [&Q8KRow; T],
+        soon: Upcoming,
     ) -> [[f32; ROWS]; T] {
         assert!(a.iter().all(|row| row.has_blocks(m.blocks)));
-        group_vnni(m.group(g), m.blocks, a)
+        group_vnni(m.group(g), m.blocks, a, soon)
     }
 
     /// Sub-block `j`'s four vectors of values (see the module), unpacked from its three
@@ -170,6 +172,7 @@ mod simd {
         lines: &[Line],
         blocks: usize,
         a: [&Q8KRow; T],
+        mut soon: Upcoming,
     ) -> [[f32; ROWS]; T] {
         let ahead = crate::cpu::prefetch_ahead();
         assert!(lines.len() >= blocks * LINES);
@@ -178,6 +181,7 @@ mod simd {
         for b in 0..blocks {
             let base = lines.as_ptr().add(b * LINES);
             prefetch_span(base, LINES * 64, ahead);
+            soon.step();
             let q8: [*const i32; T] = a.map(|a| a.qs.as_ptr().add(b * QK_K) as *const i32);
             let mut lanes = [[zero; 8]; T];
             // Lane l's share of the correction, 32 · (sc[2l], sc[2l+1]) as 16-bit pairs.
@@ -250,20 +254,23 @@ impl Layout for Q6kLanes {
                 // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
                 unsafe { tiled::chunk(m, a, offsets, &wide, range.clone(), out) };
             }
-            // Sixteen weight rows (one per lane) by up to four activation rows, two at a
-            // time: the eight lanes' sums of three or four rows would not fit in
-            // registers.
-            lane_groups(out, start..end, &alone, |g, four| {
-                let mut got = [[0f32; LANE_ROWS]; 4];
-                for (i, two) in four.chunks(2).enumerate() {
-                    let part = &mut got[2 * i..];
+            // Sixteen weight rows (one per lane) by two activation rows a pass: the eight
+            // lanes' sums of three or four rows would not fit in registers.
+            lane_groups(
+                out,
+                start..end,
+                &alone,
+                2,
+                (|g| m.group(g), m.blocks),
+                |g, two, soon| {
+                    let mut got = [[0f32; LANE_ROWS]; 4];
                     // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
-                    with_row_count!(two.len(), part, T => unsafe {
-                        dot_group::<T>(m, g, std::array::from_fn(|k| &a[two[k]]))
+                    with_row_count!(two.len(), got, T => unsafe {
+                        dot_group::<T>(m, g, std::array::from_fn(|k| &a[two[k]]), soon)
                     });
-                }
-                got
-            });
+                    got
+                },
+            );
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -278,6 +285,7 @@ mod tests {
     use super::*;
     use crate::quant::kquant::{dot_q6k_portable, quantize_row_q8k, Q8KRow, QK_K};
     use crate::quant::sample::{self, Xorshift};
+    use crate::quant::simd::Upcoming;
     use crate::quant::{OwnFormat, RowKernel};
 
     /// Every row of every group against one and two activation rows equals the portable
@@ -304,8 +312,8 @@ mod tests {
         let row_bytes = cols / QK_K * Q6_K;
         for g in 0..rows.div_ceil(ROWS) {
             // SAFETY: VNNI was checked.
-            let two = unsafe { dot_group::<2>(&m, g, [&acts[0], &acts[1]]) };
-            let one = unsafe { dot_group::<1>(&m, g, [&acts[1]]) };
+            let two = unsafe { dot_group::<2>(&m, g, [&acts[0], &acts[1]], Upcoming::NONE) };
+            let one = unsafe { dot_group::<1>(&m, g, [&acts[1]], Upcoming::new(m.group(0), 3)) };
             for lane in 0..ROWS {
                 let r = g * ROWS + lane;
                 for t in 0..2 {
