@@ -111,7 +111,7 @@ pub(super) const LANE_ROWS: usize = super::q4k_lanes::ROWS;
 /// `soon` is what the pass asks the memory for over its `steps` steps (the kernel's
 /// loop over a group, [`Upcoming`]): a part of the next group's lines (`group(g + 1)`,
 /// within the chunk), none in a group's first pass, which streams the group itself, and
-/// an equal part in each later one.
+/// consecutive parts in the later ones (equal, but for a shorter or empty last one).
 #[cfg(target_arch = "x86_64")]
 pub(super) fn lane_groups<'m>(
     out: &Columns,
@@ -126,7 +126,7 @@ pub(super) fn lane_groups<'m>(
     let passes = rows.len().div_ceil(per_pass);
     // Lines a later pass asks for, and a step of it (the divisions once per product: a
     // division per pass cost a prompt's products 8%).
-    let part = match passes > 1 {
+    let part = match passes > 1 && !groups.is_empty() {
         true => group(groups.start).len().div_ceil(passes - 1),
         false => 0,
     };
@@ -157,84 +157,79 @@ pub(super) fn lane_groups<'m>(
 mod tests {
     use super::*;
     use crate::quant::output::Output;
+    use crate::quant::simd::Upcoming;
 
     /// Every group's passes come in order; the first asks for nothing and the later ones
-    /// for consecutive parts that together are the next group's lines, exactly; the
-    /// chunk's last group and single-pass products ask for nothing; and every result
-    /// lands in its place.
+    /// for consecutive parts that together are the next group's lines, exactly, and that
+    /// the kernel's steps ask for entirely; the chunk's last group and single-pass
+    /// products ask for nothing; and every result lands in its place.
     #[test]
     fn later_passes_ask_for_exactly_the_next_group() {
-        // Three groups of ten lines, the chunk starting inside the first.
+        // Three groups of ten lines; the kernel takes four steps over a group.
         let lines = vec![Line([0; 64]); 30];
         let group = |g: usize| &lines[10 * g..10 * (g + 1)];
         let at = |g: usize, line: usize| lines.as_ptr() as usize + 64 * (10 * g + line);
-        for n in [1usize, 2, 3, 7] {
-            let (range, rows) = (5..48, 48);
+        let cases = [
+            (1usize, 2, 5..48),
+            (2, 2, 5..48),
+            (3, 2, 5..48),
+            (7, 2, 5..48),
+            // A chunk from the second group on, ending inside the third.
+            (7, 2, 20..44),
+            (9, 4, 5..48),
+        ];
+        for (n, per_pass, range) in cases {
+            let rows = 48;
             let mut out = vec![0f32; n * rows];
             let output = Output::new(&mut out, n, rows);
             // SAFETY: the only columns.
             let columns = unsafe { output.columns(range.clone()) };
             let rows_of: Vec<usize> = (0..n).collect();
             let mut calls = Vec::new();
-            lane_groups(
-                &columns,
-                range.clone(),
-                &rows_of,
-                2,
-                (group, 4),
-                |g, pass, soon| {
-                    calls.push((g, pass.to_vec(), soon.span()));
-                    std::array::from_fn(|k| {
-                        std::array::from_fn(|r| {
-                            (1000 * pass.get(k).map_or(0, |&t| t) + 16 * g + r) as f32
-                        })
+            let dot = |g: usize, pass: &[usize], mut soon: Upcoming| {
+                calls.push((g, pass.to_vec(), soon.span()));
+                (0..4).for_each(|_| soon.step());
+                assert!(soon.span().is_empty(), "the steps leave part of it unasked");
+                std::array::from_fn(|k| {
+                    std::array::from_fn(|r| {
+                        (1000 * pass.get(k).map_or(0, |&t| t) + 16 * g + r) as f32
                     })
-                },
-            );
-            let passes = n.div_ceil(2);
-            assert_eq!(calls.len(), 3 * passes, "{n} rows");
-            for g in 0..3 {
-                let mine = &calls[g * passes..(g + 1) * passes];
+                })
+            };
+            lane_groups(&columns, range.clone(), &rows_of, per_pass, (group, 4), dot);
+            let case = format!("{n} rows, {per_pass} a pass, chunk {range:?}");
+            let passes = n.div_ceil(per_pass);
+            let groups = range.start / 16..range.end.div_ceil(16);
+            assert_eq!(calls.len(), groups.len() * passes, "{case}");
+            for (i, g) in groups.clone().enumerate() {
+                let mine = &calls[i * passes..(i + 1) * passes];
                 let mut asked = Vec::new();
                 for (k, (got_g, pass, span)) in mine.iter().enumerate() {
-                    assert_eq!(
-                        (*got_g, pass.as_slice()),
-                        (g, &rows_of[2 * k..(2 * k + 2).min(n)])
-                    );
-                    assert!(
-                        k > 0 || span.is_empty(),
-                        "a group's first pass asks for nothing"
-                    );
+                    let want = &rows_of[per_pass * k..(per_pass * (k + 1)).min(n)];
+                    assert_eq!((*got_g, pass.as_slice()), (g, want), "{case}");
+                    assert!(k > 0 || span.is_empty(), "{case}: a first pass asked");
                     if !span.is_empty() {
                         asked.push(span.clone());
                     }
                 }
                 // Consecutive parts, together the next group's lines.
-                let want = match (passes > 1, g + 1 < 3) {
-                    (true, true) => Some(at(g + 1, 0)..at(g + 1, 10)),
-                    _ => None,
-                };
-                match want {
-                    Some(want) => {
-                        assert_eq!(
-                            asked.first().unwrap().start,
-                            want.start,
-                            "{n} rows, group {g}"
-                        );
-                        assert_eq!(asked.last().unwrap().end, want.end, "{n} rows, group {g}");
+                match passes > 1 && g + 1 < groups.end {
+                    true => {
+                        let want = at(g + 1, 0)..at(g + 1, 10);
+                        assert_eq!(asked.first().unwrap().start, want.start, "{case}, {g}");
+                        assert_eq!(asked.last().unwrap().end, want.end, "{case}, {g}");
                         assert!(asked.windows(2).all(|w| w[0].end == w[1].start));
                     }
-                    None => assert!(asked.is_empty(), "{n} rows, group {g}"),
+                    false => assert!(asked.is_empty(), "{case}, group {g}"),
                 }
             }
             for t in 0..n {
                 for r in 0..rows {
-                    let want = if range.contains(&r) {
-                        (1000 * t + r) as f32
-                    } else {
-                        0.0
+                    let want = match range.contains(&r) {
+                        true => (1000 * t + r) as f32,
+                        false => 0.0,
                     };
-                    assert_eq!(out[t * rows + r], want, "row {t}, feature {r}");
+                    assert_eq!(out[t * rows + r], want, "{case}: row {t}, feature {r}");
                 }
             }
         }

@@ -87,7 +87,7 @@ impl Q6kLanes {
     }
 
     /// Group `g`'s lines, super-block after super-block.
-    pub fn group(&self, g: usize) -> &[Line] {
+    fn group(&self, g: usize) -> &[Line] {
         let len = self.blocks * LINES;
         &self.lines[g * len..(g + 1) * len]
     }
