@@ -1,6 +1,7 @@
-//! Q8_0, Q4_1, Q5_0 and Q4_0 weights interleaved sixteen rows at a time, one weight row per 32-bit
-//! lane, for the AVX-512 VNNI kernel: one multiply-add instruction takes four consecutive
-//! values of each of sixteen rows against the same four activations (broadcast).
+//! Q8_0, Q4_1, Q5_0 and Q4_0 weights interleaved sixteen rows at a time, one weight row per
+//! 32-bit lane, for the AVX-512 VNNI kernel: one multiply-add instruction takes four
+//! consecutive values of each of sixteen rows against the same four activations
+//! (broadcast).
 //!
 //! Per group of sixteen rows (the last one padded with zero rows), the weights are one
 //! stream of 64-byte lines, a unit of blocks after another (decoding reads them in order;
@@ -30,13 +31,12 @@
 //!   lines (bytes 16 higher) and reads those as Q8_0 with Q5_0's starts: at 16 rows the
 //!   kernel ran 87 against 69 giga multiply-adds a second decoding the group again for
 //!   every pair of rows (`matmul_kernels`, one thread); at 4 rows the two are even.
+//! - Q4_0: four lines of nibbles as Q4_1's, values stored 8 higher (the file's nibbles),
+//!   each block's lanes starting from `-8 ·` the sum of its activations.
 //!
 //! Each format's starts are computed once per product ([`StartsOnce`]): Q5_0's lanes
 //! shifting Q8_0's by three in the kernel cost a scalar shift and a broadcast per lane
 //! and activation row, a quarter of its one-row speed (39 against 51).
-//!
-//! - Q4_0: four lines of nibbles as Q4_1's, values stored 8 higher (the file's nibbles),
-//!   each block's lanes starting from `-8 ·` the sum of its activations.
 //!
 //! That integer is llama.cpp's lane: `ggml_vec_dot_q8_0_q8_0` (and `_q4_1_q8_1`,
 //! `_q5_0_q8_0`) sums each block in eight lanes of four products, adds `d_w · d_a ·` the
@@ -520,10 +520,9 @@ mod tests {
     use crate::quant::OwnFormat;
 
     /// Every row of every group, against one and two activation rows, equals the portable
-    /// dot product bit for bit (Q4_0's repacked one), for every format (Q5_0 also decoded once, as for more
-    /// than four rows), the extreme values (-128 and 127 in
-    /// Q8_0's weights and the activations, the lowest and highest of Q4_1's and Q5_0's)
-    /// included.
+    /// dot product bit for bit (Q4_0's repacked one), for every format (Q5_0 also decoded
+    /// once, as for more than four rows), the extreme values (-128 and 127 in Q8_0's
+    /// weights and the activations, the lowest and highest of Q4_1's and Q5_0's) included.
     #[test]
     fn lanes_kernel_is_bit_identical_to_the_portable_one() {
         // Whatever FERRITE_CPU says: this compares the kernel the CPU can run.

@@ -21,6 +21,7 @@
 
 use std::ops::Range;
 
+#[cfg(target_arch = "x86_64")]
 use super::act_tile::Line;
 use super::block_lanes::BlockLanes;
 use super::dot::BlockFormat;

@@ -3,8 +3,9 @@
 //! their own on any CPU). The block-of-32 formats are always `packed`, the float ones
 //! `float_rows`. Its kernels take one weight row by up to four activation rows, each
 //! super-block or block decoded once for all of them: AVX2 where the CPU has it
-//! (`kquant_simd`; repacked Q4_0's in `simd`), portable code otherwise. Q3_K, Q5_K, Q6_K and IQ4_XS rows of a
-//! micro-batch of 8 or more take the arithmetic of llama.cpp's tiled kernel.
+//! (`kquant_simd`; repacked Q4_0's in `simd`), portable code otherwise. Q3_K, Q5_K, Q6_K
+//! and IQ4_XS rows of a micro-batch of 8 or more take the arithmetic of llama.cpp's tiled
+//! kernel.
 
 use std::ops::Range;
 

@@ -275,8 +275,8 @@ pub(super) fn prefetch_span<T>(p: *const T, bytes: usize, distance: usize) {
 /// 8 rows 161–172 → 188–234, Q8_0 at 16 rows 135–137 → 176–179 (Gemma 3's output matrix
 /// 126–131 → 147–152). A pass of one row after a pair asks for a whole group alone and
 /// loses (Q8_0, 2048 wide, 3 rows: 72 → 57–60; Gemma's 640-wide one 81–82 → 74–79);
-/// other counts of rows gain or stay. Into the second-level cache (`prefetcht1`): into the first (`prefetcht0`), 4
-/// rows of Q8_0 gained nothing.
+/// other counts of rows gain or stay. Into the second-level cache (`prefetcht1`): into
+/// the first (`prefetcht0`), 4 rows of Q8_0 gained nothing.
 pub(super) struct Upcoming {
     /// The next line to ask for, and the end of the lines, as addresses.
     next: usize,
