@@ -18,7 +18,6 @@
 //! results faster.
 
 use half::f16;
-use rayon::prelude::*;
 
 use super::attention_tiled::{self, Query, TiledKernel};
 use crate::kv_cache::LayerView;
@@ -349,10 +348,17 @@ unsafe fn attend_with(
         }
         first_row += input.n;
     }
-    let results: Vec<Vec<f32>> = tasks
-        .par_iter()
+    let slots: Vec<std::sync::OnceLock<Vec<f32>>> =
+        tasks.iter().map(|_| std::sync::OnceLock::new()).collect();
+    crate::threads::for_each_index(tasks.len(), |i| {
+        let task = &tasks[i];
         // SAFETY: the caller guarantees the kernels' requirements.
-        .map(|task| unsafe { run_task(shape, &inputs[task.input], task, kernels) })
+        let result = unsafe { run_task(shape, &inputs[task.input], task, kernels) };
+        slots[i].set(result).expect("each task runs once");
+    });
+    let results: Vec<Vec<f32>> = slots
+        .into_iter()
+        .map(|slot| slot.into_inner().expect("every task ran"))
         .collect();
     let width = n_head * head_dim;
     let group_width = group * head_dim;

@@ -482,7 +482,8 @@ impl QMatrix {
                 Output::new(out, n, rows)
             })
             .collect();
-        tasks.into_par_iter().for_each(|(mi, c)| {
+        crate::threads::for_each_index(tasks.len(), |i| {
+            let (mi, c) = tasks[i];
             let acts = &acts[inputs[mi].expect("own matrices have inputs")].1;
             let Self::Own { rows, .. } = matrices[mi] else {
                 unreachable!("only own matrices have tasks");

@@ -1,0 +1,75 @@
+//! One sequence's decode steps of a real GGUF model, without the server: the forward
+//! step alone, on the compute pool as the engine runs it (`with_threads_awake`), after a
+//! prompt of `--prompt` tokens (the context attention reads). Prints each round's mean
+//! steps per second, and its median, fastest and slowest step.
+//!
+//! The server adds sampling and HTTP to each step; this isolates the engine's share, so
+//! that an A/B of two builds (or of an environment switch) measures only that. Decode
+//! of a 1B model is bound by memory bandwidth, which drifts on a shared machine: compare
+//! rounds run close together, alternating the builds.
+//!
+//!     cargo bench -p ferrite-engine --bench decode_step -- --model FILE \
+//!         [--prompt 32] [--steps 64] [--rounds 3] [--threads N]
+
+use std::time::Instant;
+
+use ferrite_engine::kv_cache::SequenceCache;
+use ferrite_engine::model::{self, BatchEntry, Logits};
+use ferrite_engine::threads;
+
+/// The value of `--name` in `args`, parsed.
+fn option<T: std::str::FromStr>(args: &[String], name: &str) -> Option<T> {
+    let at = args.iter().position(|a| a == name)?;
+    args.get(at + 1)?.parse().ok()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(path) = option::<String>(&args, "--model") else {
+        eprintln!(
+            "usage: decode_step --model FILE [--prompt 32] [--steps 64] [--rounds 3] [--threads N]"
+        );
+        std::process::exit(2);
+    };
+    let prompt_len: u32 = option(&args, "--prompt").unwrap_or(32).max(1);
+    let steps: usize = option(&args, "--steps").unwrap_or(64).max(1);
+    let rounds: usize = option(&args, "--rounds").unwrap_or(3);
+    let threads = option(&args, "--threads").unwrap_or_else(threads::available_cores);
+    threads::set_compute_threads(threads).expect("the pool starts once");
+    let (_gguf, model) = model::load_path(path.as_ref()).expect("the model loads");
+    let vocab = model.info().vocab_size as u32;
+    // Arbitrary ids spread over the vocabulary: random weights care for nothing else.
+    let prompt: Vec<u32> = (1..=prompt_len).map(|t| t * 7919 % vocab).collect();
+    for round in 0..rounds {
+        let mut cache = model.new_cache(prompt.len() + steps + 1);
+        let step = |tokens: &[u32], cache: &mut SequenceCache| {
+            let mut batch = [BatchEntry {
+                tokens,
+                cache,
+                logits: Logits::Last,
+                prompt_len: prompt.len(),
+            }];
+            threads::with_threads_awake(|| model.forward(&mut batch)).expect("the step runs")
+        };
+        step(&prompt, &mut cache);
+        let mut token = prompt[prompt.len() - 1];
+        let mut times = Vec::with_capacity(steps);
+        for _ in 0..steps {
+            let start = Instant::now();
+            let logits = step(&[token], &mut cache);
+            times.push(start.elapsed().as_secs_f64() * 1e3);
+            token = (token * 31 + logits[0].len() as u32 / 3) % vocab;
+        }
+        let mean = steps as f64 * 1e3 / times.iter().sum::<f64>();
+        times.sort_by(f64::total_cmp);
+        println!(
+            "round {round}: mean {mean:.1} steps/s; median {:.2} ms, fastest {:.2}, slowest {:.2} \
+             (context {}..{})",
+            times[steps / 2],
+            times[0],
+            times[steps - 1],
+            prompt.len(),
+            prompt.len() + steps
+        );
+    }
+}
