@@ -171,6 +171,38 @@ unsafe fn add_values<L: Lanes, const R: usize>(
     }
 }
 
+/// Asks for one KV head's keys and values at the `len` positions of a run (`stride`
+/// apart, the head at `offset` within each), into the second-level cache.
+///
+/// A position holds every KV head, so one head's `head_dim` keys are two of the sixteen
+/// lines of a position (Llama 3.2 1B: 128 of 1,024 bytes). The hardware's prefetchers did
+/// not follow that pattern: at a 1,000-token context, a 1B model's decode step spent a
+/// fifth of its time in attention, most of it waiting on key and value loads. The kernel
+/// asks for the next run while it scores and adds this one (a run takes microseconds).
+#[inline(always)]
+fn ask_for_head(
+    keys: &[f16],
+    values: &[f16],
+    len: usize,
+    stride: usize,
+    offset: usize,
+    head_dim: usize,
+) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+    let bytes = head_dim * std::mem::size_of::<f16>();
+    let step = stride * std::mem::size_of::<f16>();
+    for run in [keys, values] {
+        let mut at = run.as_ptr().wrapping_add(offset).cast::<i8>();
+        for _ in 0..len {
+            for line in (0..bytes).step_by(64) {
+                // SAFETY: a prefetch reads nothing architecturally and never faults.
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(line)) };
+            }
+            at = at.wrapping_add(step);
+        }
+    }
+}
+
 // The key index addresses the cache as well as the steps.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
@@ -209,8 +241,12 @@ unsafe fn attend_body<L: Lanes>(
     let mut steps: Vec<Steps> = vec![[step; KEYS]; rows];
     let stride = kv.view.kv_width();
     let q16 = q16.as_ptr();
-    for (keys, values, len) in kv.runs() {
+    let mut runs = kv.runs().peekable();
+    while let Some((keys, values, len)) = runs.next() {
         assert!(len <= KEYS && len * stride <= keys.len() && kv.offset + head_dim <= stride);
+        if let Some(&(keys, values, len)) = runs.peek() {
+            ask_for_head(keys, values, len, stride, kv.offset, head_dim);
+        }
         for j in 0..len {
             let key = keys.as_ptr().add(j * stride + kv.offset);
             let mut g = 0;
