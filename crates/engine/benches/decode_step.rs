@@ -34,12 +34,14 @@ fn main() {
     let prompt_len: u32 = option(&args, "--prompt").unwrap_or(32).max(1);
     let steps: usize = option(&args, "--steps").unwrap_or(64).max(1);
     let rounds: usize = option(&args, "--rounds").unwrap_or(3);
-    let threads = option(&args, "--threads").unwrap_or_else(threads::available_cores);
-    threads::set_compute_threads(threads).expect("the pool starts once");
+    let pool_threads = option(&args, "--threads").unwrap_or_else(threads::available_cores);
+    threads::set_compute_threads(pool_threads).expect("the pool starts once");
     let (_gguf, model) = model::load_path(path.as_ref()).expect("the model loads");
-    let vocab = model.info().vocab_size as u32;
-    // Arbitrary ids spread over the vocabulary: random weights care for nothing else.
-    let prompt: Vec<u32> = (1..=prompt_len).map(|t| t * 7919 % vocab).collect();
+    let vocab = model.info().vocab_size as u64;
+    // Arbitrary ids spread over the vocabulary: a step's time does not depend on them.
+    let prompt: Vec<u32> = (1..=prompt_len as u64)
+        .map(|t| (t * 7919 % vocab) as u32)
+        .collect();
     for round in 0..rounds {
         let mut cache = model.new_cache(prompt.len() + steps + 1);
         let step = |tokens: &[u32], cache: &mut SequenceCache| {
@@ -58,7 +60,7 @@ fn main() {
             let start = Instant::now();
             let logits = step(&[token], &mut cache);
             times.push(start.elapsed().as_secs_f64() * 1e3);
-            token = (token * 31 + logits[0].len() as u32 / 3) % vocab;
+            token = ((token as u64 * 31 + logits[0].len() as u64 / 3) % vocab) as u32;
         }
         let mean = steps as f64 * 1e3 / times.iter().sum::<f64>();
         times.sort_by(f64::total_cmp);

@@ -61,29 +61,33 @@ pub fn with_threads_awake<R: Send>(op: impl FnOnce() -> R + Send) -> R {
 }
 
 /// Runs `task(i)` for every `i` in `0..n` on the compute pool and returns when all have
-/// run (a panicking task's panic is passed on once the others have run).
+/// run. A panicking task's panic is passed on once the others have run; where the pool
+/// has one thread (or there is one index) the tasks run in order on the caller, and a
+/// panic stops them there.
 ///
 /// Each pool thread starts on its own contiguous share of the indices and takes them front
 /// to back, so that the weights a thread reads are one stream for the hardware prefetchers;
 /// a thread whose share is done takes the others' remaining indices from the back. The
-/// calling thread waits for the last index by spinning. A rayon `join` or parallel
+/// calling thread waits for the last index by spinning (for up to [`SPIN_LIMIT`]; then
+/// the rayon scope's own wait takes over). A rayon `join` or parallel
 /// iterator waits for a stolen half by parking the waiting thread after a few rounds of
 /// `sched_yield`, and the half's end then pays a futex wake: a 1B model's decode step (65
 /// products of 1–80 MB each) spent 4–6% of its two threads' time between a product's last
 /// task and the return of its parallel iterator, most in the products that take longest.
 pub fn for_each_index(n: usize, task: impl Fn(usize) + Sync) {
     let threads = rayon::current_num_threads().min(n);
-    if threads <= 1 || n > Share::MAX_INDEX {
+    if threads <= 1 || n > Share::MAX_END {
         (0..n).for_each(task);
         return;
     }
     let shares: Vec<Share> = (0..threads)
-        .map(|t| Share::new(t * n / threads..(t + 1) * n / threads))
+        .map(|t| Share::new(split(n, threads, t)..split(n, threads, t + 1)))
         .collect();
-    let done = AtomicUsize::new(0);
+    let done = Counter(AtomicUsize::new(0));
     let run = |i: usize| {
-        // Counted when it returns or unwinds, so that the wait below always ends.
-        let _count = CountOnDrop(&done);
+        // Counted when it returns or unwinds, so that a helper's panic does not hold the
+        // wait below to its limit.
+        let _count = CountOnDrop(&done.0);
         task(i);
     };
     let work = |first: usize| {
@@ -102,23 +106,32 @@ pub fn for_each_index(n: usize, task: impl Fn(usize) + Sync) {
             scope.spawn(move |_| work(t));
         }
         work(0);
-        // Every index is taken; wait for the ones other threads still run.
-        let mut spins = 0u32;
-        while done.load(Ordering::Acquire) < n {
-            if spins < SPINS_BEFORE_YIELDING {
-                spins += 1;
+        // Every index is taken: spin while the other threads finish theirs. Past the
+        // limit (a helper preempted mid-task, or a prompt's long tasks) the scope's wait
+        // for its jobs takes over, which parks this thread rather than burn the core.
+        let start = std::time::Instant::now();
+        while done.0.load(Ordering::Acquire) < n && start.elapsed() < SPIN_LIMIT {
+            for _ in 0..64 {
                 std::hint::spin_loop();
-            } else {
-                // A thread preempted mid-task: let it have the core.
-                std::thread::yield_now();
             }
         }
     });
 }
 
-/// Spins of [`for_each_index`]'s wait before it yields the core to each look (tens of
-/// microseconds, longer than a task's tail in a step's product).
-const SPINS_BEFORE_YIELDING: u32 = 1 << 14;
+/// How long [`for_each_index`]'s caller spins for the other threads' last tasks: longer
+/// than the tail of a decode step's product (a task of a 1B model's widest matrix takes
+/// about 50 µs), short enough that a preempted helper costs little of the core.
+pub const SPIN_LIMIT: std::time::Duration = std::time::Duration::from_micros(200);
+
+/// The first of thread `t`'s indices when `n` are split evenly between `threads`.
+fn split(n: usize, threads: usize, t: usize) -> usize {
+    (t as u64 * n as u64 / threads as u64) as usize
+}
+
+/// A counter on a cache line of its own (the shares' headers, which every take reads, stay
+/// clean when a task ends).
+#[repr(align(128))]
+struct Counter(AtomicUsize);
 
 /// One thread's share of [`for_each_index`]'s indices: the untaken range `front..back`,
 /// packed in one word (`front` in the low half) so that its owner taking from the front
@@ -128,14 +141,15 @@ const SPINS_BEFORE_YIELDING: u32 = 1 << 14;
 struct Share(AtomicU64);
 
 impl Share {
-    /// The largest index a share can hold.
-    const MAX_INDEX: usize = u32::MAX as usize;
+    /// The largest end of a share's range (indices are below it).
+    const MAX_END: usize = u32::MAX as usize;
 
     /// A share of `range`.
     fn new(range: std::ops::Range<usize>) -> Self {
         Share(AtomicU64::new(Self::pack(range.start, range.end)))
     }
 
+    /// The word holding the range `front..back`.
     fn pack(front: usize, back: usize) -> u64 {
         front as u64 | (back as u64) << 32
     }
@@ -212,77 +226,136 @@ mod tests {
         assert_eq!(sum, 4950);
     }
 
-    /// Runs `for_each_index(n, …)` and returns how many times each index ran.
-    fn runs_per_index(n: usize) -> Vec<usize> {
-        let counts: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
-        for_each_index(n, |i| {
-            counts[i].fetch_add(1, Ordering::Relaxed);
-        });
-        counts.into_iter().map(AtomicUsize::into_inner).collect()
+    /// A pool of two threads of its own, so that tasks run on both whatever the machine's
+    /// cores and the global pool's size.
+    fn two_threads() -> rayon::ThreadPool {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap()
     }
 
-    /// Every index runs exactly once, whatever the count of indices against threads,
-    /// called from outside the pool, from a step and from within another call's task.
+    /// Waits (up to ten seconds) until `flag` is set.
+    fn wait_for(flag: &AtomicBool) {
+        let start = std::time::Instant::now();
+        while !flag.load(Ordering::Acquire) && start.elapsed().as_secs() < 10 {
+            std::thread::yield_now();
+        }
+    }
+
+    /// Runs `for_each_index(n, …)` on a two-thread pool and returns how many times each
+    /// index ran and whether a thread other than the caller ran any. The caller's tasks
+    /// wait until the other thread has run one, so that both take part even on one core.
+    fn runs_per_index_on_two_threads(n: usize) -> (Vec<usize>, bool) {
+        let counts: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+        let helped = AtomicBool::new(false);
+        two_threads().install(|| {
+            let caller = rayon::current_thread_index();
+            for_each_index(n, |i| {
+                if rayon::current_thread_index() == caller {
+                    if n >= 2 {
+                        wait_for(&helped);
+                    }
+                } else {
+                    helped.store(true, Ordering::Release);
+                }
+                counts[i].fetch_add(1, Ordering::Relaxed);
+            });
+        });
+        let counts = counts.into_iter().map(AtomicUsize::into_inner).collect();
+        (counts, helped.into_inner())
+    }
+
+    /// Every index runs exactly once, with both threads taking part (shares taken from
+    /// the front and from the back), called from a step and from within another call's
+    /// tasks too.
     #[test]
     fn every_index_runs_exactly_once() {
         for n in [0, 1, 2, 3, 7, 64, 1000] {
-            assert!(runs_per_index(n).iter().all(|&c| c == 1), "{n} indices");
-            let in_step = with_threads_awake(|| runs_per_index(n));
-            assert!(in_step.iter().all(|&c| c == 1), "{n} indices in a step");
+            let (counts, helped) = runs_per_index_on_two_threads(n);
+            assert!(counts.iter().all(|&c| c == 1), "{n} indices: {counts:?}");
+            assert_eq!(helped, n >= 2, "{n} indices");
         }
+        let in_step: Vec<AtomicUsize> = (0..100).map(|_| AtomicUsize::new(0)).collect();
+        with_threads_awake(|| {
+            for_each_index(100, |i| {
+                in_step[i].fetch_add(1, Ordering::Relaxed);
+            })
+        });
+        assert!(in_step.iter().all(|c| c.load(Ordering::Relaxed) == 1));
         let nested: Vec<AtomicUsize> = (0..8 * 50).map(|_| AtomicUsize::new(0)).collect();
-        for_each_index(8, |outer| {
-            for_each_index(50, |inner| {
-                nested[outer * 50 + inner].fetch_add(1, Ordering::Relaxed);
-            });
+        two_threads().install(|| {
+            for_each_index(8, |outer| {
+                for_each_index(50, |inner| {
+                    nested[outer * 50 + inner].fetch_add(1, Ordering::Relaxed);
+                });
+            })
         });
         assert!(nested.iter().all(|c| c.load(Ordering::Relaxed) == 1));
     }
 
-    /// An index is taken once even when its share's owner (from the front) and another
-    /// thread (from the back) race for the last ones.
+    /// An index is taken once even when a share's owner (from the front) and another
+    /// thread (from the back) race for its last ones: many small shares, both threads
+    /// released together.
     #[test]
     fn a_share_gives_each_index_once_from_either_end() {
-        let share = Share::new(10..1010);
-        let (front, back) = std::thread::scope(|s| {
-            let front = s.spawn(|| std::iter::from_fn(|| share.take_front()).collect::<Vec<_>>());
-            let back = s.spawn(|| std::iter::from_fn(|| share.take_back()).collect::<Vec<_>>());
-            (front.join().unwrap(), back.join().unwrap())
-        });
-        assert!(
-            front.windows(2).all(|w| w[0] < w[1]),
-            "the front goes forward"
-        );
-        assert!(
-            back.windows(2).all(|w| w[0] > w[1]),
-            "the back goes backward"
-        );
-        let mut all: Vec<usize> = front.into_iter().chain(back).collect();
-        all.sort_unstable();
-        assert_eq!(all, (10..1010).collect::<Vec<_>>());
-        assert_eq!(share.take_front(), None);
-        assert_eq!(share.take_back(), None);
+        for _ in 0..300 {
+            let share = Share::new(10..74);
+            let start = std::sync::Barrier::new(2);
+            let drain = |take: fn(&Share) -> Option<usize>| {
+                start.wait();
+                std::iter::from_fn(|| take(&share)).collect::<Vec<_>>()
+            };
+            let (front, back) = std::thread::scope(|s| {
+                let drain = &drain;
+                let front = s.spawn(move || drain(Share::take_front));
+                let back = s.spawn(move || drain(Share::take_back));
+                (front.join().unwrap(), back.join().unwrap())
+            });
+            assert!(
+                front.windows(2).all(|w| w[0] < w[1]),
+                "the front goes forward"
+            );
+            assert!(
+                back.windows(2).all(|w| w[0] > w[1]),
+                "the back goes backward"
+            );
+            let mut all: Vec<usize> = front.into_iter().chain(back).collect();
+            all.sort_unstable();
+            assert_eq!(all, (10..74).collect::<Vec<_>>());
+            assert_eq!(share.take_front(), None);
+            assert_eq!(share.take_back(), None);
+        }
     }
 
-    /// A panicking task's panic reaches the caller once the other tasks have run, rather
-    /// than leaving the caller waiting for a count that never completes.
+    /// A task panicking on the other thread reaches the caller once every other task has
+    /// run, the rest of the panicking thread's share taken by the caller.
     #[test]
     fn a_panicking_task_reaches_the_caller() {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let ran = AtomicUsize::new(0);
+            let helper_started = AtomicBool::new(false);
             let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                for_each_index(40, |i| {
-                    ran.fetch_add(1, Ordering::Relaxed);
-                    assert_ne!(i, 17, "task 17 fails");
+                two_threads().install(|| {
+                    let caller = rayon::current_thread_index();
+                    // Two shares: 0..20 the caller's, 20..40 the other thread's.
+                    for_each_index(40, |i| {
+                        ran.fetch_add(1, Ordering::Relaxed);
+                        if rayon::current_thread_index() == caller {
+                            wait_for(&helper_started);
+                        } else {
+                            helper_started.store(true, Ordering::Release);
+                            assert_ne!(i, 20, "the other thread's first task fails");
+                        }
+                    })
                 })
             }));
             tx.send((caught.is_err(), ran.into_inner())).unwrap();
         });
-        let got = rx.recv_timeout(std::time::Duration::from_secs(20));
-        // Rayon passes on the first panic; the tasks after it on other threads still ran.
+        let got = rx.recv_timeout(std::time::Duration::from_secs(30));
         let (panicked, ran) = got.expect("the call never returned");
-        assert!(panicked);
-        assert!(ran >= 18, "only {ran} tasks ran");
+        assert!(panicked, "the panic was lost");
+        assert_eq!(ran, 40, "a task was skipped");
     }
 }

@@ -172,13 +172,15 @@ unsafe fn add_values<L: Lanes, const R: usize>(
 }
 
 /// Asks for one KV head's keys and values at the `len` positions of a run (`stride`
-/// apart, the head at `offset` within each), into the second-level cache.
+/// elements apart, the head `offset` elements into each), into the second-level cache:
+/// every line a head's `head_dim` values touch, wherever the block's allocation put them
+/// against line boundaries.
 ///
-/// A position holds every KV head, so one head's `head_dim` keys are two of the sixteen
-/// lines of a position (Llama 3.2 1B: 128 of 1,024 bytes). The hardware's prefetchers did
-/// not follow that pattern: at a 1,000-token context, a 1B model's decode step spent a
-/// fifth of its time in attention, most of it waiting on key and value loads. The kernel
-/// asks for the next run while it scores and adds this one (a run takes microseconds).
+/// A position holds every KV head, so one head's values are a few of a position's lines
+/// (Llama 3.2 1B: 128 of 1,024 bytes). The hardware's prefetchers did not follow that
+/// pattern: at a 1,000-token context, a 1B model's decode step spent a fifth of its time
+/// in attention, most of it waiting on key and value loads. The kernel asks for the next
+/// run while it scores and adds this one (a run takes microseconds).
 #[inline(always)]
 fn ask_for_head(
     keys: &[f16],
@@ -189,14 +191,18 @@ fn ask_for_head(
     head_dim: usize,
 ) {
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+    const LINE: usize = 64;
     let bytes = head_dim * std::mem::size_of::<f16>();
     let step = stride * std::mem::size_of::<f16>();
     for run in [keys, values] {
         let mut at = run.as_ptr().wrapping_add(offset).cast::<i8>();
         for _ in 0..len {
-            for line in (0..bytes).step_by(64) {
+            // From the line holding the first value to the one holding the last.
+            let misalign = at as usize % LINE;
+            let first = at.wrapping_sub(misalign);
+            for line in (0..misalign + bytes).step_by(LINE) {
                 // SAFETY: a prefetch reads nothing architecturally and never faults.
-                unsafe { _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(line)) };
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(first.wrapping_add(line)) };
             }
             at = at.wrapping_add(step);
         }
