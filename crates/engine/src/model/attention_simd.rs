@@ -13,6 +13,7 @@
 use half::f16;
 
 use super::attention::{KvRows, Partial, ScoreScale};
+use crate::quant::simd::ask_for_lines;
 
 /// Keys scored before their values are added: one KV cache block's positions.
 const KEYS: usize = crate::kv_cache::BLOCK_POSITIONS;
@@ -190,21 +191,12 @@ fn ask_for_head(
     offset: usize,
     head_dim: usize,
 ) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-    const LINE: usize = 64;
     let bytes = head_dim * std::mem::size_of::<f16>();
-    let step = stride * std::mem::size_of::<f16>();
     for run in [keys, values] {
-        let mut at = run.as_ptr().wrapping_add(offset).cast::<i8>();
+        let mut at = run.as_ptr().wrapping_add(offset);
         for _ in 0..len {
-            // From the line holding the first value to the one holding the last.
-            let misalign = at as usize % LINE;
-            let first = at.wrapping_sub(misalign);
-            for line in (0..misalign + bytes).step_by(LINE) {
-                // SAFETY: a prefetch reads nothing architecturally and never faults.
-                unsafe { _mm_prefetch::<_MM_HINT_T1>(first.wrapping_add(line)) };
-            }
-            at = at.wrapping_add(step);
+            ask_for_lines(at, bytes);
+            at = at.wrapping_add(stride);
         }
     }
 }

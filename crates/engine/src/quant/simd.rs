@@ -260,6 +260,20 @@ pub(super) fn prefetch_span<T>(p: *const T, bytes: usize, distance: usize) {
     }
 }
 
+/// Asks for every cache line that the `bytes` bytes from `p` on touch, into the
+/// second-level cache (`prefetcht1`): from the line holding `p`, whatever its alignment, to
+/// the one holding the last byte. Any address will do: a prefetch never faults.
+#[inline(always)]
+pub(crate) fn ask_for_lines<T>(p: *const T, bytes: usize) {
+    const LINE: usize = 64;
+    let misalign = p as usize % LINE;
+    let first = (p as *const i8).wrapping_sub(misalign);
+    for off in (0..misalign + bytes).step_by(LINE) {
+        // SAFETY: a prefetch reads nothing architecturally and never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(first.wrapping_add(off)) };
+    }
+}
+
 /// Lines of weights a kernel asks the memory for while it computes on lines it already
 /// holds: in a product of several activation rows, the next group's lines during the
 /// second and later passes over a group ([`super::layout::lane_groups`]).
@@ -313,10 +327,9 @@ impl Upcoming {
     #[inline(always)]
     pub fn step(&mut self) {
         let stop = self.end.min(self.next + self.per_step);
-        while self.next < stop {
-            // SAFETY: a prefetch reads nothing architecturally and never faults.
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(self.next as *const i8) };
-            self.next += 64;
+        if self.next < stop {
+            ask_for_lines(self.next as *const i8, stop - self.next);
+            self.next = stop;
         }
     }
 }
