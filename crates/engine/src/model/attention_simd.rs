@@ -21,7 +21,11 @@ const KEYS: usize = crate::kv_cache::BLOCK_POSITIONS;
 /// Query rows whose accumulators are updated together.
 const ROW_TILE: usize = 4;
 
-use super::lanes::{Avx2, Avx512, Lanes};
+/// Keys whose dot products are finished together ([`dots8`]).
+const KEY_GROUP: usize = 8;
+
+use super::lanes::{hsum8_each, Avx2, Avx512, Lanes};
+use std::arch::x86_64::*;
 
 /// Whether [`attend_rows`] may use AVX-512 (the CPU has it, `FERRITE_CPU` allows it).
 pub(super) fn avx512_available() -> bool {
@@ -81,18 +85,17 @@ pub(super) unsafe fn attend_avx2(
     attend_body::<Avx2>(q, kv, head_dim, scale, acc, partials)
 }
 
-/// The dot products of `R` query rows (f32 holding f16 values, `head_dim` apart) with
-/// one f16 key, each summed as ggml's AVX-512 `ggml_vec_dot_f16` (four accumulators of
-/// 16 lanes over steps of 64). The key is converted once for the `R` rows.
+/// ggml's four dot product accumulators (`64 / WIDTH` vectors each, sized for the
+/// narrowest width) of `R` query rows (f32 holding f16 values, `head_dim` apart) with one
+/// f16 key, as ggml's AVX-512 `ggml_vec_dot_f16` builds them over steps of 64. The key is
+/// converted once for the `R` rows.
 #[inline(always)]
-unsafe fn dots<L: Lanes, const R: usize>(
+unsafe fn dot_accumulators<L: Lanes, const R: usize>(
     q: *const f32,
     head_dim: usize,
     key: *const f16,
-) -> [f32; R] {
-    // Sized for the narrowest width; `64 / WIDTH` of them are used.
+) -> [[L::V; 8]; R] {
     let mut acc = [[L::zero(); 8]; R];
-    let per_step = 64 / L::WIDTH;
     for step in (0..head_dim).step_by(64) {
         for (i, at) in (step..step + 64).step_by(L::WIDTH).enumerate() {
             let k = L::load_f16(key.add(at));
@@ -101,24 +104,133 @@ unsafe fn dots<L: Lanes, const R: usize>(
             }
         }
     }
-    acc.map(|a| L::reduce64(&a[..per_step]))
+    acc
 }
 
-/// One key's step of a query row's online softmax.
-#[derive(Clone, Copy)]
-struct Step {
-    /// The dot product of query and key.
-    score: f32,
-    /// Whether the key raises the maximum, rescaling the accumulator.
-    raised: bool,
-    /// The factor the accumulator is rescaled by (when raised).
-    rescale: f32,
-    /// The weight of the key's value.
-    weight: f32,
+/// The dot products of `R` query rows with one f16 key, each summed as ggml's
+/// `ggml_vec_dot_f16` does ([`dot_accumulators`], then [`Lanes::reduce64`]).
+#[inline(always)]
+unsafe fn dots<L: Lanes, const R: usize>(
+    q: *const f32,
+    head_dim: usize,
+    key: *const f16,
+) -> [f32; R] {
+    let acc = dot_accumulators::<L, R>(q, head_dim, key);
+    acc.map(|a| L::reduce64(&a[..64 / L::WIDTH]))
 }
 
-/// One query row's steps over a KV block.
-type Steps = [Step; KEYS];
+/// [`dots`] of `R` query rows with eight keys, each row's eight sums finished together
+/// ([`hsum8_each`]) rather than one chain of shuffles and additions each: the bits of
+/// eight calls of [`dots`], in the order of `keys`.
+#[inline(always)]
+unsafe fn dots8<L: Lanes, const R: usize>(
+    q: *const f32,
+    head_dim: usize,
+    keys: [*const f16; KEY_GROUP],
+) -> [__m256; R] {
+    let mut halves = [[_mm256_setzero_ps(); KEY_GROUP]; R];
+    for (i, key) in keys.into_iter().enumerate() {
+        let acc = dot_accumulators::<L, R>(q, head_dim, key);
+        for (halves, acc) in halves.iter_mut().zip(&acc) {
+            halves[i] = L::halves64(&acc[..64 / L::WIDTH]);
+        }
+    }
+    halves.map(|h| hsum8_each(&h))
+}
+
+/// Scores `R` query rows (`head_dim` apart from `q`) against the `len` keys from `key`
+/// (`stride` apart) into `scores` (one row's per entry): eight keys at a time
+/// ([`dots8`]), the rest one at a time.
+#[inline(always)]
+unsafe fn score_rows<L: Lanes, const R: usize>(
+    q: *const f32,
+    head_dim: usize,
+    key: *const f16,
+    stride: usize,
+    len: usize,
+    scores: &mut [[f32; KEYS]],
+) {
+    let scores: &mut [[f32; KEYS]; R] = (&mut scores[..R]).try_into().unwrap();
+    let grouped = len / KEY_GROUP * KEY_GROUP;
+    for j in (0..grouped).step_by(KEY_GROUP) {
+        let keys = std::array::from_fn(|i| key.add((j + i) * stride));
+        let sums = dots8::<L, R>(q, head_dim, keys);
+        for (scores, sums) in scores.iter_mut().zip(sums) {
+            _mm256_storeu_ps(scores[j..j + KEY_GROUP].as_mut_ptr(), sums);
+        }
+    }
+    for j in grouped..len {
+        let sums = dots::<L, R>(q, head_dim, key.add(j * stride));
+        for (scores, sum) in scores.iter_mut().zip(sums) {
+            scores[j] = sum;
+        }
+    }
+}
+
+/// One query row's steps of its online softmax over a KV block's keys.
+struct Steps {
+    /// Per key, the factor the accumulator is rescaled by (1 unless the key raised the
+    /// maximum).
+    rescale: [f32; KEYS],
+    /// Per key, the weight of its value.
+    weight: [f32; KEYS],
+    /// Bit j set where key j raised the maximum, rescaling the accumulator.
+    raised: u64,
+}
+
+impl Steps {
+    /// Steps that nothing has filled yet.
+    const EMPTY: Self = Self {
+        rescale: [1.0; KEYS],
+        weight: [0.0; KEYS],
+        raised: 0,
+    };
+
+    /// Fills the steps of the block's `len` keys from their dot products with the query
+    /// (`scores`), a vector of keys at a time ([`Lanes::softmax_steps`]), and moves the
+    /// row's running maximum past them.
+    #[inline(always)]
+    unsafe fn fill<L: Lanes>(
+        &mut self,
+        scores: &[f32; KEYS],
+        len: usize,
+        scale: ScoreScale,
+        max: &mut f32,
+    ) {
+        // Keys past `len` (to the end of the last vector) score -∞: they raise nothing
+        // and their steps go unread.
+        let mut scaled = [0.0; KEYS];
+        for (scaled, &score) in scaled.iter_mut().zip(&scores[..len]) {
+            *scaled = scale.apply(score);
+        }
+        let end = len.next_multiple_of(L::WIDTH).min(KEYS);
+        scaled[len..end].fill(f32::NEG_INFINITY);
+        self.raised = 0;
+        for j in (0..len).step_by(L::WIDTH) {
+            let steps = L::softmax_steps(L::load(scaled.as_ptr().add(j)), *max);
+            L::store(self.rescale.as_mut_ptr().add(j), steps.rescale);
+            L::store(self.weight.as_mut_ptr().add(j), steps.weight);
+            self.raised |= u64::from(steps.raised) << j;
+            *max = steps.max;
+        }
+    }
+}
+
+/// Moves `R` rows' sums of weights (`sums`) past the block's `len` keys: key by key, in
+/// order, each rescaled and then added. The rows' chains are independent and held in
+/// registers, so that each row's step overlaps the others' (one chain alone waits on
+/// every multiply-add before it).
+#[inline(always)]
+fn add_to_sums<const R: usize>(sums: &mut [f32], steps: &[Steps], len: usize) {
+    let steps: &[Steps; R] = steps[..R].try_into().unwrap();
+    let mut s: [f32; R] = sums[..R].try_into().unwrap();
+    for j in 0..len {
+        for (s, steps) in s.iter_mut().zip(steps) {
+            *s = s.mul_add(steps.rescale[j], steps.weight[j]);
+        }
+    }
+    sums[..R].copy_from_slice(&s);
+}
 
 /// Adds `len` keys' values (`stride` apart from `values`) into `R` rows' accumulators
 /// (`head_dim` apart from `acc`), in key order with an f16 rounding after every step.
@@ -151,14 +263,13 @@ unsafe fn add_values<L: Lanes, const R: usize>(
                 *v = L::load_f16(at.add(h * L::WIDTH));
             }
             for r in 0..R {
-                let step = steps[r][j];
-                if step.raised {
-                    let s = L::splat(step.rescale);
+                if steps[r].raised >> j & 1 != 0 {
+                    let s = L::splat(steps[r].rescale[j]);
                     for a in a[r].iter_mut().take(n) {
                         *a = L::round16(L::mul(*a, s));
                     }
                 }
-                let w = L::splat(step.weight);
+                let w = L::splat(steps[r].weight[j]);
                 for (a, v) in a[r].iter_mut().zip(&v).take(n) {
                     *a = L::round16(L::fmadd(*v, w, *a));
                 }
@@ -230,13 +341,8 @@ unsafe fn attend_body<L: Lanes>(
     acc.fill(0.0);
     let mut max = vec![f32::NEG_INFINITY; rows];
     let mut sum = vec![0.0f32; rows];
-    let step = Step {
-        score: 0.0,
-        raised: false,
-        rescale: 1.0,
-        weight: 0.0,
-    };
-    let mut steps: Vec<Steps> = vec![[step; KEYS]; rows];
+    let mut steps: Vec<Steps> = (0..rows).map(|_| Steps::EMPTY).collect();
+    let mut scores: Vec<[f32; KEYS]> = vec![[0.0; KEYS]; rows];
     let stride = kv.view.kv_width();
     let q16 = q16.as_ptr();
     let mut runs = kv.runs().peekable();
@@ -245,30 +351,32 @@ unsafe fn attend_body<L: Lanes>(
         if let Some(&(keys, values, len)) = runs.peek() {
             ask_for_head(keys, values, len, stride, kv.offset, head_dim);
         }
-        for j in 0..len {
-            let key = keys.as_ptr().add(j * stride + kv.offset);
-            let mut g = 0;
-            while g + 2 <= rows {
-                let [a, b] = dots::<L, 2>(q16.add(g * head_dim), head_dim, key);
-                (steps[g][j].score, steps[g + 1][j].score) = (a, b);
-                g += 2;
-            }
-            if g < rows {
-                steps[g][j].score = dots::<L, 1>(q16.add(g * head_dim), head_dim, key)[0];
-            }
+        let key = keys.as_ptr().add(kv.offset);
+        let mut g = 0;
+        while g + 4 <= rows {
+            let q = q16.add(g * head_dim);
+            score_rows::<L, 4>(q, head_dim, key, stride, len, &mut scores[g..]);
+            g += 4;
         }
-        for ((steps, max), sum) in steps.iter_mut().zip(&mut max).zip(&mut sum) {
-            for step in &mut steps[..len] {
-                let s = scale.apply(step.score);
-                step.raised = s > *max;
-                (step.rescale, step.weight) = if step.raised {
-                    let rescale = (*max - s).exp();
-                    *max = s;
-                    (rescale, 1.0)
-                } else {
-                    (1.0, (s - *max).exp())
-                };
-                *sum = sum.mul_add(step.rescale, step.weight);
+        while g + 2 <= rows {
+            let q = q16.add(g * head_dim);
+            score_rows::<L, 2>(q, head_dim, key, stride, len, &mut scores[g..]);
+            g += 2;
+        }
+        if g < rows {
+            let q = q16.add(g * head_dim);
+            score_rows::<L, 1>(q, head_dim, key, stride, len, &mut scores[g..]);
+        }
+        for ((steps, scores), max) in steps.iter_mut().zip(&scores).zip(&mut max) {
+            steps.fill::<L>(scores, len, scale, max);
+        }
+        for g in (0..rows).step_by(ROW_TILE) {
+            let (sum, steps) = (&mut sum[g..], &steps[g..]);
+            match rows - g {
+                1 => add_to_sums::<1>(sum, steps, len),
+                2 => add_to_sums::<2>(sum, steps, len),
+                3 => add_to_sums::<3>(sum, steps, len),
+                _ => add_to_sums::<ROW_TILE>(sum, steps, len),
             }
         }
         let v = values.as_ptr().add(kv.offset);
@@ -285,5 +393,138 @@ unsafe fn attend_body<L: Lanes>(
     }
     for ((partial, max), sum) in partials.iter_mut().zip(max).zip(sum) {
         *partial = Partial { max, sum };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::attention::AttentionShape;
+    use crate::quant::sample::Xorshift;
+
+    /// The steps one key at a time, as the portable row code takes them: (rescale,
+    /// weight, raised) per key, and the running maximum after them.
+    fn scalar_steps(
+        scores: &[f32],
+        scale: ScoreScale,
+        mut max: f32,
+    ) -> (Vec<(f32, f32, bool)>, f32) {
+        let steps = scores
+            .iter()
+            .map(|&score| {
+                let s = scale.apply(score);
+                if s > max {
+                    let rescale = (max - s).exp();
+                    max = s;
+                    (rescale, 1.0, true)
+                } else {
+                    (1.0, (s - max).exp(), false)
+                }
+            })
+            .collect();
+        (steps, max)
+    }
+
+    /// [`Steps::fill`] at one width.
+    type Fill = unsafe fn(&mut Steps, &[f32; KEYS], usize, ScoreScale, &mut f32);
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn fill_avx2(
+        steps: &mut Steps,
+        scores: &[f32; KEYS],
+        len: usize,
+        scale: ScoreScale,
+        max: &mut f32,
+    ) {
+        steps.fill::<Avx2>(scores, len, scale, max)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    unsafe fn fill_avx512(
+        steps: &mut Steps,
+        scores: &[f32; KEYS],
+        len: usize,
+        scale: ScoreScale,
+        max: &mut f32,
+    ) {
+        steps.fill::<Avx512>(scores, len, scale, max)
+    }
+
+    /// Score runs that test the order of the running maximum: ties (the earlier of equal
+    /// scores stays, `+0` after `-0` raises nothing), NaN (raises nothing, weighs NaN),
+    /// -∞, gaps past `expf`'s underflow, rises and falls at every lane.
+    fn hostile_runs() -> Vec<Vec<f32>> {
+        let mut rng = Xorshift::new(7);
+        let mut runs = vec![
+            vec![-0.0, 0.0, -0.0, 0.0, 1.0, 1.0, -1.0, 1.0],
+            vec![-0.0, 0.0, -0.0, 0.0],
+            vec![0.0, -0.0, 0.0, -0.0, 0.0, 0.0, 0.0, 0.0, -0.0],
+            vec![f32::NAN, 1.0, f32::NAN, 2.0, f32::NAN],
+            vec![f32::NEG_INFINITY, f32::NEG_INFINITY, 3.0, f32::NEG_INFINITY],
+            vec![f32::NAN; 3],
+            vec![
+                -500.0, 0.0, 500.0, -104.0, 103.5, 88.5, -88.5, 0.0, 1e30, -1e30,
+            ],
+            (0..64).map(|i| i as f32).collect(),
+            (0..64).map(|i| -(i as f32)).collect(),
+            (0..64)
+                .map(|i| if i % 2 == 0 { i as f32 } else { -(i as f32) })
+                .collect(),
+        ];
+        for len in [1, 7, 8, 9, 15, 16, 17, 33, 63, 64] {
+            runs.push((0..len).map(|_| (rng.next_f32() - 0.5) * 200.0).collect());
+        }
+        runs
+    }
+
+    #[test]
+    fn vector_softmax_steps_match_the_scalar_ones() {
+        let cpu = crate::cpu::detected();
+        let widths: [(&str, bool, Fill); 2] = [
+            ("AVX2", cpu.avx2, fill_avx2),
+            ("AVX-512", cpu.avx512, fill_avx512),
+        ];
+        let plain = AttentionShape {
+            n_head: 1,
+            n_kv_head: 1,
+            head_dim: 64,
+            scale: 1.0,
+            window: None,
+            softcap: None,
+        };
+        let capped = AttentionShape {
+            softcap: Some(30.0),
+            ..plain
+        };
+        let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        for (name, usable, fill) in widths {
+            if !usable {
+                continue;
+            }
+            for scale in [plain.score_scale(), capped.score_scale()] {
+                for run in hostile_runs() {
+                    for start in [f32::NEG_INFINITY, 0.0, -0.0, 5.0] {
+                        let mut scores = [0.0; KEYS];
+                        scores[..run.len()].copy_from_slice(&run);
+                        let (want, want_max) = scalar_steps(&run, scale, start);
+                        let (mut steps, mut max) = (Steps::EMPTY, start);
+                        // SAFETY: the CPU has the width's features.
+                        unsafe { fill(&mut steps, &scores, run.len(), scale, &mut max) };
+                        assert!(
+                            same(max, want_max),
+                            "{name}: max {max} against {want_max} for {run:?}"
+                        );
+                        for (j, &(rescale, weight, raised)) in want.iter().enumerate() {
+                            assert!(
+                                same(steps.rescale[j], rescale)
+                                    && same(steps.weight[j], weight)
+                                    && (steps.raised >> j & 1 != 0) == raised,
+                                "{name}: key {j} of {run:?} from {start}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 }

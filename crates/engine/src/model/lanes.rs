@@ -28,10 +28,17 @@ pub(super) trait Lanes {
     unsafe fn round16(v: Self::V) -> Self::V;
     unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
     unsafe fn fmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
-    /// The sum of ggml's four 16-lane dot product accumulators (`64 / WIDTH` vectors
-    /// each, one after another) in `ggml_vec_dot_f16`'s order: accumulators 0 + 2 and
-    /// 1 + 3, those two, then `_mm512_reduce_add_ps` (halves, quarters, pairs, neighbours).
-    unsafe fn reduce64(acc: &[Self::V]) -> f32;
+    /// ggml's four 16-lane dot product accumulators (`64 / WIDTH` vectors each, one
+    /// after another) summed down to eight lanes in `ggml_vec_dot_f16`'s order:
+    /// accumulators 0 + 2 and 1 + 3, those two, then the first step of
+    /// `_mm512_reduce_add_ps` (the sixteen lanes' halves). [`hsum8`] finishes the sum.
+    unsafe fn halves64(acc: &[Self::V]) -> __m256;
+    /// The sum of ggml's four 16-lane dot product accumulators in `ggml_vec_dot_f16`'s
+    /// order: [`Lanes::halves64`], then quarters, pairs, neighbours.
+    #[inline(always)]
+    unsafe fn reduce64(acc: &[Self::V]) -> f32 {
+        hsum8(Self::halves64(acc))
+    }
     unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
     /// The lanes' larger values (for lanes that are not NaN).
     unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
@@ -43,6 +50,24 @@ pub(super) trait Lanes {
     /// `_mm512_reduce_add_ps` of sixteen lanes held in `16 / WIDTH` vectors: halves,
     /// quarters, pairs, neighbours.
     unsafe fn sum16(v: &[Self::V]) -> f32;
+    /// `WIDTH` keys' steps of a query row's online softmax, given their scaled scores
+    /// and the running maximum before them (see [`SoftmaxSteps`]): each key in turn
+    /// raises the maximum if its score is greater (a NaN never does), and then weighs 1
+    /// and rescales by the C library's `expf(old maximum − score)`; otherwise it weighs
+    /// `expf(score − maximum)` and rescales by 1.
+    unsafe fn softmax_steps(scores: Self::V, max: f32) -> SoftmaxSteps<Self::V>;
+}
+
+/// [`Lanes::softmax_steps`]' result.
+pub(super) struct SoftmaxSteps<V> {
+    /// Each key's factor for the accumulator and the sum (1 unless it raised the maximum).
+    pub(super) rescale: V,
+    /// Each key's weight (1 where it raised the maximum).
+    pub(super) weight: V,
+    /// Bit i set where key i raised the maximum.
+    pub(super) raised: u32,
+    /// The running maximum after the last key.
+    pub(super) max: f32,
 }
 
 /// A vector of the constant whose f32 bit pattern is `bits`.
@@ -73,6 +98,44 @@ unsafe fn hsum8(v: __m256) -> f32 {
     let r = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
     let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
     _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
+}
+
+/// [`hsum8`] of eight vectors at once: lane `i` of the result is `hsum8(t[i])`, bit for
+/// bit. The same additions of the same lanes, arranged across vectors instead of within
+/// one: each step adds two shuffles of two vectors, so there are no horizontal chains,
+/// and eight sums cost 22 instructions where eight [`hsum8`] cost 48 on a chain each.
+#[inline(always)]
+pub(super) unsafe fn hsum8_each(t: &[__m256; 8]) -> __m256 {
+    // Quarters (`hsum8`'s first step) of vectors a and b, a's in the low 128-bit lane and
+    // b's in the high one.
+    let quarters = |a: __m256, b: __m256| {
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(a, b),
+            _mm256_permute2f128_ps::<0x31>(a, b),
+        )
+    };
+    let w = [
+        quarters(t[0], t[1]),
+        quarters(t[2], t[3]),
+        quarters(t[4], t[5]),
+        quarters(t[6], t[7]),
+    ];
+    // Pairs: in each 128-bit lane, elements 0 + 2 and 1 + 3 of x's vector, then of y's.
+    let pairs = |x: __m256, y: __m256| {
+        _mm256_add_ps(
+            _mm256_shuffle_ps::<0x44>(x, y),
+            _mm256_shuffle_ps::<0xEE>(x, y),
+        )
+    };
+    // r0's low lane holds vectors 0 and 2, its high lane 1 and 3; r1's 4 and 6, 5 and 7.
+    let (r0, r1) = (pairs(w[0], w[1]), pairs(w[2], w[3]));
+    // Neighbours: elements 0 + 1 and 2 + 3 of each lane of r0, then of r1.
+    let sums = _mm256_add_ps(
+        _mm256_shuffle_ps::<0x88>(r0, r1),
+        _mm256_shuffle_ps::<0xDD>(r0, r1),
+    );
+    // Lane 0 holds vectors 0, 2, 4, 6 and lane 1 vectors 1, 3, 5, 7.
+    _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
 }
 
 const F16_ROUNDING: i32 = _MM_FROUND_TO_NEAREST_INT;
@@ -117,11 +180,11 @@ impl Lanes for Avx2 {
         _mm256_fmadd_ps(a, b, c)
     }
     #[inline(always)]
-    unsafe fn reduce64(a: &[__m256]) -> f32 {
+    unsafe fn halves64(a: &[__m256]) -> __m256 {
         // Accumulator c's halves are vectors 2c and 2c + 1.
         let lo = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
         let hi = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
-        hsum8(_mm256_add_ps(lo, hi))
+        _mm256_add_ps(lo, hi)
     }
     #[inline(always)]
     unsafe fn sub(a: __m256, b: __m256) -> __m256 {
@@ -184,6 +247,41 @@ impl Lanes for Avx2 {
     unsafe fn sum16(v: &[__m256]) -> f32 {
         hsum8(_mm256_add_ps(v[0], v[1]))
     }
+    #[inline(always)]
+    unsafe fn softmax_steps(scores: __m256, max: f32) -> SoftmaxSteps<__m256> {
+        let floor = _mm256_set1_ps(f32::NEG_INFINITY);
+        // Lanes moved up by `K` places, the first `K` from `fill` (`BLEND` = K low bits).
+        #[inline(always)]
+        unsafe fn up<const K: i32, const BLEND: i32>(v: __m256, fill: __m256) -> __m256 {
+            let index = _mm256_setr_epi32(0, 1 - K, 2 - K, 3 - K, 4 - K, 5 - K, 6 - K, 7 - K);
+            let index = _mm256_max_epi32(index, _mm256_setzero_si256());
+            _mm256_blend_ps::<BLEND>(_mm256_permutevar8x32_ps(v, index), fill)
+        }
+        // `maxps(later, earlier)` keeps the earlier of equal values and ignores a NaN in
+        // the later, as the scalar "raise only if greater" does; NaN scores become -∞
+        // first so that none reaches the earlier operand.
+        let mut run = _mm256_max_ps(scores, floor);
+        run = _mm256_max_ps(run, up::<1, 0b1>(run, floor));
+        run = _mm256_max_ps(run, up::<2, 0b11>(run, floor));
+        run = _mm256_max_ps(run, up::<4, 0b1111>(run, floor));
+        let m = _mm256_set1_ps(max);
+        let run = _mm256_max_ps(run, m);
+        let before = up::<1, 0b1>(run, m);
+        let raised = _mm256_cmp_ps::<_CMP_GT_OQ>(scores, before);
+        let argument = _mm256_blendv_ps(
+            _mm256_sub_ps(scores, before),
+            _mm256_sub_ps(before, scores),
+            raised,
+        );
+        let e = super::libm_expf::expf8(argument);
+        let one = _mm256_set1_ps(1.0);
+        SoftmaxSteps {
+            rescale: _mm256_blendv_ps(one, e, raised),
+            weight: _mm256_blendv_ps(e, one, raised),
+            raised: _mm256_movemask_ps(raised) as u32,
+            max: _mm256_cvtss_f32(_mm256_permutevar8x32_ps(run, _mm256_set1_epi32(7))),
+        }
+    }
 }
 
 /// AVX-512F (with F16C and FMA).
@@ -226,11 +324,11 @@ impl Lanes for Avx512 {
         _mm512_fmadd_ps(a, b, c)
     }
     #[inline(always)]
-    unsafe fn reduce64(a: &[__m512]) -> f32 {
+    unsafe fn halves64(a: &[__m512]) -> __m256 {
         let v = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
         let lo = _mm512_castps512_ps256(v);
         let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-        hsum8(_mm256_add_ps(lo, hi))
+        _mm256_add_ps(lo, hi)
     }
     #[inline(always)]
     unsafe fn sub(a: __m512, b: __m512) -> __m512 {
@@ -278,5 +376,38 @@ impl Lanes for Avx512 {
         let lo = _mm512_castps512_ps256(v[0]);
         let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v[0])));
         hsum8(_mm256_add_ps(lo, hi))
+    }
+    #[inline(always)]
+    unsafe fn softmax_steps(scores: __m512, max: f32) -> SoftmaxSteps<__m512> {
+        let floor = _mm512_set1_ps(f32::NEG_INFINITY);
+        // Lanes moved up by `K` places, the first `K` from `fill`.
+        #[inline(always)]
+        unsafe fn up<const SHIFT: i32>(v: __m512, fill: __m512) -> __m512 {
+            let (v, fill) = (_mm512_castps_si512(v), _mm512_castps_si512(fill));
+            _mm512_castsi512_ps(_mm512_alignr_epi32::<SHIFT>(v, fill))
+        }
+        // As for AVX2: the earlier of equal values, NaN scores as -∞.
+        let mut run = _mm512_max_ps(scores, floor);
+        run = _mm512_max_ps(run, up::<15>(run, floor));
+        run = _mm512_max_ps(run, up::<14>(run, floor));
+        run = _mm512_max_ps(run, up::<12>(run, floor));
+        run = _mm512_max_ps(run, up::<8>(run, floor));
+        let m = _mm512_set1_ps(max);
+        let run = _mm512_max_ps(run, m);
+        let before = up::<15>(run, m);
+        let raised = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(scores, before);
+        let argument = _mm512_mask_blend_ps(
+            raised,
+            _mm512_sub_ps(scores, before),
+            _mm512_sub_ps(before, scores),
+        );
+        let e = super::libm_expf::expf16(argument);
+        let one = _mm512_set1_ps(1.0);
+        SoftmaxSteps {
+            rescale: _mm512_mask_blend_ps(raised, one, e),
+            weight: _mm512_mask_blend_ps(raised, e, one),
+            raised: raised as u32,
+            max: _mm512_cvtss_f32(_mm512_permutexvar_ps(_mm512_set1_epi32(15), run)),
+        }
     }
 }

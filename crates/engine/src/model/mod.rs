@@ -12,6 +12,7 @@ mod decoder;
 mod gemma2;
 mod gemma3;
 mod lanes;
+mod libm_expf;
 mod llama;
 pub mod ops;
 mod phi3;
