@@ -2,8 +2,9 @@
 //! AVX-512 (sixteen lanes), bit-identical to the portable [`super::attention`] row code.
 //!
 //! Per KV cache block, every row's scores come first (independent dot products, each key
-//! converted once per pair of rows), then the online softmax's bookkeeping in scalar
-//! code, then the values, added into accumulators held in registers across the block
+//! converted once per four rows, eight keys' sums finished together), then the online
+//! softmax's steps a vector of keys at a time (only the sums' chains are scalar), then the
+//! values, added into accumulators held in registers across the block
 //! (each value converted once per four rows). The accumulators stay f32 holding f16
 //! values: rounding to f16 and back after every step is what storing to llama.cpp's f16
 //! accumulator and loading it again does.
@@ -12,20 +13,23 @@
 
 use half::f16;
 
+use std::arch::x86_64::*;
+
 use super::attention::{KvRows, Partial, ScoreScale};
+use super::lanes::{hsum8_each, Avx2, Avx512, Lanes};
 use crate::quant::simd::ask_for_lines;
 
 /// Keys scored before their values are added: one KV cache block's positions.
 const KEYS: usize = crate::kv_cache::BLOCK_POSITIONS;
+
+// [`Steps::raised`] holds a bit per key, and [`Steps::fill`] takes whole vectors of keys.
+const _: () = assert!(KEYS <= 64 && KEYS.is_multiple_of(16));
 
 /// Query rows whose accumulators are updated together.
 const ROW_TILE: usize = 4;
 
 /// Keys whose dot products are finished together ([`dots8`]).
 const KEY_GROUP: usize = 8;
-
-use super::lanes::{hsum8_each, Avx2, Avx512, Lanes};
-use std::arch::x86_64::*;
 
 /// Whether [`attend_rows`] may use AVX-512 (the CPU has it, `FERRITE_CPU` allows it).
 pub(super) fn avx512_available() -> bool {
@@ -312,8 +316,6 @@ fn ask_for_head(
     }
 }
 
-// The key index addresses the cache as well as the steps.
-#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 unsafe fn attend_body<L: Lanes>(
     q: &[f32],
@@ -353,7 +355,9 @@ unsafe fn attend_body<L: Lanes>(
         }
         let key = keys.as_ptr().add(kv.offset);
         let mut g = 0;
-        while g + 4 <= rows {
+        // Four rows' accumulators need sixteen-lane registers: AVX2's sixteen would
+        // spill, and it scores two rows at a time.
+        while L::WIDTH == 16 && g + 4 <= rows {
             let q = q16.add(g * head_dim);
             score_rows::<L, 4>(q, head_dim, key, stride, len, &mut scores[g..]);
             g += 4;

@@ -1,8 +1,8 @@
 //! The vector operations the attention kernels are written in, at two widths: AVX2
 //! (eight f32 lanes) and AVX-512 (sixteen). A kernel is written once, generic over
 //! [`Lanes`], and instantiated inside a function that enables the width's instructions.
-//! Every operation is an exact IEEE operation or one of ggml's, so both widths give the
-//! same bits.
+//! Every operation is an exact IEEE operation, one of ggml's or the C library's `expf`
+//! ([`super::libm_expf`]), so both widths give the same bits.
 
 #![cfg(target_arch = "x86_64")]
 
@@ -101,40 +101,45 @@ unsafe fn hsum8(v: __m256) -> f32 {
 }
 
 /// [`hsum8`] of eight vectors at once: lane `i` of the result is `hsum8(t[i])`, bit for
-/// bit. The same additions of the same lanes, arranged across vectors instead of within
-/// one: each step adds two shuffles of two vectors, so there are no horizontal chains,
-/// and eight sums cost 22 instructions where eight [`hsum8`] cost 48 on a chain each.
+/// bit (each addition takes its operands in `hsum8`'s order, which decides a NaN's
+/// payload). The same additions of the same lanes, arranged across vectors instead of
+/// within one: each step adds two shuffles of two vectors, so that there are no horizontal
+/// chains, and eight sums cost 22 instructions where eight [`hsum8`] cost 48.
+///
+/// # Safety
+/// AVX2 must be available.
 #[inline(always)]
 pub(super) unsafe fn hsum8_each(t: &[__m256; 8]) -> __m256 {
-    // Quarters (`hsum8`'s first step) of vectors a and b, a's in the low 128-bit lane and
-    // b's in the high one.
-    let quarters = |a: __m256, b: __m256| {
+    /// `hsum8`'s halves of vectors a and b: a's in the low 128 bits, b's in the high.
+    #[inline(always)]
+    unsafe fn halves(a: __m256, b: __m256) -> __m256 {
         _mm256_add_ps(
-            _mm256_permute2f128_ps::<0x20>(a, b),
             _mm256_permute2f128_ps::<0x31>(a, b),
+            _mm256_permute2f128_ps::<0x20>(a, b),
         )
-    };
-    let w = [
-        quarters(t[0], t[1]),
-        quarters(t[2], t[3]),
-        quarters(t[4], t[5]),
-        quarters(t[6], t[7]),
-    ];
-    // Pairs: in each 128-bit lane, elements 0 + 2 and 1 + 3 of x's vector, then of y's.
-    let pairs = |x: __m256, y: __m256| {
+    }
+    /// Pairs: in each 128 bits, elements 0 + 2 and 1 + 3 of x's, then of y's.
+    #[inline(always)]
+    unsafe fn pairs(x: __m256, y: __m256) -> __m256 {
         _mm256_add_ps(
             _mm256_shuffle_ps::<0x44>(x, y),
             _mm256_shuffle_ps::<0xEE>(x, y),
         )
-    };
-    // r0's low lane holds vectors 0 and 2, its high lane 1 and 3; r1's 4 and 6, 5 and 7.
+    }
+    let w = [
+        halves(t[0], t[1]),
+        halves(t[2], t[3]),
+        halves(t[4], t[5]),
+        halves(t[6], t[7]),
+    ];
+    // r0's low 128 bits hold vectors 0 and 2, its high ones 1 and 3; r1's 4 and 6, 5 and 7.
     let (r0, r1) = (pairs(w[0], w[1]), pairs(w[2], w[3]));
-    // Neighbours: elements 0 + 1 and 2 + 3 of each lane of r0, then of r1.
+    // Neighbours: elements 0 + 1 and 2 + 3 of each 128 bits of r0, then of r1.
     let sums = _mm256_add_ps(
         _mm256_shuffle_ps::<0x88>(r0, r1),
         _mm256_shuffle_ps::<0xDD>(r0, r1),
     );
-    // Lane 0 holds vectors 0, 2, 4, 6 and lane 1 vectors 1, 3, 5, 7.
+    // The low 128 bits hold vectors 0, 2, 4, 6 and the high ones 1, 3, 5, 7.
     _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
 }
 
@@ -380,7 +385,7 @@ impl Lanes for Avx512 {
     #[inline(always)]
     unsafe fn softmax_steps(scores: __m512, max: f32) -> SoftmaxSteps<__m512> {
         let floor = _mm512_set1_ps(f32::NEG_INFINITY);
-        // Lanes moved up by `K` places, the first `K` from `fill`.
+        // Lanes moved up by `16 - SHIFT` places, the first ones from `fill`.
         #[inline(always)]
         unsafe fn up<const SHIFT: i32>(v: __m512, fill: __m512) -> __m512 {
             let (v, fill) = (_mm512_castps_si512(v), _mm512_castps_si512(fill));
@@ -408,6 +413,49 @@ impl Lanes for Avx512 {
             weight: _mm512_mask_blend_ps(raised, e, one),
             raised: raised as u32,
             max: _mm512_cvtss_f32(_mm512_permutexvar_ps(_mm512_set1_epi32(15), run)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::sample::Xorshift;
+
+    #[target_feature(enable = "avx2")]
+    unsafe fn both(t: &[[f32; 8]; 8]) -> ([f32; 8], [f32; 8]) {
+        let v = t.map(|t| _mm256_loadu_ps(t.as_ptr()));
+        let mut each = [0f32; 8];
+        _mm256_storeu_ps(each.as_mut_ptr(), hsum8_each(&v));
+        (each, v.map(|v| hsum8(v)))
+    }
+
+    #[test]
+    fn hsum8_each_is_eight_hsum8() {
+        if !is_x86_feature_detected!("avx2") {
+            return;
+        }
+        let mut rng = Xorshift::new(3);
+        for round in 0..2000 {
+            // Magnitudes far apart, so that the order of the additions shows in the bits.
+            let t: [[f32; 8]; 8] = std::array::from_fn(|_| {
+                std::array::from_fn(|_| {
+                    let x = (rng.next_f32() - 0.5) * 2f32.powi((rng.next_f32() * 40.0) as i32 - 20);
+                    if round % 7 == 0 && rng.next_f32() < 0.1 {
+                        f32::NAN
+                    } else {
+                        x
+                    }
+                })
+            });
+            // SAFETY: the CPU has AVX2.
+            let (each, one_by_one) = unsafe { both(&t) };
+            for (a, b) in each.iter().zip(&one_by_one) {
+                assert!(
+                    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                    "{t:?}"
+                );
+            }
         }
     }
 }

@@ -1,6 +1,8 @@
 //! The C library's `expf` on a vector of lanes, bit for bit: what `f32::exp` (and
-//! llama.cpp's scalar `expf`) gives on glibc 2.27 and later, whose `expf` is the
-//! table-driven algorithm also in musl and Arm's optimized-routines.
+//! llama.cpp's scalar `expf`) gives with glibc 2.27 or later on an x86-64 CPU with FMA.
+//! Other C libraries with the same table-driven algorithm (musl, from Arm's
+//! optimized-routines) compile it without fused multiply-adds and may differ in a last
+//! bit; the tests, which compare with `f32::exp`, would say so.
 //!
 //! Row attention calls `expf` once per query row and key. As a scalar library call that
 //! was about a seventh of the row kernel's time on a Zen 4; eight or sixteen lanes at a
@@ -12,10 +14,11 @@
 //! dispatch picks on a CPU with FMA), read from its machine code: `k` and `r` each one
 //! fused multiply-add, the cubic three.
 //!
-//! Lanes whose argument is 88 or more in magnitude, infinite or NaN take glibc's
-//! special cases (overflow, underflow, the smallest subnormal for arguments just below
-//! the underflow threshold): they go to `f32::exp` itself, one lane at a time. Attention
-//! meets them only for keys whose scores differ by 88 or more.
+//! Lanes whose argument is 88 or more in magnitude, +∞ or NaN take glibc's special cases
+//! (overflow, underflow, the smallest subnormal for arguments just below the underflow
+//! threshold): they go to `f32::exp` itself, one lane at a time. Attention meets them only
+//! for keys whose scores differ by 88 or more. −∞, which attention meets at every row's
+//! first key and in the lanes past a block's last, gives 0 in the vector.
 //!
 //! The tests compare both widths with `f32::exp` on every 97th f32 bit pattern and on
 //! the special cases' boundaries; an ignored one compares every f32.
@@ -37,7 +40,7 @@ const C: [f64; 3] = [
 
 /// `2^(i/32)` rounded to the nearest double, with `i << 47` subtracted from its bits so
 /// that adding `k << 47` (k's low five bits being `i`) puts `k / 32` into the exponent.
-const TABLE: [u64; 32] = [
+static TABLE: [u64; 32] = [
     0x3ff0000000000000,
     0x3fefd9b0d3158574,
     0x3fefb5586cf9890f,
@@ -71,6 +74,9 @@ const TABLE: [u64; 32] = [
     0x3fefa4afa2a490da,
     0x3fefd0765b6e4540,
 ];
+
+/// −∞'s bits, as an i32: its `expf` is 0.
+const MINUS_INF: i32 = 0xff80_0000u32 as i32;
 
 /// Bits of `|x|` from which `expf` takes its special cases: `|x| >= 88` (glibc's
 /// `top12(x) >= top12(88)`), infinities and NaN included.
@@ -131,8 +137,9 @@ pub(super) unsafe fn expf16(x: __m512) -> __m512 {
         _mm512_castpd256_pd512(_mm256_castps_pd(main_path512(lo))),
         _mm256_castps_pd(main_path512(hi)),
     );
-    let mut out = _mm512_castpd_ps(out);
-    let special = special_mask512(x);
+    let minus_inf = _mm512_cmpeq_epi32_mask(_mm512_castps_si512(x), _mm512_set1_epi32(MINUS_INF));
+    let mut out = _mm512_mask_blend_ps(minus_inf, _mm512_castpd_ps(out), _mm512_setzero_ps());
+    let special = special_mask512(x) & !u32::from(minus_inf);
     if special != 0 {
         let (mut xs, mut outs) = ([0f32; 16], [0f32; 16]);
         _mm512_storeu_ps(xs.as_mut_ptr(), x);
@@ -169,11 +176,15 @@ unsafe fn main_path256(x: __m128) -> __m128 {
 pub(super) unsafe fn expf8(x: __m256) -> __m256 {
     let lo = main_path256(_mm256_castps256_ps128(x));
     let hi = main_path256(_mm256_extractf128_ps::<1>(x));
-    let mut out = _mm256_insertf128_ps::<1>(_mm256_castps128_ps256(lo), hi);
+    let out = _mm256_insertf128_ps::<1>(_mm256_castps128_ps256(lo), hi);
+    let minus_inf = _mm256_cmpeq_epi32(_mm256_castps_si256(x), _mm256_set1_epi32(MINUS_INF));
+    let minus_inf = _mm256_castsi256_ps(minus_inf);
+    let mut out = _mm256_andnot_ps(minus_inf, out);
     let abs = _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7fff_ffff));
     // Signed comparison is right: `abs` and the bound are both below 2^31.
     let over = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(SPECIAL_FROM as i32 - 1));
-    let special = _mm256_movemask_ps(_mm256_castsi256_ps(over)) as u32;
+    let over = _mm256_andnot_ps(minus_inf, _mm256_castsi256_ps(over));
+    let special = _mm256_movemask_ps(over) as u32;
     if special != 0 {
         let (mut xs, mut outs) = ([0f32; 8], [0f32; 8]);
         _mm256_storeu_ps(xs.as_mut_ptr(), x);
@@ -205,8 +216,12 @@ mod tests {
     /// Checks both widths (where the CPU has them) against `f32::exp` on `values`, in
     /// groups of sixteen.
     fn check(values: impl Iterator<Item = f32>) -> usize {
-        let wide = is_x86_feature_detected!("avx512f");
         let narrow = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+        let wide = narrow && is_x86_feature_detected!("avx512f");
+        if !narrow {
+            eprintln!("no AVX2 and FMA: no vector expf to check");
+            return 0;
+        }
         let mut checked = 0;
         let mut group = [0f32; 16];
         let mut n = 0;
@@ -246,8 +261,9 @@ mod tests {
 
     #[test]
     fn every_97th_bit_pattern_matches_the_library() {
-        let checked = check((0..=u32::MAX).step_by(97).map(f32::from_bits));
-        assert!(checked > 44_000_000);
+        let stride = if cfg!(debug_assertions) { 9973 } else { 97 };
+        let checked = check((0..=u32::MAX).step_by(stride).map(f32::from_bits));
+        assert!(checked == 0 || checked > 400_000);
     }
 
     /// Every f32 (both widths matched all 2^32 on glibc 2.36: 45 s in a release build). Run it
@@ -256,7 +272,8 @@ mod tests {
     #[test]
     #[ignore = "every f32; run by hand after changing the kernel"]
     fn every_bit_pattern_matches_the_library() {
-        assert_eq!(check((0..=u32::MAX).map(f32::from_bits)), 1 << 32);
+        let checked = check((0..=u32::MAX).map(f32::from_bits));
+        assert!(checked == 0 || checked == 1 << 32);
     }
 
     #[test]
@@ -283,9 +300,11 @@ mod tests {
             .iter()
             .flat_map(|&b| (b.saturating_sub(300)..=b.saturating_add(300)).map(f32::from_bits));
         // Every f32 in [-1, 0] at a stride: the range attention's weights come from.
+        let stride = if cfg!(debug_assertions) { 3001 } else { 31 };
         let unit = (0x8000_0000u32..=0xbf80_0000)
-            .step_by(31)
+            .step_by(stride)
             .map(f32::from_bits);
-        assert!(check(around.chain(unit)) > 34_000_000);
+        let checked = check(around.chain(unit));
+        assert!(checked == 0 || checked > 350_000);
     }
 }
