@@ -2,7 +2,8 @@
 //! AVX-512 (sixteen lanes), bit-identical to the portable [`super::attention`] row code.
 //!
 //! Per KV cache block, every row's scores come first (independent dot products, each key
-//! converted once per four rows, eight keys' sums finished together), then the online
+//! converted once per pass of up to four rows with AVX-512 (three for a group of three,
+//! SmolLM2's) and two with AVX2, eight keys' sums finished together), then the online
 //! softmax's steps a vector of keys at a time (only the sums' chains are scalar), then the
 //! values, added into accumulators held in registers across the block
 //! (each value converted once per four rows). The accumulators stay f32 holding f16
@@ -361,6 +362,11 @@ unsafe fn attend_body<L: Lanes>(
             let q = q16.add(g * head_dim);
             score_rows::<L, 4>(q, head_dim, key, stride, len, &mut scores[g..]);
             g += 4;
+        }
+        if L::WIDTH == 16 && rows - g == 3 {
+            let q = q16.add(g * head_dim);
+            score_rows::<L, 3>(q, head_dim, key, stride, len, &mut scores[g..]);
+            g += 3;
         }
         while g + 2 <= rows {
             let q = q16.add(g * head_dim);
