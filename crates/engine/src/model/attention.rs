@@ -454,6 +454,20 @@ unsafe fn run_task(
     out
 }
 
+/// One key's step of a row's online softmax, as ggml's flash attention takes it: a score
+/// `s` greater than the running maximum raises it (a NaN never does), weighs 1 and
+/// rescales what came before by `expf(old maximum − s)`; any other weighs
+/// `expf(s − maximum)` and rescales by 1. Returns (rescale, weight, raised).
+pub(super) fn online_step(s: f32, max: &mut f32) -> (f32, f32, bool) {
+    if s > *max {
+        let rescale = (*max - s).exp();
+        *max = s;
+        (rescale, 1.0, true)
+    } else {
+        (1.0, (s - *max).exp(), false)
+    }
+}
+
 /// One query row in portable code: its unnormalised weighted values in `acc`.
 fn attend_row(q: &[f32], kv: &KvRows<'_>, scale: ScoreScale, acc: &mut [f32]) -> Partial {
     let head_dim = q.len();
@@ -466,15 +480,11 @@ fn attend_row(q: &[f32], kv: &KvRows<'_>, scale: ScoreScale, acc: &mut [f32]) ->
         for j in 0..len {
             let at = j * stride + kv.offset;
             let s = scale.apply(dot_f16(&q16, &keys[at..at + head_dim]));
-            let (mut rescale, mut weight) = (1.0f32, 1.0f32);
-            if s > max {
-                rescale = (max - s).exp();
-                max = s;
+            let (rescale, weight, raised) = online_step(s, &mut max);
+            if raised {
                 for a in acc16.iter_mut() {
                     *a = f16::from_f32(a.to_f32() * rescale);
                 }
-            } else {
-                weight = (s - max).exp();
             }
             for (a, v) in acc16.iter_mut().zip(&values[at..at + head_dim]) {
                 *a = f16::from_f32(v.to_f32().mul_add(weight, a.to_f32()));

@@ -409,11 +409,12 @@ unsafe fn attend_body<L: Lanes>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::attention::AttentionShape;
+    use crate::model::attention::{online_step, AttentionShape};
     use crate::quant::sample::Xorshift;
 
-    /// The steps one key at a time, as the portable row code takes them: (rescale,
-    /// weight, raised) per key, and the running maximum after them.
+    /// The steps one key at a time, as the portable row code takes them
+    /// ([`online_step`]): (rescale, weight, raised) per key, and the running maximum
+    /// after them.
     fn scalar_steps(
         scores: &[f32],
         scale: ScoreScale,
@@ -421,16 +422,7 @@ mod tests {
     ) -> (Vec<(f32, f32, bool)>, f32) {
         let steps = scores
             .iter()
-            .map(|&score| {
-                let s = scale.apply(score);
-                if s > max {
-                    let rescale = (max - s).exp();
-                    max = s;
-                    (rescale, 1.0, true)
-                } else {
-                    (1.0, (s - max).exp(), false)
-                }
-            })
+            .map(|&score| online_step(scale.apply(score), &mut max))
             .collect();
         (steps, max)
     }
