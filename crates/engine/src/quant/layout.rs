@@ -8,8 +8,8 @@
 //! - block-of-32 formats (Q4_0 with rows not a multiple of eight, and the others
 //!   elsewhere) repacked eight rows at a time: `packed` (portable) and `packed_simd`
 //!   (AVX2, AVX-512 VNNI);
-//! - Q4_K and Q6_K interleaved sixteen rows to a vector where the CPU has AVX-512 VNNI:
-//!   `q4k_lanes`, `q6k_lanes`;
+//! - Q4_K and Q6_K interleaved sixteen rows to a vector where the CPU has AVX2 (kernels
+//!   for AVX-512 VNNI, and for AVX2 alone eight rows at a time): `q4k_lanes`, `q6k_lanes`;
 //! - Q5_K and IQ4_XS two rows to a vector there: `pair_lanes`;
 //! - every other quantized format, and these on other CPUs, row after row: `rows`
 //!   (portable kernels in `kquant`, `dot`, `iq4`; AVX2 ones in `kquant_simd`);
@@ -34,7 +34,7 @@ use super::q6k_lanes::Q6kLanes;
 use super::rows::RowMajor;
 #[cfg(target_arch = "x86_64")]
 use super::simd::Upcoming;
-use super::{kquant, simd_wide_tiles, Activations, OwnFormat, RowKernel};
+use super::{kquant, simd_avx2, simd_wide_tiles, Activations, OwnFormat, RowKernel};
 
 /// A weight matrix laid out for its kernels, and those kernels.
 pub(super) trait Layout: Send + Sync {
@@ -77,8 +77,8 @@ fn choose(format: OwnFormat, data: &[u8], rows: usize, cols: usize) -> Box<dyn L
         OwnFormat::Q4_0Repacked if simd_wide_tiles() => {
             Box::new(BlockLanes::new(BlockFormat::Q4_0, data, rows, cols))
         }
-        OwnFormat::Q4K if simd_wide_tiles() => Box::new(Q4kLanes::new(data, rows, blocks)),
-        OwnFormat::Q6K if simd_wide_tiles() => Box::new(Q6kLanes::new(data, rows, blocks)),
+        OwnFormat::Q4K if simd_avx2() => Box::new(Q4kLanes::new(data, rows, blocks)),
+        OwnFormat::Q6K if simd_avx2() => Box::new(Q6kLanes::new(data, rows, blocks)),
         OwnFormat::Q5K if simd_wide_tiles() => {
             Box::new(PairLanes::new(PairFormat::Q5K, data, rows, blocks))
         }

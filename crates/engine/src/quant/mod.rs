@@ -602,6 +602,19 @@ fn simd_wide_tiles() -> bool {
     }
 }
 
+/// Whether the CPU has AVX2 (with FMA and F16C), for layouts whose kernels need no more:
+/// Q4_K's and Q6_K's ([`q4k_lanes`], [`q6k_lanes`]).
+fn simd_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        simd::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Output features per parallel task. Each task is a run of weights read in one stream
 /// and a unit of work stealing: 32 made a 1B model's decode step some two thousand tasks,
 /// and 128 decodes it 10–15% faster (alternating A/B of the two builds, both orders;

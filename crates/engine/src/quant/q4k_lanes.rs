@@ -1,7 +1,8 @@
 //! Q4_K weights interleaved sixteen rows at a time, one weight row per 32-bit lane, for the
 //! AVX-512 VNNI kernel: one multiply-add instruction takes four consecutive values of each
 //! of sixteen rows against the same four activations (broadcast), so every lane keeps one
-//! weight row's sum and no horizontal sums are ever needed.
+//! weight row's sum and no horizontal sums are ever needed. CPUs with AVX2 alone take the
+//! same layout eight rows (half a line) at a time ([`avx2`]).
 //!
 //! Per group of sixteen rows (the last one padded with zero rows) and per super-block,
 //! [`LINES`] 64-byte lines: one with the rows' `d`, then their `dmin` (as the file's `f16`),
@@ -17,6 +18,9 @@
 //! operations on the same values, so results are bit-identical.
 
 use std::ops::Range;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 
 use super::act_tile::Line;
 use super::kquant::{scale_min_k4, Q4_K, QK_K};
@@ -215,6 +219,7 @@ impl Layout for Q4kLanes {
         #[cfg(target_arch = "x86_64")]
         {
             let (m, n, start, end) = (self, kernels.len(), range.start, range.end);
+            let vnni = super::simd::vnni_available();
             // Sixteen weight rows (one per lane) by up to four activation rows.
             let all: Vec<usize> = (0..n).collect();
             lane_groups(
@@ -225,15 +230,15 @@ impl Layout for Q4kLanes {
                 (|g| m.group(g), m.blocks),
                 |g, four, soon| {
                     let mut got = [[0f32; LANE_ROWS]; 4];
-                    // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
+                    // SAFETY: the layout is only built where the CPU has AVX2, and the VNNI
+                    // kernel only runs where it has AVX-512 VNNI.
                     with_row_count!(four.len(), got, T => unsafe {
-                        dot_group::<T>(
-                            m,
-                            g,
-                            std::array::from_fn(|k| &a[four[k]]),
-                            std::array::from_fn(|k| kernels[four[k]]),
-                            soon,
-                        )
+                        let a = std::array::from_fn(|k| &a[four[k]]);
+                        let kernels = std::array::from_fn(|k| kernels[four[k]]);
+                        match vnni {
+                            true => dot_group::<T>(m, g, a, kernels, soon),
+                            false => avx2::dot_group::<T>(m, g, a, kernels, soon),
+                        }
                     });
                     got
                 },
@@ -242,7 +247,7 @@ impl Layout for Q4kLanes {
         #[cfg(not(target_arch = "x86_64"))]
         {
             let _ = (a, kernels, range, out);
-            unreachable!("the layout is only built where the CPU has AVX-512 VNNI");
+            unreachable!("the layout is only built where the CPU has AVX2");
         }
     }
 }
@@ -255,15 +260,12 @@ mod tests {
     use crate::quant::simd::Upcoming;
     use crate::quant::{OwnFormat, RowKernel};
 
-    /// Every row of every group, against up to four activation rows of either kernel,
-    /// equals the portable dot product bit for bit.
-    #[test]
-    fn lanes_kernel_is_bit_identical_to_the_portable_one() {
-        // Whatever FERRITE_CPU says: this compares the kernel the CPU can run. A CPU
-        // without it cannot run it; the end-to-end tests under FERRITE_CPU cover the rest.
-        if crate::cpu::lacks(crate::cpu::detected().vnni, "vnni") {
-            return;
-        }
+    /// A kernel's group of sixteen rows against one to four activation rows.
+    type GroupKernel = fn(&Q4kLanes, usize, &[&Q8KRow], &[RowKernel]) -> Vec<[f32; ROWS]>;
+
+    /// Every row of every group, against one to four activation rows of either rounding
+    /// (in every position of a pass), equals the portable dot product bit for bit.
+    fn assert_matches_the_portable_kernel(dot: GroupKernel) {
         let mut rng = Xorshift::new(9);
         let (rows, cols) = (37, 3 * QK_K);
         let raw = sample::weights(OwnFormat::Q4K, rows, cols, &mut rng);
@@ -280,42 +282,67 @@ mod tests {
             .collect();
         let row_bytes = cols / QK_K * Q4_K;
         for g in 0..rows.div_ceil(ROWS) {
-            // SAFETY: VNNI was checked.
-            let got = unsafe {
-                dot_group::<4>(
-                    &m,
-                    g,
-                    std::array::from_fn(|t| &acts[t]),
-                    kernels,
-                    Upcoming::NONE,
-                )
-            };
-            let one = unsafe {
-                dot_group::<1>(
-                    &m,
-                    g,
-                    [&acts[1]],
-                    [kernels[1]],
-                    Upcoming::new(m.group(0), 3),
-                )
-            };
-            for lane in 0..ROWS {
-                let r = g * ROWS + lane;
-                for t in 0..4 {
-                    let want = match r < rows {
-                        true => dot_q4k_portable(
-                            &raw[r * row_bytes..][..row_bytes],
-                            &acts[t],
-                            kernels[t],
-                        ),
-                        false => 0.0,
-                    };
-                    assert_eq!(want.to_bits(), got[t][lane].to_bits(), "row {r}, act {t}");
-                    if t == 1 {
-                        assert_eq!(want.to_bits(), one[0][lane].to_bits(), "row {r} alone");
+            for (from, to) in [(0, 4), (1, 2), (0, 3), (2, 4)] {
+                let a: Vec<&Q8KRow> = acts[from..to].iter().collect();
+                let got = dot(&m, g, &a, &kernels[from..to]);
+                for (got, t) in got.iter().zip(from..to) {
+                    for (lane, got) in got.iter().enumerate() {
+                        let r = g * ROWS + lane;
+                        let want = match r < rows {
+                            true => dot_q4k_portable(
+                                &raw[r * row_bytes..][..row_bytes],
+                                &acts[t],
+                                kernels[t],
+                            ),
+                            false => 0.0,
+                        };
+                        let at = format!("row {r}, act {t} of {from}..{to}");
+                        assert_eq!(want.to_bits(), got.to_bits(), "{at}");
                     }
                 }
             }
         }
+    }
+
+    /// `$($dot)::+::<T>` on the activation rows and kernels in `$a` and `$k` (one to four).
+    macro_rules! by_count {
+        ($($dot:ident)::+, $m:expr, $g:expr, $a:expr, $k:expr) => {{
+            // Upcoming lines from the group itself: asking for them changes nothing.
+            let soon = Upcoming::new($m.group(0), 3);
+            let (a, k) = ($a, $k);
+            match a.len() {
+                1 => $($dot)::+::<1>($m, $g, [a[0]], [k[0]], soon).to_vec(),
+                2 => $($dot)::+::<2>($m, $g, [a[0], a[1]], [k[0], k[1]], soon).to_vec(),
+                3 => $($dot)::+::<3>($m, $g, [a[0], a[1], a[2]], [k[0], k[1], k[2]], soon).to_vec(),
+                _ => $($dot)::+::<4>($m, $g, [a[0], a[1], a[2], a[3]], [k[0], k[1], k[2], k[3]], soon)
+                    .to_vec(),
+            }
+        }};
+    }
+
+    /// The AVX-512 VNNI kernel.
+    #[test]
+    fn vnni_kernel_is_bit_identical_to_the_portable_one() {
+        // Whatever FERRITE_CPU says: this compares the kernel the CPU can run. A CPU
+        // without it cannot run it; the end-to-end tests under FERRITE_CPU cover the rest.
+        if crate::cpu::lacks(crate::cpu::detected().vnni, "vnni") {
+            return;
+        }
+        // SAFETY: VNNI was checked.
+        assert_matches_the_portable_kernel(|m, g, a, k| unsafe {
+            by_count!(dot_group, m, g, a, k)
+        });
+    }
+
+    /// The AVX2 kernel.
+    #[test]
+    fn avx2_kernel_is_bit_identical_to_the_portable_one() {
+        if crate::cpu::lacks(crate::cpu::detected().avx2, "avx2") {
+            return;
+        }
+        // SAFETY: AVX2 was checked.
+        assert_matches_the_portable_kernel(|m, g, a, k| unsafe {
+            by_count!(avx2::dot_group, m, g, a, k)
+        });
     }
 }

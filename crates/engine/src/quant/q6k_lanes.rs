@@ -1,7 +1,8 @@
 //! Q6_K weights interleaved sixteen rows at a time, one weight row per 32-bit lane, for the
 //! AVX-512 VNNI kernel (as [`super::q4k_lanes`] does for Q4_K): one instruction multiplies
 //! four consecutive values of sixteen rows by the same four activations, so every lane
-//! keeps one weight row's sums and none are ever summed across lanes.
+//! keeps one weight row's sums and none are ever summed across lanes. CPUs with AVX2 alone
+//! take the same layout eight rows (half a line) at a time ([`avx2`]).
 //!
 //! Per group of sixteen rows (the last one padded with zero rows) and per super-block,
 //! [`LINES`] 64-byte lines: the rows' `d` (as `f32`), four lines of scales (per 16-value
@@ -27,6 +28,8 @@
 
 use std::ops::Range;
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 mod tiled;
 
 use super::act_tile::Line;
@@ -249,9 +252,29 @@ impl Layout for Q6kLanes {
             // the one-row arithmetic.
             let (wide, alone): (Vec<usize>, Vec<usize>) =
                 (0..kernels.len()).partition(|&t| kernels[t].in_wide_batch());
+            if !super::simd::vnni_available() {
+                // AVX2: the tiled plan four activation rows a pass, the dot product's
+                // (eight lanes of eight rows in registers) one.
+                let groups = (|g| m.group(g), m.blocks);
+                lane_groups(out, start..end, &wide, 4, groups, |g, four, soon| {
+                    let mut got = [[0f32; LANE_ROWS]; 4];
+                    // SAFETY: the layout is only built where the CPU has AVX2.
+                    with_row_count!(four.len(), got, T => unsafe {
+                        avx2::dot_group::<T, true>(m, g, std::array::from_fn(|k| &a[four[k]]), soon)
+                    });
+                    got
+                });
+                lane_groups(out, start..end, &alone, 1, groups, |g, one, soon| {
+                    let mut got = [[0f32; LANE_ROWS]; 4];
+                    // SAFETY: as above.
+                    got[0] = unsafe { avx2::dot_group::<1, false>(m, g, [&a[one[0]]], soon)[0] };
+                    got
+                });
+                return;
+            }
             if !wide.is_empty() {
                 let offsets = once.q6k_offsets(a);
-                // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
+                // SAFETY: the VNNI kernels run only where the CPU has AVX-512 VNNI.
                 unsafe { tiled::chunk(m, a, offsets, &wide, range.clone(), out) };
             }
             // Sixteen weight rows (one per lane) by two activation rows a pass: the eight
@@ -264,7 +287,7 @@ impl Layout for Q6kLanes {
                 (|g| m.group(g), m.blocks),
                 |g, two, soon| {
                     let mut got = [[0f32; LANE_ROWS]; 4];
-                    // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
+                    // SAFETY: as above.
                     with_row_count!(two.len(), got, T => unsafe {
                         dot_group::<T>(m, g, std::array::from_fn(|k| &a[two[k]]), soon)
                     });
@@ -275,7 +298,7 @@ impl Layout for Q6kLanes {
         #[cfg(not(target_arch = "x86_64"))]
         {
             let _ = (a, kernels, range, out);
-            unreachable!("the layout is only built where the CPU has AVX-512 VNNI");
+            unreachable!("the layout is only built where the CPU has AVX2");
         }
     }
 }
@@ -283,10 +306,68 @@ impl Layout for Q6kLanes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::kquant::{dot_q6k_portable, quantize_row_q8k, Q8KRow, QK_K};
+    use crate::quant::kquant::{dot_q6k_portable, dot_q6k_tiled, quantize_row_q8k, Q8KRow, QK_K};
     use crate::quant::sample::{self, Xorshift};
     use crate::quant::simd::Upcoming;
     use crate::quant::{OwnFormat, RowKernel};
+
+    /// The AVX2 kernels, both plans: every row of every group equals the portable dot
+    /// product (one activation row) and the portable tiled product (one to four rows)
+    /// bit for bit.
+    #[test]
+    fn avx2_kernels_are_bit_identical_to_the_portable_ones() {
+        if crate::cpu::lacks(crate::cpu::detected().avx2, "avx2") {
+            return;
+        }
+        let mut rng = Xorshift::new(23);
+        let (rows, cols) = (37, 3 * QK_K);
+        let raw = sample::weights(OwnFormat::Q6K, rows, cols, &mut rng);
+        let m = Q6kLanes::new(&raw, rows, cols / QK_K);
+        let acts: Vec<Q8KRow> = (0..4)
+            .map(|_| {
+                quantize_row_q8k(
+                    &sample::activations(1, cols, 4.0, &mut rng),
+                    RowKernel::Gemv,
+                )
+            })
+            .collect();
+        let row_bytes = cols / QK_K * Q6_K;
+        let row = |r: usize| &raw[r * row_bytes..][..row_bytes];
+        for g in 0..rows.div_ceil(ROWS) {
+            let soon = || Upcoming::new(m.group(0), 3);
+            // SAFETY: AVX2 was checked.
+            let (one, four, three) = unsafe {
+                (
+                    avx2::dot_group::<1, false>(&m, g, [&acts[2]], soon()),
+                    avx2::dot_group::<4, true>(&m, g, std::array::from_fn(|t| &acts[t]), soon()),
+                    avx2::dot_group::<3, true>(&m, g, [&acts[3], &acts[1], &acts[0]], soon()),
+                )
+            };
+            for lane in 0..ROWS {
+                let r = g * ROWS + lane;
+                let real = r < rows;
+                let dot = |t: usize| match real {
+                    true => dot_q6k_portable(row(r), &acts[t]),
+                    false => 0.0,
+                };
+                let tiled = |t: usize| match real {
+                    true => dot_q6k_tiled(row(r), &acts[t]),
+                    false => 0.0,
+                };
+                assert_eq!(dot(2).to_bits(), one[0][lane].to_bits(), "row {r}, dot");
+                for (t, four) in four.iter().enumerate() {
+                    assert_eq!(tiled(t).to_bits(), four[lane].to_bits(), "row {r}, act {t}");
+                }
+                for (k, t) in [3, 1, 0].into_iter().enumerate() {
+                    assert_eq!(
+                        tiled(t).to_bits(),
+                        three[k][lane].to_bits(),
+                        "row {r}, {t} of 3"
+                    );
+                }
+            }
+        }
+    }
 
     /// Every row of every group against one and two activation rows equals the portable
     /// dot product bit for bit.

@@ -1,6 +1,6 @@
 //! Quantized weights row after row, as the GGUF file holds them: the layout of every
-//! K-quant and IQ format on CPUs without AVX-512 VNNI (and of those without a layout of
-//! their own on any CPU). The block-of-32 formats are always `packed`, the float ones
+//! K-quant and IQ format on CPUs without AVX-512 VNNI, but for Q4_K and Q6_K on those with
+//! AVX2 (and of those without a layout of their own on any CPU). The block-of-32 formats are always `packed`, the float ones
 //! `float_rows`. Its kernels take one weight row by up to four activation rows, each
 //! super-block or block decoded once for all of them: AVX2 where the CPU has it
 //! (`kquant_simd`; repacked Q4_0's in `simd`), portable code otherwise. Q3_K, Q5_K, Q6_K
