@@ -63,7 +63,9 @@ def start(kind, model, llama_server, log_dir):
     url = f"http://127.0.0.1:{port}"
     log = open(log_dir / f"{kind}-{model}.log", "wb")
     if kind == "ferrite":
-        cmd = [str(FERRITE), "serve", "--model", model, "--port", str(port)]
+        # The cached file itself, so that any file in the cache (a generated 1B shape, say)
+        # is served as llama-server serves it, not only the names ferrite can fetch.
+        cmd = [str(FERRITE), "serve", "--model", str(cache_path(model)), "--port", str(port)]
         ready = "/ready"
     else:
         cmd = [llama_server, "-m", str(cache_path(model)), "--port", str(port), "-t", "2",

@@ -287,8 +287,10 @@ def test_a_client_that_leaves_during_a_long_prefill_is_noticed_at_once(server):
     left = time.time()
     while running() != 0 and time.time() - left < 20:
         time.sleep(0.05)
-    # The prefill alone takes tens of seconds here.
-    assert running() == 0 and time.time() - left < 3
+    # The prefill alone takes tens of seconds; the engine
+    # notices between its chunks, each up to 512 tokens, which at this context can take a
+    # few seconds on a slow machine.
+    assert running() == 0 and time.time() - left < 10
 
 
 def test_top_logprobs_keep_only_their_alternatives():

@@ -251,7 +251,9 @@ def test_a_disconnected_non_streaming_client_frees_its_sequence(server):
 
 @pytest.fixture(scope="module")
 def tight():
-    s = Server(MODEL, ["--request-timeout", "2", "--kv-budget", "100", "--max-running", "8"])
+    # The timeout only bounds the test: the queued requests wait for two 40-token runs,
+    # about a second on a fast machine and two on a slow one (an AVX2-only Zen 3).
+    s = Server(MODEL, ["--request-timeout", "30", "--kv-budget", "100", "--max-running", "8"])
     yield s
     s.stop()
 

@@ -59,6 +59,9 @@ pub(crate) struct Sequence {
     prompt_scores: Vec<PromptLogprob>,
     /// Prompt tokens that came from the prefix cache at admission.
     pub(crate) cached_tokens: usize,
+    /// Steps in a row that left this sequence's pending prompt without a token
+    /// ([`crate::scheduler::RunningView::passed_over`]).
+    pub(crate) passed_over: usize,
     allowed_tokens: Option<Arc<[TokenId]>>,
     draft: VecDeque<TokenId>,
     lookup: Option<LookupState>,
@@ -102,6 +105,7 @@ impl Sequence {
             prompt_logprobs: request.prompt_logprobs,
             prompt_scores,
             cached_tokens: 0,
+            passed_over: 0,
             allowed_tokens: request.allowed_tokens,
             draft: request.prediction.into(),
             lookup: lookup.map(|config| LookupState {

@@ -17,7 +17,14 @@ pub struct SchedulerConfig {
 pub struct RunningView {
     /// Prompt tokens not yet in the cache (0 once decoding).
     pub pending_prefill: usize,
+    /// Steps in a row whose plan gave this sequence's pending prompt no token.
+    pub passed_over: usize,
 }
+
+/// Steps a pending prompt may be passed over before it goes ahead of shorter ones: a
+/// steady stream of short prompts (one request of thousands, say) must not hold a longer
+/// one back for ever.
+pub const PASSED_OVER_LIMIT: usize = 2;
 
 /// A waiting request: one sequence, or a group of choices sharing a prompt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,7 +66,9 @@ pub fn admit(
 /// Tokens each running sequence feeds into the next step, in the same order. Every
 /// decoding sequence gets its one token; the remaining budget goes to prefill chunks,
 /// the shortest remaining prompt first, so that a short prompt is never held behind a
-/// long one (which still gets whatever budget the short ones leave).
+/// long one (which still gets whatever budget the short ones leave), but for prompts
+/// passed over [`PASSED_OVER_LIMIT`] steps in a row, which go first (so every prompt
+/// moves at least every few steps, however many short ones keep arriving).
 pub fn plan_step(config: &SchedulerConfig, running: &[RunningView]) -> Vec<usize> {
     let decoding = running.iter().filter(|r| r.pending_prefill == 0).count();
     let mut budget = config.max_step_tokens.saturating_sub(decoding);
@@ -70,7 +79,10 @@ pub fn plan_step(config: &SchedulerConfig, running: &[RunningView]) -> Vec<usize
     let mut prefilling: Vec<usize> = (0..running.len())
         .filter(|&i| running[i].pending_prefill > 0)
         .collect();
-    prefilling.sort_by_key(|&i| running[i].pending_prefill);
+    prefilling.sort_by_key(|&i| {
+        let starved = running[i].passed_over >= PASSED_OVER_LIMIT;
+        (!starved, running[i].pending_prefill)
+    });
     for i in prefilling {
         let chunk = running[i].pending_prefill.min(budget);
         budget -= chunk;
@@ -90,7 +102,43 @@ mod tests {
     };
 
     fn view(pending_prefill: usize) -> RunningView {
-        RunningView { pending_prefill }
+        RunningView {
+            pending_prefill,
+            passed_over: 0,
+        }
+    }
+
+    /// A long prompt among a steady stream of one-token prompts that fill the budget
+    /// every step (a request of thousands of prompts) still gets tokens within a few
+    /// steps, and then every few steps until it is done.
+    #[test]
+    fn a_stream_of_short_prompts_does_not_starve_a_longer_one() {
+        let config = SchedulerConfig {
+            max_running: 64,
+            max_step_tokens: 50,
+            kv_budget: 10_000,
+        };
+        let mut long = RunningView {
+            pending_prefill: 8,
+            passed_over: 0,
+        };
+        let mut steps = 0;
+        while long.pending_prefill > 0 {
+            steps += 1;
+            assert!(
+                steps <= 8 * (PASSED_OVER_LIMIT + 1),
+                "starved for {steps} steps"
+            );
+            // 63 fresh one-token prompts each step, ahead of it by length.
+            let mut running = vec![view(1); 63];
+            running.insert(17, long);
+            let plan = plan_step(&config, &running);
+            assert!(plan.iter().sum::<usize>() <= config.max_step_tokens);
+            let got = plan[17];
+            long.pending_prefill -= got;
+            long.passed_over = if got == 0 { long.passed_over + 1 } else { 0 };
+        }
+        assert!(steps <= PASSED_OVER_LIMIT + 1, "took {steps} steps");
     }
 
     #[test]

@@ -626,6 +626,7 @@ impl Worker {
             .iter()
             .map(|s| RunningView {
                 pending_prefill: s.pending_prefill(),
+                passed_over: s.passed_over,
             })
             .collect();
         let decoding = views.iter().filter(|v| v.pending_prefill == 0).count();
@@ -637,6 +638,12 @@ impl Worker {
             config.max_step_tokens = config.max_step_tokens.min(decoding + self.prefill_chunk);
         }
         let plan = scheduler::plan_step(&config, &views);
+        for ((seq, view), &n) in self.running.iter_mut().zip(&views).zip(&plan) {
+            seq.passed_over = match view.pending_prefill > 0 && n == 0 {
+                true => seq.passed_over + 1,
+                false => 0,
+            };
+        }
         // Drafted rows cost arithmetic: worth it while a step's time is the weights'
         // reading, that is while few sequences decode.
         if decoding <= LOOKUP_MAX_DECODING {
