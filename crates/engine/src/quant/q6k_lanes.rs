@@ -16,8 +16,8 @@
 //! the weights from memory, and unpacked bytes were a third more of them (69 lines per
 //! super-block instead of 53).
 //!
-//! Rows of micro-batches of 8 or more take the tiled kernel (`tiled`, llama.cpp's tiled
-//! matmul's arithmetic). For the rest the arithmetic is that of
+//! Rows of micro-batches of 8 or more take the tiled kernel (`tiled` with AVX-512 VNNI,
+//! the tiled plan of [`avx2`] without: llama.cpp's tiled matmul's arithmetic). For the rest the arithmetic is that of
 //! [`super::kquant::dot_q6k_portable`], ggml's AVX2 dot product:
 //! eight integer lanes per super-block (lane `l` takes values `4l..4l + 4` of every 32 and
 //! its own share of the `32 · Σ scale · activations` correction), each converted and
@@ -343,6 +343,13 @@ mod tests {
                     avx2::dot_group::<3, true>(&m, g, [&acts[3], &acts[1], &acts[0]], soon()),
                 )
             };
+            // A pass's last one or two rows of a wide batch.
+            let (alone, two) = unsafe {
+                (
+                    avx2::dot_group::<1, true>(&m, g, [&acts[1]], soon()),
+                    avx2::dot_group::<2, true>(&m, g, [&acts[2], &acts[0]], soon()),
+                )
+            };
             for lane in 0..ROWS {
                 let r = g * ROWS + lane;
                 let real = r < rows;
@@ -357,6 +364,18 @@ mod tests {
                 assert_eq!(dot(2).to_bits(), one[0][lane].to_bits(), "row {r}, dot");
                 for (t, four) in four.iter().enumerate() {
                     assert_eq!(tiled(t).to_bits(), four[lane].to_bits(), "row {r}, act {t}");
+                }
+                assert_eq!(
+                    tiled(1).to_bits(),
+                    alone[0][lane].to_bits(),
+                    "row {r}, 1 of 1"
+                );
+                for (k, t) in [2, 0].into_iter().enumerate() {
+                    assert_eq!(
+                        tiled(t).to_bits(),
+                        two[k][lane].to_bits(),
+                        "row {r}, {t} of 2"
+                    );
                 }
                 for (k, t) in [3, 1, 0].into_iter().enumerate() {
                     assert_eq!(

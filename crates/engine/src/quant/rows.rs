@@ -1,7 +1,7 @@
 //! Quantized weights row after row, as the GGUF file holds them: the layout of every
 //! K-quant and IQ format on CPUs without AVX-512 VNNI, but for Q4_K and Q6_K on those with
-//! AVX2 (and of those without a layout of their own on any CPU). The block-of-32 formats are always `packed`, the float ones
-//! `float_rows`. Its kernels take one weight row by up to four activation rows, each
+//! AVX2 (and of those without a layout of their own on any CPU). The block-of-32 formats
+//! are always `packed`, the float ones `float_rows`. Its kernels take one weight row by up to four activation rows, each
 //! super-block or block decoded once for all of them: AVX2 where the CPU has it
 //! (`kquant_simd`; repacked Q4_0's in `simd`), portable code otherwise. Q3_K, Q5_K, Q6_K
 //! and IQ4_XS rows of a micro-batch of 8 or more take the arithmetic of llama.cpp's tiled
@@ -61,8 +61,9 @@ impl Layout for RowMajor {
                 }
             }
             Activations::Q8K(a, _) => {
-                // One weight row by up to four activation rows (the layout of CPUs without
-                // AVX-512 VNNI): each super-block is decoded once for all of them.
+                // One weight row by up to four activation rows (the layout of the K-quants
+                // without a lane layout on this CPU): each super-block is decoded once for
+                // all of them.
                 let a: Vec<&kquant::Q8KRow> = a.iter().collect();
                 for t0 in (0..n).step_by(ACT_TILE) {
                     let t1 = (t0 + ACT_TILE).min(n);
