@@ -311,6 +311,25 @@ mod tests {
     use crate::quant::simd::Upcoming;
     use crate::quant::{OwnFormat, RowKernel};
 
+    /// A random `rows × cols` Q6_K matrix (raw and laid out) and `n` activation rows.
+    fn sample_matrix(
+        seed: u64,
+        rows: usize,
+        cols: usize,
+        n: usize,
+    ) -> (Vec<u8>, Q6kLanes, Vec<Q8KRow>) {
+        let mut rng = Xorshift::new(seed);
+        let raw = sample::weights(OwnFormat::Q6K, rows, cols, &mut rng);
+        let m = Q6kLanes::new(&raw, rows, cols / QK_K);
+        let acts = (0..n)
+            .map(|_| {
+                let values = sample::activations(1, cols, 4.0, &mut rng);
+                quantize_row_q8k(&values, RowKernel::Gemv)
+            })
+            .collect();
+        (raw, m, acts)
+    }
+
     /// The AVX2 kernels, both plans: every row of every group equals the portable dot
     /// product (one activation row) and the portable tiled product (one to four rows)
     /// bit for bit.
@@ -319,18 +338,8 @@ mod tests {
         if crate::cpu::lacks(crate::cpu::detected().avx2, "avx2") {
             return;
         }
-        let mut rng = Xorshift::new(23);
         let (rows, cols) = (37, 3 * QK_K);
-        let raw = sample::weights(OwnFormat::Q6K, rows, cols, &mut rng);
-        let m = Q6kLanes::new(&raw, rows, cols / QK_K);
-        let acts: Vec<Q8KRow> = (0..4)
-            .map(|_| {
-                quantize_row_q8k(
-                    &sample::activations(1, cols, 4.0, &mut rng),
-                    RowKernel::Gemv,
-                )
-            })
-            .collect();
+        let (raw, m, acts) = sample_matrix(23, rows, cols, 4);
         let row_bytes = cols / QK_K * Q6_K;
         let row = |r: usize| &raw[r * row_bytes..][..row_bytes];
         for g in 0..rows.div_ceil(ROWS) {
@@ -397,18 +406,8 @@ mod tests {
         if crate::cpu::lacks(crate::cpu::detected().vnni, "vnni") {
             return;
         }
-        let mut rng = Xorshift::new(19);
         let (rows, cols) = (37, 3 * QK_K);
-        let raw = sample::weights(OwnFormat::Q6K, rows, cols, &mut rng);
-        let m = Q6kLanes::new(&raw, rows, cols / QK_K);
-        let acts: Vec<Q8KRow> = (0..2)
-            .map(|_| {
-                quantize_row_q8k(
-                    &sample::activations(1, cols, 4.0, &mut rng),
-                    RowKernel::Gemv,
-                )
-            })
-            .collect();
+        let (raw, m, acts) = sample_matrix(19, rows, cols, 2);
         let row_bytes = cols / QK_K * Q6_K;
         for g in 0..rows.div_ceil(ROWS) {
             // SAFETY: VNNI was checked.
