@@ -184,23 +184,11 @@ macro_rules! with_row_count {
 }
 
 /// Q4_K dot products of one weight row with up to four activation rows, each rounded as
-/// its kernel says (entries past the given rows are zero): the SIMD kernel decodes each
-/// super-block once for all rows.
+/// its kernel says (entries past the given rows are zero), in portable code: CPUs with
+/// AVX2 take the interleaved layout's kernels (`q4k_lanes`) instead.
 pub fn dot_q4k_tile(w: &[u8], a: &[&Q8KRow], kernels: &[RowKernel]) -> [f32; 4] {
     assert!(a.len() <= 4 && kernels.len() == a.len());
     let mut out = [0f32; 4];
-    #[cfg(target_arch = "x86_64")]
-    if super::simd::available() {
-        // SAFETY: the CPU features were checked.
-        with_row_count!(a.len(), out, N => unsafe {
-            super::kquant_simd::dot_q4k_rows::<N>(
-                w,
-                std::array::from_fn(|r| a[r]),
-                std::array::from_fn(|r| kernels[r]),
-            )
-        });
-        return out;
-    }
     for (r, (a, &kernel)) in a.iter().zip(kernels).enumerate() {
         out[r] = dot_q4k_portable(w, a, kernel);
     }
@@ -208,23 +196,11 @@ pub fn dot_q4k_tile(w: &[u8], a: &[&Q8KRow], kernels: &[RowKernel]) -> [f32; 4] 
 }
 
 /// Q6_K dot products of one weight row with up to four activation rows (entries past the
-/// given rows are zero): the SIMD kernel decodes each super-block once for all rows.
+/// given rows are zero), in portable code: CPUs with AVX2 take the interleaved layout's
+/// kernels (`q6k_lanes`) instead.
 pub fn dot_q6k_tile(w: &[u8], a: &[&Q8KRow], tiled: bool) -> [f32; 4] {
     assert!(a.len() <= 4);
     let mut out = [0f32; 4];
-    #[cfg(target_arch = "x86_64")]
-    if super::simd::available() {
-        use super::kquant_simd::dot_q6k_rows;
-        // SAFETY: the CPU features were checked.
-        with_row_count!(a.len(), out, N => unsafe {
-            let a = std::array::from_fn(|r| a[r]);
-            match tiled {
-                true => dot_q6k_rows::<N, true>(w, a),
-                false => dot_q6k_rows::<N, false>(w, a),
-            }
-        });
-        return out;
-    }
     for (r, a) in a.iter().enumerate() {
         out[r] = match tiled {
             true => dot_q6k_tiled(w, a),

@@ -17,8 +17,9 @@
 //! super-block instead of 53).
 //!
 //! Rows of micro-batches of 8 or more take the tiled kernel (`tiled` with AVX-512 VNNI,
-//! the tiled plan of [`avx2`] without: llama.cpp's tiled matmul's arithmetic). For the rest the arithmetic is that of
-//! [`super::kquant::dot_q6k_portable`], ggml's AVX2 dot product:
+//! the tiled plan of [`avx2`] without: llama.cpp's tiled matmul's arithmetic). For the
+//! rest the arithmetic is that of [`super::kquant::dot_q6k_portable`], ggml's AVX2 dot
+//! product:
 //! eight integer lanes per super-block (lane `l` takes values `4l..4l + 4` of every 32 and
 //! its own share of the `32 · Σ scale · activations` correction), each converted and
 //! added with one fused multiply-add into eight `f32` accumulators, summed at the end as
