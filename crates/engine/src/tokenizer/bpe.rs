@@ -76,14 +76,19 @@ impl Bpe {
     }
 
     /// Splits `text` with the pre-tokenizer regexes. Each regex splits every piece left by
-    /// the one before it; both the matches and the text between them are kept.
-    fn pre_tokenize<'a>(&self, text: &'a str) -> Vec<&'a str> {
+    /// the one before it; both the matches and the text between them are kept. Gives up
+    /// once `cancelled` is set.
+    fn pre_tokenize<'a>(
+        &self,
+        text: &'a str,
+        cancelled: &AtomicBool,
+    ) -> Result<Vec<&'a str>, Cancelled> {
         let mut pieces = vec![text];
         for re in &self.pre {
             let mut next = Vec::with_capacity(pieces.len() * 2);
             for piece in pieces {
                 let mut last = 0;
-                for (start, end) in re.matches(piece) {
+                for (start, end) in re.matches(piece, cancelled)? {
                     if start > last {
                         next.push(&piece[last..start]);
                     }
@@ -96,7 +101,7 @@ impl Bpe {
             }
             pieces = next;
         }
-        pieces
+        Ok(pieces)
     }
 
     /// Appends the ids of `text` (no special tokens inside) to `out`; gives up between
@@ -108,7 +113,7 @@ impl Bpe {
         cancelled: &AtomicBool,
         out: &mut Vec<TokenId>,
     ) -> Result<(), Cancelled> {
-        for word in self.pre_tokenize(text) {
+        for word in self.pre_tokenize(text, cancelled)? {
             if cancelled.load(atomic::Ordering::Relaxed) {
                 return Err(Cancelled);
             }
@@ -346,7 +351,8 @@ mod tests {
     fn smollm_splits_digits_and_trailing_space() {
         let bpe = Bpe::new(&[], "smollm", &HashMap::new()).unwrap();
         assert_eq!(
-            bpe.pre_tokenize("ab 12 c  d "),
+            bpe.pre_tokenize("ab 12 c  d ", &AtomicBool::new(false))
+                .unwrap(),
             vec!["ab", " ", "1", "2", " c", " ", " d", " "]
         );
     }

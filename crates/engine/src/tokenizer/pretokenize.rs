@@ -9,7 +9,11 @@
 //! character back. Only the `\s+` alternatives can match whitespace alone, so this is
 //! exactly the original pattern's split.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use regex::Regex;
+
+use super::{Cancelled, MERGES_PER_CHECK};
 
 use crate::EngineError;
 
@@ -57,11 +61,20 @@ impl Splitter {
         Ok(Self { regex, give_back })
     }
 
-    /// The byte ranges the pattern matches in `text`, in order, never empty.
-    pub(super) fn matches(&self, text: &str) -> Vec<(usize, usize)> {
+    /// The byte ranges the pattern matches in `text`, in order, never empty; gives up
+    /// ([`Cancelled`]) once `cancelled` is set, checked every [`MERGES_PER_CHECK`] matches
+    /// (a whole prompt is one text: megabytes of it take a while).
+    pub(super) fn matches(
+        &self,
+        text: &str,
+        cancelled: &AtomicBool,
+    ) -> Result<Vec<(usize, usize)>, Cancelled> {
         let mut out = Vec::new();
         let mut at = 0;
         while at < text.len() {
+            if out.len().is_multiple_of(MERGES_PER_CHECK) && cancelled.load(Ordering::Relaxed) {
+                return Err(Cancelled);
+            }
             let Some(m) = self.regex.find_at(text, at) else {
                 break;
             };
@@ -86,7 +99,7 @@ impl Splitter {
             out.push((start, end));
             at = end;
         }
-        out
+        Ok(out)
     }
 }
 
@@ -132,7 +145,11 @@ mod tests {
                 .map(|m| m.unwrap())
                 .map(|m| (m.start(), m.end()))
                 .collect();
-            assert_eq!(ours.matches(&text), want, "{original:?}: {text:?}");
+            assert_eq!(
+                ours.matches(&text, &AtomicBool::new(false)).unwrap(),
+                want,
+                "{original:?}: {text:?}"
+            );
         }
     }
 
@@ -141,7 +158,10 @@ mod tests {
         let ours = Splitter::new(GPT2, GiveBack::LastSpace).unwrap();
         let text = "a".repeat(1 << 20);
         let started = std::time::Instant::now();
-        assert_eq!(ours.matches(&text), vec![(0, 1 << 20)]);
+        assert_eq!(
+            ours.matches(&text, &AtomicBool::new(false)).unwrap(),
+            vec![(0, 1 << 20)]
+        );
         // Linear: a few milliseconds; the backtracking engine took minutes.
         assert!(started.elapsed().as_secs() < 5);
     }
