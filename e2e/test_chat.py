@@ -162,11 +162,26 @@ def test_pydantic_style_schemas_with_refs_and_formats_work(client):
     assert r.choices[0].finish_reason in ("tool_calls", "stop", "length")
 
 
-def test_without_max_tokens_the_default_fits_the_limits(client):
-    # Twenty alternatives for four choices of up to --chat-max-tokens tokens would pass
-    # the answer's logprob limit; a client that asked for no length is not refused.
-    r = chat(client, [{"role": "user", "content": "Hi"}], n=4, seed=1, logprobs=True, top_logprobs=20)
-    assert len(r.choices) == 4 and all(c.finish_reason in ("stop", "length") for c in r.choices)
+def test_without_max_tokens_the_default_fits_the_limits():
+    # Twenty alternatives for four choices of --chat-max-tokens (4096) tokens would pass
+    # this server's logprob limit; a client that asked for no length is not refused: its
+    # default is lowered to its share, 20,000 / (4 choices × 21) = 238 tokens a choice.
+    # (On the default limit the four choices could run to 4096 tokens each: minutes on a
+    # slow machine.)
+    server = Server(MODEL, ["--max-logprob-entries", "20000"])
+    try:
+        client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0, timeout=120)
+        ask = dict(n=4, seed=1, logprobs=True, top_logprobs=20, extra_body={"ignore_eos": True})
+        r = chat(client, [{"role": "user", "content": "Hi"}], **ask)
+        assert [c.finish_reason for c in r.choices] == ["length"] * 4
+        assert [len(c.logprobs.content) for c in r.choices] == [238] * 4
+        assert r.usage.completion_tokens == 4 * 238
+        # Asked for outright, the same length is refused by that limit.
+        with pytest.raises(openai.BadRequestError) as e:
+            chat(client, [{"role": "user", "content": "Hi"}], max_tokens=4096, **ask)
+        assert e.value.body["param"] == "logprobs", e.value.body
+    finally:
+        server.stop()
 
 
 def test_a_client_that_leaves_a_chat_stream_frees_its_sequence(server):
