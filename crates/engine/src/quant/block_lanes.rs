@@ -1,7 +1,8 @@
 //! Q8_0, Q4_1, Q5_0 and Q4_0 weights interleaved sixteen rows at a time, one weight row per
 //! 32-bit lane, for the AVX-512 VNNI kernel: one multiply-add instruction takes four
 //! consecutive values of each of sixteen rows against the same four activations
-//! (broadcast).
+//! (broadcast). CPUs with AVX2 alone take the same layout eight rows (half a line) at a
+//! time ([`avx2`]).
 //!
 //! Per group of sixteen rows (the last one padded with zero rows), the weights are one
 //! stream of 64-byte lines, a unit of blocks after another (decoding reads them in order;
@@ -60,6 +61,9 @@
 
 use std::ops::Range;
 use std::sync::OnceLock;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 
 use super::act_tile::Line;
 use super::dot::BlockFormat;
@@ -201,6 +205,40 @@ pub fn lane_starts(a: &Q8Row, blocks: usize, format: BlockFormat) -> Vec<i32> {
         .collect()
 }
 
+/// Group `g` of a Q5_0 matrix written out, into `into`, as the lines of a Q8_0 group: the
+/// same header lines, and each block's values as eight lines of bytes, each value stored
+/// 16 higher. For more than a few activation rows, decoding a group's nibbles and fifth
+/// bits once and reading the result as Q8_0 takes fewer instructions than decoding them
+/// again for every pass. `write(from, q, to)` is an instruction set's decoding: line `to`
+/// from values `4q..4q + 4` of the block whose mask and nibble lines are `from`.
+#[cfg(target_arch = "x86_64")]
+fn expand_q5_0_with(
+    m: &BlockLanes,
+    g: usize,
+    into: &mut Vec<Line>,
+    mut write: impl FnMut(&[Line], usize, &mut Line),
+) {
+    assert_eq!(m.format, BlockFormat::Q5_0);
+    let (blocks, group) = (m.blocks, m.group(g));
+    let (per_unit, value_lines) = unit(BlockFormat::Q8_0);
+    // Every line a block reads is written below: a buffer of the right length is reused
+    // as it is (an odd last block's second half is never read).
+    into.resize(
+        blocks.div_ceil(per_unit) * (1 + per_unit * value_lines),
+        Line([0; 64]),
+    );
+    for b in 0..blocks {
+        let (header, _, values) = place(BlockFormat::Q5_0, b);
+        let (to_header, _, to_values) = place(BlockFormat::Q8_0, b);
+        if b % per_unit == 0 {
+            into[to_header] = group[header];
+        }
+        for q in 0..QUADS {
+            write(&group[values..values + 5], q, &mut into[to_values + q]);
+        }
+    }
+}
+
 /// Every row's [`lane_starts`] for one matrix product, Q8_0's, Q5_0's and Q4_0's, each
 /// computed by the first chunk that needs them and shared by the others.
 #[derive(Default)]
@@ -269,37 +307,21 @@ mod simd {
         }
     }
 
-    /// Group `g` of a Q5_0 matrix written out, into `into`, as the lines of a Q8_0 group:
-    /// the same header lines, and each block's values as eight lines of bytes, each value
-    /// stored 16 higher. For more than two pairs of activation rows, decoding a group's
-    /// nibbles and fifth bits once and reading the result as Q8_0 takes fewer instructions
-    /// than decoding them again for every pair ([`dot_expanded`] reads it).
+    /// Group `g` of a Q5_0 matrix written out as the lines of a Q8_0 group, each value 16
+    /// higher ([`super::expand_q5_0_with`]), for more than two pairs of activation rows
+    /// ([`dot_expanded`] reads it).
     ///
     /// # Safety
     /// As [`dot_group`]'s.
     #[target_feature(enable = "avx512f,avx512bw")]
     pub unsafe fn expand_q5_0(m: &BlockLanes, g: usize, into: &mut Vec<Line>) {
-        assert_eq!(m.format, BlockFormat::Q5_0);
-        let (blocks, group) = (m.blocks, m.group(g));
-        let (per_unit, value_lines) = unit(BlockFormat::Q8_0);
-        // Every line a block reads is written below: a buffer of the right length is
-        // reused as it is (an odd last block's second half is never read).
-        into.resize(
-            blocks.div_ceil(per_unit) * (1 + per_unit * value_lines),
-            Line([0; 64]),
-        );
-        for b in 0..blocks {
-            let (header, _, values) = place(BlockFormat::Q5_0, b);
-            let (to_header, _, to_values) = place(BlockFormat::Q8_0, b);
-            if b % per_unit == 0 {
-                into[to_header] = group[header];
+        super::expand_q5_0_with(m, g, into, |from, q, to| {
+            // SAFETY: AVX-512 as the caller promises; both are 64-byte aligned lines.
+            unsafe {
+                let to = to as *mut Line as *mut __m512i;
+                _mm512_store_si512(to, q5_0_values(from.as_ptr(), q));
             }
-            let lines = group.as_ptr().add(values);
-            for q in 0..QUADS {
-                let to = into.as_mut_ptr().add(to_values + q) as *mut __m512i;
-                _mm512_store_si512(to, q5_0_values(lines, q));
-            }
-        }
+        });
     }
 
     /// The sixteen rows of a group that [`expand_q5_0`] wrote, `lines` (of a matrix of
@@ -471,47 +493,80 @@ impl Layout for BlockLanes {
         };
         #[cfg(target_arch = "x86_64")]
         {
-            let starts = match self.format {
-                BlockFormat::Q4_1 => &[],
-                format => starts.get(a, self.blocks, format),
+            let vnni = super::simd::vnni_available();
+            let needs_starts = match vnni {
+                true => self.format != BlockFormat::Q4_1,
+                false => avx2::starts_taken(self.format) > 0,
+            };
+            let starts = match needs_starts {
+                true => starts.get(a, self.blocks, self.format),
+                false => &[],
             };
             let start = |t: usize| starts.get(t).map_or(&[][..], Vec::as_slice);
-            // Sixteen weight rows (one per lane) by two activation rows a pass: their
-            // sixteen accumulators stay in registers.
-            let all: Vec<usize> = (0..kernels.len()).collect();
-            // Q5_0 against more than two pairs: each group decoded once (`expand_q5_0`).
-            let expand = self.format == BlockFormat::Q5_0 && kernels.len() > 4;
+            let n = kernels.len();
+            // Activation rows a pass, and whether Q5_0's groups are decoded once
+            // (`expand_q5_0`) for them all:
+            // - VNNI: two rows a pass (sixteen accumulators stay in registers), decoded once
+            //   against more than two pairs;
+            // - AVX2: one row a pass (eight accumulators for one half's rows), Q4_0's
+            //   four, decoded once against more than one row.
+            let (per_pass, expand) = match vnni {
+                true => (2, self.format == BlockFormat::Q5_0 && n > 4),
+                false => match self.format {
+                    BlockFormat::Q4_0 => (4, false),
+                    format => (1, format == BlockFormat::Q5_0 && n > 1),
+                },
+            };
+            let all: Vec<usize> = (0..n).collect();
             let (mut expanded, mut decoded) = (Vec::new(), None);
             // The kernel asks for its share of the next group once a unit.
             let (group, units) = (|g| self.group(g), self.blocks.div_ceil(unit(self.format).0));
-            lane_groups(out, range, &all, 2, (group, units), |g, two, soon| {
-                if expand && decoded != Some(g) {
-                    // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
-                    unsafe { expand_q5_0(self, g, &mut expanded) };
-                    decoded = Some(g);
-                }
-                let mut got = [[0f32; LANE_ROWS]; 4];
-                // SAFETY: as above.
-                with_row_count!(two.len(), got, T => unsafe {
-                    let rows = std::array::from_fn(|i| &a[two[i]]);
-                    let starts = std::array::from_fn(|i| start(two[i]));
-                    match expand {
-                        true => dot_expanded::<T>(&expanded, self.blocks, rows, starts, soon),
-                        false => dot_group::<T>(self, g, rows, starts, soon),
+            lane_groups(
+                out,
+                range,
+                &all,
+                per_pass,
+                (group, units),
+                |g, pass, soon| {
+                    if expand && decoded != Some(g) {
+                        // SAFETY: the layout is only built where the CPU has AVX2, and the VNNI
+                        // kernels only run where it has AVX-512 VNNI.
+                        unsafe {
+                            match vnni {
+                                true => expand_q5_0(self, g, &mut expanded),
+                                false => avx2::expand_q5_0(self, g, &mut expanded),
+                            }
+                        }
+                        decoded = Some(g);
                     }
-                });
-                got
-            });
+                    let mut got = [[0f32; LANE_ROWS]; 4];
+                    // SAFETY: as above, and the activations are the quantizer's (-127..=127).
+                    with_row_count!(pass.len(), got, T => unsafe {
+                        let rows = std::array::from_fn(|i| &a[pass[i]]);
+                        let starts = std::array::from_fn(|i| start(pass[i]));
+                        let blocks = self.blocks;
+                        match (vnni, expand) {
+                            (true, true) => dot_expanded::<T>(&expanded, blocks, rows, starts, soon),
+                            (true, false) => dot_group::<T>(self, g, rows, starts, soon),
+                            (false, true) => {
+                                avx2::dot_expanded::<T>(&expanded, blocks, rows, starts, soon)
+                            }
+                            (false, false) => avx2::dot_group::<T>(self, g, rows, starts, soon),
+                        }
+                    });
+                    got
+                },
+            );
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
             let _ = (a, starts, kernels, range, out);
-            unreachable!("the layout is only built where the CPU has AVX-512 VNNI");
+            unreachable!("the layout is only built where the CPU has AVX2");
         }
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
     use crate::quant::q8::quantize_row;
@@ -519,16 +574,17 @@ mod tests {
     use crate::quant::simd::Upcoming;
     use crate::quant::OwnFormat;
 
-    /// Every row of every group, against one and two activation rows, equals the portable
-    /// dot product bit for bit (Q4_0's repacked one), for every format (Q5_0 also decoded
-    /// once, as for more than four rows), the extreme values (-128 and 127 in Q8_0's
-    /// weights and the activations, the lowest and highest of Q4_1's and Q5_0's) included.
-    #[test]
-    fn lanes_kernel_is_bit_identical_to_the_portable_one() {
-        // Whatever FERRITE_CPU says: this compares the kernel the CPU can run.
-        if crate::cpu::lacks(crate::cpu::detected().vnni, "vnni") {
-            return;
-        }
+    /// A kernel's group of sixteen rows against one to four activation rows, given their
+    /// lane starts for the matrix's format.
+    type GroupKernel = fn(&BlockLanes, usize, &[&Q8Row], &[&[i32]]) -> Vec<[f32; ROWS]>;
+
+    /// Every row of every group, against one to four activation rows (in every position of
+    /// a pass), equals the portable dot product bit for bit (Q4_0's repacked one), for
+    /// every format (Q5_0 also decoded once, `expanded`), the extreme values included:
+    /// -128 and 127 in Q8_0's weights, the lowest and highest of Q4_1's and Q5_0's, 127
+    /// and `lowest` in the activations (-128 for a kernel that takes it; the quantizer
+    /// never makes it).
+    fn assert_matches_the_portable_kernel(lowest: i8, dot: GroupKernel, expanded: GroupKernel) {
         let formats = [
             BlockFormat::Q8_0,
             BlockFormat::Q4_1,
@@ -542,91 +598,53 @@ mod tests {
             let (blocks, bytes) = (cols / 32, format.block_bytes());
             // Row 3's values all the lowest, row 4's all the highest (Q5_0's fifth bits,
             // bytes 2..6, with its nibbles).
-            let (from, lowest, highest) = match format {
+            let (from, lowest_weight, highest_weight) = match format {
                 BlockFormat::Q8_0 => (2, 0x80u8, 0x7f),
                 BlockFormat::Q4_1 => (4, 0x00, 0xff),
                 // Q5_0's and Q4_0's: bytes 2.. (Q5_0's fifth bits among them).
                 _ => (2, 0x00, 0xff),
             };
-            for (r, v) in [(3usize, lowest), (4, highest)] {
+            for (r, v) in [(3usize, lowest_weight), (4, highest_weight)] {
                 for b in 0..blocks {
                     raw[(r * blocks + b) * bytes + from..][..bytes - from].fill(v);
                 }
             }
             let m = BlockLanes::new(format, &raw, rows, cols);
-            let mut acts: Vec<Q8Row> = (0..3)
+            let mut acts: Vec<Q8Row> = (0..4)
                 .map(|_| quantize_row(&sample::activations(1, cols, 4.0, &mut rng)))
                 .collect();
-            // Activation row 2's values all -128 (the quantizer never makes it).
-            acts[2].qs.fill(-128);
+            acts[2].qs.fill(lowest);
+            acts[3].qs.fill(127);
             let starts: Vec<Vec<i32>> = acts
                 .iter()
                 .map(|a| lane_starts(a, blocks, format))
                 .collect();
             let row_bytes = blocks * bytes;
             for g in 0..rows.div_ceil(ROWS) {
-                for (first, second) in [(0, 1), (2, 0), (1, 2)] {
-                    let (x, y) = (&acts[first], &acts[second]);
-                    // SAFETY: VNNI was checked.
-                    let got = unsafe {
-                        dot_group::<2>(
-                            &m,
-                            g,
-                            [x, y],
-                            [&starts[first], &starts[second]],
-                            Upcoming::NONE,
-                        )
-                    };
-                    let one = unsafe {
-                        dot_group::<1>(&m, g, [x], [&starts[first]], Upcoming::new(m.group(0), 3))
-                    };
-                    // Q5_0 decoded once and read as Q8_0, as for more than four rows.
-                    let expanded = (format == BlockFormat::Q5_0).then(|| {
-                        let mut lines = Vec::new();
-                        // SAFETY: as above.
-                        unsafe {
-                            expand_q5_0(&m, g, &mut lines);
-                            dot_expanded::<2>(
-                                &lines,
-                                blocks,
-                                [x, y],
-                                [&starts[first], &starts[second]],
-                                Upcoming::new(m.group(0), 3),
-                            )
-                        }
-                    });
-                    for lane in 0..ROWS {
-                        let r = g * ROWS + lane;
-                        for (t, &k) in [first, second].iter().enumerate() {
-                            let w = || &raw[r * row_bytes..][..row_bytes];
-                            let want = match (r < rows, format) {
-                                (false, _) => 0.0,
-                                // The repacked kernel's arithmetic (see the module).
-                                (true, BlockFormat::Q4_0) => {
-                                    crate::quant::dot::dot_q4_0_repacked(w(), &acts[k])
-                                }
-                                (true, _) => format.dot_portable(w(), &acts[k]),
-                            };
-                            if let Some(expanded) = &expanded {
-                                let got = expanded[t][lane];
+                for (first, end) in [(0, 4), (1, 2), (0, 3), (2, 4), (3, 4), (0, 1)] {
+                    let a: Vec<&Q8Row> = acts[first..end].iter().collect();
+                    let s: Vec<&[i32]> = starts[first..end].iter().map(Vec::as_slice).collect();
+                    let mut results = vec![("", dot(&m, g, &a, &s))];
+                    if format == BlockFormat::Q5_0 {
+                        results.push((", decoded once", expanded(&m, g, &a, &s)));
+                    }
+                    for (how, got) in results {
+                        for (got, t) in got.iter().zip(first..end) {
+                            for (lane, got) in got.iter().enumerate() {
+                                let r = g * ROWS + lane;
+                                let w = || &raw[r * row_bytes..][..row_bytes];
+                                let want = match (r < rows, format) {
+                                    (false, _) => 0.0,
+                                    // The repacked kernel's arithmetic (see the module).
+                                    (true, BlockFormat::Q4_0) => {
+                                        crate::quant::dot::dot_q4_0_repacked(w(), &acts[t])
+                                    }
+                                    (true, _) => format.dot_portable(w(), &acts[t]),
+                                };
                                 assert_eq!(
                                     want.to_bits(),
                                     got.to_bits(),
-                                    "{format:?} row {r}, act {k}, decoded once"
-                                );
-                            }
-                            let got = got[t][lane];
-                            assert_eq!(
-                                want.to_bits(),
-                                got.to_bits(),
-                                "{format:?} row {r}, act {k}"
-                            );
-                            if t == 0 {
-                                let one = one[0][lane];
-                                assert_eq!(
-                                    want.to_bits(),
-                                    one.to_bits(),
-                                    "{format:?} row {r} alone"
+                                    "{format:?} row {r}, act {t} of {first}..{end}{how}"
                                 );
                             }
                         }
@@ -634,5 +652,68 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `$($dot)::+::<T>($lead.., rows, starts, soon)` for the one to four activation rows
+    /// `$a` and their starts `$s`.
+    macro_rules! by_count {
+        ($($dot:ident)::+, ($($lead:expr),+), $soon:expr, $a:expr, $s:expr) => {{
+            let (a, s, soon) = ($a, $s, $soon);
+            match a.len() {
+                1 => $($dot)::+::<1>($($lead),+, [a[0]], [s[0]], soon).to_vec(),
+                2 => $($dot)::+::<2>($($lead),+, [a[0], a[1]], [s[0], s[1]], soon).to_vec(),
+                3 => $($dot)::+::<3>($($lead),+, [a[0], a[1], a[2]], [s[0], s[1], s[2]], soon)
+                    .to_vec(),
+                _ => $($dot)::+::<4>(
+                    $($lead),+,
+                    [a[0], a[1], a[2], a[3]],
+                    [s[0], s[1], s[2], s[3]],
+                    soon,
+                )
+                .to_vec(),
+            }
+        }};
+    }
+
+    /// The AVX-512 VNNI kernels.
+    #[test]
+    fn vnni_kernels_are_bit_identical_to_the_portable_ones() {
+        // Whatever FERRITE_CPU says: this compares the kernel the CPU can run.
+        if crate::cpu::lacks(crate::cpu::detected().vnni, "vnni") {
+            return;
+        }
+        // Upcoming lines from the group itself: asking for them changes nothing.
+        // SAFETY (both): VNNI was checked.
+        assert_matches_the_portable_kernel(
+            -128,
+            |m, g, a, s| unsafe {
+                by_count!(dot_group, (m, g), Upcoming::new(m.group(0), 3), a, s)
+            },
+            |m, g, a, s| unsafe {
+                let mut lines = Vec::new();
+                expand_q5_0(m, g, &mut lines);
+                by_count!(dot_expanded, (&lines, m.blocks), Upcoming::NONE, a, s)
+            },
+        );
+    }
+
+    /// The AVX2 kernels.
+    #[test]
+    fn avx2_kernels_are_bit_identical_to_the_portable_ones() {
+        if crate::cpu::lacks(crate::cpu::detected().avx2, "avx2") {
+            return;
+        }
+        // SAFETY (both): AVX2 was checked; the activations are in -127..=127.
+        assert_matches_the_portable_kernel(
+            -127,
+            |m, g, a, s| unsafe {
+                by_count!(avx2::dot_group, (m, g), Upcoming::new(m.group(0), 3), a, s)
+            },
+            |m, g, a, s| unsafe {
+                let mut lines = Vec::new();
+                avx2::expand_q5_0(m, g, &mut lines);
+                by_count!(avx2::dot_expanded, (&lines, m.blocks), Upcoming::NONE, a, s)
+            },
+        );
     }
 }

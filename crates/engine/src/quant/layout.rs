@@ -4,7 +4,8 @@
 //!
 //! The layouts, and the modules that hold them with their kernels:
 //! - Q8_0, Q4_1, Q5_0 and Q4_0 (the last with llama.cpp's repacked arithmetic)
-//!   interleaved sixteen rows to a vector where the CPU has AVX-512 VNNI: `block_lanes`;
+//!   interleaved sixteen rows to a vector where the CPU has AVX2 (kernels for AVX-512
+//!   VNNI, and for AVX2 alone eight rows at a time): `block_lanes`;
 //! - block-of-32 formats (Q4_0 with rows not a multiple of eight, and the others
 //!   elsewhere) repacked eight rows at a time: `packed` (portable) and `packed_simd`
 //!   (AVX2, AVX-512 VNNI);
@@ -69,12 +70,12 @@ fn choose(format: OwnFormat, data: &[u8], rows: usize, cols: usize) -> Box<dyn L
     let blocks = cols / kquant::QK_K;
     match format {
         OwnFormat::Blocks(f @ (BlockFormat::Q8_0 | BlockFormat::Q4_1 | BlockFormat::Q5_0))
-            if simd_wide_tiles() =>
+            if simd_avx2() =>
         {
             Box::new(BlockLanes::new(f, data, rows, cols))
         }
         OwnFormat::Blocks(f) => Box::new(PackedRows::new(f, data, rows, cols)),
-        OwnFormat::Q4_0Repacked if simd_wide_tiles() => {
+        OwnFormat::Q4_0Repacked if simd_avx2() => {
             Box::new(BlockLanes::new(BlockFormat::Q4_0, data, rows, cols))
         }
         OwnFormat::Q4K if simd_avx2() => Box::new(Q4kLanes::new(data, rows, blocks)),
