@@ -205,6 +205,19 @@ pub fn lane_starts(a: &Q8Row, blocks: usize, format: BlockFormat) -> Vec<i32> {
         .collect()
 }
 
+/// Whether each activation row `a[t]` has `blocks` blocks (scales, sums, values) and its
+/// `starts[t]` the `per_block` lane starts of each: what a kernel reads of them.
+#[cfg(target_arch = "x86_64")]
+fn rows_cover(a: &[&Q8Row], starts: &[&[i32]], blocks: usize, per_block: usize) -> bool {
+    a.len() == starts.len()
+        && a.iter().zip(starts).all(|(a, s)| {
+            a.d.len() >= blocks
+                && a.s.len() >= blocks
+                && a.qs.len() >= blocks * 32
+                && s.len() >= blocks * per_block
+        })
+}
+
 /// Group `g` of a Q5_0 matrix written out, into `into`, as the lines of a Q8_0 group: the
 /// same header lines, and each block's values as eight lines of bytes, each value stored
 /// 16 higher. For more than a few activation rows, decoding a group's nibbles and fifth
@@ -268,10 +281,35 @@ impl StartsOnce {
 #[cfg(target_arch = "x86_64")]
 pub use simd::{dot_expanded, dot_group, expand_q5_0};
 
+/// The formats as the kernels' const parameter (a `BlockFormat` cannot be one).
+#[cfg(target_arch = "x86_64")]
+mod kernel_format {
+    use super::BlockFormat;
+
+    pub const Q8_0: u8 = 0;
+    pub const Q4_1: u8 = 1;
+    pub const Q5_0: u8 = 2;
+    pub const Q4_0: u8 = 3;
+    /// Q5_0 written out as Q8_0's lines, values 16 higher (`expand_q5_0_with`): the AVX2
+    /// kernel reads it as a format of its own, the VNNI one as Q8_0.
+    pub const EXPANDED: u8 = 4;
+
+    /// The format whose lines a kernel of parameter `f` reads.
+    pub fn of(f: u8) -> BlockFormat {
+        match f {
+            Q8_0 | EXPANDED => BlockFormat::Q8_0,
+            Q4_1 => BlockFormat::Q4_1,
+            Q4_0 => BlockFormat::Q4_0,
+            _ => BlockFormat::Q5_0,
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use std::arch::x86_64::*;
 
+    use super::kernel_format::{self, Q4_0, Q4_1, Q5_0, Q8_0};
     use super::{place, starts_per_block, unit, BlockFormat, BlockLanes, Line, QUADS, ROWS};
     use crate::quant::q8::Q8Row;
     use crate::quant::simd::{prefetch_span, Upcoming};
@@ -292,12 +330,11 @@ mod simd {
         soon: Upcoming,
     ) -> [[f32; ROWS]; T] {
         let blocks = m.blocks;
-        assert!(a.iter().zip(&starts).all(|(a, s)| {
-            a.d.len() >= blocks
-                && a.s.len() >= blocks
-                && a.qs.len() >= blocks * 32
-                && (m.format == BlockFormat::Q4_1 || s.len() >= blocks * starts_per_block(m.format))
-        }));
+        let per_block = match m.format {
+            BlockFormat::Q4_1 => 0,
+            format => starts_per_block(format),
+        };
+        assert!(super::rows_cover(&a, &starts, blocks, per_block));
         let lines = m.group(g);
         match m.format {
             BlockFormat::Q8_0 => group_vnni::<T, Q8_0>(lines, blocks, a, starts, soon),
@@ -337,9 +374,7 @@ mod simd {
         starts: [&[i32]; T],
         soon: Upcoming,
     ) -> [[f32; ROWS]; T] {
-        assert!(a.iter().zip(&starts).all(|(a, s)| {
-            a.d.len() >= blocks && a.qs.len() >= blocks * 32 && s.len() >= blocks * QUADS
-        }));
+        assert!(super::rows_cover(&a, &starts, blocks, QUADS));
         // Q8_0's lines; the starts, Q5_0's, cancel its offset.
         group_vnni::<T, Q8_0>(lines, blocks, a, starts, soon)
     }
@@ -368,12 +403,6 @@ mod simd {
         _mm512_mask_add_epi8(low, mask, low, _mm512_set1_epi8(0x10))
     }
 
-    /// The formats, as `group_vnni`'s parameter.
-    const Q8_0: u8 = 0;
-    const Q4_1: u8 = 1;
-    const Q5_0: u8 = 2;
-    const Q4_0: u8 = 3;
-
     /// [`dot_group`] on a group's lines of format `F`.
     /// Per block: the rows' scales times each activation row's (one multiplication per
     /// activation row); per group of four values (a line of Q8_0's, or one nibble of a
@@ -392,12 +421,7 @@ mod simd {
         mut soon: Upcoming,
     ) -> [[f32; ROWS]; T] {
         let ahead = crate::cpu::prefetch_ahead();
-        let format = match F {
-            Q8_0 => BlockFormat::Q8_0,
-            Q4_1 => BlockFormat::Q4_1,
-            Q4_0 => BlockFormat::Q4_0,
-            _ => BlockFormat::Q5_0,
-        };
+        let format = kernel_format::of(F);
         let (per_unit, value_lines) = unit(format);
         assert!(group.len() >= blocks.div_ceil(per_unit) * (1 + per_unit * value_lines));
         let mut acc = [[_mm512_setzero_ps(); QUADS]; T];

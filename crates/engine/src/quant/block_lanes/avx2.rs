@@ -27,6 +27,7 @@
 
 use std::arch::x86_64::*;
 
+use super::kernel_format::{self, EXPANDED, Q4_0, Q4_1, Q5_0, Q8_0};
 use super::{place, unit, BlockFormat, BlockLanes, Line, QUADS, ROWS};
 use crate::quant::q8::Q8Row;
 use crate::quant::simd::{bit_bytes, lanes_avx2, prefetch_span, Upcoming};
@@ -50,12 +51,12 @@ pub unsafe fn dot_group<const T: usize>(
     soon: Upcoming,
 ) -> [[f32; ROWS]; T] {
     let blocks = m.blocks;
-    assert!(a.iter().zip(&starts).all(|(a, s)| {
-        a.d.len() >= blocks
-            && a.s.len() >= blocks
-            && a.qs.len() >= blocks * 32
-            && s.len() >= blocks * starts_taken(m.format)
-    }));
+    assert!(super::rows_cover(
+        &a,
+        &starts,
+        blocks,
+        starts_taken(m.format)
+    ));
     let lines = m.group(g);
     match m.format {
         BlockFormat::Q8_0 => group_avx2::<T, Q8_0>(lines, blocks, a, starts, soon),
@@ -107,9 +108,7 @@ pub unsafe fn dot_expanded<const T: usize>(
     starts: [&[i32]; T],
     soon: Upcoming,
 ) -> [[f32; ROWS]; T] {
-    assert!(a.iter().zip(&starts).all(|(a, s)| {
-        a.d.len() >= blocks && a.qs.len() >= blocks * 32 && s.len() >= blocks * QUADS
-    }));
+    assert!(super::rows_cover(&a, &starts, blocks, QUADS));
     group_avx2::<T, EXPANDED>(lines, blocks, a, starts, soon)
 }
 
@@ -155,13 +154,6 @@ unsafe fn broadcast_four(a: &Q8Row, b: usize, q: usize) -> __m256i {
     _mm256_set1_epi32(four.read_unaligned())
 }
 
-/// The formats, as `group_avx2`'s parameter (`EXPANDED`: Q5_0 written out as Q8_0's lines).
-const Q8_0: u8 = 0;
-const Q4_1: u8 = 1;
-const Q5_0: u8 = 2;
-const Q4_0: u8 = 3;
-const EXPANDED: u8 = 4;
-
 /// [`dot_group`] on a group's lines of format `F`, one half (eight rows) after the other.
 /// Per block: the half's scales times each activation row's; per group of four values and
 /// activation row, the lane's exact integer (see the module), its conversion, and one
@@ -178,12 +170,7 @@ unsafe fn group_avx2<const T: usize, const F: u8>(
     mut soon: Upcoming,
 ) -> [[f32; ROWS]; T] {
     let ahead = crate::cpu::prefetch_ahead();
-    let format = match F {
-        Q8_0 | EXPANDED => BlockFormat::Q8_0,
-        Q4_1 => BlockFormat::Q4_1,
-        Q4_0 => BlockFormat::Q4_0,
-        _ => BlockFormat::Q5_0,
-    };
+    let format = kernel_format::of(F);
     let (per_unit, value_lines) = unit(format);
     let unit_lines = 1 + per_unit * value_lines;
     assert!(group.len() >= blocks.div_ceil(per_unit) * unit_lines);
