@@ -16,8 +16,9 @@
 //! repacked kernels, which is what it runs on x86 CPUs with AVX2 (AVX-512 for Q2_K).
 //!
 //! How each matrix holds its weights is chosen once at load (`layout.rs`): every layout
-//! (repacked block-of-32 rows, the sixteen-row Q4_K/Q6_K and two-row Q5_K/IQ4_XS vectors
-//! of AVX-512 VNNI, plain rows, float rows) sits behind one `Layout` trait, in the module
+//! (repacked block-of-32 rows, the sixteen-row block-of-32 and Q4_K/Q6_K vectors of AVX2
+//! and AVX-512 VNNI, the two-row Q5_K/IQ4_XS vectors of AVX-512 VNNI, plain rows, float
+//! rows) sits behind one `Layout` trait, in the module
 //! of its kernels. Products run in tiles: a few weight rows by several activation rows,
 //! each weight block decoded once per tile and each activation block loaded once per
 //! tile, over activation tiles that stay in the first-level cache; with AVX-512 VNNI the
@@ -208,8 +209,8 @@ impl ActivationKind {
 enum Activations {
     /// Q8 rows, for a prompt under AVX-512 VNNI the same rows as tiles (where an
     /// eight-row block-of-32 matrix reads them; empty otherwise), and the lane
-    /// starts the sixteen-row Q8_0 kernel adds (computed by the first chunk that needs
-    /// them).
+    /// starts the sixteen-row block-of-32 kernels add (computed by the first chunk that
+    /// needs them).
     Q8(Vec<q8::Q8Row>, Vec<ActTile>, block_lanes::StartsOnce),
     /// Q8_K rows, and the sums the Q5_K / IQ4_XS / Q6_K kernels add, each computed by the
     /// first chunk that needs them.
@@ -603,7 +604,7 @@ fn simd_wide_tiles() -> bool {
 }
 
 /// Whether the CPU has AVX2 (with FMA and F16C), for layouts whose kernels need no more:
-/// Q4_K's and Q6_K's ([`q4k_lanes`], [`q6k_lanes`]).
+/// the sixteen-row ones ([`block_lanes`], [`q4k_lanes`], [`q6k_lanes`]).
 fn simd_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
     {

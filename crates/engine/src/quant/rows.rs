@@ -1,9 +1,10 @@
 //! Quantized weights row after row, as the GGUF file holds them: the layout of every
 //! K-quant and IQ format on CPUs without AVX-512 VNNI, but for Q4_K and Q6_K on those with
-//! AVX2 (and of those without a layout of their own on any CPU). The block-of-32 formats
-//! are always `packed`, the float ones `float_rows`. Its kernels take one weight row by up to four activation rows, each
-//! super-block or block decoded once for all of them: AVX2 where the CPU has it
-//! (`kquant_simd`; repacked Q4_0's in `simd`), portable code otherwise. Q3_K, Q5_K, Q6_K
+//! AVX2 (and of those without a layout of their own on any CPU), and of repacked Q4_0 on
+//! CPUs without AVX2. The other block-of-32 formats are always `packed` or `block_lanes`,
+//! the float ones `float_rows`. Its kernels take one weight row by up to four activation
+//! rows, each super-block or block decoded once for all of them: AVX2 where the CPU has it
+//! (`kquant_simd`), portable code otherwise. Q3_K, Q5_K, Q6_K
 //! and IQ4_XS rows of a micro-batch of 8 or more take the arithmetic of llama.cpp's tiled
 //! kernel.
 
@@ -41,19 +42,13 @@ impl Layout for RowMajor {
         let (n, start, end) = (kernels.len(), range.start, range.end);
         match acts {
             Activations::Q8(a, _, _) => {
-                #[cfg(target_arch = "x86_64")]
-                let avx2 = super::simd::available();
-                #[cfg(not(target_arch = "x86_64"))]
-                let avx2 = false;
                 for r in start..end {
                     let w = &data[r * row_bytes..(r + 1) * row_bytes];
                     for (t, a) in a.iter().enumerate() {
                         let v = match format {
                             OwnFormat::Q5_1 => dot::dot_q5_1(w, a),
                             OwnFormat::Iq4NlRepacked => iq4::dot_iq4_nl_repacked(w, a),
-                            // SAFETY: the CPU has AVX2 (checked above).
-                            #[cfg(target_arch = "x86_64")]
-                            _ if avx2 => unsafe { super::simd::dot_q4_0_repacked(w, a) },
+                            // Repacked Q4_0 on CPUs without AVX2 (`block_lanes` elsewhere).
                             _ => dot::dot_q4_0_repacked(w, a),
                         };
                         out.set(t, r, v);

@@ -59,57 +59,6 @@ pub(super) unsafe fn hsum(acc: __m256) -> f32 {
     hsum8(&lanes)
 }
 
-/// One Q4_0 row · one Q8 row as [`super::dot::dot_q4_0_repacked`] computes it (llama.cpp's
-/// kernel for a matrix it repacked eight rows at a time), for CPUs without AVX-512 VNNI:
-/// per block, the 32 products' exact integer sum (the nibbles, unsigned, against the
-/// activations with `maddubs`, less 8 · the activations' sum), converted and folded in
-/// with one fused multiply-add by `d_w · d_a`.
-///
-/// # Safety
-/// AVX2, FMA and F16C must be available ([`available`]).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q4_0_repacked(w: &[u8], a: &Q8Row) -> f32 {
-    let bytes = super::dot::Q4_0;
-    let blocks = w.len() / bytes;
-    assert!(a.d.len() >= blocks && a.qs.len() >= blocks * 32);
-    let (ones, one_bytes) = (_mm256_set1_epi16(1), _mm256_set1_epi8(1));
-    // Block `b`'s eight integer lanes, which add up to its 32 products less the offset's.
-    let lanes = |b: usize| {
-        let y = _mm256_loadu_si256(a.qs.as_ptr().add(b * 32) as *const __m256i);
-        // Pairs of products fit an i16 (at most 2 · 15 · 128), and their sums an i32.
-        let nibbles = nibbles(w.as_ptr().add(b * bytes + 2));
-        let products = _mm256_madd_epi16(_mm256_maddubs_epi16(nibbles, y), ones);
-        let y_sums = _mm256_madd_epi16(_mm256_maddubs_epi16(one_bytes, y), ones);
-        _mm256_sub_epi32(products, _mm256_slli_epi32::<3>(y_sums))
-    };
-    let scale = |b: usize| f16_at(w.as_ptr().add(b * bytes)) * a.d[b];
-    let mut acc = 0f32;
-    let whole = blocks / 8 * 8;
-    for b in (0..whole).step_by(8) {
-        // Eight blocks' sums at once (integer additions, exact in any order), then folded
-        // in block after block.
-        let v: [__m256i; 8] = std::array::from_fn(|i| lanes(b + i));
-        let low = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-        let high = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-        let sums = _mm256_add_epi32(
-            _mm256_permute2x128_si256::<0x20>(low, high),
-            _mm256_permute2x128_si256::<0x31>(low, high),
-        );
-        let mut all = [0f32; 8];
-        _mm256_storeu_ps(all.as_mut_ptr(), _mm256_cvtepi32_ps(sums));
-        for (i, &sum) in all.iter().enumerate() {
-            acc = sum.mul_add(scale(b + i), acc);
-        }
-    }
-    for b in whole..blocks {
-        let mut all = [0i32; 8];
-        _mm256_storeu_si256(all.as_mut_ptr() as *mut __m256i, lanes(b));
-        let sum: i32 = all.iter().sum();
-        acc = (sum as f32).mul_add(scale(b), acc);
-    }
-    acc
-}
-
 /// Whether the AVX-512 (F, VL, BW) VNNI kernels run: one instruction for the
 /// four-product integer lanes that AVX2 computes in two, on 256- or 512-bit vectors.
 pub fn vnni_available() -> bool {
@@ -330,46 +279,6 @@ impl Upcoming {
         if self.next < stop {
             ask_for_lines(self.next as *const i8, stop - self.next);
             self.next = stop;
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::quant::q8::quantize_row;
-    use crate::quant::sample::{self, Xorshift};
-    use crate::quant::{BlockFormat, OwnFormat};
-
-    /// The AVX2 repacked Q4_0 product equals the portable one bit for bit, the lowest and
-    /// highest nibbles and activations of -128 included.
-    #[test]
-    fn q4_0_repacked_is_bit_identical_to_the_portable_one() {
-        if !available() {
-            return;
-        }
-        let mut rng = Xorshift::new(41);
-        let (rows, cols) = (9, 9 * 32);
-        let mut raw = sample::weights(OwnFormat::Blocks(BlockFormat::Q4_0), rows, cols, &mut rng);
-        let row_bytes = BlockFormat::Q4_0.row_bytes(cols);
-        // Row 1's nibbles all 0, row 2's all 15 (bytes 2..18 of each block).
-        for (r, v) in [(1, 0x00u8), (2, 0xff)] {
-            for block in raw[r * row_bytes..(r + 1) * row_bytes].chunks_exact_mut(18) {
-                block[2..].fill(v);
-            }
-        }
-        let mut acts: Vec<Q8Row> = (0..2)
-            .map(|_| quantize_row(&sample::activations(1, cols, 4.0, &mut rng)))
-            .collect();
-        acts[1].qs.fill(-128);
-        for r in 0..rows {
-            let w = &raw[r * row_bytes..(r + 1) * row_bytes];
-            for a in &acts {
-                let want = crate::quant::dot::dot_q4_0_repacked(w, a);
-                // SAFETY: AVX2 was checked.
-                let got = unsafe { dot_q4_0_repacked(w, a) };
-                assert_eq!(want.to_bits(), got.to_bits(), "row {r}");
-            }
         }
     }
 }

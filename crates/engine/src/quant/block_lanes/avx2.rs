@@ -10,10 +10,12 @@
 //! signed ones and saturates past 32,767, so:
 //! - Q8_0's values (stored 128 higher) are flipped back to signed ones and multiplied as
 //!   llama.cpp's AVX2 kernels do, `|w|` by the activations with `w`'s signs: at most
-//!   2 · 128 · 127, for activations in -127..=127, which is all the quantizer makes (an
-//!   activation of -128 would be negated to itself); no lane starts are needed;
+//!   2 · 128 · 127, for activations in -127..=127, which is all the quantizer makes of
+//!   finite values (an activation of -128 would be negated to itself); no lane starts
+//!   are needed;
 //! - Q4_1's, Q5_0's and Q4_0's values are small unsigned ones already (at most
-//!   2 · 31 · 128), taken with their lane starts as the VNNI kernel takes them;
+//!   2 · 31 · 128), taken as the VNNI kernel takes them (Q5_0's and Q4_0's with their lane
+//!   starts);
 //! - Q4_0's eight pairs of a block add up in 16 bits (at most 16 · 15 · 128) before one
 //!   `vpmaddwd`: its one integer per row and block.
 //!
@@ -41,8 +43,9 @@ const HALF: usize = ROWS / 2;
 /// meanwhile ([`Upcoming`]).
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be available ([`crate::quant::simd::available`]), and the
-/// activations must lie in -127..=127 (as [`crate::quant::q8::quantize_row`] makes them).
+/// AVX2, FMA and F16C must be available ([`crate::quant::simd::available`]). For Q8_0 the
+/// activations must lie in -127..=127 to be exact, as [`crate::quant::q8::quantize_row`]
+/// makes them of finite values.
 pub unsafe fn dot_group<const T: usize>(
     m: &BlockLanes,
     g: usize,
@@ -219,10 +222,12 @@ unsafe fn group_avx2<const T: usize, const F: u8>(
                 continue;
             }
             for q in 0..QUADS {
-                let line = (lines.add(q) as *const u8).add(32 * h) as *const __m256i;
+                // Q8_0's and the expanded lines: line `q`'s half (the nibble formats have
+                // fewer lines, so the address is only made for these).
+                let line = || (lines.add(q) as *const u8).add(32 * h) as *const __m256i;
                 let w = match F {
-                    Q8_0 => _mm256_xor_si256(_mm256_load_si256(line), flip),
-                    EXPANDED => _mm256_load_si256(line),
+                    Q8_0 => _mm256_xor_si256(_mm256_load_si256(line()), flip),
+                    EXPANDED => _mm256_load_si256(line()),
                     Q4_1 => nibble_values(lines, q, h),
                     _ => q5_0_values(lines, q, h),
                 };
