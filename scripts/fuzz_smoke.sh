@@ -11,21 +11,22 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
   cargo install cargo-fuzz --version 0.13.2 --locked
 fi
 
-# Both fuzz projects build into one target folder, so the engine is compiled once.
+# One cargo-fuzz project (`libfuzzer/`) holds every target, so the engine and its
+# dependencies are compiled and instrumented once.
 target="$PWD/target/fuzz"
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
 
 run() {
-  local crate="$1" name="$2"
-  shift 2
+  local name="$1"
+  shift
   mkdir -p "$scratch/$name"
   # New inputs go to the scratch folder; the committed seeds are only read.
-  (cd "crates/$crate" && cargo fuzz run --sanitizer none --target-dir "$target" "$name" \
-    "$scratch/$name" "fuzz/corpus/$name" -- -max_total_time="$seconds" "$@" 2>&1 | tail -n 20)
+  cargo fuzz run --fuzz-dir libfuzzer --sanitizer none --target-dir "$target" "$name" \
+    "$scratch/$name" "libfuzzer/corpus/$name" -- -max_total_time="$seconds" "$@" 2>&1 | tail -n 20
 }
 
-run engine gguf
-run engine constraint -timeout=10
-run server request
-run server chat_request
+run gguf
+run constraint -timeout=10
+run request
+run chat_request

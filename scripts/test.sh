@@ -46,14 +46,20 @@ step "cargo test --release"
 cargo test --release --workspace
 
 step "llama.cpp's greedy fixtures (real and random-weight models) on the AVX2 and portable kernel paths (FERRITE_CPU)"
+# `--workspace` (each selecting the one test target that has the name), not `-p
+# ferrite-engine`: one package alone resolves its dependencies' features differently and
+# rebuilt 25 of them (4 minutes on 2 cores).
 # Where the CPU has no AVX-512, the native run above already took the AVX2 paths.
 if grep -q avx512 /proc/cpuinfo; then
-  FERRITE_CPU=avx2 cargo test --release -p ferrite-engine --test greedy_fixtures
-  FERRITE_CPU=avx2 cargo test --release -p ferrite-engine --test synth_models
+  # The layouts' choice and chunking on the AVX2 path, bit for bit (the kernels' own
+  # tests run whatever FERRITE_CPU says).
+  FERRITE_CPU=avx2 cargo test --release --workspace --lib quant::
+  FERRITE_CPU=avx2 cargo test --release --workspace --test greedy_fixtures
+  FERRITE_CPU=avx2 cargo test --release --workspace --test synth_models
 fi
 # The scalar kernels take minutes per long prompt; their bit-identity with the SIMD ones
 # is unit-tested, and the short fixtures run on them end to end.
-FERRITE_CPU=portable cargo test --release -p ferrite-engine --test greedy_fixtures -- --skip long_prompts
+FERRITE_CPU=portable cargo test --release --workspace --test greedy_fixtures -- --skip long_prompts
 
 step "cargo-fuzz targets: built, and run briefly from their seeds"
 ./scripts/fuzz_smoke.sh

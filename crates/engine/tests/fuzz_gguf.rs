@@ -145,12 +145,12 @@ fn fuzz_gguf_reader_and_loaders() {
     });
 }
 
-/// The cargo-fuzz target's committed seeds (`crates/engine/fuzz/corpus/gguf`) are the
+/// The cargo-fuzz target's committed seeds (`libfuzzer/corpus/gguf`) are the
 /// tiny models this file builds; with `FERRITE_WRITE_FUZZ_SEEDS` set, writes them there
 /// first (after a change to the builder).
 #[test]
 fn cargo_fuzz_seeds_are_the_tiny_models() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/gguf");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../libfuzzer/corpus/gguf");
     for arch in ["llama", "gemma3"] {
         let path = dir.join(format!("tiny-{arch}.gguf"));
         let bytes = tiny_model(arch).build();

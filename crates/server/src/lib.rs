@@ -1,7 +1,7 @@
 //! The library behind the `ferrite` binary: the HTTP layer (routes, validation, auth,
 //! metrics, request ids), its shared state, and model fetching. `main.rs` holds only the
 //! command line and the process's life (logging, serving, graceful shutdown); the
-//! library form lets the fuzz targets (`crates/server/fuzz`) call the request parser.
+//! library form lets the fuzz targets (`libfuzzer/`) call the request parser.
 
 pub mod auth;
 pub mod chat;

@@ -4,7 +4,7 @@
 //! Seeds: `corpus/chat_request/` (conversations with content parts, tool calls and
 //! tool results, and every tool choice).
 //!
-//!     cd crates/server && cargo fuzz run --sanitizer none chat_request WORK_DIR corpus/chat_request -- -max_total_time=600
+//!     cargo fuzz run --fuzz-dir libfuzzer --sanitizer none chat_request WORK_DIR libfuzzer/corpus/chat_request -- -max_total_time=600
 
 #![no_main]
 

@@ -3,7 +3,7 @@
 //! parameters or a 4xx error whose body serializes; a panic or a crash is a finding.
 //! Seeds: `corpus/request/` (requests using every kind of field).
 //!
-//!     cd crates/server && cargo fuzz run --sanitizer none request WORK_DIR corpus/request -- -max_total_time=600
+//!     cargo fuzz run --fuzz-dir libfuzzer --sanitizer none request WORK_DIR libfuzzer/corpus/request -- -max_total_time=600
 
 #![no_main]
 

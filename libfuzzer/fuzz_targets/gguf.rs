@@ -4,7 +4,7 @@
 //! (complete one-layer llama and gemma3 models, written by
 //! `FERRITE_WRITE_FUZZ_SEEDS=1 cargo test -p ferrite-engine --test fuzz_gguf`).
 //!
-//!     cd crates/engine && cargo fuzz run gguf corpus/gguf -- -max_total_time=600
+//!     cargo fuzz run --fuzz-dir libfuzzer --sanitizer none gguf WORK_DIR libfuzzer/corpus/gguf -- -max_total_time=600
 
 #![no_main]
 

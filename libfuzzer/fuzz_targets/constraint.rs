@@ -5,7 +5,7 @@
 //! client sends. Seeds: `corpus/constraint/`.
 //!
 //!     ferrite pull smollm2-135m
-//!     cd crates/engine && cargo fuzz run --sanitizer none constraint /tmp/constraint-corpus fuzz/corpus/constraint -- -max_total_time=600
+//!     cargo fuzz run --fuzz-dir libfuzzer --sanitizer none constraint WORK_DIR libfuzzer/corpus/constraint -- -max_total_time=600 -timeout=10
 
 #![no_main]
 
