@@ -533,8 +533,9 @@ impl Layout for BlockLanes {
             // (`expand_q5_0`) for them all:
             // - VNNI: two rows a pass (sixteen accumulators stay in registers), decoded once
             //   against more than two pairs;
-            // - AVX2: one row a pass (eight accumulators for one half's rows), Q4_0's
-            //   four, decoded once against more than one row.
+            // - AVX2: one row a pass (eight accumulators for one half's rows; two a pass,
+            //   spilling them, measured no faster on a Zen 3), Q4_0's four, decoded once
+            //   against more than one row.
             let (per_pass, expand) = match vnni {
                 true => (2, self.format == BlockFormat::Q5_0 && n > 4),
                 false => match self.format {
