@@ -280,7 +280,7 @@ impl StartsOnce {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub use simd::{dot_expanded, dot_group, expand_q5_0};
+pub use simd::{dot_expanded, dot_group, expand_q5_0, starts_taken};
 
 /// The formats as the kernels' const parameter (a `BlockFormat` cannot be one).
 #[cfg(target_arch = "x86_64")]
@@ -331,17 +331,27 @@ mod simd {
         soon: Upcoming,
     ) -> [[f32; ROWS]; T] {
         let blocks = m.blocks;
-        let per_block = match m.format {
-            BlockFormat::Q4_1 => 0,
-            format => starts_per_block(format),
-        };
-        assert!(super::rows_cover(&a, &starts, blocks, per_block));
+        assert!(super::rows_cover(
+            &a,
+            &starts,
+            blocks,
+            starts_taken(m.format)
+        ));
         let lines = m.group(g);
         match m.format {
             BlockFormat::Q8_0 => group_vnni::<T, Q8_0>(lines, blocks, a, starts, soon),
             BlockFormat::Q4_1 => group_vnni::<T, Q4_1>(lines, blocks, a, starts, soon),
             BlockFormat::Q5_0 => group_vnni::<T, Q5_0>(lines, blocks, a, starts, soon),
             BlockFormat::Q4_0 => group_vnni::<T, Q4_0>(lines, blocks, a, starts, soon),
+        }
+    }
+
+    /// How many lane starts per block this kernel reads for `format`: all but Q4_1's
+    /// ([`super::starts_per_block`]; Q4_1 has no offset).
+    pub fn starts_taken(format: BlockFormat) -> usize {
+        match format {
+            BlockFormat::Q4_1 => 0,
+            format => starts_per_block(format),
         }
     }
 
@@ -520,7 +530,7 @@ impl Layout for BlockLanes {
         {
             let vnni = super::simd::vnni_available();
             let needs_starts = match vnni {
-                true => self.format != BlockFormat::Q4_1,
+                true => starts_taken(self.format) > 0,
                 false => avx2::starts_taken(self.format) > 0,
             };
             let starts = match needs_starts {
@@ -722,7 +732,7 @@ mod tests {
         // SAFETY (both): VNNI was checked.
         assert_matches_the_portable_kernel(
             -128,
-            |format| format != BlockFormat::Q4_1,
+            |format| starts_taken(format) > 0,
             |m, g, a, s| unsafe {
                 by_count!(dot_group, (m, g), Upcoming::new(m.group(0), 3), a, s)
             },
