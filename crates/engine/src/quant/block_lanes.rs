@@ -544,8 +544,10 @@ impl Layout for BlockLanes {
             // - VNNI: two rows a pass (sixteen accumulators stay in registers), decoded once
             //   against more than two pairs;
             // - AVX2: one row a pass (eight accumulators for one half's rows; two a pass,
-            //   spilling them, measured no faster on a Zen 3), Q4_0's four, decoded once
-            //   against more than one row.
+            //   spilling them, measured no faster on a Zen 3, and four a pass taking one
+            //   group of four values at a time across eight blocks, with one accumulator
+            //   per row live, slower: 16 rows Q4_1 31 against 34-42, Q5_0 decoded once 27
+            //   against 33), Q4_0's four, decoded once against more than one row.
             let (per_pass, expand) = match vnni {
                 true => (2, self.format == BlockFormat::Q5_0 && n > 4),
                 false => match self.format {
