@@ -92,24 +92,10 @@ pub fn dot_iq4_xs_tiled(w: &[u8], a: &Q8KRow) -> f32 {
 
 /// IQ4_XS dot products of one weight row with up to four activation rows (entries past
 /// the given rows are zero), with the tiled kernel's arithmetic ([`dot_iq4_xs_tiled`]) or
-/// the one-row kernel's ([`dot_iq4_xs`]): the SIMD kernel looks each super-block up once
-/// for all rows.
+/// the one-row kernel's ([`dot_iq4_xs`]).
 pub fn dot_iq4_xs_tile(w: &[u8], a: &[&Q8KRow], tiled: bool) -> [f32; 4] {
     assert!(a.len() <= 4);
     let mut out = [0f32; 4];
-    #[cfg(target_arch = "x86_64")]
-    if super::simd::available() {
-        use super::kquant_simd::dot_iq4xs_rows;
-        // SAFETY: the CPU features were checked.
-        with_row_count!(a.len(), out, N => unsafe {
-            let a = std::array::from_fn(|r| a[r]);
-            match tiled {
-                true => dot_iq4xs_rows::<N, true>(w, a),
-                false => dot_iq4xs_rows::<N, false>(w, a),
-            }
-        });
-        return out;
-    }
     for (r, a) in a.iter().enumerate() {
         out[r] = match tiled {
             true => dot_iq4_xs_tiled(w, a),

@@ -458,19 +458,6 @@ pub fn dot_q3k_tile(w: &[u8], a: &[&Q8KRow], tiled: bool) -> [f32; 4] {
 pub fn dot_q5k_tile(w: &[u8], a: &[&Q8KRow], tiled: bool) -> [f32; 4] {
     assert!(a.len() <= 4);
     let mut out = [0f32; 4];
-    #[cfg(target_arch = "x86_64")]
-    if super::simd::available() {
-        use super::kquant_simd::dot_q5k_rows;
-        // SAFETY: the CPU features were checked.
-        with_row_count!(a.len(), out, N => unsafe {
-            let a = std::array::from_fn(|r| a[r]);
-            match tiled {
-                true => dot_q5k_rows::<N, true>(w, a),
-                false => dot_q5k_rows::<N, false>(w, a),
-            }
-        });
-        return out;
-    }
     for (r, a) in a.iter().enumerate() {
         out[r] = match tiled {
             true => dot_q5k_tiled(w, a),

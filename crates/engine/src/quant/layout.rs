@@ -11,9 +11,10 @@
 //!   (AVX2, AVX-512 VNNI);
 //! - Q4_K and Q6_K interleaved sixteen rows to a vector where the CPU has AVX2 (kernels
 //!   for AVX-512 VNNI, and for AVX2 alone eight rows at a time): `q4k_lanes`, `q6k_lanes`;
-//! - Q5_K and IQ4_XS two rows to a vector there: `pair_lanes`;
+//! - Q5_K and IQ4_XS two rows to a vector with AVX-512 VNNI (`pair_lanes`), sixteen rows
+//!   to a vector, eight at a time, with AVX2 alone (`q5k_iq4xs_lanes`);
 //! - every other quantized format, and these on other CPUs, row after row: `rows`
-//!   (portable kernels in `kquant`, `dot`, `iq4`; AVX2 ones in `kquant_simd`);
+//!   (portable kernels in `kquant`, `dot`, `iq4`);
 //! - F32, F16 and BF16 row after row: `float_rows` (portable `float`, AVX-512 or AVX2
 //!   `float_simd`).
 //!
@@ -29,8 +30,9 @@ use super::dot::BlockFormat;
 use super::float_rows::FloatRows;
 use super::output::Columns;
 use super::packed::PackedRows;
-use super::pair_lanes::{PairFormat, PairLanes};
+use super::pair_lanes::{LaneFormat, PairLanes};
 use super::q4k_lanes::Q4kLanes;
+use super::q5k_iq4xs_lanes::Q5kIq4xsLanes;
 use super::q6k_lanes::Q6kLanes;
 use super::rows::RowMajor;
 #[cfg(target_arch = "x86_64")]
@@ -81,10 +83,16 @@ fn choose(format: OwnFormat, data: &[u8], rows: usize, cols: usize) -> Box<dyn L
         OwnFormat::Q4K if simd_avx2() => Box::new(Q4kLanes::new(data, rows, blocks)),
         OwnFormat::Q6K if simd_avx2() => Box::new(Q6kLanes::new(data, rows, blocks)),
         OwnFormat::Q5K if simd_wide_tiles() => {
-            Box::new(PairLanes::new(PairFormat::Q5K, data, rows, blocks))
+            Box::new(PairLanes::new(LaneFormat::Q5K, data, rows, blocks))
         }
         OwnFormat::Iq4Xs if simd_wide_tiles() => {
-            Box::new(PairLanes::new(PairFormat::Iq4Xs, data, rows, blocks))
+            Box::new(PairLanes::new(LaneFormat::Iq4Xs, data, rows, blocks))
+        }
+        OwnFormat::Q5K if simd_avx2() => {
+            Box::new(Q5kIq4xsLanes::new(LaneFormat::Q5K, data, rows, blocks))
+        }
+        OwnFormat::Iq4Xs if simd_avx2() => {
+            Box::new(Q5kIq4xsLanes::new(LaneFormat::Iq4Xs, data, rows, blocks))
         }
         OwnFormat::F32 => Box::new(FloatRows::<f32>::new(data, cols)),
         OwnFormat::F16 => Box::new(FloatRows::<half::f16>::new(data, cols)),
@@ -153,6 +161,30 @@ pub(super) fn lane_groups<'m>(
             }
         }
     }
+}
+
+/// [`lane_groups`] for a layout whose kernel follows both of llama.cpp's arithmetic plans
+/// (Q5_K, Q6_K and IQ4_XS with AVX2): the rows of wide micro-batches
+/// ([`RowKernel::in_wide_batch`]) take its tiled matmul's, `tiled(g, pass, soon)` four
+/// activation rows a pass; the others its dot product's, whose eight lanes of a weight row
+/// fill the registers, `dot(g, t, soon)` one row `t` a pass.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn lane_groups_by_plan<'m>(
+    out: &Columns,
+    range: Range<usize>,
+    kernels: &[RowKernel],
+    groups: (impl Fn(usize) -> &'m [Line] + Copy, usize),
+    tiled: impl FnMut(usize, &[usize], Upcoming) -> [[f32; LANE_ROWS]; 4],
+    mut dot: impl FnMut(usize, usize, Upcoming) -> [f32; LANE_ROWS],
+) {
+    let (wide, alone): (Vec<usize>, Vec<usize>) =
+        (0..kernels.len()).partition(|&t| kernels[t].in_wide_batch());
+    lane_groups(out, range.clone(), &wide, 4, groups, tiled);
+    lane_groups(out, range, &alone, 1, groups, |g, one, soon| {
+        let mut got = [[0f32; LANE_ROWS]; 4];
+        got[0] = dot(g, one[0], soon);
+        got
+    });
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]

@@ -37,7 +37,7 @@ use super::act_tile::Line;
 use super::kquant::{q6k_values, Q6_K};
 use super::layout::Layout;
 #[cfg(target_arch = "x86_64")]
-use super::layout::{lane_groups, LANE_ROWS};
+use super::layout::{lane_groups, lane_groups_by_plan, LANE_ROWS};
 use super::output::Columns;
 use super::{Activations, RowKernel};
 
@@ -256,21 +256,20 @@ impl Layout for Q6kLanes {
             if !super::simd::vnni_available() {
                 // AVX2: the tiled plan four activation rows a pass, the dot product's
                 // (eight lanes of eight rows in registers) one.
-                let groups = (|g| m.group(g), m.blocks);
-                lane_groups(out, start..end, &wide, 4, groups, |g, four, soon| {
+                let tiled = |g, four: &[usize], soon| {
                     let mut got = [[0f32; LANE_ROWS]; 4];
                     // SAFETY: the layout is only built where the CPU has AVX2.
                     with_row_count!(four.len(), got, T => unsafe {
                         avx2::dot_group::<T, true>(m, g, std::array::from_fn(|k| &a[four[k]]), soon)
                     });
                     got
-                });
-                lane_groups(out, start..end, &alone, 1, groups, |g, one, soon| {
-                    let mut got = [[0f32; LANE_ROWS]; 4];
-                    // SAFETY: as above.
-                    got[0] = unsafe { avx2::dot_group::<1, false>(m, g, [&a[one[0]]], soon)[0] };
-                    got
-                });
+                };
+                // SAFETY: as above.
+                let dot = |g, t: usize, soon| unsafe {
+                    avx2::dot_group::<1, false>(m, g, [&a[t]], soon)[0]
+                };
+                let groups = (|g| m.group(g), m.blocks);
+                lane_groups_by_plan(out, range, kernels, groups, tiled, dot);
                 return;
             }
             if !wide.is_empty() {

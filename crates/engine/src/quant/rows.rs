@@ -1,12 +1,9 @@
-//! Quantized weights row after row, as the GGUF file holds them: the layout of every
-//! K-quant and IQ format on CPUs without AVX-512 VNNI, but for Q4_K and Q6_K on those with
-//! AVX2 (and of those without a layout of their own on any CPU), and of repacked Q4_0 on
-//! CPUs without AVX2. The other block-of-32 formats are always `packed` or `block_lanes`,
-//! the float ones `float_rows`. Its kernels take one weight row by up to four activation
-//! rows, each super-block or block decoded once for all of them: AVX2 where the CPU has it
-//! (`kquant_simd`), portable code otherwise. Q3_K, Q5_K, Q6_K
-//! and IQ4_XS rows of a micro-batch of 8 or more take the arithmetic of llama.cpp's tiled
-//! kernel.
+//! Quantized weights row after row, as the GGUF file holds them: the layout of the K-quant
+//! and IQ formats without a layout of their own (Q2_K, Q3_K, IQ4_NL, Q5_1) on any CPU, of
+//! the others on CPUs without AVX2, and of repacked Q4_0 there too. The other block-of-32
+//! formats are always `packed` or `block_lanes`, the float ones `float_rows`. Its portable
+//! kernels take one weight row by up to four activation rows. Q3_K, Q5_K, Q6_K and IQ4_XS
+//! rows of a micro-batch of 8 or more take the arithmetic of llama.cpp's tiled kernel.
 
 use std::ops::Range;
 

@@ -1,0 +1,201 @@
+//! The sixteen-row Q5_K / IQ4_XS layout's kernel, for CPUs with AVX2: half a line (eight
+//! rows, one per 32-bit lane) is one vector, and four values of eight rows times four
+//! broadcast activations are `vpmaddubsw` (pairs of products as 16-bit sums) then
+//! `vpmaddwd` with the sub-block's scale in both 16-bit halves of the lane, which adds the
+//! pairs and applies the scale in one step.
+//!
+//! `vpmaddubsw` multiplies unsigned by signed bytes. Q5_K's values are unsigned (at most
+//! 31, so a pair is at most 2 · 31 · 128: never saturated). IQ4_XS's table values are
+//! signed: as in llama.cpp, their magnitudes are multiplied by the activations carrying
+//! the values' signs (Q8_K activations lie in −127..=127, so the sign never overflows, and
+//! a pair is at most 2 · 127 · 127).
+//!
+//! Both arithmetic plans of the module are kept: with `TILED` the tiled matmul's (one
+//! exact integer sum per super-block and activation row), without it the dot product's
+//! (eight integer lanes, each folded into its own `f32` accumulator per super-block, one
+//! activation row). A super-block is taken one half at a time, the half's lines in the
+//! first-level cache after the first.
+
+use std::arch::x86_64::*;
+
+use super::{LaneFormat, Line, Q5kIq4xsLanes, MINS, ROWS, SCALES};
+use crate::quant::iq4;
+use crate::quant::kquant::{Q8KRow, QK_K};
+use crate::quant::simd::{pair16, prefetch_span, Upcoming};
+
+/// Rows per half line (one per 32-bit lane of a 256-bit vector).
+const HALF: usize = ROWS / 2;
+
+/// Group `g`'s sixteen rows against `T` activation rows: `out[t][r]` is row `16g + r` ·
+/// `a[t]` (zero past the matrix), with the tiled matmul's arithmetic where `TILED`, the
+/// dot product's (one activation row, `T` = 1) otherwise. `soon`: lines to ask the memory
+/// for meanwhile ([`Upcoming`]).
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available ([`crate::quant::simd::available`]).
+pub unsafe fn dot_group<const T: usize, const TILED: bool>(
+    m: &Q5kIq4xsLanes,
+    g: usize,
+    a: [&Q8KRow; T],
+    soon: Upcoming,
+) -> [[f32; ROWS]; T] {
+    assert!(
+        TILED || T == 1,
+        "the dot product's eight lanes take one activation row"
+    );
+    assert!(a.iter().all(|row| row.has_blocks(m.blocks)));
+    let lines = m.group(g);
+    match m.format {
+        LaneFormat::Q5K => group_avx2::<T, TILED, false>(lines, m.blocks, a, soon),
+        LaneFormat::Iq4Xs => group_avx2::<T, TILED, true>(lines, m.blocks, a, soon),
+    }
+}
+
+/// The fifth bits at bit `q` of each byte of `bits`, moved to bit 4 (`q` known when the
+/// caller's loops are unrolled). Shifts of 16-bit lanes: the bits a byte takes from its
+/// neighbour are masked off.
+#[inline(always)]
+unsafe fn fifth_bit(bits: __m256i, q: usize) -> __m256i {
+    let moved = match q {
+        0 => _mm256_slli_epi16::<4>(bits),
+        1 => _mm256_slli_epi16::<3>(bits),
+        2 => _mm256_slli_epi16::<2>(bits),
+        3 => _mm256_slli_epi16::<1>(bits),
+        4 => bits,
+        5 => _mm256_srli_epi16::<1>(bits),
+        6 => _mm256_srli_epi16::<2>(bits),
+        _ => _mm256_srli_epi16::<3>(bits),
+    };
+    _mm256_and_si256(moved, _mm256_set1_epi8(0x10))
+}
+
+/// [`dot_group`] on a group's lines, for IQ4_XS where `IQ4`, Q5_K otherwise.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_avx2<const T: usize, const TILED: bool, const IQ4: bool>(
+    lines: &[Line],
+    blocks: usize,
+    a: [&Q8KRow; T],
+    mut soon: Upcoming,
+) -> [[f32; ROWS]; T] {
+    let format = if IQ4 {
+        LaneFormat::Iq4Xs
+    } else {
+        LaneFormat::Q5K
+    };
+    let per = format.sixteen_row_lines();
+    let ahead = crate::cpu::prefetch_ahead();
+    assert!(lines.len() >= blocks * per);
+    let zero = _mm256_setzero_si256();
+    let low = _mm256_set1_epi8(0x0F);
+    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(iq4::VALUES.as_ptr().cast()));
+    // Per half: the tiled plan's sums per activation row; the dot product's eight lanes
+    // and (Q5_K) its minimums' sum.
+    let mut tiled = [[_mm256_setzero_ps(); 2]; T];
+    let mut acc = [[_mm256_setzero_ps(); 8]; 2];
+    let mut acc_min = [_mm256_setzero_ps(); 2];
+    for b in 0..blocks {
+        let base = lines.as_ptr().add(b * per) as *const u8;
+        prefetch_span(base, per * 64, ahead);
+        soon.step();
+        // Byte `byte` of the super-block's line `line`.
+        let at = |line: usize, byte: usize| base.wrapping_add(64 * line + byte);
+        let q8: [*const i32; T] = a.map(|a| a.qs.as_ptr().add(b * QK_K) as *const i32);
+        for h in 0..2 {
+            let d = _mm256_cvtph_ps(_mm_load_si128(at(0, 16 * h).cast()));
+            // The tiled plan's sum per activation row, or the dot product's eight lanes.
+            let mut lanes = [[zero; 8]; T];
+            for j in 0..8 {
+                let scales = at(SCALES + j / 4, (j % 4) * ROWS + HALF * h);
+                let scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(scales.cast()));
+                let scale = _mm256_blend_epi16::<0xAA>(scale, _mm256_slli_epi32::<16>(scale));
+                let fifth = match IQ4 {
+                    true => zero,
+                    false => _mm256_load_si256(at(format.sub_block_line(j), 32 * h).cast()),
+                };
+                for i in 0..4 {
+                    let v = _mm256_load_si256(at(format.value_line(j, i), 32 * h).cast());
+                    for n in 0..2 {
+                        let nibbles = match n {
+                            0 => _mm256_and_si256(v, low),
+                            _ => _mm256_and_si256(_mm256_srli_epi16::<4>(v), low),
+                        };
+                        // Values 8i + 4n..8i + 4n + 4 of the sub-block: lane 2i + n.
+                        let x = match IQ4 {
+                            true => _mm256_shuffle_epi8(table, nibbles),
+                            false => _mm256_or_si256(nibbles, fifth_bit(fifth, 2 * i + n)),
+                        };
+                        let ax = if IQ4 { _mm256_abs_epi8(x) } else { x };
+                        for t in 0..T {
+                            let y =
+                                _mm256_set1_epi32(q8[t].add(8 * j + 2 * i + n).read_unaligned());
+                            let y = if IQ4 { _mm256_sign_epi8(y, x) } else { y };
+                            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, y), scale);
+                            let lane = &mut lanes[t][if TILED { 0 } else { 2 * i + n }];
+                            *lane = _mm256_add_epi32(*lane, p);
+                        }
+                    }
+                }
+            }
+            // Q5_K's minimum terms: per pair of sub-blocks one 16-bit multiply-add of the
+            // rows' two minimums by the activations' sums.
+            let mut imin = [zero; T];
+            if !IQ4 {
+                for pair in 0..4 {
+                    let mins = at(MINS + pair / 2, 32 * (pair % 2) + 16 * h);
+                    let mins = _mm256_cvtepu8_epi16(_mm_load_si128(mins.cast()));
+                    for t in 0..T {
+                        let bsums = a[t].bsums.as_ptr().add(b * 16 + 4 * pair);
+                        let sums = pair16(*bsums + *bsums.add(1), *bsums.add(2) + *bsums.add(3));
+                        let pmin = _mm256_madd_epi16(mins, _mm256_set1_epi32(sums));
+                        imin[t] = _mm256_add_epi32(imin[t], pmin);
+                    }
+                }
+            }
+            let dmin = match IQ4 {
+                true => _mm256_setzero_ps(),
+                false => _mm256_cvtph_ps(_mm_load_si128(at(0, 32 + 16 * h).cast())),
+            };
+            for t in 0..T {
+                let da = _mm256_set1_ps(*a[t].d.get_unchecked(b));
+                if TILED {
+                    // s1·d − dmin·s2, then times the activation's scale.
+                    let mut result = _mm256_mul_ps(_mm256_cvtepi32_ps(lanes[t][0]), d);
+                    if !IQ4 {
+                        result = _mm256_fnmadd_ps(dmin, _mm256_cvtepi32_ps(imin[t]), result);
+                    }
+                    tiled[t][h] = _mm256_fmadd_ps(result, da, tiled[t][h]);
+                } else {
+                    let dd = _mm256_mul_ps(da, d);
+                    for (acc, &lane) in acc[h].iter_mut().zip(&lanes[t]) {
+                        *acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lane), *acc);
+                    }
+                    if !IQ4 {
+                        let dm = _mm256_mul_ps(da, dmin);
+                        let m = _mm256_cvtepi32_ps(imin[t]);
+                        acc_min[h] = _mm256_fnmadd_ps(m, dm, acc_min[h]);
+                    }
+                }
+            }
+        }
+    }
+    let mut out = [[0f32; ROWS]; T];
+    for (t, out) in out.iter_mut().enumerate() {
+        for h in 0..2 {
+            let sum = match TILED {
+                true => tiled[t][h],
+                // hsum_float_8, one weight row per vector lane, then (Q5_K) the minimums.
+                false => {
+                    let a = &acc[h];
+                    let r = [0, 1, 2, 3].map(|i| _mm256_add_ps(a[i], a[i + 4]));
+                    let sum = _mm256_add_ps(_mm256_add_ps(r[0], r[2]), _mm256_add_ps(r[1], r[3]));
+                    match IQ4 {
+                        true => sum,
+                        false => _mm256_add_ps(sum, acc_min[h]),
+                    }
+                }
+            };
+            _mm256_storeu_ps(out.as_mut_ptr().add(HALF * h), sum);
+        }
+    }
+    out
+}
