@@ -64,6 +64,11 @@ fn run(rows: usize, cols: usize, only: Option<&str>, batches: &[usize]) {
         ("Q5_K", OwnFormat::Q5K),
         ("Q6_K", OwnFormat::Q6K),
         ("IQ4_XS", OwnFormat::Iq4Xs),
+        ("Q3_K", OwnFormat::Q3K),
+        // Portable kernels only, on every CPU.
+        ("Q2_K", OwnFormat::Q2KRepacked),
+        ("Q5_1", OwnFormat::Q5_1),
+        ("IQ4_NL", OwnFormat::Iq4NlRepacked),
         ("F16", OwnFormat::F16),
         ("BF16", OwnFormat::Bf16),
         ("F32", OwnFormat::F32),

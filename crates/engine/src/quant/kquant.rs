@@ -361,7 +361,7 @@ fn add_lanes(lanes: &mut [i32; 8], products: &[i32; 32], scale: i32) {
 }
 
 /// The sixteen signed 6-bit scales of a Q3_K super-block.
-fn q3k_scales(packed: &[u8]) -> [i32; 16] {
+pub(super) fn q3k_scales(packed: &[u8]) -> [i32; 16] {
     let word = |i: usize| u32::from_le_bytes(packed[4 * i..4 * i + 4].try_into().unwrap());
     let (a0, a1, a2) = (word(0), word(1), word(2));
     let (low, high) = (0x0f0f_0f0fu32, 0x0303_0303u32);

@@ -11,8 +11,9 @@
 //!   (AVX2, AVX-512 VNNI);
 //! - Q4_K and Q6_K interleaved sixteen rows to a vector where the CPU has AVX2 (kernels
 //!   for AVX-512 VNNI, and for AVX2 alone eight rows at a time): `q4k_lanes`, `q6k_lanes`;
-//! - Q5_K and IQ4_XS two rows to a vector with AVX-512 VNNI (`pair_lanes`), sixteen rows
-//!   to a vector, eight at a time, with AVX2 alone (`q5k_iq4xs_lanes`);
+//! - Q5_K and IQ4_XS two rows to a vector with AVX-512 VNNI (`pair_lanes`); with AVX2
+//!   alone they, and Q3_K wherever the CPU has AVX2, sixteen rows to a vector read eight at
+//!   a time (`k_lanes`);
 //! - every other quantized format, and these on other CPUs, row after row: `rows`
 //!   (portable kernels in `kquant`, `dot`, `iq4`);
 //! - F32, F16 and BF16 row after row: `float_rows` (portable `float`, AVX-512 or AVX2
@@ -28,11 +29,11 @@ use super::act_tile::Line;
 use super::block_lanes::BlockLanes;
 use super::dot::BlockFormat;
 use super::float_rows::FloatRows;
+use super::k_lanes::{KLaneFormat, KLanes};
 use super::output::Columns;
 use super::packed::PackedRows;
-use super::pair_lanes::{LaneFormat, PairLanes};
+use super::pair_lanes::{PairFormat, PairLanes};
 use super::q4k_lanes::Q4kLanes;
-use super::q5k_iq4xs_lanes::Q5kIq4xsLanes;
 use super::q6k_lanes::Q6kLanes;
 use super::rows::RowMajor;
 #[cfg(target_arch = "x86_64")]
@@ -83,16 +84,19 @@ fn choose(format: OwnFormat, data: &[u8], rows: usize, cols: usize) -> Box<dyn L
         OwnFormat::Q4K if simd_avx2() => Box::new(Q4kLanes::new(data, rows, blocks)),
         OwnFormat::Q6K if simd_avx2() => Box::new(Q6kLanes::new(data, rows, blocks)),
         OwnFormat::Q5K if simd_wide_tiles() => {
-            Box::new(PairLanes::new(LaneFormat::Q5K, data, rows, blocks))
+            Box::new(PairLanes::new(PairFormat::Q5K, data, rows, blocks))
         }
         OwnFormat::Iq4Xs if simd_wide_tiles() => {
-            Box::new(PairLanes::new(LaneFormat::Iq4Xs, data, rows, blocks))
+            Box::new(PairLanes::new(PairFormat::Iq4Xs, data, rows, blocks))
+        }
+        OwnFormat::Q3K if simd_avx2() => {
+            Box::new(KLanes::new(KLaneFormat::Q3K, data, rows, blocks))
         }
         OwnFormat::Q5K if simd_avx2() => {
-            Box::new(Q5kIq4xsLanes::new(LaneFormat::Q5K, data, rows, blocks))
+            Box::new(KLanes::new(KLaneFormat::Q5K, data, rows, blocks))
         }
         OwnFormat::Iq4Xs if simd_avx2() => {
-            Box::new(Q5kIq4xsLanes::new(LaneFormat::Iq4Xs, data, rows, blocks))
+            Box::new(KLanes::new(KLaneFormat::Iq4Xs, data, rows, blocks))
         }
         OwnFormat::F32 => Box::new(FloatRows::<f32>::new(data, cols)),
         OwnFormat::F16 => Box::new(FloatRows::<half::f16>::new(data, cols)),

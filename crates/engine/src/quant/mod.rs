@@ -17,13 +17,14 @@
 //!
 //! How each matrix holds its weights is chosen once at load (`layout.rs`): every layout
 //! (repacked block-of-32 rows, the sixteen-row block-of-32 and Q4_K/Q6_K vectors of AVX2
-//! and AVX-512 VNNI, the Q5_K/IQ4_XS vectors of two rows (AVX-512 VNNI) or sixteen (AVX2),
-//! plain rows, float rows) sits behind one `Layout` trait, in the module
-//! of its kernels. Products run in tiles: a few weight rows by several activation rows,
-//! each weight block decoded once per tile and each activation block loaded once per
-//! tile, over activation tiles that stay in the first-level cache; with AVX-512 VNNI the
-//! integer lanes take one instruction and a prompt's Q8 rows are laid out once as
-//! activation tiles (`act_tile.rs`), the vectors the block-of-32 kernel takes as operands.
+//! and AVX-512 VNNI, the Q5_K/IQ4_XS vectors of two rows (AVX-512 VNNI) and the
+//! Q3_K/Q5_K/IQ4_XS ones of sixteen (AVX2), plain rows, float rows) sits behind one
+//! `Layout` trait, in the module of its kernels. Products run in tiles: a few weight rows
+//! by several activation rows, each weight block decoded once per tile and each activation
+//! block loaded once per tile, over activation tiles that stay in the first-level cache;
+//! with AVX-512 VNNI the integer lanes take one instruction and a prompt's Q8 rows are laid
+//! out once as activation tiles (`act_tile.rs`), the vectors the block-of-32 kernel takes
+//! as operands.
 //! None of this changes a pair's arithmetic.
 
 mod act_tile;
@@ -36,13 +37,13 @@ mod float_simd;
 mod kquant;
 mod block_lanes;
 mod iq4;
+mod k_lanes;
 mod layout;
 mod output;
 pub mod packed;
 mod packed_simd;
 mod pair_lanes;
 mod q4k_lanes;
-mod q5k_iq4xs_lanes;
 mod q6k_lanes;
 mod q8;
 mod rows;

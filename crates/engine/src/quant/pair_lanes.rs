@@ -38,17 +38,16 @@ use super::layout::Layout;
 use super::output::Columns;
 use super::{Activations, RowKernel, ACT_TILE};
 
-/// The formats this layout takes, and the sixteen-row one of `q5k_iq4xs_lanes` (K-quant
-/// super-blocks that llama.cpp does not repack).
+/// The formats this layout takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LaneFormat {
+pub enum PairFormat {
     /// Q5_K.
     Q5K,
     /// IQ4_XS.
     Iq4Xs,
 }
 
-impl LaneFormat {
+impl PairFormat {
     /// Lines per pair of rows and super-block.
     fn lines(self) -> usize {
         match self {
@@ -68,7 +67,7 @@ impl LaneFormat {
 
 /// A Q5_K or IQ4_XS matrix in the two-row layout (see the module).
 pub struct PairLanes {
-    format: LaneFormat,
+    format: PairFormat,
     rows: usize,
     blocks: usize,
     lines: Vec<Line>,
@@ -76,7 +75,7 @@ pub struct PairLanes {
 
 impl PairLanes {
     /// Lays out row-major super-blocks of `format` (`rows` rows of `blocks` each).
-    pub fn new(format: LaneFormat, raw: &[u8], rows: usize, blocks: usize) -> Self {
+    pub fn new(format: PairFormat, raw: &[u8], rows: usize, blocks: usize) -> Self {
         let (block_bytes, per) = (format.block_bytes(), format.lines());
         assert_eq!(raw.len(), rows * blocks * block_bytes);
         let mut lines = vec![Line([0; 64]); rows.div_ceil(2) * blocks * per];
@@ -85,8 +84,8 @@ impl PairLanes {
                 let block = &raw[(r * blocks + b) * block_bytes..][..block_bytes];
                 let out = &mut lines[((r / 2) * blocks + b) * per..][..per];
                 match format {
-                    LaneFormat::Q5K => lay_q5k(block, r % 2, out),
-                    LaneFormat::Iq4Xs => lay_iq4xs(block, r % 2, out),
+                    PairFormat::Q5K => lay_q5k(block, r % 2, out),
+                    PairFormat::Iq4Xs => lay_iq4xs(block, r % 2, out),
                 }
             }
         }
@@ -99,7 +98,7 @@ impl PairLanes {
     }
 
     /// The format of the rows.
-    pub fn format(&self) -> LaneFormat {
+    pub fn format(&self) -> PairFormat {
         self.format
     }
 
@@ -172,7 +171,7 @@ pub struct LaneSums {
 
 impl LaneSums {
     /// The sums `format`'s kernels take for activation row `a`.
-    pub fn new(format: LaneFormat, a: &Q8KRow) -> Self {
+    pub fn new(format: PairFormat, a: &Q8KRow) -> Self {
         // A sub-block of 32 sums to at most 32 · 128 in magnitude: an i16.
         let pairs = a
             .bsums
@@ -180,8 +179,8 @@ impl LaneSums {
             .map(|two| (two[0] + two[1]) as i16)
             .collect();
         let offsets = match format {
-            LaneFormat::Q5K => Vec::new(),
-            LaneFormat::Iq4Xs => {
+            PairFormat::Q5K => Vec::new(),
+            PairFormat::Iq4Xs => {
                 a.qs.chunks_exact(4)
                     .map(|four| -128 * four.iter().map(|&q| q as i32).sum::<i32>())
                     .collect()
@@ -191,10 +190,10 @@ impl LaneSums {
     }
 
     /// Whether the sums cover `blocks` super-blocks for `format`.
-    fn covers(&self, format: LaneFormat, blocks: usize) -> bool {
+    fn covers(&self, format: PairFormat, blocks: usize) -> bool {
         match format {
-            LaneFormat::Q5K => self.pairs.len() >= blocks * 8,
-            LaneFormat::Iq4Xs => {
+            PairFormat::Q5K => self.pairs.len() >= blocks * 8,
+            PairFormat::Iq4Xs => {
                 self.pairs.len() >= blocks * 8 && self.offsets.len() >= blocks * QK_K / 4
             }
         }
@@ -213,10 +212,10 @@ pub struct SumsOnce {
 
 impl SumsOnce {
     /// `format`'s sums of the rows `a` (which must be the rows they were first asked for).
-    pub fn get(&self, format: LaneFormat, a: &[Q8KRow]) -> &[LaneSums] {
+    pub fn get(&self, format: PairFormat, a: &[Q8KRow]) -> &[LaneSums] {
         let once = match format {
-            LaneFormat::Q5K => &self.q5k,
-            LaneFormat::Iq4Xs => &self.iq4xs,
+            PairFormat::Q5K => &self.q5k,
+            PairFormat::Iq4Xs => &self.iq4xs,
         };
         let sums = once.get_or_init(|| a.iter().map(|a| LaneSums::new(format, a)).collect());
         assert_eq!(sums.len(), a.len());
@@ -248,7 +247,7 @@ pub use simd::dot_pair;
 mod simd {
     use std::arch::x86_64::*;
 
-    use super::{hsum8, LaneFormat, LaneSums, Line, PairLanes};
+    use super::{hsum8, LaneSums, Line, PairFormat, PairLanes};
     use crate::quant::kquant::{Q8KRow, QK_K};
     use crate::quant::simd::prefetch_span;
 
@@ -268,8 +267,8 @@ mod simd {
         assert!(sums.iter().all(|s| s.covers(m.format, m.blocks)));
         let lines = m.pair(p);
         match m.format {
-            LaneFormat::Q5K => pair_q5k(lines, m.blocks, a, sums),
-            LaneFormat::Iq4Xs => pair_iq4xs(lines, m.blocks, a, sums),
+            PairFormat::Q5K => pair_q5k(lines, m.blocks, a, sums),
+            PairFormat::Iq4Xs => pair_iq4xs(lines, m.blocks, a, sums),
         }
     }
 
@@ -501,8 +500,8 @@ mod tests {
         let mut rng = Xorshift::new(17);
         let (rows, cols) = (7, 3 * QK_K);
         for (format, own) in [
-            (LaneFormat::Q5K, OwnFormat::Q5K),
-            (LaneFormat::Iq4Xs, OwnFormat::Iq4Xs),
+            (PairFormat::Q5K, OwnFormat::Q5K),
+            (PairFormat::Iq4Xs, OwnFormat::Iq4Xs),
         ] {
             let raw = sample::weights(own, rows, cols, &mut rng);
             let m = PairLanes::new(format, &raw, rows, cols / QK_K);
@@ -518,8 +517,8 @@ mod tests {
             let want = |r: usize, a: &Q8KRow| {
                 let w = &raw[r * row_bytes..][..row_bytes];
                 match format {
-                    LaneFormat::Q5K => dot_q5k_portable(w, a),
-                    LaneFormat::Iq4Xs => iq4::dot_iq4_xs(w, a),
+                    PairFormat::Q5K => dot_q5k_portable(w, a),
+                    PairFormat::Iq4Xs => iq4::dot_iq4_xs(w, a),
                 }
             };
             for p in 0..rows.div_ceil(2) {

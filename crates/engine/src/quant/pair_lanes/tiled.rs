@@ -13,7 +13,7 @@
 
 use std::ops::Range;
 
-use super::{LaneFormat, LaneSums, PairLanes};
+use super::{LaneSums, PairFormat, PairLanes};
 use crate::quant::act_tile::Line;
 use crate::quant::iq4;
 use crate::quant::kquant::{Q8KRow, QK_K};
@@ -75,22 +75,22 @@ impl Tile {
             let f32_at = |at: usize| f32::from_le_bytes(head[at..at + 4].try_into().unwrap());
             self.d[i] = f32_at(4 * h);
             self.dmin[i] = match m.format {
-                LaneFormat::Q5K => f32_at(8 + 4 * h),
-                LaneFormat::Iq4Xs => 0.0,
+                PairFormat::Q5K => f32_at(8 + 4 * h),
+                PairFormat::Iq4Xs => 0.0,
             };
             let mut second = [0i32; 8];
             for s in 0..8 {
                 let byte = head[16 + 8 * h + s];
                 self.scales[s][i] = match m.format {
-                    LaneFormat::Q5K => byte as i32,
-                    LaneFormat::Iq4Xs => byte as i8 as i32,
+                    PairFormat::Q5K => byte as i32,
+                    PairFormat::Iq4Xs => byte as i8 as i32,
                 };
                 second[s] = match m.format {
-                    LaneFormat::Q5K => {
+                    PairFormat::Q5K => {
                         let at = 32 + 16 * h + 2 * s;
                         i16::from_le_bytes([head[at], head[at + 1]]) as i32
                     }
-                    LaneFormat::Iq4Xs => self.scales[s][i],
+                    PairFormat::Iq4Xs => self.scales[s][i],
                 };
             }
             for (k, pair) in self.pairs.iter_mut().enumerate() {
@@ -121,8 +121,8 @@ impl Tile {
                 for (k, &byte) in nibbles.iter().enumerate() {
                     let index = (byte >> (4 * (s % 2))) & 0x0F;
                     let code = match m.format {
-                        LaneFormat::Q5K => index | (((lines[5].0[32 * h + k] >> s) & 1) << 4),
-                        LaneFormat::Iq4Xs => table[index as usize],
+                        PairFormat::Q5K => index | (((lines[5].0[32 * h + k] >> s) & 1) << 4),
+                        PairFormat::Iq4Xs => table[index as usize],
                     };
                     self.codes[8 * s + k / 4].0[4 * i + k % 4] = code;
                 }
@@ -183,7 +183,7 @@ pub(super) unsafe fn chunk(
 mod simd {
     use std::arch::x86_64::*;
 
-    use super::{iq4, LaneFormat, LaneSums, Line, PairLanes, Q8KRow, Tile, QK_K, ROWS};
+    use super::{iq4, LaneSums, Line, PairFormat, PairLanes, Q8KRow, Tile, QK_K, ROWS};
 
     /// [`Tile::decode`]'s codes: per sub-block, each pair's 64 values decoded in one
     /// vector (the first row's 32, then the second's), then the eight vectors transposed
@@ -214,7 +214,7 @@ mod simd {
                     _ => _mm512_and_si512(_mm512_srli_epi16::<4>(v), low),
                 };
                 let values = match m.format {
-                    LaneFormat::Q5K => {
+                    PairFormat::Q5K => {
                         let qh = _mm512_load_si512(lines.add(5) as *const __m512i);
                         // Bit s of each qh byte moved to bit 4 (16-bit shifts: bit 4 of a
                         // byte comes from the same byte for shifts of at most four).
@@ -224,7 +224,7 @@ mod simd {
                         };
                         _mm512_ternarylogic_epi32::<0xF8>(index, high, bit4)
                     }
-                    LaneFormat::Iq4Xs => _mm512_shuffle_epi8(table, index),
+                    PairFormat::Iq4Xs => _mm512_shuffle_epi8(table, index),
                 };
                 *x = _mm512_permutexvar_epi32(interleave, values);
             }
@@ -262,7 +262,7 @@ mod simd {
     /// rows covering super-block `b`, `acc` at least `16T` values.
     #[target_feature(enable = "avx2,fma,avx512f,avx512vnni,avx512vl,avx512bw")]
     pub(super) unsafe fn pass<const T: usize>(
-        format: LaneFormat,
+        format: PairFormat,
         tile: &Tile,
         b: usize,
         a: &[&Q8KRow],
@@ -303,11 +303,11 @@ mod simd {
         for t in 0..T {
             let d1 = _mm512_set1_ps(*a.get_unchecked(t).d.get_unchecked(b));
             let result = match format {
-                LaneFormat::Q5K => {
+                PairFormat::Q5K => {
                     let f1 = _mm512_mul_ps(_mm512_cvtepi32_ps(s1[t]), d);
                     _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(s2[t]), f1)
                 }
-                LaneFormat::Iq4Xs => {
+                PairFormat::Iq4Xs => {
                     let exact = _mm512_sub_epi32(s1[t], _mm512_slli_epi32::<7>(s2[t]));
                     _mm512_mul_ps(_mm512_cvtepi32_ps(exact), d)
                 }
@@ -336,8 +336,8 @@ mod tests {
         let mut rng = Xorshift::new(5);
         let (rows, cols) = (21, 2 * QK_K);
         for (format, own) in [
-            (LaneFormat::Q5K, OwnFormat::Q5K),
-            (LaneFormat::Iq4Xs, OwnFormat::Iq4Xs),
+            (PairFormat::Q5K, OwnFormat::Q5K),
+            (PairFormat::Iq4Xs, OwnFormat::Iq4Xs),
         ] {
             let raw = sample::weights(own, rows, cols, &mut rng);
             let m = PairLanes::new(format, &raw, rows, cols / QK_K);
@@ -379,8 +379,8 @@ mod tests {
         let mut rng = Xorshift::new(23);
         let (rows, cols, n) = (37, 3 * QK_K, 11);
         for (format, own) in [
-            (LaneFormat::Q5K, OwnFormat::Q5K),
-            (LaneFormat::Iq4Xs, OwnFormat::Iq4Xs),
+            (PairFormat::Q5K, OwnFormat::Q5K),
+            (PairFormat::Iq4Xs, OwnFormat::Iq4Xs),
         ] {
             let raw = sample::weights(own, rows, cols, &mut rng);
             let m = PairLanes::new(format, &raw, rows, cols / QK_K);
@@ -422,8 +422,8 @@ mod tests {
                         continue;
                     }
                     let want = match format {
-                        LaneFormat::Q5K => dot_q5k_tiled(w, a),
-                        LaneFormat::Iq4Xs => iq4::dot_iq4_xs_tiled(w, a),
+                        PairFormat::Q5K => dot_q5k_tiled(w, a),
+                        PairFormat::Iq4Xs => iq4::dot_iq4_xs_tiled(w, a),
                     };
                     assert_eq!(
                         want.to_bits(),

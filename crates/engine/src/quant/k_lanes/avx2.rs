@@ -18,7 +18,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{LaneFormat, Line, Q5kIq4xsLanes, MINS, ROWS, SCALES};
+use super::{KLaneFormat, KLanes, Line, MINS, ROWS, SCALES};
 use crate::quant::iq4;
 use crate::quant::kquant::{Q8KRow, QK_K};
 use crate::quant::simd::{pair16, prefetch_span, Upcoming};
@@ -34,7 +34,7 @@ const HALF: usize = ROWS / 2;
 /// # Safety
 /// AVX2, FMA and F16C must be available ([`crate::quant::simd::available`]).
 pub unsafe fn dot_group<const T: usize, const TILED: bool>(
-    m: &Q5kIq4xsLanes,
+    m: &KLanes,
     g: usize,
     a: [&Q8KRow; T],
     soon: Upcoming,
@@ -46,43 +46,43 @@ pub unsafe fn dot_group<const T: usize, const TILED: bool>(
     assert!(a.iter().all(|row| row.has_blocks(m.blocks)));
     let lines = m.group(g);
     match m.format {
-        LaneFormat::Q5K => group_avx2::<T, TILED, false>(lines, m.blocks, a, soon),
-        LaneFormat::Iq4Xs => group_avx2::<T, TILED, true>(lines, m.blocks, a, soon),
+        KLaneFormat::Q3K => group_avx2::<T, TILED, Q3>(lines, m.blocks, a, soon),
+        KLaneFormat::Q5K => group_avx2::<T, TILED, Q5>(lines, m.blocks, a, soon),
+        KLaneFormat::Iq4Xs => group_avx2::<T, TILED, IQ4>(lines, m.blocks, a, soon),
     }
 }
 
-/// The fifth bits at bit `q` of each byte of `bits`, moved to bit 4 (`q` known when the
-/// caller's loops are unrolled). Shifts of 16-bit lanes: the bits a byte takes from its
-/// neighbour are masked off.
+/// [`group_avx2`]'s format parameter (`KLaneFormat` as a number).
+const Q3: u8 = 0;
+const Q5: u8 = 1;
+const IQ4: u8 = 2;
+
+/// Bit `from` of each byte of `bits` moved to bit `to`, the others cleared (`from` and
+/// `to` known when the caller's loops are unrolled). Shifts of 16-bit lanes: the bits a
+/// byte takes from its neighbour are masked off.
 #[inline(always)]
-unsafe fn fifth_bit(bits: __m256i, q: usize) -> __m256i {
-    let moved = match q {
-        0 => _mm256_slli_epi16::<4>(bits),
-        1 => _mm256_slli_epi16::<3>(bits),
-        2 => _mm256_slli_epi16::<2>(bits),
-        3 => _mm256_slli_epi16::<1>(bits),
-        4 => bits,
-        5 => _mm256_srli_epi16::<1>(bits),
-        6 => _mm256_srli_epi16::<2>(bits),
-        _ => _mm256_srli_epi16::<3>(bits),
+unsafe fn bit_to(bits: __m256i, from: usize, to: usize) -> __m256i {
+    let moved = match from >= to {
+        true => _mm256_srl_epi16(bits, _mm_cvtsi32_si128((from - to) as i32)),
+        false => _mm256_sll_epi16(bits, _mm_cvtsi32_si128((to - from) as i32)),
     };
-    _mm256_and_si256(moved, _mm256_set1_epi8(0x10))
+    _mm256_and_si256(moved, _mm256_set1_epi8(1 << to))
 }
 
-/// [`dot_group`] on a group's lines, for IQ4_XS where `IQ4`, Q5_K otherwise.
+/// [`dot_group`] on a group's lines, for the format `F` stands for.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn group_avx2<const T: usize, const TILED: bool, const IQ4: bool>(
+unsafe fn group_avx2<const T: usize, const TILED: bool, const F: u8>(
     lines: &[Line],
     blocks: usize,
     a: [&Q8KRow; T],
     mut soon: Upcoming,
 ) -> [[f32; ROWS]; T] {
-    let format = if IQ4 {
-        LaneFormat::Iq4Xs
-    } else {
-        LaneFormat::Q5K
+    let format = match F {
+        Q3 => KLaneFormat::Q3K,
+        Q5 => KLaneFormat::Q5K,
+        _ => KLaneFormat::Iq4Xs,
     };
-    let per = format.sixteen_row_lines();
+    let per = format.lines();
     let ahead = crate::cpu::prefetch_ahead();
     assert!(lines.len() >= blocks * per);
     let zero = _mm256_setzero_si256();
@@ -99,38 +99,69 @@ unsafe fn group_avx2<const T: usize, const TILED: bool, const IQ4: bool>(
         soon.step();
         // Byte `byte` of the super-block's line `line`.
         let at = |line: usize, byte: usize| base.wrapping_add(64 * line + byte);
+        let load = |line: usize, h: usize| _mm256_load_si256(at(line, 32 * h).cast());
         let q8: [*const i32; T] = a.map(|a| a.qs.as_ptr().add(b * QK_K) as *const i32);
         for h in 0..2 {
             let d = _mm256_cvtph_ps(_mm_load_si128(at(0, 16 * h).cast()));
+            // Sub-block `s`'s scales of the half's eight rows, a pair of 16-bit integers
+            // in each row's lane.
+            let scale = |s: usize| {
+                let bytes = at(SCALES + s / 4, (s % 4) * ROWS + HALF * h);
+                let scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(bytes.cast()));
+                _mm256_blend_epi16::<0xAA>(scale, _mm256_slli_epi32::<16>(scale))
+            };
             // The tiled plan's sum per activation row, or the dot product's eight lanes.
             let mut lanes = [[zero; 8]; T];
             for j in 0..8 {
-                let scales = at(SCALES + j / 4, (j % 4) * ROWS + HALF * h);
-                let scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(scales.cast()));
-                let scale = _mm256_blend_epi16::<0xAA>(scale, _mm256_slli_epi32::<16>(scale));
-                let fifth = match IQ4 {
-                    true => zero,
-                    false => _mm256_load_si256(at(format.sub_block_line(j), 32 * h).cast()),
+                // Q3_K's sub-blocks are 16 values: two scales a chunk of 32.
+                let scales = match F {
+                    Q3 => [scale(2 * j), scale(2 * j + 1)],
+                    _ => [scale(j); 2],
+                };
+                // Q3_K's high bits or Q5_K's fifth bits, and Q3_K's low bits.
+                let first = format.chunk_line(j);
+                let top = match F {
+                    IQ4 => zero,
+                    _ => load(first, h),
+                };
+                let low2 = match F {
+                    Q3 => [load(first + 1, h), load(first + 2, h)],
+                    _ => [zero; 2],
                 };
                 for i in 0..4 {
-                    let v = _mm256_load_si256(at(format.value_line(j, i), 32 * h).cast());
+                    let v = match F {
+                        Q3 => zero,
+                        _ => load(format.nibble_line(j, i), h),
+                    };
                     for n in 0..2 {
+                        // Values 4q..4q + 4 of the chunk: the dot product's lane q.
+                        let q = 2 * i + n;
                         let nibbles = match n {
                             0 => _mm256_and_si256(v, low),
                             _ => _mm256_and_si256(_mm256_srli_epi16::<4>(v), low),
                         };
-                        // Values 8i + 4n..8i + 4n + 4 of the sub-block: lane 2i + n.
-                        let x = match IQ4 {
-                            true => _mm256_shuffle_epi8(table, nibbles),
-                            false => _mm256_or_si256(nibbles, fifth_bit(fifth, 2 * i + n)),
+                        // The values as bytes: Q5_K's unsigned, the others' signed.
+                        let x = match F {
+                            Q3 => {
+                                let bits = _mm256_srl_epi16(
+                                    low2[q / 4],
+                                    _mm_cvtsi32_si128(2 * (q % 4) as i32),
+                                );
+                                let u = _mm256_or_si256(
+                                    _mm256_and_si256(bits, _mm256_set1_epi8(3)),
+                                    bit_to(top, q, 2),
+                                );
+                                _mm256_sub_epi8(u, _mm256_set1_epi8(4))
+                            }
+                            Q5 => _mm256_or_si256(nibbles, bit_to(top, q, 4)),
+                            _ => _mm256_shuffle_epi8(table, nibbles),
                         };
-                        let ax = if IQ4 { _mm256_abs_epi8(x) } else { x };
+                        let ax = if F == Q5 { x } else { _mm256_abs_epi8(x) };
                         for t in 0..T {
-                            let y =
-                                _mm256_set1_epi32(q8[t].add(8 * j + 2 * i + n).read_unaligned());
-                            let y = if IQ4 { _mm256_sign_epi8(y, x) } else { y };
-                            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, y), scale);
-                            let lane = &mut lanes[t][if TILED { 0 } else { 2 * i + n }];
+                            let y = _mm256_set1_epi32(q8[t].add(8 * j + q).read_unaligned());
+                            let y = if F == Q5 { y } else { _mm256_sign_epi8(y, x) };
+                            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, y), scales[i / 2]);
+                            let lane = &mut lanes[t][if TILED { 0 } else { q }];
                             *lane = _mm256_add_epi32(*lane, p);
                         }
                     }
@@ -139,7 +170,7 @@ unsafe fn group_avx2<const T: usize, const TILED: bool, const IQ4: bool>(
             // Q5_K's minimum terms: per pair of sub-blocks one 16-bit multiply-add of the
             // rows' two minimums by the activations' sums.
             let mut imin = [zero; T];
-            if !IQ4 {
+            if F == Q5 {
                 for pair in 0..4 {
                     let mins = at(MINS + pair / 2, 32 * (pair % 2) + 16 * h);
                     let mins = _mm256_cvtepu8_epi16(_mm_load_si128(mins.cast()));
@@ -151,16 +182,16 @@ unsafe fn group_avx2<const T: usize, const TILED: bool, const IQ4: bool>(
                     }
                 }
             }
-            let dmin = match IQ4 {
-                true => _mm256_setzero_ps(),
-                false => _mm256_cvtph_ps(_mm_load_si128(at(0, 32 + 16 * h).cast())),
+            let dmin = match F {
+                Q5 => _mm256_cvtph_ps(_mm_load_si128(at(0, 32 + 16 * h).cast())),
+                _ => _mm256_setzero_ps(),
             };
             for t in 0..T {
                 let da = _mm256_set1_ps(*a[t].d.get_unchecked(b));
                 if TILED {
                     // s1·d − dmin·s2, then times the activation's scale.
                     let mut result = _mm256_mul_ps(_mm256_cvtepi32_ps(lanes[t][0]), d);
-                    if !IQ4 {
+                    if F == Q5 {
                         result = _mm256_fnmadd_ps(dmin, _mm256_cvtepi32_ps(imin[t]), result);
                     }
                     tiled[t][h] = _mm256_fmadd_ps(result, da, tiled[t][h]);
@@ -169,7 +200,7 @@ unsafe fn group_avx2<const T: usize, const TILED: bool, const IQ4: bool>(
                     for (acc, &lane) in acc[h].iter_mut().zip(&lanes[t]) {
                         *acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lane), *acc);
                     }
-                    if !IQ4 {
+                    if F == Q5 {
                         let dm = _mm256_mul_ps(da, dmin);
                         let m = _mm256_cvtepi32_ps(imin[t]);
                         acc_min[h] = _mm256_fnmadd_ps(m, dm, acc_min[h]);
@@ -188,9 +219,9 @@ unsafe fn group_avx2<const T: usize, const TILED: bool, const IQ4: bool>(
                     let a = &acc[h];
                     let r = [0, 1, 2, 3].map(|i| _mm256_add_ps(a[i], a[i + 4]));
                     let sum = _mm256_add_ps(_mm256_add_ps(r[0], r[2]), _mm256_add_ps(r[1], r[3]));
-                    match IQ4 {
-                        true => sum,
-                        false => _mm256_add_ps(sum, acc_min[h]),
+                    match F {
+                        Q5 => _mm256_add_ps(sum, acc_min[h]),
+                        _ => sum,
                     }
                 }
             };

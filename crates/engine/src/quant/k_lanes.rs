@@ -1,40 +1,45 @@
-//! Q5_K and IQ4_XS weights interleaved sixteen rows at a time, one weight row per 32-bit
-//! lane, for CPUs with AVX2 but without AVX-512 VNNI (those take the two-row layout of
-//! [`super::pair_lanes`]). As in [`super::q4k_lanes`], a 64-byte line is two 256-bit halves
-//! of eight rows each, and the kernel ([`avx2`]) multiplies four values of eight rows by
-//! the same four activations (broadcast): every lane keeps one weight row's sums, and the
-//! only sums across lanes are the one-row arithmetic's last eight.
+//! Q3_K, Q5_K and IQ4_XS weights (K-quant super-blocks that llama.cpp does not repack)
+//! interleaved sixteen rows at a time, one weight row per 32-bit lane, for CPUs with AVX2:
+//! Q3_K wherever the CPU has it, Q5_K and IQ4_XS where it lacks AVX-512 VNNI (there they
+//! take the two-row layout of [`super::pair_lanes`]). As in [`super::q4k_lanes`], a 64-byte
+//! line is two 256-bit halves of eight rows each, and the kernel ([`avx2`]) multiplies four
+//! values of eight rows by the same four activations (broadcast): every lane keeps one
+//! weight row's sums, and the only sums across lanes are the one-row arithmetic's last
+//! eight.
 //!
-//! llama.cpp's AVX2 dot products (`ggml_vec_dot_q5_K_q8_K`, `ggml_vec_dot_iq4_xs_q8_K`)
+//! llama.cpp's AVX2 dot products (`ggml_vec_dot_q3_K_q8_K` and its Q5_K and IQ4_XS twins)
 //! take a matrix row after row: 32 bytes of one row against 32 activations, and a
-//! horizontal sum to end every row. ferrite's AVX2 kernels did the same until this layout
-//! replaced them; on a Zen 3 core (`matmul_kernels`, one thread) they ran 15 and 18 giga
-//! multiply-adds a second for one activation row and 23–26 for sixteen, this layout 28–35
-//! and 57–62 (BENCHMARKS.md, 2026-11-27).
+//! horizontal sum to end every row. ferrite's AVX2 kernels for Q5_K and IQ4_XS did the same
+//! until this layout replaced them, and Q3_K had portable code only; on a Zen 3 core
+//! (`matmul_kernels`, one thread) they ran 15, 18 and 0.7 giga multiply-adds a second for
+//! one activation row (BENCHMARKS.md, 2026-11-27).
 //!
 //! Per group of sixteen rows (the last one padded with zero rows) and per super-block,
-//! [`LaneFormat::sixteen_row_lines`] lines:
+//! [`KLaneFormat::lines`] lines:
 //! - a header: the rows' `d` (the file's `f16`) at `2r`, Q5_K's `dmin` at `32 + 2r`;
-//! - two lines of scales, per sub-block of 32 the sixteen rows' bytes (Q5_K's 6-bit
-//!   scales; IQ4_XS's, less 32, as signed bytes);
+//! - lines of scales as signed bytes, per sub-block the sixteen rows' (Q3_K's sixteen
+//!   sub-blocks of 16 in four lines; Q5_K's and IQ4_XS's eight of 32 in two, IQ4_XS's less
+//!   32);
 //! - for Q5_K, two lines of minimums, per pair of sub-blocks each row's two as bytes;
-//! - per sub-block `j` of 32, in order (the kernel reads a super-block front to back, one
-//!   stream for the hardware's prefetchers):
-//!   - for Q5_K, a line of fifth bits: byte `4r + t` holds at bit `2i + n` the fifth bit of
-//!     the value in nibble `n` of byte `4r + t` of the sub-block's line of values `i`;
-//!   - four lines of 4-bit values (Q5_K's low four bits; IQ4_XS's table indices): line `i`
-//!     holds values `8i..8i + 8`, row `r`'s four bytes at `4r` with values `8i..8i + 4` in
-//!     the low nibbles and `8i + 4..8i + 8` in the high ones ("values" in IQ4_XS's order:
-//!     a sub-block's sixteen low nibbles, then its sixteen high ones).
+//! - per chunk `j` of 32 values, in order (the kernel reads a super-block front to back,
+//!   one stream for the hardware's prefetchers), its "quads" `q` (values `4q..4q + 4`),
+//!   row `r`'s four values of a quad in the four bytes at `4r` of a line:
+//!   - Q5_K: a line of fifth bits (quad `q`'s at bit `q`), then four lines of the low four
+//!     bits (quads `2i` and `2i + 1` in line `i`'s low and high nibbles);
+//!   - IQ4_XS: the four lines of 4-bit table indices likewise ("values" in IQ4_XS's order: a
+//!     sub-block's sixteen low nibbles, then its sixteen high ones);
+//!   - Q3_K: a line of high bits (quad `q`'s at bit `q`), then two lines of the low two
+//!     bits (quad `q` in line `q / 4`, at bits `2(q % 4)`). A value is those three bits
+//!     less 4.
 //!
 //! The arithmetic is that of the portable kernels, two plans as in llama.cpp: rows of
-//! micro-batches of 8 or more take its tiled matmul's (`kquant::dot_q5k_tiled`,
-//! `iq4::dot_iq4_xs_tiled`: one exact integer sum per super-block); the rest its dot
-//! product's (`kquant::dot_q5k_portable`, `iq4::dot_iq4_xs`): eight integer lanes per
-//! super-block, lane `l` taking values `4l..4l + 4` of every sub-block, which in this layout
-//! are the low (`l` even) or high nibbles of line `l / 2`. The integer sums are exact
-//! whatever their order, and the floating-point steps are the same operations on the same
-//! values, one weight row per vector lane, so results are bit-identical.
+//! micro-batches of 8 or more take its tiled matmul's (`kquant::dot_q3k_tiled`,
+//! `dot_q5k_tiled`, `iq4::dot_iq4_xs_tiled`: one exact integer sum per super-block); the
+//! rest its dot product's (`kquant::dot_q3k_portable`, `dot_q5k_portable`,
+//! `iq4::dot_iq4_xs`): eight integer lanes per super-block, lane `q` taking quad `q` of
+//! every chunk. The integer sums are exact whatever their order, and the floating-point
+//! steps are the same operations on the same values, one weight row per vector lane, so
+//! results are bit-identical.
 
 use std::ops::Range;
 
@@ -43,12 +48,11 @@ mod avx2;
 
 use super::act_tile::Line;
 use super::iq4::{xs_scale, IQ4_XS};
-use super::kquant::{scale_min_k4, Q5_K};
+use super::kquant::{q3k_scales, scale_min_k4, Q3_K, Q5_K};
 use super::layout::Layout;
 #[cfg(target_arch = "x86_64")]
 use super::layout::{lane_groups_by_plan, LANE_ROWS};
 use super::output::Columns;
-use super::pair_lanes::LaneFormat;
 use super::{Activations, RowKernel};
 
 /// Weight rows per group.
@@ -57,51 +61,61 @@ pub const ROWS: usize = 16;
 const SCALES: usize = 1;
 const MINS: usize = 3;
 
-impl LaneFormat {
-    /// Lines per group and super-block in the sixteen-row layout.
-    pub(super) fn sixteen_row_lines(self) -> usize {
-        self.sub_block_line(8)
-    }
+/// The formats this layout takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KLaneFormat {
+    /// Q3_K.
+    Q3K,
+    /// Q5_K.
+    Q5K,
+    /// IQ4_XS.
+    Iq4Xs,
+}
 
-    /// Lines of a sub-block: its four of values, and Q5_K's one of fifth bits.
-    fn sub_block_lines(self) -> usize {
+impl KLaneFormat {
+    /// Bytes of one of the format's super-blocks.
+    fn block_bytes(self) -> usize {
         match self {
-            Self::Q5K => 5,
-            Self::Iq4Xs => 4,
+            Self::Q3K => Q3_K,
+            Self::Q5K => Q5_K,
+            Self::Iq4Xs => IQ4_XS,
         }
     }
 
-    /// Where sub-block `j`'s lines start (its fifth bits' line, for Q5_K).
-    fn sub_block_line(self, j: usize) -> usize {
-        let first = match self {
-            Self::Q5K => 5,
-            Self::Iq4Xs => 3,
-        };
-        first + j * self.sub_block_lines()
+    /// Lines per group and super-block.
+    pub(super) fn lines(self) -> usize {
+        self.chunk_line(8)
     }
 
-    /// Sub-block `j`'s line `i` of values (values `8i..8i + 8`).
-    fn value_line(self, j: usize, i: usize) -> usize {
-        self.sub_block_line(j + 1) - 4 + i
+    /// Where chunk `j`'s lines (values `32j..32j + 32`) start: Q3_K's high bits or Q5_K's
+    /// fifth bits, then the rest.
+    pub(super) fn chunk_line(self, j: usize) -> usize {
+        match self {
+            Self::Q3K => 5 + 3 * j,
+            Self::Q5K => 5 + 5 * j,
+            Self::Iq4Xs => 3 + 4 * j,
+        }
+    }
+
+    /// Chunk `j`'s line of 4-bit values `8i..8i + 8` (Q5_K, IQ4_XS).
+    pub(super) fn nibble_line(self, j: usize, i: usize) -> usize {
+        self.chunk_line(j + 1) - 4 + i
     }
 }
 
-/// A Q5_K or IQ4_XS matrix in the sixteen-row layout (see the module).
-pub struct Q5kIq4xsLanes {
-    format: LaneFormat,
+/// A Q3_K, Q5_K or IQ4_XS matrix in the sixteen-row layout (see the module).
+pub struct KLanes {
+    format: KLaneFormat,
     blocks: usize,
     lines: Vec<Line>,
 }
 
-impl Q5kIq4xsLanes {
+impl KLanes {
     /// Interleaves row-major super-blocks of `format` (`rows` rows of `blocks` each).
-    pub fn new(format: LaneFormat, raw: &[u8], rows: usize, blocks: usize) -> Self {
-        let block_bytes = match format {
-            LaneFormat::Q5K => Q5_K,
-            LaneFormat::Iq4Xs => IQ4_XS,
-        };
+    pub fn new(format: KLaneFormat, raw: &[u8], rows: usize, blocks: usize) -> Self {
+        let block_bytes = format.block_bytes();
         assert_eq!(raw.len(), rows * blocks * block_bytes);
-        let per = format.sixteen_row_lines();
+        let per = format.lines();
         let groups = rows.div_ceil(ROWS);
         let mut lines = vec![Line([0; 64]); groups * blocks * per];
         for r in 0..rows {
@@ -109,16 +123,24 @@ impl Q5kIq4xsLanes {
             for b in 0..blocks {
                 let block = &raw[(r * blocks + b) * block_bytes..][..block_bytes];
                 let out = &mut lines[(g * blocks + b) * per..][..per];
-                out[0].0[2 * lane..2 * lane + 2].copy_from_slice(&block[0..2]);
-                // Value `e` of sub-block `j`, all its bits.
+                let mut scale = |s: usize, value: i32| {
+                    out[SCALES + s / 4].0[(s % 4) * ROWS + lane] = value as i8 as u8;
+                };
+                // Value `e` of chunk `j`, all its bits (Q3_K's stored 4 higher).
                 let value: Box<dyn Fn(usize, usize) -> u8> = match format {
-                    LaneFormat::Q5K => {
-                        out[0].0[32 + 2 * lane..34 + 2 * lane].copy_from_slice(&block[2..4]);
+                    KLaneFormat::Q3K => {
+                        for (s, &value) in q3k_scales(&block[96..108]).iter().enumerate() {
+                            scale(s, value);
+                        }
+                        let (hmask, qs) = (&block[0..32], &block[32..96]);
+                        Box::new(move |j, e| {
+                            let low = (qs[32 * (j / 4) + e] >> (2 * (j % 4))) & 3;
+                            low | (((hmask[e] >> j) & 1) << 2)
+                        })
+                    }
+                    KLaneFormat::Q5K => {
                         for j in 0..8 {
-                            let (scale, min) = scale_min_k4(j, &block[4..16]);
-                            out[SCALES + j / 4].0[(j % 4) * ROWS + lane] = scale as u8;
-                            let pair = j / 2;
-                            out[MINS + pair / 2].0[32 * (pair % 2) + 2 * lane + j % 2] = min as u8;
+                            scale(j, scale_min_k4(j, &block[4..16]).0);
                         }
                         let (qh, qs) = (&block[16..48], &block[48..176]);
                         Box::new(move |j, e| {
@@ -126,10 +148,9 @@ impl Q5kIq4xsLanes {
                             low | (((qh[e] >> j) & 1) << 4)
                         })
                     }
-                    LaneFormat::Iq4Xs => {
+                    KLaneFormat::Iq4Xs => {
                         for j in 0..8 {
-                            let scale = xs_scale(block, j) as i8 as u8;
-                            out[SCALES + j / 4].0[(j % 4) * ROWS + lane] = scale;
+                            scale(j, xs_scale(block, j));
                         }
                         let qs = &block[8..136];
                         Box::new(move |j, e| {
@@ -142,15 +163,35 @@ impl Q5kIq4xsLanes {
                         })
                     }
                 };
+                let d = match format {
+                    KLaneFormat::Q3K => 108,
+                    _ => 0,
+                };
+                out[0].0[2 * lane..2 * lane + 2].copy_from_slice(&block[d..d + 2]);
+                if format == KLaneFormat::Q5K {
+                    out[0].0[32 + 2 * lane..34 + 2 * lane].copy_from_slice(&block[2..4]);
+                    for j in 0..8 {
+                        let pair = j / 2;
+                        let min = scale_min_k4(j, &block[4..16]).1 as u8;
+                        out[MINS + pair / 2].0[32 * (pair % 2) + 2 * lane + j % 2] = min;
+                    }
+                }
                 for j in 0..8 {
-                    for i in 0..4 {
-                        for t in 0..4 {
-                            let at = 4 * lane + t;
-                            let (low, high) = (value(j, 8 * i + t), value(j, 8 * i + 4 + t));
-                            out[format.value_line(j, i)].0[at] = (low & 0x0F) | (high << 4);
-                            if format == LaneFormat::Q5K {
-                                let fifth = (low >> 4) << (2 * i) | (high >> 4) << (2 * i + 1);
-                                out[format.sub_block_line(j)].0[at] |= fifth;
+                    let first = format.chunk_line(j);
+                    for e in 0..32 {
+                        // Values 4q..4q + 4 of the chunk: the dot product's lane q.
+                        let (q, at, u) = (e / 4, 4 * lane + e % 4, value(j, e));
+                        match format {
+                            KLaneFormat::Q3K => {
+                                out[first].0[at] |= (u >> 2) << q;
+                                out[first + 1 + q / 4].0[at] |= (u & 3) << (2 * (q % 4));
+                            }
+                            KLaneFormat::Q5K | KLaneFormat::Iq4Xs => {
+                                out[format.nibble_line(j, q / 2)].0[at] |=
+                                    (u & 0x0F) << (4 * (q % 2));
+                                if format == KLaneFormat::Q5K {
+                                    out[first].0[at] |= (u >> 4) << q;
+                                }
                             }
                         }
                     }
@@ -166,12 +207,12 @@ impl Q5kIq4xsLanes {
 
     /// Group `g`'s lines, super-block after super-block.
     fn group(&self, g: usize) -> &[Line] {
-        let len = self.blocks * self.format.sixteen_row_lines();
+        let len = self.blocks * self.format.lines();
         &self.lines[g * len..(g + 1) * len]
     }
 }
 
-impl Layout for Q5kIq4xsLanes {
+impl Layout for KLanes {
     fn back_with_huge_pages(&self) {
         crate::huge_pages::back(&self.lines);
     }
@@ -208,12 +249,15 @@ impl Layout for Q5kIq4xsLanes {
 mod tests {
     use super::*;
     use crate::quant::iq4::{dot_iq4_xs, dot_iq4_xs_tiled};
-    use crate::quant::kquant::{dot_q5k_portable, dot_q5k_tiled, quantize_row_q8k, Q8KRow, QK_K};
+    use crate::quant::kquant::{
+        dot_q3k_portable, dot_q3k_tiled, dot_q5k_portable, dot_q5k_tiled, quantize_row_q8k, Q8KRow,
+        QK_K,
+    };
     use crate::quant::sample::{self, Xorshift};
     use crate::quant::simd::Upcoming;
     use crate::quant::OwnFormat;
 
-    /// Both plans of the AVX2 kernel, for both formats: every row of every group (a
+    /// Both plans of the AVX2 kernel, for every format: every row of every group (a
     /// ragged last one) equals the portable dot product (one activation row) and the
     /// portable tiled product (one to four rows, in every position of a pass) bit for bit,
     /// over activations of very different scales.
@@ -223,15 +267,21 @@ mod tests {
             return;
         }
         type Dot = fn(&[u8], &Q8KRow) -> f32;
-        let cases: [(LaneFormat, OwnFormat, Dot, Dot); 2] = [
+        let cases: [(KLaneFormat, OwnFormat, Dot, Dot); 3] = [
             (
-                LaneFormat::Q5K,
+                KLaneFormat::Q3K,
+                OwnFormat::Q3K,
+                dot_q3k_portable,
+                dot_q3k_tiled,
+            ),
+            (
+                KLaneFormat::Q5K,
                 OwnFormat::Q5K,
                 dot_q5k_portable,
                 dot_q5k_tiled,
             ),
             (
-                LaneFormat::Iq4Xs,
+                KLaneFormat::Iq4Xs,
                 OwnFormat::Iq4Xs,
                 dot_iq4_xs,
                 dot_iq4_xs_tiled,
@@ -241,7 +291,7 @@ mod tests {
             let mut rng = Xorshift::new(31);
             let (rows, cols) = (37, 3 * QK_K);
             let raw = sample::weights(own, rows, cols, &mut rng);
-            let m = Q5kIq4xsLanes::new(format, &raw, rows, cols / QK_K);
+            let m = KLanes::new(format, &raw, rows, cols / QK_K);
             let acts: Vec<Q8KRow> = [4.0, 0.01, 300.0, 1.0]
                 .iter()
                 .map(|&scale| {
@@ -302,7 +352,7 @@ mod tests {
         // Two rows: the block as row 1, zeros as row 0.
         let mut raw = vec![0u8; Q5_K];
         raw.extend_from_slice(&block);
-        let m = Q5kIq4xsLanes::new(LaneFormat::Q5K, &raw, 2, 1);
+        let m = KLanes::new(KLaneFormat::Q5K, &raw, 2, 1);
         let lines = m.group(0);
         let lane = 1;
         assert_eq!(&lines[0].0[2..4], &block[0..2]);
