@@ -1,7 +1,7 @@
-//! Q3_K, Q5_K and IQ4_XS weights (K-quant super-blocks that llama.cpp does not repack)
-//! interleaved sixteen rows at a time, one weight row per 32-bit lane, for CPUs with AVX2:
-//! Q3_K wherever the CPU has it, Q5_K and IQ4_XS where it lacks AVX-512 VNNI (there they
-//! take the two-row layout of [`super::pair_lanes`]). As in [`super::q4k_lanes`], a 64-byte
+//! Q2_K, Q3_K, Q5_K and IQ4_XS weights (K-quant super-blocks) interleaved sixteen rows at a
+//! time, one weight row per 32-bit lane, for CPUs with AVX2: Q2_K and Q3_K wherever the CPU
+//! has it, Q5_K and IQ4_XS where it lacks AVX-512 VNNI (there they take the two-row layout
+//! of [`super::pair_lanes`]). As in [`super::q4k_lanes`], a 64-byte
 //! line is two 256-bit halves of eight rows each, and the kernel ([`avx2`]) multiplies four
 //! values of eight rows by the same four activations (broadcast): every lane keeps one
 //! weight row's sums, and the only sums across lanes are the one-row arithmetic's last
@@ -10,16 +10,18 @@
 //! llama.cpp's AVX2 dot products (`ggml_vec_dot_q3_K_q8_K` and its Q5_K and IQ4_XS twins)
 //! take a matrix row after row: 32 bytes of one row against 32 activations, and a
 //! horizontal sum to end every row. ferrite's AVX2 kernels for Q5_K and IQ4_XS did the same
-//! until this layout replaced them, and Q3_K had portable code only; on a Zen 3 core
-//! (`matmul_kernels`, one thread) they ran 15, 18 and 0.7 giga multiply-adds a second for
-//! one activation row (BENCHMARKS.md, 2026-11-27).
+//! until this layout replaced them, and Q2_K and Q3_K had portable code only; on a Zen 3
+//! core (`matmul_kernels`, one thread) they ran 15, 18, 1.3 and 0.8 giga multiply-adds a
+//! second for one activation row (BENCHMARKS.md, 2026-11-27).
 //!
 //! Per group of sixteen rows (the last one padded with zero rows) and per super-block,
 //! [`KLaneFormat::lines`] lines:
-//! - a header: the rows' `d` (the file's `f16`) at `2r`, Q5_K's `dmin` at `32 + 2r`;
-//! - lines of scales as signed bytes, per sub-block the sixteen rows' (Q3_K's sixteen
-//!   sub-blocks of 16 in four lines; Q5_K's and IQ4_XS's eight of 32 in two, IQ4_XS's less
-//!   32);
+//! - a header: the rows' `d` (the file's `f16`) at `2r`, Q2_K's and Q5_K's `dmin` at
+//!   `32 + 2r`;
+//! - lines of scales as bytes, per sub-block the sixteen rows' (the sixteen sub-blocks of
+//!   16 of Q2_K and Q3_K in four lines, the eight of 32 of Q5_K and IQ4_XS in two): Q2_K's
+//!   file bytes (scale and minimum, four bits each), the others' signed (Q3_K's and
+//!   IQ4_XS's less 32);
 //! - for Q5_K, two lines of minimums, per pair of sub-blocks each row's two as bytes;
 //! - per chunk `j` of 32 values, in order (the kernel reads a super-block front to back,
 //!   one stream for the hardware's prefetchers), its "quads" `q` (values `4q..4q + 4`),
@@ -31,6 +33,7 @@
 //!   - Q3_K: a line of high bits (quad `q`'s at bit `q`), then two lines of the low two
 //!     bits (quad `q` in line `q / 4`, at bits `2(q % 4)`). A value is those three bits
 //!     less 4.
+//!   - Q2_K: the two lines of two bits alone.
 //!
 //! The arithmetic is that of the portable kernels, two plans as in llama.cpp: rows of
 //! micro-batches of 8 or more take its tiled matmul's (`kquant::dot_q3k_tiled`,
@@ -39,7 +42,11 @@
 //! `iq4::dot_iq4_xs`): eight integer lanes per super-block, lane `q` taking quad `q` of
 //! every chunk. The integer sums are exact whatever their order, and the floating-point
 //! steps are the same operations on the same values, one weight row per vector lane, so
-//! results are bit-identical.
+//! results are bit-identical. Q2_K follows llama.cpp's repacked kernels instead
+//! (`kquant::dot_q2k_repacked`, which llama.cpp runs where the rows are a multiple of
+//! eight, as they are wherever this layout takes it): per half super-block one integer sum
+//! of the scaled values and one of the minimums, folded in per half for a row of a four-row
+//! group and per super-block otherwise.
 
 use std::ops::Range;
 
@@ -48,10 +55,10 @@ mod avx2;
 
 use super::act_tile::Line;
 use super::iq4::{xs_scale, IQ4_XS};
-use super::kquant::{q3k_scales, scale_min_k4, Q3_K, Q5_K};
+use super::kquant::{q3k_scales, scale_min_k4, Q2_K, Q3_K, Q5_K};
 use super::layout::Layout;
 #[cfg(target_arch = "x86_64")]
-use super::layout::{lane_groups_by_plan, LANE_ROWS};
+use super::layout::{lane_groups, lane_groups_by_plan, LANE_ROWS};
 use super::output::Columns;
 use super::{Activations, RowKernel};
 
@@ -64,6 +71,8 @@ const MINS: usize = 3;
 /// The formats this layout takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KLaneFormat {
+    /// Q2_K (in a matrix llama.cpp repacks: rows a multiple of eight).
+    Q2K,
     /// Q3_K.
     Q3K,
     /// Q5_K.
@@ -76,6 +85,7 @@ impl KLaneFormat {
     /// Bytes of one of the format's super-blocks.
     fn block_bytes(self) -> usize {
         match self {
+            Self::Q2K => Q2_K,
             Self::Q3K => Q3_K,
             Self::Q5K => Q5_K,
             Self::Iq4Xs => IQ4_XS,
@@ -91,6 +101,7 @@ impl KLaneFormat {
     /// fifth bits, then the rest.
     pub(super) fn chunk_line(self, j: usize) -> usize {
         match self {
+            Self::Q2K => 5 + 2 * j,
             Self::Q3K => 5 + 3 * j,
             Self::Q5K => 5 + 5 * j,
             Self::Iq4Xs => 3 + 4 * j,
@@ -100,6 +111,11 @@ impl KLaneFormat {
     /// Chunk `j`'s line of 4-bit values `8i..8i + 8` (Q5_K, IQ4_XS).
     pub(super) fn nibble_line(self, j: usize, i: usize) -> usize {
         self.chunk_line(j + 1) - 4 + i
+    }
+
+    /// Chunk `j`'s line `k` (0 or 1) of 2-bit values, quads `4k..4k + 4` (Q2_K, Q3_K).
+    pub(super) fn two_bit_line(self, j: usize, k: usize) -> usize {
+        self.chunk_line(j + 1) - 2 + k
     }
 }
 
@@ -128,6 +144,14 @@ impl KLanes {
                 };
                 // Value `e` of chunk `j`, all its bits (Q3_K's stored 4 higher).
                 let value: Box<dyn Fn(usize, usize) -> u8> = match format {
+                    KLaneFormat::Q2K => {
+                        // A byte a sub-block of 16: its scale, and its minimum on top.
+                        for (s, &both) in block[0..16].iter().enumerate() {
+                            scale(s, both as i32);
+                        }
+                        let qs = &block[16..80];
+                        Box::new(move |j, e| (qs[32 * (j / 4) + e] >> (2 * (j % 4))) & 3)
+                    }
                     KLaneFormat::Q3K => {
                         for (s, &value) in q3k_scales(&block[96..108]).iter().enumerate() {
                             scale(s, value);
@@ -164,10 +188,14 @@ impl KLanes {
                     }
                 };
                 let d = match format {
+                    KLaneFormat::Q2K => 80,
                     KLaneFormat::Q3K => 108,
                     _ => 0,
                 };
                 out[0].0[2 * lane..2 * lane + 2].copy_from_slice(&block[d..d + 2]);
+                if format == KLaneFormat::Q2K {
+                    out[0].0[32 + 2 * lane..34 + 2 * lane].copy_from_slice(&block[82..84]);
+                }
                 if format == KLaneFormat::Q5K {
                     out[0].0[32 + 2 * lane..34 + 2 * lane].copy_from_slice(&block[2..4]);
                     for j in 0..8 {
@@ -182,9 +210,12 @@ impl KLanes {
                         // Values 4q..4q + 4 of the chunk: the dot product's lane q.
                         let (q, at, u) = (e / 4, 4 * lane + e % 4, value(j, e));
                         match format {
-                            KLaneFormat::Q3K => {
-                                out[first].0[at] |= (u >> 2) << q;
-                                out[first + 1 + q / 4].0[at] |= (u & 3) << (2 * (q % 4));
+                            KLaneFormat::Q2K | KLaneFormat::Q3K => {
+                                if format == KLaneFormat::Q3K {
+                                    out[first].0[at] |= (u >> 2) << q;
+                                }
+                                let line = format.two_bit_line(j, q / 4);
+                                out[line].0[at] |= (u & 3) << (2 * (q % 4));
                             }
                             KLaneFormat::Q5K | KLaneFormat::Iq4Xs => {
                                 out[format.nibble_line(j, q / 2)].0[at] |=
@@ -219,11 +250,27 @@ impl Layout for KLanes {
 
     fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
         let Activations::Q8K(a, _) = acts else {
-            unreachable!("Q5_K and IQ4_XS take Q8_K activations");
+            unreachable!("these formats take Q8_K activations");
         };
         #[cfg(target_arch = "x86_64")]
         {
             let m = self;
+            let groups = (|g| m.group(g), m.blocks);
+            if m.format == KLaneFormat::Q2K {
+                // Q2_K follows llama.cpp's repacked kernels, whose rounding each row's
+                // kernel names: every row, four a pass.
+                let all: Vec<usize> = (0..kernels.len()).collect();
+                lane_groups(out, range, &all, 4, groups, |g, four, soon| {
+                    let mut got = [[0f32; LANE_ROWS]; 4];
+                    // SAFETY: the layout is only built where the CPU has AVX2.
+                    with_row_count!(four.len(), got, T => unsafe {
+                        let a = std::array::from_fn(|k| &a[four[k]]);
+                        avx2::dot_group_q2k::<T>(m, g, a, std::array::from_fn(|k| kernels[four[k]]), soon)
+                    });
+                    got
+                });
+                return;
+            }
             let tiled = |g, four: &[usize], soon| {
                 let mut got = [[0f32; LANE_ROWS]; 4];
                 // SAFETY: the layout is only built where the CPU has AVX2.
@@ -235,7 +282,7 @@ impl Layout for KLanes {
             // SAFETY: as above.
             let dot =
                 |g, t: usize, soon| unsafe { avx2::dot_group::<1, false>(m, g, [&a[t]], soon)[0] };
-            lane_groups_by_plan(out, range, kernels, (|g| m.group(g), m.blocks), tiled, dot);
+            lane_groups_by_plan(out, range, kernels, groups, tiled, dot);
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -250,8 +297,8 @@ mod tests {
     use super::*;
     use crate::quant::iq4::{dot_iq4_xs, dot_iq4_xs_tiled};
     use crate::quant::kquant::{
-        dot_q3k_portable, dot_q3k_tiled, dot_q5k_portable, dot_q5k_tiled, quantize_row_q8k, Q8KRow,
-        QK_K,
+        dot_q2k_repacked, dot_q3k_portable, dot_q3k_tiled, dot_q5k_portable, dot_q5k_tiled,
+        quantize_row_q8k, Q8KRow, QK_K,
     };
     use crate::quant::sample::{self, Xorshift};
     use crate::quant::simd::Upcoming;
@@ -331,6 +378,78 @@ mod tests {
                             let (want, got) = (want(tiled, t), got[k][lane]);
                             assert_eq!(want.to_bits(), got.to_bits(), "{at}, act {t} of {order:?}");
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The Q2_K kernel: every row of every group (a ragged last one) against one to four
+    /// activation rows, each rounded as the GEMV or as one of a four-row group (in every
+    /// position of a pass), equals the portable repacked dot product bit for bit.
+    #[test]
+    fn q2k_kernel_is_bit_identical_to_the_portable_one() {
+        if crate::cpu::lacks(crate::cpu::detected().avx2, "avx2") {
+            return;
+        }
+        let mut rng = Xorshift::new(37);
+        let (rows, cols) = (37, 3 * QK_K);
+        let raw = sample::weights(OwnFormat::Q2KRepacked, rows, cols, &mut rng);
+        let m = KLanes::new(KLaneFormat::Q2K, &raw, rows, cols / QK_K);
+        let kernels = [
+            RowKernel::Gemm4,
+            RowKernel::Gemv,
+            RowKernel::Gemm4InWideBatch,
+            RowKernel::GemvInWideBatch,
+        ];
+        let acts: Vec<Q8KRow> = kernels
+            .iter()
+            .zip([4.0, 0.01, 300.0, 1.0])
+            .map(|(&k, scale)| quantize_row_q8k(&sample::activations(1, cols, scale, &mut rng), k))
+            .collect();
+        let row_bytes = OwnFormat::Q2KRepacked.row_bytes(cols);
+        for g in 0..rows.div_ceil(ROWS) {
+            for order in [&[0, 1, 2, 3][..], &[3, 1, 0], &[2, 0], &[1], &[0]] {
+                let soon = Upcoming::new(m.group(0), 3);
+                let a: Vec<&Q8KRow> = order.iter().map(|&t| &acts[t]).collect();
+                let k: Vec<RowKernel> = order.iter().map(|&t| kernels[t]).collect();
+                // SAFETY: AVX2 was checked.
+                let got: Vec<[f32; ROWS]> = unsafe {
+                    match order.len() {
+                        1 => avx2::dot_group_q2k::<1>(&m, g, [a[0]], [k[0]], soon).to_vec(),
+                        2 => avx2::dot_group_q2k::<2>(&m, g, [a[0], a[1]], [k[0], k[1]], soon)
+                            .to_vec(),
+                        3 => avx2::dot_group_q2k::<3>(
+                            &m,
+                            g,
+                            [a[0], a[1], a[2]],
+                            [k[0], k[1], k[2]],
+                            soon,
+                        )
+                        .to_vec(),
+                        _ => avx2::dot_group_q2k::<4>(
+                            &m,
+                            g,
+                            [a[0], a[1], a[2], a[3]],
+                            [k[0], k[1], k[2], k[3]],
+                            soon,
+                        )
+                        .to_vec(),
+                    }
+                };
+                for (got, &t) in got.iter().zip(order) {
+                    for (lane, got) in got.iter().enumerate() {
+                        let r = g * ROWS + lane;
+                        let want = match r < rows {
+                            true => dot_q2k_repacked(
+                                &raw[r * row_bytes..][..row_bytes],
+                                &acts[t],
+                                kernels[t],
+                            ),
+                            false => 0.0,
+                        };
+                        let at = format!("row {r}, act {t} of {order:?}");
+                        assert_eq!(want.to_bits(), got.to_bits(), "{at}");
                     }
                 }
             }

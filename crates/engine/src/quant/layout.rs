@@ -12,8 +12,8 @@
 //! - Q4_K and Q6_K interleaved sixteen rows to a vector where the CPU has AVX2 (kernels
 //!   for AVX-512 VNNI, and for AVX2 alone eight rows at a time): `q4k_lanes`, `q6k_lanes`;
 //! - Q5_K and IQ4_XS two rows to a vector with AVX-512 VNNI (`pair_lanes`); with AVX2
-//!   alone they, and Q3_K wherever the CPU has AVX2, sixteen rows to a vector read eight at
-//!   a time (`k_lanes`);
+//!   alone they, and Q2_K and Q3_K wherever the CPU has AVX2, sixteen rows to a vector read
+//!   eight at a time (`k_lanes`);
 //! - every other quantized format, and these on other CPUs, row after row: `rows`
 //!   (portable kernels in `kquant`, `dot`, `iq4`);
 //! - F32, F16 and BF16 row after row: `float_rows` (portable `float`, AVX-512 or AVX2
@@ -88,6 +88,9 @@ fn choose(format: OwnFormat, data: &[u8], rows: usize, cols: usize) -> Box<dyn L
         }
         OwnFormat::Iq4Xs if simd_wide_tiles() => {
             Box::new(PairLanes::new(PairFormat::Iq4Xs, data, rows, blocks))
+        }
+        OwnFormat::Q2KRepacked if simd_avx2() => {
+            Box::new(KLanes::new(KLaneFormat::Q2K, data, rows, blocks))
         }
         OwnFormat::Q3K if simd_avx2() => {
             Box::new(KLanes::new(KLaneFormat::Q3K, data, rows, blocks))

@@ -22,6 +22,7 @@ use super::{KLaneFormat, KLanes, Line, MINS, ROWS, SCALES};
 use crate::quant::iq4;
 use crate::quant::kquant::{Q8KRow, QK_K};
 use crate::quant::simd::{pair16, prefetch_span, Upcoming};
+use crate::quant::RowKernel;
 
 /// Rows per half line (one per 32-bit lane of a 256-bit vector).
 const HALF: usize = ROWS / 2;
@@ -46,6 +47,7 @@ pub unsafe fn dot_group<const T: usize, const TILED: bool>(
     assert!(a.iter().all(|row| row.has_blocks(m.blocks)));
     let lines = m.group(g);
     match m.format {
+        KLaneFormat::Q2K => unreachable!("Q2_K takes dot_group_q2k"),
         KLaneFormat::Q3K => group_avx2::<T, TILED, Q3>(lines, m.blocks, a, soon),
         KLaneFormat::Q5K => group_avx2::<T, TILED, Q5>(lines, m.blocks, a, soon),
         KLaneFormat::Iq4Xs => group_avx2::<T, TILED, IQ4>(lines, m.blocks, a, soon),
@@ -125,7 +127,7 @@ unsafe fn group_avx2<const T: usize, const TILED: bool, const F: u8>(
                     _ => load(first, h),
                 };
                 let low2 = match F {
-                    Q3 => [load(first + 1, h), load(first + 2, h)],
+                    Q3 => [0, 1].map(|k| load(format.two_bit_line(j, k), h)),
                     _ => [zero; 2],
                 };
                 for i in 0..4 {
@@ -226,6 +228,130 @@ unsafe fn group_avx2<const T: usize, const TILED: bool, const F: u8>(
                 }
             };
             _mm256_storeu_ps(out.as_mut_ptr().add(HALF * h), sum);
+        }
+    }
+    out
+}
+
+/// Group `g`'s sixteen Q2_K rows against `T` activation rows, each rounded as its kernel
+/// says (llama.cpp's repacked Q2_K kernels, `kquant::dot_q2k_repacked`): `out[t][r]` is
+/// row `16g + r` · `a[t]` (zero past the matrix). `soon`: lines to ask the memory for
+/// meanwhile ([`Upcoming`]).
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available ([`crate::quant::simd::available`]).
+pub unsafe fn dot_group_q2k<const T: usize>(
+    m: &KLanes,
+    g: usize,
+    a: [&Q8KRow; T],
+    kernels: [RowKernel; T],
+    soon: Upcoming,
+) -> [[f32; ROWS]; T] {
+    assert_eq!(m.format, KLaneFormat::Q2K);
+    assert!(a.iter().all(|row| row.has_blocks(m.blocks)));
+    group_q2k_avx2(m.group(g), m.blocks, a, kernels, soon)
+}
+
+/// [`dot_group_q2k`] on a group's lines. Per half super-block (four chunks of 32) and
+/// activation row: the values' products by the sub-blocks' scales in one integer sum, the
+/// minimums by the activations' sums in another, then the floating-point steps of
+/// `kquant::Q4kSums` (per half for a row of a four-row group, per super-block otherwise),
+/// one lane per weight row.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_q2k_avx2<const T: usize>(
+    lines: &[Line],
+    blocks: usize,
+    a: [&Q8KRow; T],
+    kernels: [RowKernel; T],
+    mut soon: Upcoming,
+) -> [[f32; ROWS]; T] {
+    let format = KLaneFormat::Q2K;
+    let per = format.lines();
+    let ahead = crate::cpu::prefetch_ahead();
+    assert!(lines.len() >= blocks * per);
+    let per_half = kernels.map(RowKernel::in_group_of_four);
+    let zero = _mm256_setzero_si256();
+    let (three, nibble) = (_mm256_set1_epi8(3), _mm256_set1_epi32(0x0F));
+    let mut acc = [[_mm256_setzero_ps(); 2]; T];
+    let mut acc_min = [[_mm256_setzero_ps(); 2]; T];
+    for b in 0..blocks {
+        let base = lines.as_ptr().add(b * per) as *const u8;
+        prefetch_span(base, per * 64, ahead);
+        soon.step();
+        let at = |line: usize, byte: usize| base.wrapping_add(64 * line + byte);
+        let q8: [*const i32; T] = a.map(|a| a.qs.as_ptr().add(b * QK_K) as *const i32);
+        for h in 0..2 {
+            let d = _mm256_cvtph_ps(_mm_load_si128(at(0, 16 * h).cast()));
+            let dmin = _mm256_cvtph_ps(_mm_load_si128(at(0, 32 + 16 * h).cast()));
+            let da: [__m256; T] = std::array::from_fn(|t| _mm256_set1_ps(*a[t].d.get_unchecked(b)));
+            let dd: [__m256; T] = std::array::from_fn(|t| _mm256_mul_ps(d, da[t]));
+            let dm: [__m256; T] = std::array::from_fn(|t| _mm256_mul_ps(dmin, da[t]));
+            // Sub-block `s`'s byte of the half's eight rows: the scale in its low nibble,
+            // the minimum in its high one, as 32-bit integers.
+            let both = |s: usize| {
+                let bytes = at(SCALES + s / 4, (s % 4) * ROWS + HALF * h);
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64(bytes.cast()))
+            };
+            let mut isum = [zero; T];
+            let mut imin = [zero; T];
+            for part in 0..2 {
+                let mut psum = [zero; T];
+                let mut pmin = [zero; T];
+                for j in 4 * part..4 * part + 4 {
+                    let raw = [both(2 * j), both(2 * j + 1)];
+                    let scales = raw.map(|r| {
+                        let scale = _mm256_and_si256(r, nibble);
+                        _mm256_or_si256(scale, _mm256_slli_epi32::<16>(scale))
+                    });
+                    // The two minimums as a pair of 16-bit integers in each row's lane.
+                    let mins = _mm256_or_si256(
+                        _mm256_srli_epi32::<4>(raw[0]),
+                        _mm256_slli_epi32::<12>(_mm256_and_si256(raw[1], _mm256_set1_epi32(0xF0))),
+                    );
+                    let low2 = [0, 1]
+                        .map(|k| _mm256_load_si256(at(format.two_bit_line(j, k), 32 * h).cast()));
+                    for q in 0..8 {
+                        // Values 4q..4q + 4 of the chunk, sub-block 2j + q / 4.
+                        let bits =
+                            _mm256_srl_epi16(low2[q / 4], _mm_cvtsi32_si128(2 * (q % 4) as i32));
+                        let x = _mm256_and_si256(bits, three);
+                        for t in 0..T {
+                            let y = _mm256_set1_epi32(q8[t].add(8 * j + q).read_unaligned());
+                            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), scales[q / 4]);
+                            psum[t] = _mm256_add_epi32(psum[t], p);
+                        }
+                    }
+                    for t in 0..T {
+                        let bsums = a[t].bsums.as_ptr().add(b * 16 + 2 * j);
+                        let sums = _mm256_set1_epi32(pair16(*bsums, *bsums.add(1)));
+                        pmin[t] = _mm256_add_epi32(pmin[t], _mm256_madd_epi16(mins, sums));
+                    }
+                }
+                for t in 0..T {
+                    if per_half[t] {
+                        let (p, m) = (_mm256_cvtepi32_ps(psum[t]), _mm256_cvtepi32_ps(pmin[t]));
+                        acc[t][h] = _mm256_fmadd_ps(p, dd[t], acc[t][h]);
+                        acc_min[t][h] = _mm256_fmadd_ps(m, dm[t], acc_min[t][h]);
+                    } else {
+                        isum[t] = _mm256_add_epi32(isum[t], psum[t]);
+                        imin[t] = _mm256_add_epi32(imin[t], pmin[t]);
+                    }
+                }
+            }
+            for t in 0..T {
+                if !per_half[t] {
+                    let (s, m) = (_mm256_cvtepi32_ps(isum[t]), _mm256_cvtepi32_ps(imin[t]));
+                    acc[t][h] = _mm256_fmadd_ps(s, dd[t], acc[t][h]);
+                    acc_min[t][h] = _mm256_fmadd_ps(m, dm[t], acc_min[t][h]);
+                }
+            }
+        }
+    }
+    let mut out = [[0f32; ROWS]; T];
+    for t in 0..T {
+        for h in 0..2 {
+            let sum = _mm256_sub_ps(acc[t][h], acc_min[t][h]);
+            _mm256_storeu_ps(out[t].as_mut_ptr().add(HALF * h), sum);
         }
     }
     out
