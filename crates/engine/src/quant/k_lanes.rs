@@ -119,7 +119,7 @@ impl KLaneFormat {
     }
 }
 
-/// A Q3_K, Q5_K or IQ4_XS matrix in the sixteen-row layout (see the module).
+/// A Q2_K, Q3_K, Q5_K or IQ4_XS matrix in the sixteen-row layout (see the module).
 pub struct KLanes {
     format: KLaneFormat,
     blocks: usize,
@@ -265,7 +265,8 @@ impl Layout for KLanes {
                     // SAFETY: the layout is only built where the CPU has AVX2.
                     with_row_count!(four.len(), got, T => unsafe {
                         let a = std::array::from_fn(|k| &a[four[k]]);
-                        avx2::dot_group_q2k::<T>(m, g, a, std::array::from_fn(|k| kernels[four[k]]), soon)
+                        let kernels = std::array::from_fn(|k| kernels[four[k]]);
+                        avx2::dot_group_q2k::<T>(m, g, a, kernels, soon)
                     });
                     got
                 });
@@ -304,7 +305,7 @@ mod tests {
     use crate::quant::simd::Upcoming;
     use crate::quant::OwnFormat;
 
-    /// Both plans of the AVX2 kernel, for every format: every row of every group (a
+    /// Both plans of the AVX2 kernel, for Q3_K, Q5_K and IQ4_XS: every row of every group (a
     /// ragged last one) equals the portable dot product (one activation row) and the
     /// portable tiled product (one to four rows, in every position of a pass) bit for bit,
     /// over activations of very different scales.

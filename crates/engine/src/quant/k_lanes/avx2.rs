@@ -1,19 +1,21 @@
-//! The sixteen-row Q5_K / IQ4_XS layout's kernel, for CPUs with AVX2: half a line (eight
-//! rows, one per 32-bit lane) is one vector, and four values of eight rows times four
-//! broadcast activations are `vpmaddubsw` (pairs of products as 16-bit sums) then
-//! `vpmaddwd` with the sub-block's scale in both 16-bit halves of the lane, which adds the
-//! pairs and applies the scale in one step.
+//! The sixteen-row K-quant layout's kernels, for CPUs with AVX2: half a line (eight rows,
+//! one per 32-bit lane) is one vector, and four values of eight rows times four broadcast
+//! activations are `vpmaddubsw` (pairs of products as 16-bit sums) then `vpmaddwd` with the
+//! sub-block's scale in both 16-bit halves of the lane, which adds the pairs and applies the
+//! scale in one step.
 //!
-//! `vpmaddubsw` multiplies unsigned by signed bytes. Q5_K's values are unsigned (at most
-//! 31, so a pair is at most 2 · 31 · 128: never saturated). IQ4_XS's table values are
-//! signed: as in llama.cpp, their magnitudes are multiplied by the activations carrying
-//! the values' signs (Q8_K activations lie in −127..=127, so the sign never overflows, and
-//! a pair is at most 2 · 127 · 127).
+//! `vpmaddubsw` multiplies unsigned by signed bytes. Q5_K's values (at most 31) and Q2_K's
+//! (at most 3) are unsigned, so a pair is at most 2 · 31 · 128: never saturated. IQ4_XS's
+//! table values and Q3_K's (its three bits less 4) are signed: as in llama.cpp, their
+//! magnitudes are multiplied by the activations carrying the values' signs (Q8_K
+//! activations lie in −127..=127, so the sign never overflows, and a pair is at most
+//! 2 · 127 · 127).
 //!
-//! Both arithmetic plans of the module are kept: with `TILED` the tiled matmul's (one
-//! exact integer sum per super-block and activation row), without it the dot product's
-//! (eight integer lanes, each folded into its own `f32` accumulator per super-block, one
-//! activation row). A super-block is taken one half at a time, the half's lines in the
+//! [`dot_group`] (Q3_K, Q5_K, IQ4_XS) keeps both arithmetic plans of the module: with
+//! `TILED` the tiled matmul's (one exact integer sum per super-block and activation row),
+//! without it the dot product's (eight integer lanes, each folded into its own `f32`
+//! accumulator per super-block, one activation row). [`dot_group_q2k`] follows llama.cpp's
+//! repacked Q2_K kernels. A super-block is taken one half at a time, the half's lines in the
 //! first-level cache after the first.
 
 use std::arch::x86_64::*;
