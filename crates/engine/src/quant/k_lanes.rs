@@ -187,17 +187,19 @@ impl KLanes {
                         })
                     }
                 };
-                let d = match format {
-                    KLaneFormat::Q2K => 80,
-                    KLaneFormat::Q3K => 108,
-                    _ => 0,
+                // Where the file's `d` and (Q2_K's, Q5_K's) `dmin` sit in a super-block.
+                let (d, dmin) = match format {
+                    KLaneFormat::Q2K => (80, Some(82)),
+                    KLaneFormat::Q3K => (108, None),
+                    KLaneFormat::Q5K => (0, Some(2)),
+                    KLaneFormat::Iq4Xs => (0, None),
                 };
                 out[0].0[2 * lane..2 * lane + 2].copy_from_slice(&block[d..d + 2]);
-                if format == KLaneFormat::Q2K {
-                    out[0].0[32 + 2 * lane..34 + 2 * lane].copy_from_slice(&block[82..84]);
+                if let Some(dmin) = dmin {
+                    let at = 32 + 2 * lane;
+                    out[0].0[at..at + 2].copy_from_slice(&block[dmin..dmin + 2]);
                 }
                 if format == KLaneFormat::Q5K {
-                    out[0].0[32 + 2 * lane..34 + 2 * lane].copy_from_slice(&block[2..4]);
                     for j in 0..8 {
                         let pair = j / 2;
                         let min = scale_min_k4(j, &block[4..16]).1 as u8;

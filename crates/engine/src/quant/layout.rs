@@ -171,7 +171,7 @@ pub(super) fn lane_groups<'m>(
 }
 
 /// [`lane_groups`] for a layout whose kernel follows both of llama.cpp's arithmetic plans
-/// (Q5_K, Q6_K and IQ4_XS with AVX2): the rows of wide micro-batches
+/// (Q3_K, Q5_K, Q6_K and IQ4_XS with AVX2): the rows of wide micro-batches
 /// ([`RowKernel::in_wide_batch`]) take its tiled matmul's, `tiled(g, pass, soon)` four
 /// activation rows a pass; the others its dot product's, whose eight lanes of a weight row
 /// fill the registers, `dot(g, t, soon)` one row `t` a pass.
