@@ -1,8 +1,9 @@
-//! Q8_0, Q4_1, Q5_0 and Q4_0 weights interleaved sixteen rows at a time, one weight row per
-//! 32-bit lane. With AVX-512 VNNI one multiply-add instruction takes four consecutive
-//! values of each of sixteen rows against the same four activations (broadcast); CPUs
-//! with AVX2 alone take the same layout eight rows (half a line) at a time ([`avx2`],
-//! whose module says where its arithmetic differs: below is the VNNI kernel's).
+//! Q8_0, Q4_1, Q5_0, Q4_0, Q5_1 and IQ4_NL weights interleaved sixteen rows at a time, one
+//! weight row per 32-bit lane. With AVX-512 VNNI one multiply-add instruction takes four
+//! consecutive values of each of sixteen rows against the same four activations
+//! (broadcast); CPUs with AVX2 alone take the same layout eight rows (half a line) at a
+//! time ([`avx2`], whose module says where its arithmetic differs: below is the VNNI
+//! kernel's), and so do Q5_1 and IQ4_NL on every CPU (they have no VNNI kernel).
 //!
 //! Per group of sixteen rows (the last one padded with zero rows), the weights are one
 //! stream of 64-byte lines, a unit of blocks after another (decoding reads them in order;
@@ -14,7 +15,10 @@
 //! - Q5_0, a unit of two blocks: one line of scales for both, then per block one line of
 //!   fifth bits and four lines of values;
 //! - Q4_0, a unit of two blocks: one line of scales for both, then per block four lines of
-//!   values.
+//!   values;
+//! - Q5_1, a unit of one block: Q4_1's line of scales and minimums, then Q5_0's line of
+//!   fifth bits and four lines of values;
+//! - IQ4_NL, as Q4_0 (its blocks are Q4_0's bytes: a scale, then 16 bytes of indices).
 //!
 //! Row `r`'s four bytes are at `4r..4r + 4` of each line of values:
 //! - Q8_0: eight lines, line `q` holding values `4q..4q + 4`, each stored 128 higher (an
@@ -35,6 +39,8 @@
 //!   rows the two are even.
 //! - Q4_0: four lines of nibbles as Q4_1's, values stored 8 higher (the file's nibbles),
 //!   each block's lanes starting from `-8 ·` the sum of its activations.
+//! - Q5_1: Q5_0's lines, its five bits being its values (unsigned, no offset).
+//! - IQ4_NL: Q4_0's lines of indices, which the AVX2 kernel looks up in the table.
 //!
 //! Each format's starts are computed once per product ([`StartsOnce`]): Q5_0's lanes
 //! shifting Q8_0's by three in the kernel cost a scalar shift and a broadcast per lane
@@ -59,6 +65,11 @@
 //! layout (`packed`), which converts and scales the integer lanes of one (weight row,
 //! activation row) pair per instruction, this needs no per-pair scale vector and no
 //! horizontal sums per block, and a group's weights are one contiguous stream.
+//!
+//! Q5_1 is Q4_1's arithmetic on Q5_0's values (llama.cpp's `ggml_vec_dot_q5_1_q8_1`, as
+//! [`super::dot::dot_q5_1`]); IQ4_NL is Q4_0's repacked arithmetic on the table's values
+//! ([`super::iq4::dot_iq4_nl_repacked`]). Both have the AVX2 kernel only: a CPU with VNNI
+//! runs it too.
 
 use std::ops::Range;
 use std::sync::OnceLock;
@@ -80,30 +91,79 @@ pub const ROWS: usize = 16;
 /// Groups of four values per block: the kernel's lanes.
 const QUADS: usize = 8;
 
+/// The formats this layout holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaneFormat {
+    /// 8-bit values with a scale.
+    Q8_0,
+    /// 4-bit values with a scale and a minimum.
+    Q4_1,
+    /// 5-bit values less 16, with a scale.
+    Q5_0,
+    /// 4-bit values less 8, with a scale, in llama.cpp's repacked arithmetic.
+    Q4_0,
+    /// 5-bit values with a scale and a minimum.
+    Q5_1,
+    /// 4-bit indices into IQ4_NL's table, with a scale, in llama.cpp's repacked
+    /// arithmetic.
+    Iq4Nl,
+}
+
+impl LaneFormat {
+    /// Bytes per block of 32 values in the file.
+    fn block_bytes(self) -> usize {
+        match self {
+            Self::Q8_0 => BlockFormat::Q8_0.block_bytes(),
+            Self::Q4_1 => BlockFormat::Q4_1.block_bytes(),
+            Self::Q5_0 => BlockFormat::Q5_0.block_bytes(),
+            Self::Q4_0 => BlockFormat::Q4_0.block_bytes(),
+            Self::Q5_1 => super::dot::Q5_1,
+            Self::Iq4Nl => super::iq4::IQ4_NL,
+        }
+    }
+
+    /// Whether the AVX-512 VNNI kernel takes this format (the AVX2 one takes them all).
+    pub fn has_vnni_kernel(self) -> bool {
+        !matches!(self, Self::Q5_1 | Self::Iq4Nl)
+    }
+}
+
+impl From<BlockFormat> for LaneFormat {
+    fn from(format: BlockFormat) -> Self {
+        match format {
+            BlockFormat::Q8_0 => Self::Q8_0,
+            BlockFormat::Q4_1 => Self::Q4_1,
+            BlockFormat::Q5_0 => Self::Q5_0,
+            BlockFormat::Q4_0 => Self::Q4_0,
+        }
+    }
+}
+
 /// How a format's blocks are grouped into units of lines: (blocks per unit, value lines
 /// per block); a unit is one header line and its blocks' value lines.
-fn unit(format: BlockFormat) -> (usize, usize) {
+fn unit(format: LaneFormat) -> (usize, usize) {
     match format {
-        BlockFormat::Q8_0 => (2, 8),
-        BlockFormat::Q4_1 => (1, 4),
-        BlockFormat::Q5_0 => (2, 5),
-        BlockFormat::Q4_0 => (2, 4),
+        LaneFormat::Q8_0 => (2, 8),
+        LaneFormat::Q4_1 => (1, 4),
+        LaneFormat::Q5_0 => (2, 5),
+        LaneFormat::Q4_0 | LaneFormat::Iq4Nl => (2, 4),
+        LaneFormat::Q5_1 => (1, 5),
     }
 }
 
 /// Where block `b` of a group is: (its unit's header line, the byte of its scales in that
 /// line, its first value line), in lines and bytes from the group's start.
 #[inline(always)]
-fn place(format: BlockFormat, b: usize) -> (usize, usize, usize) {
+fn place(format: LaneFormat, b: usize) -> (usize, usize, usize) {
     let (per_unit, value_lines) = unit(format);
     let header = b / per_unit * (1 + per_unit * value_lines);
     let within = b % per_unit;
     (header, 32 * within, header + 1 + within * value_lines)
 }
 
-/// A Q8_0, Q4_1, Q5_0 or (repacked, see the module) Q4_0 matrix in the sixteen-row layout.
+/// A matrix of one of the [`LaneFormat`]s in the sixteen-row layout.
 pub struct BlockLanes {
-    format: BlockFormat,
+    format: LaneFormat,
     blocks: usize,
     /// Lines per group.
     group_lines: usize,
@@ -112,13 +172,13 @@ pub struct BlockLanes {
 
 impl BlockLanes {
     /// Interleaves row-major blocks of `format` (`rows` rows of `cols / 32` blocks each).
-    pub fn new(format: BlockFormat, raw: &[u8], rows: usize, cols: usize) -> Self {
+    pub fn new(format: LaneFormat, raw: &[u8], rows: usize, cols: usize) -> Self {
         let bytes = format.block_bytes();
         let (per_unit, value_lines) = unit(format);
         let blocks = cols / 32;
         assert_eq!(raw.len(), rows * blocks * bytes);
         let group_lines = blocks.div_ceil(per_unit) * (1 + per_unit * value_lines);
-        let q4_1 = format == BlockFormat::Q4_1;
+        let minimums = matches!(format, LaneFormat::Q4_1 | LaneFormat::Q5_1);
         // Padding rows keep zero bytes: their scales are zero, so their values never count.
         let mut lines = vec![Line([0; 64]); rows.div_ceil(ROWS) * group_lines];
         for r in 0..rows {
@@ -129,15 +189,19 @@ impl BlockLanes {
                 let (header, at, values) = place(format, b);
                 let header = &mut group[header].0;
                 header[at + 2 * lane..at + 2 * lane + 2].copy_from_slice(&block[..2]);
-                if q4_1 {
+                if minimums {
                     header[32 + 2 * lane..32 + 2 * lane + 2].copy_from_slice(&block[2..4]);
                 }
                 let (quants, values) = match format {
-                    BlockFormat::Q8_0 | BlockFormat::Q4_0 => (&block[2..], values),
-                    BlockFormat::Q4_1 => (&block[4..], values),
-                    _ => {
-                        // Value j's fifth bit is bit j of the block's qh.
-                        let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+                    LaneFormat::Q8_0 | LaneFormat::Q4_0 | LaneFormat::Iq4Nl => {
+                        (&block[2..], values)
+                    }
+                    LaneFormat::Q4_1 => (&block[4..], values),
+                    LaneFormat::Q5_0 | LaneFormat::Q5_1 => {
+                        // Value j's fifth bit is bit j of the block's qh (after the scale,
+                        // and Q5_1's minimum).
+                        let at = if minimums { 4 } else { 2 };
+                        let qh = u32::from_le_bytes(block[at..at + 4].try_into().unwrap());
                         let masks = &mut group[values].0;
                         for j in 0..32 {
                             let bit = 8 * 8 * (j / 4) + 4 * lane + j % 4;
@@ -145,13 +209,13 @@ impl BlockLanes {
                             masks[bit / 8] =
                                 (masks[bit / 8] & !(1 << (bit % 8))) | (set << (bit % 8));
                         }
-                        (&block[6..], values + 1)
+                        (&block[at + 4..], values + 1)
                     }
                 };
                 for (l, four) in quants.chunks_exact(4).enumerate() {
                     let line = &mut group[values + l].0[4 * lane..4 * lane + 4];
                     for (to, &v) in line.iter_mut().zip(four) {
-                        *to = if format == BlockFormat::Q8_0 {
+                        *to = if format == LaneFormat::Q8_0 {
                             v ^ 0x80
                         } else {
                             v
@@ -175,21 +239,22 @@ impl BlockLanes {
 }
 
 /// What `format`'s stored values are above the values they stand for: 128 for Q8_0, 16
-/// for Q5_0, 8 for Q4_0 (Q4_1's nibbles are its values).
-fn offset(format: BlockFormat) -> i32 {
+/// for Q5_0, 8 for Q4_0 (Q4_1's and Q5_1's bits are their values; IQ4_NL's indices are
+/// looked up).
+fn offset(format: LaneFormat) -> i32 {
     match format {
-        BlockFormat::Q8_0 => 128,
-        BlockFormat::Q5_0 => 16,
-        BlockFormat::Q4_0 => 8,
-        BlockFormat::Q4_1 => 0,
+        LaneFormat::Q8_0 => 128,
+        LaneFormat::Q5_0 => 16,
+        LaneFormat::Q4_0 => 8,
+        LaneFormat::Q4_1 | LaneFormat::Q5_1 | LaneFormat::Iq4Nl => 0,
     }
 }
 
 /// How many starts a block of `format` takes: one per group of four values (a lane of
 /// the kernel), Q4_0's one for the block (its one integer per row and block).
-fn starts_per_block(format: BlockFormat) -> usize {
+fn starts_per_block(format: LaneFormat) -> usize {
     match format {
-        BlockFormat::Q4_0 => 1,
+        LaneFormat::Q4_0 => 1,
         _ => QUADS,
     }
 }
@@ -198,7 +263,7 @@ fn starts_per_block(format: BlockFormat) -> usize {
 /// against a matrix of `format`: per block, and per group of four values but for Q4_0
 /// ([`starts_per_block`]), `-offset ·` the values' sum, so that the offset the weights
 /// are stored with ([`offset`]) cancels (all zero for Q4_1, which has none).
-pub fn lane_starts(a: &Q8Row, blocks: usize, format: BlockFormat) -> Vec<i32> {
+pub fn lane_starts(a: &Q8Row, blocks: usize, format: LaneFormat) -> Vec<i32> {
     let offset = offset(format);
     a.qs[..blocks * 32]
         .chunks_exact(32 / starts_per_block(format))
@@ -232,9 +297,9 @@ fn expand_q5_0_with(
     into: &mut Vec<Line>,
     mut write: impl FnMut(&[Line], usize, &mut Line),
 ) {
-    assert_eq!(m.format, BlockFormat::Q5_0);
+    assert_eq!(m.format, LaneFormat::Q5_0);
     let (blocks, group) = (m.blocks, m.group(g));
-    let (per_unit, value_lines) = unit(BlockFormat::Q8_0);
+    let (per_unit, value_lines) = unit(LaneFormat::Q8_0);
     // Every line a block reads is written below: a buffer of the right length is reused
     // as it is (an odd last block's second half is never read).
     into.resize(
@@ -242,8 +307,8 @@ fn expand_q5_0_with(
         Line([0; 64]),
     );
     for b in 0..blocks {
-        let (header, _, values) = place(BlockFormat::Q5_0, b);
-        let (to_header, _, to_values) = place(BlockFormat::Q8_0, b);
+        let (header, _, values) = place(LaneFormat::Q5_0, b);
+        let (to_header, _, to_values) = place(LaneFormat::Q8_0, b);
         if b % per_unit == 0 {
             into[to_header] = group[header];
         }
@@ -261,10 +326,10 @@ pub struct StartsOnce([OnceLock<Vec<Vec<i32>>>; 3]);
 impl StartsOnce {
     /// The starts of the rows `a` (which must be the rows they were first asked for)
     /// against a matrix of `format` (Q8_0, Q5_0 or Q4_0).
-    pub fn get(&self, a: &[Q8Row], blocks: usize, format: BlockFormat) -> &[Vec<i32>] {
+    pub fn get(&self, a: &[Q8Row], blocks: usize, format: LaneFormat) -> &[Vec<i32>] {
         let once = match format {
-            BlockFormat::Q5_0 => &self.0[1],
-            BlockFormat::Q4_0 => &self.0[2],
+            LaneFormat::Q5_0 => &self.0[1],
+            LaneFormat::Q4_0 => &self.0[2],
             _ => &self.0[0],
         };
         assert!(offset(format) > 0, "{format:?} has no lane starts");
@@ -282,10 +347,10 @@ impl StartsOnce {
 #[cfg(target_arch = "x86_64")]
 pub use simd::{dot_expanded, dot_group, expand_q5_0, starts_taken};
 
-/// The formats as the kernels' const parameter (a `BlockFormat` cannot be one).
+/// The formats as the kernels' const parameter (a `LaneFormat` cannot be one).
 #[cfg(target_arch = "x86_64")]
 mod kernel_format {
-    use super::BlockFormat;
+    use super::LaneFormat;
 
     pub const Q8_0: u8 = 0;
     pub const Q4_1: u8 = 1;
@@ -294,14 +359,18 @@ mod kernel_format {
     /// Q5_0 written out as Q8_0's lines, values 16 higher (`expand_q5_0_with`): the AVX2
     /// kernel reads it as a format of its own, the VNNI one as Q8_0.
     pub const EXPANDED: u8 = 4;
+    pub const Q5_1: u8 = 5;
+    pub const IQ4_NL: u8 = 6;
 
     /// The format whose lines a kernel of parameter `f` reads.
-    pub fn of(f: u8) -> BlockFormat {
+    pub fn of(f: u8) -> LaneFormat {
         match f {
-            Q8_0 | EXPANDED => BlockFormat::Q8_0,
-            Q4_1 => BlockFormat::Q4_1,
-            Q4_0 => BlockFormat::Q4_0,
-            _ => BlockFormat::Q5_0,
+            Q8_0 | EXPANDED => LaneFormat::Q8_0,
+            Q4_1 => LaneFormat::Q4_1,
+            Q4_0 => LaneFormat::Q4_0,
+            Q5_1 => LaneFormat::Q5_1,
+            IQ4_NL => LaneFormat::Iq4Nl,
+            _ => LaneFormat::Q5_0,
         }
     }
 }
@@ -311,7 +380,7 @@ mod simd {
     use std::arch::x86_64::*;
 
     use super::kernel_format::{self, Q4_0, Q4_1, Q5_0, Q8_0};
-    use super::{place, starts_per_block, unit, BlockFormat, BlockLanes, Line, QUADS, ROWS};
+    use super::{place, starts_per_block, unit, BlockLanes, LaneFormat, Line, QUADS, ROWS};
     use crate::quant::q8::Q8Row;
     use crate::quant::simd::{prefetch_span, Upcoming};
 
@@ -339,18 +408,22 @@ mod simd {
         ));
         let lines = m.group(g);
         match m.format {
-            BlockFormat::Q8_0 => group_vnni::<T, Q8_0>(lines, blocks, a, starts, soon),
-            BlockFormat::Q4_1 => group_vnni::<T, Q4_1>(lines, blocks, a, starts, soon),
-            BlockFormat::Q5_0 => group_vnni::<T, Q5_0>(lines, blocks, a, starts, soon),
-            BlockFormat::Q4_0 => group_vnni::<T, Q4_0>(lines, blocks, a, starts, soon),
+            LaneFormat::Q8_0 => group_vnni::<T, Q8_0>(lines, blocks, a, starts, soon),
+            LaneFormat::Q4_1 => group_vnni::<T, Q4_1>(lines, blocks, a, starts, soon),
+            LaneFormat::Q5_0 => group_vnni::<T, Q5_0>(lines, blocks, a, starts, soon),
+            LaneFormat::Q4_0 => group_vnni::<T, Q4_0>(lines, blocks, a, starts, soon),
+            LaneFormat::Q5_1 | LaneFormat::Iq4Nl => {
+                unreachable!("{:?} takes the AVX2 kernel", m.format)
+            }
         }
     }
 
     /// How many lane starts per block this kernel reads for `format`: all but Q4_1's
-    /// ([`super::starts_per_block`]; Q4_1 has no offset).
-    pub fn starts_taken(format: BlockFormat) -> usize {
+    /// ([`super::starts_per_block`]; Q4_1 has no offset, and Q5_1 and IQ4_NL take the
+    /// AVX2 kernel).
+    pub fn starts_taken(format: LaneFormat) -> usize {
         match format {
-            BlockFormat::Q4_1 => 0,
+            LaneFormat::Q4_1 | LaneFormat::Q5_1 | LaneFormat::Iq4Nl => 0,
             format => starts_per_block(format),
         }
     }
@@ -528,7 +601,7 @@ impl Layout for BlockLanes {
         };
         #[cfg(target_arch = "x86_64")]
         {
-            let vnni = super::simd::vnni_available();
+            let vnni = super::simd::vnni_available() && self.format.has_vnni_kernel();
             let needs_starts = match vnni {
                 true => starts_taken(self.format) > 0,
                 false => avx2::starts_taken(self.format) > 0,
@@ -547,12 +620,12 @@ impl Layout for BlockLanes {
             //   spilling them, measured no faster on a Zen 3, and four a pass taking one
             //   group of four values at a time across eight blocks, with one accumulator
             //   per row live, slower: 16 rows Q4_1 31 against 34-42, Q5_0 decoded once 27
-            //   against 33), Q4_0's four, decoded once against more than one row.
+            //   against 33), Q4_0's and IQ4_NL's four, decoded once against more than one row.
             let (per_pass, expand) = match vnni {
-                true => (2, self.format == BlockFormat::Q5_0 && n > 4),
+                true => (2, self.format == LaneFormat::Q5_0 && n > 4),
                 false => match self.format {
-                    BlockFormat::Q4_0 => (4, false),
-                    format => (1, format == BlockFormat::Q5_0 && n > 1),
+                    LaneFormat::Q4_0 | LaneFormat::Iq4Nl => (4, false),
+                    format => (1, format == LaneFormat::Q5_0 && n > 1),
                 },
             };
             let all: Vec<usize> = (0..n).collect();
@@ -617,36 +690,40 @@ mod tests {
     type GroupKernel = fn(&BlockLanes, usize, &[&Q8Row], &[&[i32]]) -> Vec<[f32; ROWS]>;
 
     /// Every row of every group, against one to four activation rows (in every position of
-    /// a pass), equals the portable dot product bit for bit (Q4_0's repacked one), for
-    /// every format (Q5_0 also decoded once, `expanded`), the extreme values included:
-    /// -128 and 127 in Q8_0's weights, the lowest and highest of Q4_1's and Q5_0's, 127
-    /// and `lowest` in the activations (-128 for a kernel that takes it; the quantizer
-    /// never makes it). The kernel gets the lane starts only where `takes_starts` says its
-    /// format needs them, as a chunk passes them (Q5_0's always: decoded once, it needs
-    /// them too).
+    /// a pass), equals the portable dot product bit for bit (Q4_0's and IQ4_NL's repacked
+    /// one), for every format of `formats` (Q5_0 also decoded once, `expanded`), the
+    /// extreme values included: -128 and 127 in Q8_0's weights, the lowest and highest of
+    /// the others' (IQ4_NL's -127 and 113), 127 and `lowest` in the activations (-128 for a
+    /// kernel that takes it; the quantizer never makes it). The kernel gets the lane
+    /// starts only where `takes_starts` says its format needs them, as a chunk passes them
+    /// (Q5_0's always: decoded once, it needs them too).
     fn assert_matches_the_portable_kernel(
+        formats: &[LaneFormat],
         lowest: i8,
-        takes_starts: fn(BlockFormat) -> bool,
+        takes_starts: fn(LaneFormat) -> bool,
         dot: GroupKernel,
         expanded: GroupKernel,
     ) {
-        let formats = [
-            BlockFormat::Q8_0,
-            BlockFormat::Q4_1,
-            BlockFormat::Q5_0,
-            BlockFormat::Q4_0,
-        ];
-        for (seed, format) in (21..).zip(formats) {
+        for (seed, &format) in (21..).zip(formats) {
             let mut rng = Xorshift::new(seed);
             let (rows, cols) = (37, 7 * 32);
-            let mut raw = sample::weights(OwnFormat::Blocks(format), rows, cols, &mut rng);
+            let own = match format {
+                LaneFormat::Q8_0 => OwnFormat::Blocks(BlockFormat::Q8_0),
+                LaneFormat::Q4_1 => OwnFormat::Blocks(BlockFormat::Q4_1),
+                LaneFormat::Q5_0 => OwnFormat::Blocks(BlockFormat::Q5_0),
+                LaneFormat::Q4_0 => OwnFormat::Q4_0Repacked,
+                LaneFormat::Q5_1 => OwnFormat::Q5_1,
+                LaneFormat::Iq4Nl => OwnFormat::Iq4NlRepacked,
+            };
+            let mut raw = sample::weights(own, rows, cols, &mut rng);
             let (blocks, bytes) = (cols / 32, format.block_bytes());
             // Row 3's values all the lowest, row 4's all the highest (Q5_0's fifth bits,
             // bytes 2..6, with its nibbles).
             let (from, lowest_weight, highest_weight) = match format {
-                BlockFormat::Q8_0 => (2, 0x80u8, 0x7f),
-                BlockFormat::Q4_1 => (4, 0x00, 0xff),
-                // Q5_0's and Q4_0's: bytes 2.. (Q5_0's fifth bits among them).
+                LaneFormat::Q8_0 => (2, 0x80u8, 0x7f),
+                // Bytes 4.. (Q5_1's fifth bits among them).
+                LaneFormat::Q4_1 | LaneFormat::Q5_1 => (4, 0x00, 0xff),
+                // Bytes 2.. (Q5_0's fifth bits among them).
                 _ => (2, 0x00, 0xff),
             };
             for (r, v) in [(3usize, lowest_weight), (4, highest_weight)] {
@@ -673,7 +750,7 @@ mod tests {
                     let a: Vec<&Q8Row> = acts[first..end].iter().collect();
                     let s: Vec<&[i32]> = starts[first..end].iter().map(Vec::as_slice).collect();
                     let mut results = vec![("", dot(&m, g, &a, &s))];
-                    if format == BlockFormat::Q5_0 {
+                    if format == LaneFormat::Q5_0 {
                         results.push((", decoded once", expanded(&m, g, &a, &s)));
                     }
                     for (how, got) in results {
@@ -681,13 +758,20 @@ mod tests {
                             for (lane, got) in got.iter().enumerate() {
                                 let r = g * ROWS + lane;
                                 let w = || &raw[r * row_bytes..][..row_bytes];
-                                let want = match (r < rows, format) {
+                                let want = match (r < rows, own) {
                                     (false, _) => 0.0,
-                                    // The repacked kernel's arithmetic (see the module).
-                                    (true, BlockFormat::Q4_0) => {
+                                    // The repacked kernels' arithmetic (see the module).
+                                    (true, OwnFormat::Q4_0Repacked) => {
                                         crate::quant::dot::dot_q4_0_repacked(w(), &acts[t])
                                     }
-                                    (true, _) => format.dot_portable(w(), &acts[t]),
+                                    (true, OwnFormat::Iq4NlRepacked) => {
+                                        crate::quant::iq4::dot_iq4_nl_repacked(w(), &acts[t])
+                                    }
+                                    (true, OwnFormat::Q5_1) => {
+                                        crate::quant::dot::dot_q5_1(w(), &acts[t])
+                                    }
+                                    (true, OwnFormat::Blocks(f)) => f.dot_portable(w(), &acts[t]),
+                                    (true, other) => unreachable!("{other:?}"),
                                 };
                                 assert_eq!(
                                     want.to_bits(),
@@ -732,7 +816,15 @@ mod tests {
         }
         // Upcoming lines from the group itself: asking for them changes nothing.
         // SAFETY (both): VNNI was checked.
+        let formats = [
+            LaneFormat::Q8_0,
+            LaneFormat::Q4_1,
+            LaneFormat::Q5_0,
+            LaneFormat::Q4_0,
+        ];
+        assert!(formats.iter().all(|f| f.has_vnni_kernel()));
         assert_matches_the_portable_kernel(
+            &formats,
             -128,
             |format| starts_taken(format) > 0,
             |m, g, a, s| unsafe {
@@ -754,6 +846,14 @@ mod tests {
         }
         // SAFETY (both): AVX2 was checked; the activations are in -127..=127.
         assert_matches_the_portable_kernel(
+            &[
+                LaneFormat::Q8_0,
+                LaneFormat::Q4_1,
+                LaneFormat::Q5_0,
+                LaneFormat::Q4_0,
+                LaneFormat::Q5_1,
+                LaneFormat::Iq4Nl,
+            ],
             -127,
             |format| avx2::starts_taken(format) > 0,
             |m, g, a, s| unsafe {

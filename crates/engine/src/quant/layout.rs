@@ -3,9 +3,10 @@
 //! behind the one [`Layout`] trait that multiplies a chunk of its rows.
 //!
 //! The layouts, and the modules that hold them with their kernels:
-//! - Q8_0, Q4_1, Q5_0 and Q4_0 (the last with llama.cpp's repacked arithmetic)
-//!   interleaved sixteen rows to a vector where the CPU has AVX2 (kernels for AVX-512
-//!   VNNI, and for AVX2 alone eight rows at a time): `block_lanes`;
+//! - Q8_0, Q4_1, Q5_0, Q4_0, Q5_1 and IQ4_NL (Q4_0 and IQ4_NL with llama.cpp's repacked
+//!   arithmetic) interleaved sixteen rows to a vector where the CPU has AVX2 (kernels for
+//!   AVX-512 VNNI, but for Q5_1 and IQ4_NL, and for AVX2 eight rows at a time):
+//!   `block_lanes`;
 //! - block-of-32 formats (Q4_0 with rows not a multiple of eight, and the others
 //!   elsewhere) repacked eight rows at a time: `packed` (portable) and `packed_simd`
 //!   (AVX2, AVX-512 VNNI);
@@ -26,7 +27,7 @@ use std::ops::Range;
 
 #[cfg(target_arch = "x86_64")]
 use super::act_tile::Line;
-use super::block_lanes::BlockLanes;
+use super::block_lanes::{BlockLanes, LaneFormat};
 use super::dot::BlockFormat;
 use super::float_rows::FloatRows;
 use super::k_lanes::{KLaneFormat, KLanes};
@@ -75,11 +76,17 @@ fn choose(format: OwnFormat, data: &[u8], rows: usize, cols: usize) -> Box<dyn L
         OwnFormat::Blocks(f @ (BlockFormat::Q8_0 | BlockFormat::Q4_1 | BlockFormat::Q5_0))
             if simd_avx2() =>
         {
-            Box::new(BlockLanes::new(f, data, rows, cols))
+            Box::new(BlockLanes::new(f.into(), data, rows, cols))
         }
         OwnFormat::Blocks(f) => Box::new(PackedRows::new(f, data, rows, cols)),
         OwnFormat::Q4_0Repacked if simd_avx2() => {
-            Box::new(BlockLanes::new(BlockFormat::Q4_0, data, rows, cols))
+            Box::new(BlockLanes::new(LaneFormat::Q4_0, data, rows, cols))
+        }
+        OwnFormat::Q5_1 if simd_avx2() => {
+            Box::new(BlockLanes::new(LaneFormat::Q5_1, data, rows, cols))
+        }
+        OwnFormat::Iq4NlRepacked if simd_avx2() => {
+            Box::new(BlockLanes::new(LaneFormat::Iq4Nl, data, rows, cols))
         }
         OwnFormat::Q4K if simd_avx2() => Box::new(Q4kLanes::new(data, rows, blocks)),
         OwnFormat::Q6K if simd_avx2() => Box::new(Q6kLanes::new(data, rows, blocks)),

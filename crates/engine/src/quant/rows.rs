@@ -1,7 +1,7 @@
 //! Quantized weights row after row, as the GGUF file holds them: the layout of the K-quant
-//! and IQ formats without a layout of their own (Q2_K, IQ4_NL, Q5_1) on any CPU, of
-//! the others on CPUs without AVX2, and of repacked Q4_0 there too. The other block-of-32
-//! formats are always `packed` or `block_lanes`, the float ones `float_rows`. Its portable
+//! and IQ formats, Q5_1 and repacked Q4_0 on CPUs without AVX2 (with AVX2 each has a lane
+//! layout). The other block-of-32 formats are always `packed` or `block_lanes`, the float
+//! ones `float_rows`. Its portable
 //! kernels take one weight row by up to four activation rows. Q3_K, Q5_K, Q6_K and IQ4_XS
 //! rows of a micro-batch of 8 or more take the arithmetic of llama.cpp's tiled kernel.
 

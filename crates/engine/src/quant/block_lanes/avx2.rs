@@ -18,19 +18,24 @@
 //!   starts);
 //! - Q4_0's eight pairs of a block add up in 16 bits (at most 16 · 15 · 128) before one
 //!   `vpmaddwd`: its one integer per row and block.
+//! - Q5_1's values are Q5_0's five bits, unsigned, with Q4_1's minimums.
+//! - IQ4_NL's indices are looked up (`vpshufb`) as signed values, multiplied as Q8_0's
+//!   (at most 2 · 127 · 127 a pair), and each group of four's integer added into the
+//!   block's one integer per row (its sixteen pairs would overflow 16 bits).
 //!
 //! The integers are the exact sums the VNNI kernel computes, and the floating-point steps
 //! are its own, lane for lane, so results are bit-identical to the portable kernels.
 //!
 //! Eight accumulators per row and activation row (one per group of four values, as
 //! llama.cpp's) fill half the sixteen registers for one half and one activation row, so
-//! the kernel takes a group one half at a time, the second from the cache; Q4_0, with one
-//! accumulator, takes up to four activation rows a pass.
+//! the kernel takes a group one half at a time, the second from the cache; Q4_0 and IQ4_NL,
+//! with one accumulator, take up to four activation rows a pass.
 
 use std::arch::x86_64::*;
 
-use super::kernel_format::{self, EXPANDED, Q4_0, Q4_1, Q5_0, Q8_0};
-use super::{place, unit, BlockFormat, BlockLanes, Line, QUADS, ROWS};
+use super::kernel_format::{self, EXPANDED, IQ4_NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+use super::{place, unit, BlockLanes, LaneFormat, Line, QUADS, ROWS};
+use crate::quant::iq4;
 use crate::quant::q8::Q8Row;
 use crate::quant::simd::{bit_bytes, lanes_avx2, prefetch_span, Upcoming};
 
@@ -38,7 +43,7 @@ use crate::quant::simd::{bit_bytes, lanes_avx2, prefetch_span, Upcoming};
 const HALF: usize = ROWS / 2;
 
 /// Group `g`'s sixteen rows against `T` activation rows (`starts`: each one's
-/// [`super::lane_starts`] for Q5_0 and Q4_0; Q8_0 and Q4_1 take none): `out[t][r]` is row
+/// [`super::lane_starts`] for Q5_0 and Q4_0; the others take none): `out[t][r]` is row
 /// `16g + r` · `a[t]` (zero past the matrix). `soon`: lines to ask the memory for
 /// meanwhile ([`Upcoming`]).
 ///
@@ -62,20 +67,23 @@ pub unsafe fn dot_group<const T: usize>(
     ));
     let lines = m.group(g);
     match m.format {
-        BlockFormat::Q8_0 => group_avx2::<T, Q8_0>(lines, blocks, a, starts, soon),
-        BlockFormat::Q4_1 => group_avx2::<T, Q4_1>(lines, blocks, a, starts, soon),
-        BlockFormat::Q5_0 => group_avx2::<T, Q5_0>(lines, blocks, a, starts, soon),
-        BlockFormat::Q4_0 => group_avx2::<T, Q4_0>(lines, blocks, a, starts, soon),
+        LaneFormat::Q8_0 => group_avx2::<T, Q8_0>(lines, blocks, a, starts, soon),
+        LaneFormat::Q4_1 => group_avx2::<T, Q4_1>(lines, blocks, a, starts, soon),
+        LaneFormat::Q5_0 => group_avx2::<T, Q5_0>(lines, blocks, a, starts, soon),
+        LaneFormat::Q4_0 => group_avx2::<T, Q4_0>(lines, blocks, a, starts, soon),
+        LaneFormat::Q5_1 => group_avx2::<T, Q5_1>(lines, blocks, a, starts, soon),
+        LaneFormat::Iq4Nl => group_avx2::<T, IQ4_NL>(lines, blocks, a, starts, soon),
     }
 }
 
 /// How many lane starts per block this kernel reads for `format`: Q5_0's eight and Q4_0's
-/// one (their stored offsets); Q8_0's values are made signed instead, and Q4_1 has none.
-pub fn starts_taken(format: BlockFormat) -> usize {
+/// one (their stored offsets); Q8_0's values are made signed instead, IQ4_NL's are
+/// looked up signed, and Q4_1 and Q5_1 have none.
+pub fn starts_taken(format: LaneFormat) -> usize {
     match format {
-        BlockFormat::Q5_0 => QUADS,
-        BlockFormat::Q4_0 => 1,
-        BlockFormat::Q8_0 | BlockFormat::Q4_1 => 0,
+        LaneFormat::Q5_0 => QUADS,
+        LaneFormat::Q4_0 => 1,
+        LaneFormat::Q8_0 | LaneFormat::Q4_1 | LaneFormat::Q5_1 | LaneFormat::Iq4Nl => 0,
     }
 }
 
@@ -128,9 +136,9 @@ unsafe fn nibble_values(nibbles: *const Line, q: usize, h: usize) -> __m256i {
     _mm256_and_si256(v, _mm256_set1_epi8(0x0F))
 }
 
-/// Half `h` of a Q5_0 block's values `4q..4q + 4`, stored 16 higher, from its mask line
-/// and four lines of nibbles at `lines`: the half's rows' fifth bits are the mask's 32-bit
-/// word `2q + h`.
+/// Half `h` of a Q5_0 block's values `4q..4q + 4`, stored 16 higher (a Q5_1 block's
+/// values), from its mask line and four lines of nibbles at `lines`: the half's rows'
+/// fifth bits are the mask's 32-bit word `2q + h`.
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn q5_0_values(lines: *const Line, q: usize, h: usize) -> __m256i {
@@ -160,8 +168,8 @@ unsafe fn broadcast_four(a: &Q8Row, b: usize, q: usize) -> __m256i {
 /// [`dot_group`] on a group's lines of format `F`, one half (eight rows) after the other.
 /// Per block: the half's scales times each activation row's; per group of four values and
 /// activation row, the lane's exact integer (see the module), its conversion, and one
-/// fused multiply-add into that group's accumulator; Q4_1's minimums times the activation
-/// row's `s` into their own.
+/// fused multiply-add into that group's accumulator (Q4_0's and IQ4_NL's: per block, into
+/// their one); Q4_1's and Q5_1's minimums times the activation row's `s` into their own.
 // Indexed loops: each vector of weights goes to every activation row's accumulator.
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -178,6 +186,7 @@ unsafe fn group_avx2<const T: usize, const F: u8>(
     let unit_lines = 1 + per_unit * value_lines;
     assert!(group.len() >= blocks.div_ceil(per_unit) * unit_lines);
     let flip = _mm256_set1_epi8(-128);
+    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(iq4::VALUES.as_ptr().cast()));
     let mut out = [[0f32; ROWS]; T];
     for h in 0..2 {
         let mut acc = [[_mm256_setzero_ps(); QUADS]; T];
@@ -196,7 +205,7 @@ unsafe fn group_avx2<const T: usize, const F: u8>(
             for t in 0..T {
                 scale[t] = _mm256_mul_ps(d, _mm256_set1_ps(*a[t].d.get_unchecked(b)));
             }
-            if F == Q4_1 {
+            if F == Q4_1 || F == Q5_1 {
                 let m = half_f16(header.add(32), h);
                 for t in 0..T {
                     let s = _mm256_set1_ps(*a[t].s.get_unchecked(b));
@@ -221,6 +230,23 @@ unsafe fn group_avx2<const T: usize, const F: u8>(
                 }
                 continue;
             }
+            if F == IQ4_NL {
+                // Each group of four's integer, as Q8_0's, into the block's one per row.
+                let mut sum = [_mm256_setzero_si256(); T];
+                for q in 0..QUADS {
+                    let w = _mm256_shuffle_epi8(table, nibble_values(lines, q, h));
+                    let x = _mm256_sign_epi8(w, w);
+                    for t in 0..T {
+                        let y = _mm256_sign_epi8(broadcast_four(a[t], b, q), w);
+                        sum[t] = _mm256_add_epi32(sum[t], lanes_avx2(x, y));
+                    }
+                }
+                for t in 0..T {
+                    let sum = _mm256_cvtepi32_ps(sum[t]);
+                    acc[t][0] = _mm256_fmadd_ps(sum, scale[t], acc[t][0]);
+                }
+                continue;
+            }
             for q in 0..QUADS {
                 // Q8_0's and the expanded lines: line `q`'s half (the nibble formats have
                 // fewer lines, so the address is only made for these).
@@ -229,6 +255,7 @@ unsafe fn group_avx2<const T: usize, const F: u8>(
                     Q8_0 => _mm256_xor_si256(_mm256_load_si256(line()), flip),
                     EXPANDED => _mm256_load_si256(line()),
                     Q4_1 => nibble_values(lines, q, h),
+                    // Q5_0's and Q5_1's.
                     _ => q5_0_values(lines, q, h),
                 };
                 let x = match F {
@@ -256,16 +283,16 @@ unsafe fn group_avx2<const T: usize, const F: u8>(
         for t in 0..T {
             let l = &acc[t];
             let sum = match F {
-                // Its one accumulator per row.
-                Q4_0 => l[0],
+                // Their one accumulator per row.
+                Q4_0 | IQ4_NL => l[0],
                 // hsum_float_8: lanes i and i + 4 first, then (0 + 2) + (1 + 3); then
-                // Q4_1's minimums (none for the others).
+                // Q4_1's and Q5_1's minimums (none for the others).
                 _ => {
                     let even = _mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6]));
                     let odd = _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7]));
                     let sum = _mm256_add_ps(even, odd);
                     match F {
-                        Q4_1 => _mm256_add_ps(sum, extra[t]),
+                        Q4_1 | Q5_1 => _mm256_add_ps(sum, extra[t]),
                         _ => sum,
                     }
                 }
