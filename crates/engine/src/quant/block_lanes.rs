@@ -37,6 +37,13 @@
 //!   starts: at 16 rows the VNNI kernel ran 87 against 69 giga multiply-adds a second
 //!   decoding the group again for every pair of rows (`matmul_kernels`, one thread); at 4
 //!   rows the two are even.
+//!
+//!   Where the AVX2 kernel reads the lines (Q5_0 on a CPU without VNNI, and Q5_1), the
+//!   line of fifth bits is a bit plane instead ([`FifthBits`]): row `r`'s bytes
+//!   `4r..4r + 4` again, byte `4r + i` holding in bit `2l` the fifth bit of value `4l + i`
+//!   (a low nibble of line `l`) and in bit `2l + 1` that of value `16 + 4l + i` (its high
+//!   nibble), so that one 16-bit shift and a mask put a value's fifth bit at 16, beside
+//!   its nibble: from the masks it took four instructions (`bit_bytes`).
 //! - Q4_0: four lines of nibbles as Q4_1's, values stored 8 higher (the file's nibbles),
 //!   each block's lanes starting from `-8 ·` the sum of its activations.
 //! - Q5_1: Q5_0's lines, its five bits being its values (unsigned, no offset).
@@ -164,15 +171,51 @@ fn place(format: LaneFormat, b: usize) -> (usize, usize, usize) {
 /// A matrix of one of the [`LaneFormat`]s in the sixteen-row layout.
 pub struct BlockLanes {
     format: LaneFormat,
+    /// How Q5_0's and Q5_1's fifth bits are laid out.
+    fifth_bits: FifthBits,
     blocks: usize,
     /// Lines per group.
     group_lines: usize,
     lines: Vec<Line>,
 }
 
+/// How a block's fifth bits (Q5_0's and Q5_1's) are laid out in its line of them: as the
+/// kernel that reads the matrix takes them (see the module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FifthBits {
+    /// Eight 64-bit masks, for the VNNI kernel's masked additions.
+    Masks,
+    /// A bit plane, for the AVX2 kernel's shifts.
+    Planes,
+}
+
+impl FifthBits {
+    /// The layout of the kernel this CPU runs on `format`.
+    fn for_this_cpu(format: LaneFormat) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if format.has_vnni_kernel() && super::simd::vnni_available() {
+            return Self::Masks;
+        }
+        let _ = format;
+        Self::Planes
+    }
+}
+
 impl BlockLanes {
-    /// Interleaves row-major blocks of `format` (`rows` rows of `cols / 32` blocks each).
+    /// Interleaves row-major blocks of `format` (`rows` rows of `cols / 32` blocks each)
+    /// for the kernel this CPU runs on it.
     pub fn new(format: LaneFormat, raw: &[u8], rows: usize, cols: usize) -> Self {
+        Self::with_fifth_bits(format, FifthBits::for_this_cpu(format), raw, rows, cols)
+    }
+
+    /// [`BlockLanes::new`] with the fifth bits laid out as `fifth_bits` says.
+    fn with_fifth_bits(
+        format: LaneFormat,
+        fifth_bits: FifthBits,
+        raw: &[u8],
+        rows: usize,
+        cols: usize,
+    ) -> Self {
         let bytes = format.block_bytes();
         let (per_unit, value_lines) = unit(format);
         let blocks = cols / 32;
@@ -202,12 +245,18 @@ impl BlockLanes {
                         // and Q5_1's minimum).
                         let at = if minimums { 4 } else { 2 };
                         let qh = u32::from_le_bytes(block[at..at + 4].try_into().unwrap());
-                        let masks = &mut group[values].0;
+                        let line = &mut group[values].0;
                         for j in 0..32 {
-                            let bit = 8 * 8 * (j / 4) + 4 * lane + j % 4;
+                            let (byte, bit) = match fifth_bits {
+                                FifthBits::Masks => {
+                                    let bit = 64 * (j / 4) + 4 * lane + j % 4;
+                                    (bit / 8, bit % 8)
+                                }
+                                // Nibble line (j % 16) / 4, the high nibble from 16 on.
+                                FifthBits::Planes => (4 * lane + j % 4, 2 * (j % 16 / 4) + j / 16),
+                            };
                             let set = ((qh >> j) & 1) as u8;
-                            masks[bit / 8] =
-                                (masks[bit / 8] & !(1 << (bit % 8))) | (set << (bit % 8));
+                            line[byte] = (line[byte] & !(1 << bit)) | (set << bit);
                         }
                         (&block[at + 4..], values + 1)
                     }
@@ -226,6 +275,7 @@ impl BlockLanes {
         }
         Self {
             format,
+            fifth_bits,
             blocks,
             group_lines,
             lines,
@@ -380,7 +430,9 @@ mod simd {
     use std::arch::x86_64::*;
 
     use super::kernel_format::{self, Q4_0, Q4_1, Q5_0, Q8_0};
-    use super::{place, starts_per_block, unit, BlockLanes, LaneFormat, Line, QUADS, ROWS};
+    use super::{
+        place, starts_per_block, unit, BlockLanes, FifthBits, LaneFormat, Line, QUADS, ROWS,
+    };
     use crate::quant::q8::Q8Row;
     use crate::quant::simd::{prefetch_span, Upcoming};
 
@@ -406,6 +458,7 @@ mod simd {
             blocks,
             starts_taken(m.format)
         ));
+        assert!(m.format != LaneFormat::Q5_0 || m.fifth_bits == FifthBits::Masks);
         let lines = m.group(g);
         match m.format {
             LaneFormat::Q8_0 => group_vnni::<T, Q8_0>(lines, blocks, a, starts, soon),
@@ -436,6 +489,7 @@ mod simd {
     /// As [`dot_group`]'s.
     #[target_feature(enable = "avx512f,avx512bw")]
     pub unsafe fn expand_q5_0(m: &BlockLanes, g: usize, into: &mut Vec<Line>) {
+        assert_eq!(m.fifth_bits, FifthBits::Masks);
         super::expand_q5_0_with(m, g, into, |from, q, to| {
             // SAFETY: AVX-512 as the caller promises; both are 64-byte aligned lines.
             unsafe {
@@ -691,7 +745,8 @@ mod tests {
 
     /// Every row of every group, against one to four activation rows (in every position of
     /// a pass), equals the portable dot product bit for bit (Q4_0's and IQ4_NL's repacked
-    /// one), for every format of `formats` (Q5_0 also decoded once, `expanded`), the
+    /// one), for every format of `formats` with its fifth bits (if any) laid out as
+    /// `fifth_bits` says (Q5_0 also decoded once, `expanded`), the
     /// extreme values included: -128 and 127 in Q8_0's weights, the lowest and highest of
     /// the others' (IQ4_NL's -127 and 113), 127 and `lowest` in the activations (-128 for a
     /// kernel that takes it; the quantizer never makes it). The kernel gets the lane
@@ -699,6 +754,7 @@ mod tests {
     /// (Q5_0's always: decoded once, it needs them too).
     fn assert_matches_the_portable_kernel(
         formats: &[LaneFormat],
+        fifth_bits: FifthBits,
         lowest: i8,
         takes_starts: fn(LaneFormat) -> bool,
         dot: GroupKernel,
@@ -731,7 +787,7 @@ mod tests {
                     raw[(r * blocks + b) * bytes + from..][..bytes - from].fill(v);
                 }
             }
-            let m = BlockLanes::new(format, &raw, rows, cols);
+            let m = BlockLanes::with_fifth_bits(format, fifth_bits, &raw, rows, cols);
             let mut acts: Vec<Q8Row> = (0..4)
                 .map(|_| quantize_row(&sample::activations(1, cols, 4.0, &mut rng)))
                 .collect();
@@ -825,6 +881,7 @@ mod tests {
         assert!(formats.iter().all(|f| f.has_vnni_kernel()));
         assert_matches_the_portable_kernel(
             &formats,
+            FifthBits::Masks,
             -128,
             |format| starts_taken(format) > 0,
             |m, g, a, s| unsafe {
@@ -854,6 +911,7 @@ mod tests {
                 LaneFormat::Q5_1,
                 LaneFormat::Iq4Nl,
             ],
+            FifthBits::Planes,
             -127,
             |format| avx2::starts_taken(format) > 0,
             |m, g, a, s| unsafe {

@@ -34,10 +34,10 @@
 use std::arch::x86_64::*;
 
 use super::kernel_format::{self, EXPANDED, IQ4_NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
-use super::{place, unit, BlockLanes, LaneFormat, Line, QUADS, ROWS};
+use super::{place, unit, BlockLanes, FifthBits, LaneFormat, Line, QUADS, ROWS};
 use crate::quant::iq4;
 use crate::quant::q8::Q8Row;
-use crate::quant::simd::{bit_bytes, lanes_avx2, prefetch_span, Upcoming};
+use crate::quant::simd::{lanes_avx2, prefetch_span, Upcoming};
 
 /// Rows per half line (one per 32-bit lane of a 256-bit vector).
 const HALF: usize = ROWS / 2;
@@ -65,6 +65,7 @@ pub unsafe fn dot_group<const T: usize>(
         blocks,
         starts_taken(m.format)
     ));
+    assert!(reads_its_fifth_bits(m));
     let lines = m.group(g);
     match m.format {
         LaneFormat::Q8_0 => group_avx2::<T, Q8_0>(lines, blocks, a, starts, soon),
@@ -74,6 +75,12 @@ pub unsafe fn dot_group<const T: usize>(
         LaneFormat::Q5_1 => group_avx2::<T, Q5_1>(lines, blocks, a, starts, soon),
         LaneFormat::Iq4Nl => group_avx2::<T, IQ4_NL>(lines, blocks, a, starts, soon),
     }
+}
+
+/// Whether this kernel reads `m`'s fifth bits as they are laid out (as planes; formats
+/// without any are read whatever the field says).
+fn reads_its_fifth_bits(m: &BlockLanes) -> bool {
+    !matches!(m.format, LaneFormat::Q5_0 | LaneFormat::Q5_1) || m.fifth_bits == FifthBits::Planes
 }
 
 /// How many lane starts per block this kernel reads for `format`: Q5_0's eight and Q4_0's
@@ -95,6 +102,7 @@ pub fn starts_taken(format: LaneFormat) -> usize {
 /// AVX2 must be available.
 #[target_feature(enable = "avx2")]
 pub unsafe fn expand_q5_0(m: &BlockLanes, g: usize, into: &mut Vec<Line>) {
+    assert!(reads_its_fifth_bits(m));
     super::expand_q5_0_with(m, g, into, |from, q, to| {
         for h in 0..2 {
             // SAFETY: AVX2 as the caller promises; both are 64-byte aligned lines.
@@ -137,17 +145,26 @@ unsafe fn nibble_values(nibbles: *const Line, q: usize, h: usize) -> __m256i {
 }
 
 /// Half `h` of a Q5_0 block's values `4q..4q + 4`, stored 16 higher (a Q5_1 block's
-/// values), from its mask line and four lines of nibbles at `lines`: the half's rows'
-/// fifth bits are the mask's 32-bit word `2q + h`.
+/// values), from its plane of fifth bits ([`super::FifthBits::Planes`]) and four lines of
+/// nibbles at `lines`: each byte's bit `2q` (a low nibble's) or `2(q - 4) + 1` (a high
+/// one's) shifted to 16. A 16-bit shift by at most four moves no bit of one byte into
+/// the other's bit 4.
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn q5_0_values(lines: *const Line, q: usize, h: usize) -> __m256i {
     let low = nibble_values(lines.add(1), q, h);
-    let bits = (lines as *const u32).add(2 * q + h).read();
-    _mm256_or_si256(
-        low,
-        _mm256_and_si256(bit_bytes(bits), _mm256_set1_epi8(0x10)),
-    )
+    let plane = _mm256_load_si256((lines as *const u8).add(32 * h).cast());
+    let at_16 = match q {
+        0 => _mm256_slli_epi16::<4>(plane),
+        1 => _mm256_slli_epi16::<2>(plane),
+        2 => plane,
+        3 => _mm256_srli_epi16::<2>(plane),
+        4 => _mm256_slli_epi16::<3>(plane),
+        5 => _mm256_slli_epi16::<1>(plane),
+        6 => _mm256_srli_epi16::<1>(plane),
+        _ => _mm256_srli_epi16::<3>(plane),
+    };
+    _mm256_or_si256(low, _mm256_and_si256(at_16, _mm256_set1_epi8(0x10)))
 }
 
 /// Half `h` of sixteen f16 values at `p` (eight rows' scales or minimums), as f32.
