@@ -22,13 +22,24 @@ use ferrite_engine::tokenizer::Tokenizer;
 /// (`scripts/fuzz_smoke.sh`) builds unoptimized, where the same work takes 10-20 times
 /// longer, and sets it higher.
 fn wall_limit() -> Duration {
-    static LIMIT: OnceLock<Duration> = OnceLock::new();
-    *LIMIT.get_or_init(|| {
-        let set = std::env::var("FERRITE_FUZZ_WALL_LIMIT_SECS").ok();
-        set.map_or(Duration::from_secs(3), |s| {
-            Duration::from_secs_f64(s.parse().expect("FERRITE_FUZZ_WALL_LIMIT_SECS: seconds"))
-        })
-    })
+    *WALL_LIMIT.get().expect("read at start-up")
+}
+
+/// [`wall_limit`], read once before the first input (`init` below): a bad setting ends
+/// the run there, not as a finding saved with an input.
+static WALL_LIMIT: OnceLock<Duration> = OnceLock::new();
+
+fn read_wall_limit() -> Duration {
+    let Ok(set) = std::env::var("FERRITE_FUZZ_WALL_LIMIT_SECS") else {
+        return Duration::from_secs(3);
+    };
+    match set.parse::<f64>().ok().and_then(|s| Duration::try_from_secs_f64(s).ok()) {
+        Some(limit) => limit,
+        None => {
+            eprintln!("FERRITE_FUZZ_WALL_LIMIT_SECS={set:?}: expected seconds");
+            std::process::exit(2)
+        }
+    }
 }
 
 /// Mask/consume steps run on a grammar that compiles.
@@ -48,7 +59,9 @@ fn factory() -> &'static (ConstraintFactory, usize) {
     })
 }
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+libfuzzer_sys::fuzz_target!(init: {
+    WALL_LIMIT.get_or_init(read_wall_limit);
+}, |data: &[u8]| {
     let Some((&selector, source)) = data.split_first() else {
         return;
     };

@@ -193,11 +193,13 @@ impl FifthBits {
     /// The layout of the kernel this CPU runs on `format`.
     fn for_this_cpu(format: LaneFormat) -> Self {
         #[cfg(target_arch = "x86_64")]
-        if format.has_vnni_kernel() && super::simd::vnni_available() {
-            return Self::Masks;
+        let vnni = super::simd::vnni_available();
+        #[cfg(not(target_arch = "x86_64"))]
+        let vnni = false;
+        match format.has_vnni_kernel() && vnni {
+            true => Self::Masks,
+            false => Self::Planes,
         }
-        let _ = format;
-        Self::Planes
     }
 }
 
@@ -312,7 +314,7 @@ fn starts_per_block(format: LaneFormat) -> usize {
 /// Where the kernel's integers start for activation row `a` (its first `blocks` blocks)
 /// against a matrix of `format`: per block, and per group of four values but for Q4_0
 /// ([`starts_per_block`]), `-offset ·` the values' sum, so that the offset the weights
-/// are stored with ([`offset`]) cancels (all zero for Q4_1, which has none).
+/// are stored with ([`offset`]) cancels (all zero for the formats without one).
 pub fn lane_starts(a: &Q8Row, blocks: usize, format: LaneFormat) -> Vec<i32> {
     let offset = offset(format);
     a.qs[..blocks * 32]
@@ -339,7 +341,8 @@ fn rows_cover(a: &[&Q8Row], starts: &[&[i32]], blocks: usize, per_block: usize) 
 /// 16 higher. For more than a few activation rows, decoding a group's nibbles and fifth
 /// bits once and reading the result as Q8_0 takes fewer instructions than decoding them
 /// again for every pass. `write(from, q, to)` is an instruction set's decoding: line `to`
-/// from values `4q..4q + 4` of the block whose mask and nibble lines are `from`.
+/// from values `4q..4q + 4` of the block whose line of fifth bits (masks or a plane, as the
+/// instruction set's kernel reads them) and nibble lines are `from`.
 #[cfg(target_arch = "x86_64")]
 fn expand_q5_0_with(
     m: &BlockLanes,

@@ -1,5 +1,5 @@
 //! The sixteen-row block-of-32 layout's kernel for CPUs with AVX2 but without AVX-512
-//! VNNI. Each 64-byte line is two 256-bit halves of eight rows each (row `r`'s four bytes
+//! VNNI, and for Q5_1 and IQ4_NL on every CPU (they have no VNNI kernel). Each 64-byte line is two 256-bit halves of eight rows each (row `r`'s four bytes
 //! at `4r`), so a half is one AVX2 vector with one weight row per 32-bit lane, and the
 //! kernel runs the VNNI kernel's plan on it: four activations broadcast against four
 //! values of eight rows, the lane's integer converted and folded into that lane's float
@@ -20,11 +20,12 @@
 //!   `vpmaddwd`: its one integer per row and block.
 //! - Q5_1's values are Q5_0's five bits, unsigned, with Q4_1's minimums.
 //! - IQ4_NL's indices are looked up (`vpshufb`) as signed values, multiplied as Q8_0's
-//!   (at most 2 · 127 · 127 a pair), and each group of four's integer added into the
+//!   (at most 2 · 127 · 127 a pair, for activations in -127..=127), and each group of four's integer added into the
 //!   block's one integer per row (its sixteen pairs would overflow 16 bits).
 //!
 //! The integers are the exact sums the VNNI kernel computes, and the floating-point steps
-//! are its own, lane for lane, so results are bit-identical to the portable kernels.
+//! are its own, lane for lane (for Q5_1 and IQ4_NL, those of their portable kernels), so
+//! results are bit-identical to the portable kernels.
 //!
 //! Eight accumulators per row and activation row (one per group of four values, as
 //! llama.cpp's) fill half the sixteen registers for one half and one activation row, so
@@ -48,8 +49,8 @@ const HALF: usize = ROWS / 2;
 /// meanwhile ([`Upcoming`]).
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be available ([`crate::quant::simd::available`]). For Q8_0 the
-/// activations must lie in -127..=127 to be exact, as [`crate::quant::q8::quantize_row`]
+/// AVX2, FMA and F16C must be available ([`crate::quant::simd::available`]). For Q8_0 and
+/// IQ4_NL the activations must lie in -127..=127 to be exact, as [`crate::quant::q8::quantize_row`]
 /// makes them of finite values.
 pub unsafe fn dot_group<const T: usize>(
     m: &BlockLanes,
@@ -131,8 +132,9 @@ pub unsafe fn dot_expanded<const T: usize>(
     group_avx2::<T, EXPANDED>(lines, blocks, a, starts, soon)
 }
 
-/// Half `h` of a Q4_1 or Q5_0 block's values `4q..4q + 4` (its eight rows), unsigned bytes,
-/// from its four lines of nibbles at `nibbles`.
+/// Half `h` of a block's nibbles `4q..4q + 4` (its eight rows), unsigned bytes, from its
+/// four lines of nibbles at `nibbles`: Q4_1's, Q4_0's and IQ4_NL's, and the low four bits
+/// of Q5_0's and Q5_1's values.
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn nibble_values(nibbles: *const Line, q: usize, h: usize) -> __m256i {
