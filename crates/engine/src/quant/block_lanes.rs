@@ -39,7 +39,7 @@
 //!   rows the two are even.
 //!
 //!   Where the AVX2 kernel reads the lines (Q5_0 on a CPU without VNNI, and Q5_1), the
-//!   line of fifth bits is a bit plane instead ([`FifthBits`]): row `r`'s bytes
+//!   line of fifth bits is a bit plane instead ([`Kernel`]): row `r`'s bytes
 //!   `4r..4r + 4` again, byte `4r + i` holding in bit `2l` the fifth bit of value `4l + i`
 //!   (a low nibble of line `l`) and in bit `2l + 1` that of value `16 + 4l + i` (its high
 //!   nibble), so that one 16-bit shift and a mask put a value's fifth bit at 16, beside
@@ -171,34 +171,34 @@ fn place(format: LaneFormat, b: usize) -> (usize, usize, usize) {
 /// A matrix of one of the [`LaneFormat`]s in the sixteen-row layout.
 pub struct BlockLanes {
     format: LaneFormat,
-    /// How Q5_0's and Q5_1's fifth bits are laid out.
-    fifth_bits: FifthBits,
+    /// The kernel that reads it, which Q5_0's and Q5_1's fifth bits are laid out for.
+    kernel: Kernel,
     blocks: usize,
     /// Lines per group.
     group_lines: usize,
     lines: Vec<Line>,
 }
 
-/// How a block's fifth bits (Q5_0's and Q5_1's) are laid out in its line of them: as the
-/// kernel that reads the matrix takes them (see the module).
+/// Which kernel reads a matrix, chosen once at load. It decides how a block's fifth bits
+/// (Q5_0's and Q5_1's) are laid out in their line (see the module).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FifthBits {
-    /// Eight 64-bit masks, for the VNNI kernel's masked additions.
-    Masks,
-    /// A bit plane, for the AVX2 kernel's shifts.
-    Planes,
+pub enum Kernel {
+    /// The AVX-512 VNNI kernel: fifth bits as eight 64-bit masks, for its masked additions.
+    Vnni,
+    /// The AVX2 kernel: fifth bits as a bit plane, for its shifts.
+    Avx2,
 }
 
-impl FifthBits {
-    /// The layout of the kernel this CPU runs on `format`.
+impl Kernel {
+    /// The kernel this CPU runs on `format`.
     fn for_this_cpu(format: LaneFormat) -> Self {
         #[cfg(target_arch = "x86_64")]
         let vnni = super::simd::vnni_available();
         #[cfg(not(target_arch = "x86_64"))]
         let vnni = false;
         match format.has_vnni_kernel() && vnni {
-            true => Self::Masks,
-            false => Self::Planes,
+            true => Self::Vnni,
+            false => Self::Avx2,
         }
     }
 }
@@ -207,13 +207,13 @@ impl BlockLanes {
     /// Interleaves row-major blocks of `format` (`rows` rows of `cols / 32` blocks each)
     /// for the kernel this CPU runs on it.
     pub fn new(format: LaneFormat, raw: &[u8], rows: usize, cols: usize) -> Self {
-        Self::with_fifth_bits(format, FifthBits::for_this_cpu(format), raw, rows, cols)
+        Self::for_kernel(format, Kernel::for_this_cpu(format), raw, rows, cols)
     }
 
-    /// [`BlockLanes::new`] with the fifth bits laid out as `fifth_bits` says.
-    fn with_fifth_bits(
+    /// [`BlockLanes::new`] for the kernel `kernel`.
+    fn for_kernel(
         format: LaneFormat,
-        fifth_bits: FifthBits,
+        kernel: Kernel,
         raw: &[u8],
         rows: usize,
         cols: usize,
@@ -249,13 +249,13 @@ impl BlockLanes {
                         let qh = u32::from_le_bytes(block[at..at + 4].try_into().unwrap());
                         let line = &mut group[values].0;
                         for j in 0..32 {
-                            let (byte, bit) = match fifth_bits {
-                                FifthBits::Masks => {
+                            let (byte, bit) = match kernel {
+                                Kernel::Vnni => {
                                     let bit = 64 * (j / 4) + 4 * lane + j % 4;
                                     (bit / 8, bit % 8)
                                 }
                                 // Nibble line (j % 16) / 4, the high nibble from 16 on.
-                                FifthBits::Planes => (4 * lane + j % 4, 2 * (j % 16 / 4) + j / 16),
+                                Kernel::Avx2 => (4 * lane + j % 4, 2 * (j % 16 / 4) + j / 16),
                             };
                             let set = ((qh >> j) & 1) as u8;
                             line[byte] = (line[byte] & !(1 << bit)) | (set << bit);
@@ -277,7 +277,7 @@ impl BlockLanes {
         }
         Self {
             format,
-            fifth_bits,
+            kernel,
             blocks,
             group_lines,
             lines,
@@ -433,9 +433,7 @@ mod simd {
     use std::arch::x86_64::*;
 
     use super::kernel_format::{self, Q4_0, Q4_1, Q5_0, Q8_0};
-    use super::{
-        place, starts_per_block, unit, BlockLanes, FifthBits, LaneFormat, Line, QUADS, ROWS,
-    };
+    use super::{place, starts_per_block, unit, BlockLanes, Kernel, LaneFormat, Line, QUADS, ROWS};
     use crate::quant::q8::Q8Row;
     use crate::quant::simd::{prefetch_span, Upcoming};
 
@@ -461,7 +459,7 @@ mod simd {
             blocks,
             starts_taken(m.format)
         ));
-        assert!(m.format != LaneFormat::Q5_0 || m.fifth_bits == FifthBits::Masks);
+        assert_eq!(m.kernel, Kernel::Vnni);
         let lines = m.group(g);
         match m.format {
             LaneFormat::Q8_0 => group_vnni::<T, Q8_0>(lines, blocks, a, starts, soon),
@@ -492,7 +490,7 @@ mod simd {
     /// As [`dot_group`]'s.
     #[target_feature(enable = "avx512f,avx512bw")]
     pub unsafe fn expand_q5_0(m: &BlockLanes, g: usize, into: &mut Vec<Line>) {
-        assert_eq!(m.fifth_bits, FifthBits::Masks);
+        assert_eq!(m.kernel, Kernel::Vnni);
         super::expand_q5_0_with(m, g, into, |from, q, to| {
             // SAFETY: AVX-512 as the caller promises; both are 64-byte aligned lines.
             unsafe {
@@ -658,7 +656,7 @@ impl Layout for BlockLanes {
         };
         #[cfg(target_arch = "x86_64")]
         {
-            let vnni = super::simd::vnni_available() && self.format.has_vnni_kernel();
+            let vnni = self.kernel == Kernel::Vnni;
             let needs_starts = match vnni {
                 true => starts_taken(self.format) > 0,
                 false => avx2::starts_taken(self.format) > 0,
@@ -748,8 +746,8 @@ mod tests {
 
     /// Every row of every group, against one to four activation rows (in every position of
     /// a pass), equals the portable dot product bit for bit (Q4_0's and IQ4_NL's repacked
-    /// one), for every format of `formats` with its fifth bits (if any) laid out as
-    /// `fifth_bits` says (Q5_0 also decoded once, `expanded`), the
+    /// one), for every format of `formats` laid out for `kernel` (Q5_0 also decoded once,
+    /// `expanded`), the
     /// extreme values included: -128 and 127 in Q8_0's weights, the lowest and highest of
     /// the others' (IQ4_NL's -127 and 113), 127 and `lowest` in the activations (-128 for a
     /// kernel that takes it; the quantizer never makes it). The kernel gets the lane
@@ -757,7 +755,7 @@ mod tests {
     /// (Q5_0's always: decoded once, it needs them too).
     fn assert_matches_the_portable_kernel(
         formats: &[LaneFormat],
-        fifth_bits: FifthBits,
+        kernel: Kernel,
         lowest: i8,
         takes_starts: fn(LaneFormat) -> bool,
         dot: GroupKernel,
@@ -790,7 +788,7 @@ mod tests {
                     raw[(r * blocks + b) * bytes + from..][..bytes - from].fill(v);
                 }
             }
-            let m = BlockLanes::with_fifth_bits(format, fifth_bits, &raw, rows, cols);
+            let m = BlockLanes::for_kernel(format, kernel, &raw, rows, cols);
             let mut acts: Vec<Q8Row> = (0..4)
                 .map(|_| quantize_row(&sample::activations(1, cols, 4.0, &mut rng)))
                 .collect();
@@ -884,7 +882,7 @@ mod tests {
         assert!(formats.iter().all(|f| f.has_vnni_kernel()));
         assert_matches_the_portable_kernel(
             &formats,
-            FifthBits::Masks,
+            Kernel::Vnni,
             -128,
             |format| starts_taken(format) > 0,
             |m, g, a, s| unsafe {
@@ -914,7 +912,7 @@ mod tests {
                 LaneFormat::Q5_1,
                 LaneFormat::Iq4Nl,
             ],
-            FifthBits::Planes,
+            Kernel::Avx2,
             -127,
             |format| avx2::starts_taken(format) > 0,
             |m, g, a, s| unsafe {

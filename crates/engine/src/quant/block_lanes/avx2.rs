@@ -35,7 +35,7 @@
 use std::arch::x86_64::*;
 
 use super::kernel_format::{self, EXPANDED, IQ4_NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
-use super::{place, unit, BlockLanes, FifthBits, LaneFormat, Line, QUADS, ROWS};
+use super::{place, unit, BlockLanes, Kernel, LaneFormat, Line, QUADS, ROWS};
 use crate::quant::iq4;
 use crate::quant::q8::Q8Row;
 use crate::quant::simd::{lanes_avx2, prefetch_span, Upcoming};
@@ -66,7 +66,7 @@ pub unsafe fn dot_group<const T: usize>(
         blocks,
         starts_taken(m.format)
     ));
-    assert!(reads_its_fifth_bits(m));
+    assert_eq!(m.kernel, Kernel::Avx2);
     let lines = m.group(g);
     match m.format {
         LaneFormat::Q8_0 => group_avx2::<T, Q8_0>(lines, blocks, a, starts, soon),
@@ -76,12 +76,6 @@ pub unsafe fn dot_group<const T: usize>(
         LaneFormat::Q5_1 => group_avx2::<T, Q5_1>(lines, blocks, a, starts, soon),
         LaneFormat::Iq4Nl => group_avx2::<T, IQ4_NL>(lines, blocks, a, starts, soon),
     }
-}
-
-/// Whether this kernel reads `m`'s fifth bits as they are laid out (as planes; formats
-/// without any are read whatever the field says).
-fn reads_its_fifth_bits(m: &BlockLanes) -> bool {
-    !matches!(m.format, LaneFormat::Q5_0 | LaneFormat::Q5_1) || m.fifth_bits == FifthBits::Planes
 }
 
 /// How many lane starts per block this kernel reads for `format`: Q5_0's eight and Q4_0's
@@ -103,7 +97,7 @@ pub fn starts_taken(format: LaneFormat) -> usize {
 /// AVX2 must be available.
 #[target_feature(enable = "avx2")]
 pub unsafe fn expand_q5_0(m: &BlockLanes, g: usize, into: &mut Vec<Line>) {
-    assert!(reads_its_fifth_bits(m));
+    assert_eq!(m.kernel, Kernel::Avx2);
     super::expand_q5_0_with(m, g, into, |from, q, to| {
         for h in 0..2 {
             // SAFETY: AVX2 as the caller promises; both are 64-byte aligned lines.
@@ -147,7 +141,7 @@ unsafe fn nibble_values(nibbles: *const Line, q: usize, h: usize) -> __m256i {
 }
 
 /// Half `h` of a Q5_0 block's values `4q..4q + 4`, stored 16 higher (a Q5_1 block's
-/// values), from its plane of fifth bits ([`super::FifthBits::Planes`]) and four lines of
+/// values), from its plane of fifth bits ([`super::Kernel::Avx2`]'s) and four lines of
 /// nibbles at `lines`: each byte's bit `2q` (a low nibble's) or `2(q - 4) + 1` (a high
 /// one's) shifted to 16. A 16-bit shift by at most four moves no bit of one byte into
 /// the other's bit 4.
