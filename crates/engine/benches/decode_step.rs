@@ -1,7 +1,8 @@
-//! One sequence's decode steps of a real GGUF model, without the server: the forward
-//! step alone, on the compute pool as the engine runs it (`with_threads_awake`), after a
-//! prompt of `--prompt` tokens (the context attention reads). Prints each round's mean
-//! steps per second, and its median, fastest and slowest step.
+//! Decode steps of a real GGUF model, without the server: the forward step alone, on the
+//! compute pool as the engine runs it (`with_threads_awake`), for `--streams` sequences
+//! that each take one token a step (the rows of a concurrent load's decode step), after a
+//! prompt of `--prompt` tokens each (the context attention reads). Prints each round's
+//! mean steps per second, and its median, fastest and slowest step.
 //!
 //! The server adds sampling and HTTP to each step; this isolates the engine's share, so
 //! that an A/B of two builds (or of an environment switch) measures only that. Decode
@@ -9,7 +10,7 @@
 //! rounds run close together, alternating the builds.
 //!
 //!     cargo bench -p ferrite-engine --bench decode_step -- --model FILE \
-//!         [--prompt 32] [--steps 64] [--rounds 3] [--threads N]
+//!         [--prompt 32] [--steps 64] [--rounds 3] [--threads N] [--streams 1]
 
 use std::time::Instant;
 
@@ -27,13 +28,15 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let Some(path) = option::<String>(&args, "--model") else {
         eprintln!(
-            "usage: decode_step --model FILE [--prompt 32] [--steps 64] [--rounds 3] [--threads N]"
+            "usage: decode_step --model FILE [--prompt 32] [--steps 64] [--rounds 3] [--threads N] \
+             [--streams 1]"
         );
         std::process::exit(2);
     };
     let prompt_len: u32 = option(&args, "--prompt").unwrap_or(32).max(1);
     let steps: usize = option(&args, "--steps").unwrap_or(64).max(1);
     let rounds: usize = option(&args, "--rounds").unwrap_or(3);
+    let streams: usize = option(&args, "--streams").unwrap_or(1).max(1);
     let pool_threads = option(&args, "--threads").unwrap_or_else(threads::available_cores);
     threads::set_compute_threads(pool_threads).expect("the pool starts once");
     let (_gguf, model) = model::load_path(path.as_ref()).expect("the model loads");
@@ -43,24 +46,39 @@ fn main() {
         .map(|t| (t * 7919 % vocab) as u32)
         .collect();
     for round in 0..rounds {
-        let mut cache = model.new_cache(prompt.len() + steps + 1);
-        let step = |tokens: &[u32], cache: &mut SequenceCache| {
-            let mut batch = [BatchEntry {
-                tokens,
-                cache,
-                logits: Logits::Last,
-                prompt_len: prompt.len(),
-            }];
+        let mut caches: Vec<SequenceCache> = (0..streams)
+            .map(|_| model.new_cache(prompt.len() + steps + 1))
+            .collect();
+        // One step: `tokens[s]` are stream `s`'s new tokens.
+        let step = |tokens: &[&[u32]], caches: &mut [SequenceCache]| {
+            let mut batch: Vec<BatchEntry> = caches
+                .iter_mut()
+                .zip(tokens)
+                .map(|(cache, tokens)| BatchEntry {
+                    tokens,
+                    cache,
+                    logits: Logits::Last,
+                    prompt_len: prompt.len(),
+                })
+                .collect();
             threads::with_threads_awake(|| model.forward(&mut batch)).expect("the step runs")
         };
-        step(&prompt, &mut cache);
-        let mut token = prompt[prompt.len() - 1];
+        // The prompts one stream at a time, as their own prefill steps would be.
+        for cache in caches.chunks_mut(1) {
+            step(&[&prompt], cache);
+        }
+        let mut tokens: Vec<u32> = (0..streams as u32)
+            .map(|s| ((prompt[prompt.len() - 1] + s) as u64 % vocab) as u32)
+            .collect();
         let mut times = Vec::with_capacity(steps);
         for _ in 0..steps {
             let start = Instant::now();
-            let logits = step(&[token], &mut cache);
+            let rows: Vec<&[u32]> = tokens.chunks(1).collect();
+            let logits = step(&rows, &mut caches);
             times.push(start.elapsed().as_secs_f64() * 1e3);
-            token = ((token as u64 * 31 + logits[0].len() as u64 / 3) % vocab) as u32;
+            for (token, row) in tokens.iter_mut().zip(&logits) {
+                *token = ((*token as u64 * 31 + row.len() as u64 / 3) % vocab) as u32;
+            }
         }
         let mean = steps as f64 * 1e3 / times.iter().sum::<f64>();
         times.sort_by(f64::total_cmp);

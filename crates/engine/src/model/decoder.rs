@@ -6,8 +6,7 @@
 use super::attention::AttentionShape;
 use super::ops::{self, Rope, RopeStyle};
 use super::{
-    attend_batch, gather_rows, split_rows, BatchEntry, Dimensions, Model, ModelInfo,
-    PromptBatching, StepLayout,
+    attend_batch, gather_rows, BatchEntry, Dimensions, Model, ModelInfo, PromptBatching, StepLayout,
 };
 use crate::gguf::GgufFile;
 use crate::quant::{Embedding, QMatrix, RowKernel};
@@ -447,15 +446,16 @@ impl Model for Decoder {
             return Ok(Vec::new());
         }
         ops::rms_norm(&mut x, &self.output_norm, self.eps);
-        let mut logits = ops::matmul(&self.output, &x, &layout.logit_kernels)?;
+        let mut logits = ops::matmul_rows(&self.output, &x, &layout.logit_kernels)?;
         if let Some(cap) = self.final_softcap {
             // Three roundings, as ggml's scale, tanh and scale.
             let inverse = 1.0 / cap;
             logits
                 .iter_mut()
+                .flatten()
                 .for_each(|l| *l = (*l * inverse).tanh() * cap);
         }
-        Ok(split_rows(logits, self.info.vocab_size))
+        Ok(logits)
     }
 
     fn set_context_length(&mut self, context: usize) {

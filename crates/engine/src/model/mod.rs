@@ -316,8 +316,3 @@ fn gather_rows(x: &[f32], width: usize, rows: &[usize]) -> Vec<f32> {
         .flat_map(|&r| x[r * width..(r + 1) * width].iter().copied())
         .collect()
 }
-
-/// Splits a flat `rows × width` buffer into rows.
-fn split_rows(x: Vec<f32>, width: usize) -> Vec<Vec<f32>> {
-    x.chunks_exact(width).map(<[f32]>::to_vec).collect()
-}

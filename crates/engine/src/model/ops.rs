@@ -16,6 +16,15 @@ pub fn matmul(
     w.matmul(x, kernels)
 }
 
+/// [`matmul`] with each activation row's result a vector of its own.
+pub fn matmul_rows(
+    w: &crate::quant::QMatrix,
+    x: &[f32],
+    kernels: &[crate::quant::RowKernel],
+) -> Result<Vec<Vec<f32>>, EngineError> {
+    w.matmul_rows(x, kernels)
+}
+
 /// [`matmul`] of several matrices with the same input, in one parallel pass.
 pub fn matmul_many<const N: usize>(
     ws: [&crate::quant::QMatrix; N],

@@ -59,6 +59,15 @@ use act_tile::{ActTile, TILE_ROWS};
 use layout::Layout;
 use output::{Columns, Output};
 
+/// How [`QMatrix::products`] hands its results back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Results {
+    /// One `n × rows` matrix per product.
+    Matrices,
+    /// One vector per activation row (of a single product).
+    Rows,
+}
+
 pub use dot::{BlockFormat, Q4_0, Q4_1, Q5_0, Q8_0};
 
 /// Which of llama.cpp's kernels a row's arithmetic follows. They compute the same sums and
@@ -422,6 +431,25 @@ impl QMatrix {
         Ok(out.pop().expect("one product per matrix"))
     }
 
+    /// [`Self::matmul`] with each activation row's result a vector of its own (the logits
+    /// rows a step hands the sampler), written in place by the parallel tasks.
+    pub fn matmul_rows(
+        &self,
+        x: &[f32],
+        kernels: &[RowKernel],
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        match self {
+            Self::Candle(c) => {
+                let out = ops::linear(c, x, kernels.len())?;
+                Ok(out
+                    .chunks_exact(self.rows().max(1))
+                    .map(<[f32]>::to_vec)
+                    .collect())
+            }
+            Self::Own { .. } => Self::products(&[self], x, kernels, Results::Rows),
+        }
+    }
+
     /// [`Self::matmul`] of several matrices with the same input (a layer's query, key and
     /// value projections, say): the input is quantized once per kind of activations the
     /// matrices take, and all products share one parallel pass, so that the threads
@@ -431,6 +459,17 @@ impl QMatrix {
         matrices: &[&QMatrix],
         x: &[f32],
         kernels: &[RowKernel],
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        Self::products(matrices, x, kernels, Results::Matrices)
+    }
+
+    /// The products of [`Self::matmul_many`], or of [`Self::matmul_rows`]'s one matrix, in
+    /// one parallel pass; the results as `results` says.
+    fn products(
+        matrices: &[&QMatrix],
+        x: &[f32],
+        kernels: &[RowKernel],
+        results: Results,
     ) -> Result<Vec<Vec<f32>>, EngineError> {
         let n = kernels.len();
         // Quantized inputs, shared by the matrices that take the same kind.
@@ -469,21 +508,34 @@ impl QMatrix {
                 Self::Candle(_) => Vec::new(),
             })
             .collect();
-        let mut outs: Vec<Vec<f32>> = Vec::with_capacity(matrices.len());
-        for m in matrices {
-            outs.push(match m {
-                Self::Candle(c) => ops::linear(c, x, n)?,
-                Self::Own { rows, .. } => vec![0f32; n * rows],
-            });
-        }
-        // Each task writes its chunk's columns of its matrix's output in place.
-        let targets: Vec<Output> = outs
-            .iter_mut()
-            .map(|out| {
-                let rows = out.len().checked_div(n).unwrap_or(0);
-                Output::new(out, n, rows)
-            })
-            .collect();
+        // Each task zeroes and then writes its chunk's columns of its matrix's output in
+        // place: the outputs are allocated, not zeroed, by this thread while the others
+        // wait (16 MB a step for 16 rows of Gemma 3's logits).
+        let mut outs: Vec<Vec<f32>> = Vec::with_capacity(matrices.len().max(n));
+        let targets: Vec<Output> = match results {
+            Results::Matrices => {
+                for m in matrices {
+                    outs.push(match m {
+                        Self::Candle(c) => ops::linear(c, x, n)?,
+                        Self::Own { rows, .. } => Vec::with_capacity(n * rows),
+                    });
+                }
+                outs.iter_mut()
+                    .zip(matrices)
+                    .map(|(out, m)| match m {
+                        // Lent with no columns: no task writes it.
+                        Self::Candle(_) => Output::new(&mut [], 0, 0),
+                        Self::Own { rows, .. } => Output::spare(out, n, *rows),
+                    })
+                    .collect()
+            }
+            Results::Rows => {
+                assert!(matrices.len() == 1 && matches!(matrices[0], Self::Own { .. }));
+                let rows = matrices[0].rows();
+                outs.extend((0..n).map(|_| Vec::with_capacity(rows)));
+                vec![Output::spare_rows(&mut outs, rows)]
+            }
+        };
         crate::threads::for_each_index(tasks.len(), |i| {
             let (mi, c) = tasks[i];
             let acts = &acts[inputs[mi].expect("own matrices have inputs")].1;
@@ -495,9 +547,28 @@ impl QMatrix {
             // SAFETY: tasks are distinct (matrix, chunk) pairs, so their columns never
             // overlap.
             let out = unsafe { targets[mi].columns(columns) };
+            out.zero();
             matrices[mi].chunk(acts, kernels, c, &out);
         });
         drop(targets);
+        // SAFETY (each): every column of every own matrix's output was zeroed, then
+        // written, by the task of its chunk (the chunks cover its rows), and every task
+        // has run (a panicking one would have ended this function).
+        match results {
+            Results::Matrices => {
+                for (out, m) in outs.iter_mut().zip(matrices) {
+                    if let Self::Own { rows, .. } = m {
+                        unsafe { output::fill(out, n * rows) };
+                    }
+                }
+            }
+            Results::Rows => {
+                let rows = matrices[0].rows();
+                for out in &mut outs {
+                    unsafe { output::fill(out, rows) };
+                }
+            }
+        }
         Ok(outs)
     }
 
