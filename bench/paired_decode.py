@@ -1,16 +1,20 @@
 #!/usr/bin/env python3
-"""Single-stream decode of ferrite and llama-server measured in pairs, for a file whose
-decode runs at the memory's speed (a 1B F16 model, say) on a machine whose memory
-bandwidth drifts: rounds minutes apart compare different machines, two decodes seconds
-apart compare the servers. Not a test: it prints each pair and the median ratio.
+"""Decode of ferrite and llama-server measured in pairs, on a machine whose speed drifts:
+rounds minutes apart compare different machines, two runs seconds apart compare the
+servers. Not a test: it prints each pair and the median ratio.
 
-Both servers stay up; each pair is one 64-token streamed decode on each (bench/loadgen.py,
-concurrency 1), the order alternating from pair to pair.
+Both servers stay up (llama-server on 2 threads; for a load, 16 slots as bench/bench.py
+starts it);
+each pair is one run on each, the order alternating from pair to pair:
+- `--concurrency 1` (the default): one 64-token streamed decode (bench/loadgen.py), its
+  decode rate after the first token;
+- `--concurrency C` above 1: bench/bench.py's load at that concurrency (2C streamed
+  requests of 128 new tokens, prompts varied), its aggregate decode rate.
 
     python3 bench/paired_decode.py --model /path/to/file.gguf --llama-server PATH \\
-        [--pairs 20] [--ferrite target/release/ferrite]
+        [--pairs 20] [--concurrency 1] [--ferrite target/release/ferrite]
 
-The figures in BENCHMARKS.md's F16 section came from this loop.
+The figures in BENCHMARKS.md's F16 section came from this loop (one stream).
 """
 
 import argparse
@@ -24,13 +28,17 @@ sys.path.insert(0, str(HERE))
 import bench  # noqa: E402  (free_port, wait_ready)
 
 
-def decode_rate(url, model):
-    """tok/s after the first token of one 64-token streamed completion."""
+def decode_rate(url, model, concurrency):
+    """One stream: tok/s after the first token of one 64-token streamed completion.
+    Several: aggregate completion tok/s of bench.py's load at that concurrency."""
+    load = {1: ["-c", "1", "-n", "1", "--max-tokens", "64", "--stream"]}.get(
+        concurrency, ["-c", str(concurrency), "-n", str(2 * concurrency), "--max-tokens",
+                      "128", "--vary-prompt", "--stream"])
     out = subprocess.run(
-        [sys.executable, str(HERE / "loadgen.py"), "--url", url, "--model", model, "-c", "1",
-         "-n", "1", "--max-tokens", "64", "--stream"],
+        [sys.executable, str(HERE / "loadgen.py"), "--url", url, "--model", model, *load],
         capture_output=True, text=True, check=True).stdout
-    line = next(l for l in out.splitlines() if l.startswith("per-request decode"))
+    label = "per-request decode" if concurrency == 1 else "aggregate decode"
+    line = next(l for l in out.splitlines() if l.startswith(label))
     return float(line.split()[2])
 
 
@@ -40,6 +48,8 @@ def main():
     ap.add_argument("--llama-server", required=True)
     ap.add_argument("--ferrite", default=str(bench.FERRITE))
     ap.add_argument("--pairs", type=int, default=20)
+    ap.add_argument("--concurrency", type=int, default=1,
+                    help="streams at once (1: one decode; more: bench.py's load)")
     args = ap.parse_args()
     name = Path(args.model).stem
     ports = {"ferrite": bench.free_port(), "llama-server": bench.free_port()}
@@ -47,7 +57,9 @@ def main():
         "ferrite": [args.ferrite, "serve", "--model", args.model, "--port",
                     str(ports["ferrite"])],
         "llama-server": [args.llama_server, "-m", args.model, "--port",
-                         str(ports["llama-server"]), "-t", "2", "-c", "4096"],
+                         str(ports["llama-server"]), "-t", "2",
+                         *(["-c", "4096"] if args.concurrency == 1
+                           else ["-np", "16", "-c", "32768"])],
     }
     ready = {"ferrite": "/ready", "llama-server": "/health"}
     procs = {}
@@ -60,7 +72,8 @@ def main():
         ratios = []
         for i in range(args.pairs):
             order = list(commands) if i % 2 == 0 else list(reversed(commands))
-            rate = {kind: decode_rate(f"http://127.0.0.1:{ports[kind]}", name)
+            rate = {kind: decode_rate(f"http://127.0.0.1:{ports[kind]}", name,
+                                      args.concurrency)
                     for kind in order}
             ratios.append(rate["ferrite"] / rate["llama-server"])
             print(f"pair {i + 1}: ferrite {rate['ferrite']:.2f}, llama-server "
