@@ -432,20 +432,21 @@ impl QMatrix {
     }
 
     /// [`Self::matmul`] with each activation row's result a vector of its own (the logits
-    /// rows a step hands the sampler), written in place by the parallel tasks.
+    /// rows a step hands the sampler), written in place by the parallel tasks (copied out
+    /// of candle's result for a matrix it multiplies).
     pub fn matmul_rows(
         &self,
         x: &[f32],
         kernels: &[RowKernel],
     ) -> Result<Vec<Vec<f32>>, EngineError> {
         match self {
-            Self::Candle(c) => {
-                let out = ops::linear(c, x, kernels.len())?;
-                Ok(out
-                    .chunks_exact(self.rows().max(1))
-                    .map(<[f32]>::to_vec)
-                    .collect())
-            }
+            Self::Candle(c) => match self.rows() {
+                0 => Ok(vec![Vec::new(); kernels.len()]),
+                rows => {
+                    let out = ops::linear(c, x, kernels.len())?;
+                    Ok(out.chunks_exact(rows).map(<[f32]>::to_vec).collect())
+                }
+            },
             Self::Own { .. } => Self::products(&[self], x, kernels, Results::Rows),
         }
     }
@@ -511,7 +512,10 @@ impl QMatrix {
         // Each task zeroes and then writes its chunk's columns of its matrix's output in
         // place: the outputs are allocated, not zeroed, by this thread while the others
         // wait (16 MB a step for 16 rows of Gemma 3's logits).
-        let mut outs: Vec<Vec<f32>> = Vec::with_capacity(matrices.len().max(n));
+        let mut outs: Vec<Vec<f32>> = Vec::with_capacity(match results {
+            Results::Matrices => matrices.len(),
+            Results::Rows => n,
+        });
         let targets: Vec<Output> = match results {
             Results::Matrices => {
                 for m in matrices {
@@ -553,7 +557,8 @@ impl QMatrix {
         drop(targets);
         // SAFETY (each): every column of every own matrix's output was zeroed, then
         // written, by the task of its chunk (the chunks cover its rows), and every task
-        // has run (a panicking one would have ended this function).
+        // has run: `for_each_index` runs every index once, or passes a panic on after the
+        // other tasks have run, which ends this function before this point.
         match results {
             Results::Matrices => {
                 for (out, m) in outs.iter_mut().zip(matrices) {

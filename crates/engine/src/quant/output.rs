@@ -7,7 +7,8 @@
 use std::marker::PhantomData;
 use std::ops::Range;
 
-/// An output matrix lent to tasks that each write a disjoint range of columns.
+/// A product's output (one matrix, or one vector per activation row) lent to tasks that
+/// each write a disjoint range of columns of every row.
 pub struct Output<'a> {
     /// Where each activation row's `rows` values start.
     starts: Vec<*mut f32>,
@@ -22,7 +23,7 @@ unsafe impl Sync for Output<'_> {}
 impl<'a> Output<'a> {
     /// Lends `out`, an `n × rows` matrix.
     pub fn new(out: &'a mut [f32], n: usize, rows: usize) -> Self {
-        assert_eq!(out.len(), n * rows);
+        assert_eq!(Some(out.len()), n.checked_mul(rows));
         let base = out.as_mut_ptr();
         Self {
             // SAFETY: row `t` starts inside `out` (or at its end, for an empty row).
@@ -36,7 +37,8 @@ impl<'a> Output<'a> {
     /// values) as an `n × rows` matrix. Once every task has written its columns
     /// ([`Columns::zero`] first, then its results), [`fill`] gives `out` its length.
     pub fn spare(out: &'a mut Vec<f32>, n: usize, rows: usize) -> Self {
-        assert!(out.is_empty() && out.capacity() >= n * rows);
+        let len = n.checked_mul(rows).expect("the output's size fits a usize");
+        assert!(out.is_empty() && out.capacity() >= len);
         let base = out.spare_capacity_mut().as_mut_ptr() as *mut f32;
         Self {
             // SAFETY: row `t` starts inside the allocation (or at its end).
@@ -67,7 +69,7 @@ impl<'a> Output<'a> {
     /// # Safety
     /// No two `Columns` of the same output with overlapping ranges may exist at once.
     pub unsafe fn columns(&self, range: Range<usize>) -> Columns<'_> {
-        assert!(range.end <= self.rows);
+        assert!(range.start <= range.end && range.end <= self.rows);
         Columns {
             output: self,
             range,
@@ -75,7 +77,8 @@ impl<'a> Output<'a> {
     }
 }
 
-/// Gives `out`, lent by [`Output::spare`] for `len` values, its length.
+/// Gives `out`, lent by [`Output::spare`] for `len` values (or as one of the vectors of
+/// [`Output::spare_rows`], `len` being its row's width), its length.
 ///
 /// # Safety
 /// Every one of the `len` values must have been written: each column of each row by the
