@@ -4,8 +4,7 @@ rounds minutes apart compare different machines, two runs seconds apart compare 
 servers. Not a test: it prints each pair and the median ratio.
 
 Both servers stay up (llama-server on 2 threads; for a load, 16 slots as bench/bench.py
-starts it);
-each pair is one run on each, the order alternating from pair to pair:
+starts it); each pair is one run on each, the order alternating from pair to pair:
 - `--concurrency 1` (the default): one 64-token streamed decode (bench/loadgen.py), its
   decode rate after the first token;
 - `--concurrency C` above 1: bench/bench.py's load at that concurrency (2C streamed
@@ -31,13 +30,16 @@ import bench  # noqa: E402  (free_port, wait_ready)
 def decode_rate(url, model, concurrency):
     """One stream: tok/s after the first token of one 64-token streamed completion.
     Several: aggregate completion tok/s of bench.py's load at that concurrency."""
-    load = {1: ["-c", "1", "-n", "1", "--max-tokens", "64", "--stream"]}.get(
-        concurrency, ["-c", str(concurrency), "-n", str(2 * concurrency), "--max-tokens",
-                      "128", "--vary-prompt", "--stream"])
+    if concurrency == 1:
+        load, label = ["-c", "1", "-n", "1", "--max-tokens", "64"], "per-request decode"
+    else:
+        load = ["-c", str(concurrency), "-n", str(2 * concurrency), "--max-tokens", "128",
+                "--vary-prompt"]
+        label = "aggregate decode"
     out = subprocess.run(
-        [sys.executable, str(HERE / "loadgen.py"), "--url", url, "--model", model, *load],
+        [sys.executable, str(HERE / "loadgen.py"), "--url", url, "--model", model, *load,
+         "--stream"],
         capture_output=True, text=True, check=True).stdout
-    label = "per-request decode" if concurrency == 1 else "aggregate decode"
     line = next(l for l in out.splitlines() if l.startswith(label))
     return float(line.split()[2])
 

@@ -24,13 +24,7 @@ impl<'a> Output<'a> {
     /// Lends `out`, an `n × rows` matrix.
     pub fn new(out: &'a mut [f32], n: usize, rows: usize) -> Self {
         assert_eq!(Some(out.len()), n.checked_mul(rows));
-        let base = out.as_mut_ptr();
-        Self {
-            // SAFETY: row `t` starts inside `out` (or at its end, for an empty row).
-            starts: (0..n).map(|t| unsafe { base.add(t * rows) }).collect(),
-            rows,
-            _out: PhantomData,
-        }
+        Self::matrix(out.as_mut_ptr(), n, rows)
     }
 
     /// Lends the spare capacity of `out` (empty, with room for at least `n · rows`
@@ -39,9 +33,15 @@ impl<'a> Output<'a> {
     pub fn spare(out: &'a mut Vec<f32>, n: usize, rows: usize) -> Self {
         let len = n.checked_mul(rows).expect("the output's size fits a usize");
         assert!(out.is_empty() && out.capacity() >= len);
-        let base = out.spare_capacity_mut().as_mut_ptr() as *mut f32;
+        Self::matrix(out.spare_capacity_mut().as_mut_ptr() as *mut f32, n, rows)
+    }
+
+    /// The `n × rows` row-major matrix at `base`, which its callers have checked holds
+    /// `n · rows` values.
+    fn matrix(base: *mut f32, n: usize, rows: usize) -> Self {
         Self {
-            // SAFETY: row `t` starts inside the allocation (or at its end).
+            // SAFETY: row `t` starts inside the allocation (or at its end, for an empty
+            // row), as the callers checked.
             starts: (0..n).map(|t| unsafe { base.add(t * rows) }).collect(),
             rows,
             _out: PhantomData,
