@@ -543,18 +543,13 @@ fn keep_only(row: &[f32], allowed: &[TokenId]) -> Vec<f32> {
     kept
 }
 
-/// `ln Σ exp(logits)` (as [`log_sum_exp`] computes it) and the rank of `id` (1 plus the
-/// number of tokens with a higher logit), counted in the same pass: a prompt's every
-/// position is scored on the engine thread, so no pass over the vocabulary is spared.
+/// `ln Σ exp(logits)` ([`log_sum_exp`]) and the rank of `id` (1 plus the number of tokens
+/// with a higher logit): a prompt's every position is scored, each over the whole
+/// vocabulary.
 fn normaliser_and_rank(logits: &[f32], id: TokenId) -> (f32, u32) {
     let own = logits[id as usize];
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let (mut sum, mut above) = (0f32, 0u32);
-    for &l in logits {
-        sum += (l - max).exp();
-        above += u32::from(l > own);
-    }
-    (max + sum.ln(), 1 + above)
+    let above = logits.iter().map(|&l| u32::from(l > own)).sum::<u32>();
+    (log_sum_exp(logits), 1 + above)
 }
 
 /// The `k` most likely tokens with their log-probabilities under `log_norm`.

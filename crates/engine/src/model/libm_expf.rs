@@ -195,6 +195,22 @@ pub(super) unsafe fn expf8(x: __m256) -> __m256 {
     out
 }
 
+/// `expf` of every value in place, eight lanes at a time (the last few one by one).
+///
+/// # Safety
+/// AVX2 and FMA must be available.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn exp_in_place_avx2(values: &mut [f32]) {
+    let mut chunks = values.chunks_exact_mut(8);
+    for chunk in &mut chunks {
+        let p = chunk.as_mut_ptr();
+        _mm256_storeu_ps(p, expf8(_mm256_loadu_ps(p)));
+    }
+    for v in chunks.into_remainder() {
+        *v = v.exp();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -30,6 +30,22 @@ use crate::quant::RowKernel;
 use crate::tokenizer::TokenId;
 use crate::EngineError;
 
+/// `f32::exp` of every value, in place, bit for bit: eight lanes at a time with the C
+/// library's own algorithm ([`libm_expf`]) where the AVX2 kernels run, else one by one.
+/// The sampler's softmax and log-probabilities take it over whole vocabularies, where
+/// the scalar call was most of their time (Gemma 3's 262,144 logits: 1.1 ms).
+pub(crate) fn exp_in_place(values: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::features().avx2 {
+        // SAFETY: the AVX2 kernels' feature set includes AVX2 and FMA.
+        unsafe { libm_expf::exp_in_place_avx2(values) };
+        return;
+    }
+    for v in values {
+        *v = v.exp();
+    }
+}
+
 /// What the engine needs to know about a loaded model.
 #[derive(Debug, Clone)]
 pub struct ModelInfo {

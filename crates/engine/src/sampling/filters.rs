@@ -50,11 +50,21 @@ pub fn softmax_in_place(candidates: &mut [Candidate]) {
         .iter()
         .map(|c| c.value)
         .fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
-    for c in candidates.iter_mut() {
-        c.value = (c.value - max).exp();
-        sum += c.value;
+    // As `sum_exp`: a stretch at a time through a buffer on the stack.
+    let mut sums = super::LaneSums::default();
+    let mut buffer = [0f32; super::STRETCH];
+    for stretch in candidates.chunks_mut(super::STRETCH) {
+        let e = &mut buffer[..stretch.len()];
+        for (e, c) in e.iter_mut().zip(stretch.iter()) {
+            *e = c.value - max;
+        }
+        crate::model::exp_in_place(e);
+        sums.add(e);
+        for (c, &e) in stretch.iter_mut().zip(e.iter()) {
+            c.value = e;
+        }
     }
+    let sum = sums.total();
     for c in candidates.iter_mut() {
         c.value /= sum;
     }
@@ -86,11 +96,52 @@ fn keep_prefix_with_mass(candidates: &mut Vec<Candidate>, mass: f32) {
     renormalise(candidates);
 }
 
-/// Nucleus: keeps the smallest best-first prefix of the (sorted) probabilities whose mass
-/// reaches `top_p`, and renormalises it.
+/// Nucleus: keeps the smallest prefix of the probabilities sorted best first (ties by id)
+/// whose mass reaches `top_p`, and renormalises it. The candidates may come in any order;
+/// the kept ones are left sorted best first.
+///
+/// The prefix is found without sorting the whole vocabulary (262,144 tokens for Gemma 3,
+/// at every token of every sequence with a `top_p`): the tokens at least as likely as a
+/// threshold are the head of the sorted order, so where their mass reaches `top_p` the
+/// prefix lies among them, and only they are sorted. The thresholds are the best
+/// probability over 2^10, then over 2^20, then none (every token); a NaN anywhere, which
+/// sorts first, takes the last at once.
 pub fn apply_top_p(candidates: &mut Vec<Candidate>, top_p: f32) {
-    if top_p < 1.0 {
-        keep_prefix_with_mass(candidates, top_p);
+    if top_p >= 1.0 || candidates.is_empty() {
+        return;
+    }
+    let best = candidates.iter().map(|c| c.value).fold(0.0, f32::max);
+    let thresholds = match candidates.iter().any(|c| c.value.is_nan()) {
+        true => [None, None, None],
+        false => [Some(best / 1024.0), Some(best / 1_048_576.0), None],
+    };
+    for threshold in thresholds {
+        // The head: every candidate at or above the threshold, moved to the front.
+        let head = match threshold {
+            Some(threshold) => {
+                let mut head = 0;
+                for i in 0..candidates.len() {
+                    if candidates[i].value >= threshold {
+                        candidates.swap(head, i);
+                        head += 1;
+                    }
+                }
+                head
+            }
+            None => candidates.len(),
+        };
+        sort_best_first(&mut candidates[..head]);
+        // The same sums, in the same order, as over the whole vocabulary sorted.
+        let mut total = 0.0;
+        let reached = candidates[..head].iter().position(|c| {
+            total += c.value;
+            total >= top_p
+        });
+        if reached.is_some() || head == candidates.len() {
+            candidates.truncate(reached.map_or(head, |i| i + 1).max(1));
+            renormalise(candidates);
+            return;
+        }
     }
 }
 
@@ -172,6 +223,45 @@ mod tests {
         apply_top_p(&mut c, 0.75);
         assert_eq!(c.len(), 2);
         assert!((c[0].value - 0.625).abs() < 1e-6 && (c[1].value - 0.375).abs() < 1e-6);
+    }
+
+    /// The nucleus as a whole vocabulary sorted gives it (the kept tokens, their order
+    /// and their values, bit for bit), over distributions whose prefix ends above the first
+    /// threshold, between the two, and below both, and with ties and a NaN.
+    #[test]
+    fn top_p_keeps_what_sorting_everything_keeps() {
+        let sorted_then_cut = |c: &[Candidate], top_p: f32| {
+            let mut c = c.to_vec();
+            sort_best_first(&mut c);
+            keep_prefix_with_mass(&mut c, top_p);
+            c
+        };
+        let mut rng = crate::quant::sample::Xorshift::new(5);
+        for (spread, n) in [(0.5f32, 300), (4.0, 3000), (12.0, 3000), (30.0, 5000)] {
+            // Logits with a steep or a flat fall, a few ties, shuffled ids.
+            let mut logits: Vec<f32> = (0..n)
+                .map(|i| -spread * (i as f32 / n as f32) + 0.01 * (rng.next_u64() % 7) as f32)
+                .collect();
+            logits[n / 2] = logits[0];
+            let mut c = probs(&logits);
+            softmax_in_place(&mut c);
+            for i in (1..n).rev() {
+                c.swap(i, rng.next_u64() as usize % (i + 1));
+            }
+            for top_p in [0.01, 0.3, 0.9, 0.999, 0.999_999] {
+                let mut fast = c.clone();
+                apply_top_p(&mut fast, top_p);
+                let slow = sorted_then_cut(&c, top_p);
+                assert_eq!(ids(&fast), ids(&slow), "spread {spread}, top_p {top_p}");
+                let bits =
+                    |c: &[Candidate]| c.iter().map(|c| c.value.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&fast), bits(&slow));
+            }
+        }
+        let mut c = probs(&[0.25, f32::NAN, 0.5, 0.25]);
+        let slow = sorted_then_cut(&c, 0.5);
+        apply_top_p(&mut c, 0.5);
+        assert_eq!(ids(&c), ids(&slow));
     }
 
     #[test]

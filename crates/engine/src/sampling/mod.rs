@@ -26,7 +26,7 @@ use crate::tokenizer::TokenId;
 
 pub use filters::{
     apply_min_p, apply_temperature, apply_top_p, apply_typical_p, candidates, draw,
-    softmax_in_place, top_k,
+    softmax_in_place, sort_best_first, top_k,
 };
 pub use mirostat::{Mirostat, MirostatParams};
 pub use penalties::{
@@ -89,19 +89,125 @@ pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
 
 /// `ln Σ exp(logits)`, computed stably; `logit - log_sum_exp` is a log-probability.
 pub fn log_sum_exp(logits: &[f32]) -> f32 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    max + logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln()
+    let max = max_value(logits);
+    max + sum_exp(logits, max).ln()
 }
 
-/// Index of the largest value (the first on ties).
-pub fn argmax(values: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in values.iter().enumerate() {
-        if v > values[best] {
-            best = i;
+/// The largest value, NaNs passed over (`-inf` where there is none), as
+/// `fold(f32::NEG_INFINITY, f32::max)` gives it, in sixteen running maxima that the
+/// compiler turns into vector instructions (that fold waits on its last step at every
+/// value). Where the largest is a zero, it may be either zero.
+pub fn max_value(values: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let chunks = values.chunks_exact(lanes.len());
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            if v > *lane {
+                *lane = v;
+            }
         }
     }
-    best
+    lanes
+        .iter()
+        .chain(rest)
+        .fold(f32::NEG_INFINITY, |max, &v| if v > max { v } else { max })
+}
+
+/// Values a stretch of [`sum_exp`] and the softmax takes through a buffer on the stack (a
+/// multiple of eight, so that each stretch starts at lane 0 of [`LaneSums`]).
+const STRETCH: usize = 256;
+
+/// Eight running sums, value `i` into sum `i % 8` in order, added up as
+/// `((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7))`: one sum in order waits on its last
+/// addition at every value (a third of a millisecond over 262,144 of them).
+#[derive(Default)]
+struct LaneSums([f32; 8]);
+
+impl LaneSums {
+    /// Adds a stretch of values that starts at a multiple of eight.
+    fn add(&mut self, values: &[f32]) {
+        let eights = values.chunks_exact(8);
+        let rest = eights.remainder();
+        for eight in eights {
+            for (sum, &v) in self.0.iter_mut().zip(eight) {
+                *sum += v;
+            }
+        }
+        for (sum, &v) in self.0.iter_mut().zip(rest) {
+            *sum += v;
+        }
+    }
+
+    /// The sums added up.
+    fn total(&self) -> f32 {
+        let [s0, s1, s2, s3, s4, s5, s6, s7] = self.0;
+        ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7))
+    }
+}
+
+/// `Σ exp(v - max)` over `values`, each `exp` that of `f32::exp` bit for bit
+/// ([`crate::model::exp_in_place`]), summed in [`LaneSums`].
+///
+/// A stretch of values at a time goes through a buffer on the stack: a vocabulary-sized
+/// allocation (a megabyte for Gemma 3's) cost more than the exponentials, its pages
+/// faulted in again at every token.
+fn sum_exp(values: &[f32], max: f32) -> f32 {
+    let mut sums = LaneSums::default();
+    let mut buffer = [0f32; STRETCH];
+    for stretch in values.chunks(STRETCH) {
+        let e = &mut buffer[..stretch.len()];
+        for (e, &v) in e.iter_mut().zip(stretch) {
+            *e = v - max;
+        }
+        crate::model::exp_in_place(e);
+        sums.add(e);
+    }
+    sums.total()
+}
+
+/// Index of the largest value: the first on ties, NaNs passed over, and 0 where the first
+/// value is a NaN or there are none, as a scan that keeps its first value until a larger
+/// one comes would give ([`argmax_scan`] in the tests).
+///
+/// Two passes the compiler turns into vector instructions, where that scan waits on its
+/// last comparison at every value: the largest value, kept in sixteen running maxima, then
+/// the first stretch of values that holds it. A greedy token of Gemma 3 (262,144 logits)
+/// is picked on the engine's thread between two steps, for each sequence in turn.
+pub fn argmax(values: &[f32]) -> usize {
+    const LANES: usize = 16;
+    /// Values per stretch of the second pass, searched as one before its first is found.
+    const STRETCH: usize = 256;
+    let first = match values.first() {
+        Some(&v) if !v.is_nan() => v,
+        _ => return 0,
+    };
+    let mut lanes = [first; LANES];
+    let chunks = values.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            // A NaN is never larger: the lane keeps its value.
+            if v > *lane {
+                *lane = v;
+            }
+        }
+    }
+    let mut max = first;
+    for &v in lanes.iter().chain(rest) {
+        if v > max {
+            max = v;
+        }
+    }
+    let mut start = 0;
+    for stretch in values.chunks(STRETCH) {
+        if stretch.iter().fold(false, |found, &v| found | (v == max)) {
+            let at = stretch.iter().position(|&v| v == max);
+            return start + at.expect("the stretch holds the largest value");
+        }
+        start += stretch.len();
+    }
+    unreachable!("the largest value is one of the values")
 }
 
 /// A token and its (unnormalised) weight.
@@ -199,19 +305,23 @@ impl Sampler {
             let u: f32 = self.rng.random();
             return mirostat.sample(c, u);
         }
-        let k = p.top_k.unwrap_or(logits.len());
         let filtered = p.top_p < 1.0 || p.min_p > 0.0 || p.typical_p < 1.0;
-        let mut c = if k >= logits.len() && !filtered {
-            // Nothing to cut: no need to sort the whole vocabulary.
-            candidates(logits)
-        } else {
-            top_k(logits, k)
+        let mut c = match p.top_k {
+            Some(k) if k < logits.len() => top_k(logits, k),
+            // In id order: the filters find what they keep without sorting it all.
+            _ => candidates(logits),
         };
         apply_temperature(&mut c, p.temperature);
         softmax_in_place(&mut c);
         apply_typical_p(&mut c, p.typical_p);
         apply_top_p(&mut c, p.top_p);
         apply_min_p(&mut c, p.min_p);
+        if filtered {
+            // A filtered draw walks the kept tokens best first; min-p alone keeps the
+            // vocabulary's order (the others leave their tokens sorted, which this finds
+            // in one pass).
+            sort_best_first(&mut c);
+        }
         let u: f32 = self.rng.random();
         draw(&c, u)
     }
@@ -236,6 +346,38 @@ mod tests {
         assert!((log_sum_exp(&[1.0, 2.0, 3.0]) - expected).abs() < 1e-6);
     }
 
+    /// The softmax and the log normaliser give the bits of the scalar formulas (`exp` one
+    /// value at a time, eight sums in order), the largest value that of the plain fold,
+    /// -inf and underflowing differences included, over a length that leaves a few values
+    /// past the lanes and the stretches.
+    #[test]
+    fn softmax_and_log_sum_exp_match_the_scalar_formulas() {
+        let mut rng = crate::quant::sample::Xorshift::new(11);
+        let mut logits: Vec<f32> = (0..1003)
+            .map(|_| (rng.next_u64() % 20_000) as f32 / 100.0 - 150.0)
+            .collect();
+        logits[7] = f32::NEG_INFINITY;
+        logits[500] = 60.0;
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        assert_eq!(max_value(&logits).to_bits(), max.to_bits());
+        let exps: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
+        let mut sums = [0f32; 8];
+        for (i, e) in exps.iter().enumerate() {
+            sums[i % 8] += e;
+        }
+        let [s0, s1, s2, s3, s4, s5, s6, s7] = sums;
+        let sum = ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7));
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(log_sum_exp(&logits).to_bits(), (max + sum.ln()).to_bits());
+        let mut c = candidates(&logits);
+        softmax_in_place(&mut c);
+        let want: Vec<f32> = exps.iter().map(|e| e / sum).collect();
+        assert_eq!(
+            bits(&c.iter().map(|c| c.value).collect::<Vec<_>>()),
+            bits(&want)
+        );
+    }
+
     fn greedy(params: SamplingParams) -> Sampler {
         Sampler::new(
             SamplingParams {
@@ -244,6 +386,44 @@ mod tests {
             },
             &[],
         )
+    }
+
+    /// The scan [`argmax`] answers as: the first value, replaced only by a larger one.
+    fn argmax_scan(values: &[f32]) -> usize {
+        let mut best = 0;
+        for (i, &v) in values.iter().enumerate() {
+            if v > values[best] {
+                best = i;
+            }
+        }
+        best
+    }
+
+    #[test]
+    fn argmax_answers_as_the_scan_on_special_values() {
+        let (nan, inf) = (f32::NAN, f32::INFINITY);
+        let cases: [&[f32]; 10] = [
+            &[],
+            &[nan, 5.0, 7.0],
+            &[1.0, nan, 7.0, nan],
+            &[-0.0, 0.0],
+            &[0.0, -0.0, 0.0],
+            &[-inf, -inf, -inf],
+            &[-inf, nan, -inf],
+            &[3.0, inf, inf, 2.0],
+            &[nan, nan],
+            &[2.0, 2.0, 1.0],
+        ];
+        for values in cases {
+            assert_eq!(argmax(values), argmax_scan(values), "{values:?}");
+        }
+        // Past the lanes and the stretches: the largest value late, and repeated.
+        let mut long: Vec<f32> = (0..70_000).map(|i| ((i * 7919) % 1000) as f32).collect();
+        long[65_537] = 5000.0;
+        long[69_999] = 5000.0;
+        long[3] = nan;
+        assert_eq!(argmax(&long), 65_537);
+        assert_eq!(argmax(&long), argmax_scan(&long));
     }
 
     #[test]
@@ -341,7 +521,27 @@ mod tests {
         (c.iter().map(|c| c.value).sum::<f32>() - 1.0).abs() < 1e-4
     }
 
+    /// Values from a few, so that ties, NaNs, infinities and both zeros are common.
+    fn awkward_values() -> impl Strategy<Value = Vec<f32>> {
+        let value = prop::sample::select(vec![
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            1.5,
+            -2.0,
+            3.0,
+        ]);
+        prop::collection::vec(value, 0..600)
+    }
+
     proptest! {
+        #[test]
+        fn argmax_answers_as_the_scan(values in awkward_values()) {
+            prop_assert_eq!(argmax(&values), argmax_scan(&values));
+        }
+
         #[test]
         fn top_k_keeps_the_k_largest(logits in logits_strategy(), k in 1usize..80) {
             let kept = top_k(&logits, k);
