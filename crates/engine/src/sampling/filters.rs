@@ -46,10 +46,7 @@ pub fn apply_temperature(candidates: &mut [Candidate], temperature: f32) {
 
 /// Turns logits into probabilities that sum to 1. Tokens at -inf get probability 0.
 pub fn softmax_in_place(candidates: &mut [Candidate]) {
-    let max = candidates
-        .iter()
-        .map(|c| c.value)
-        .fold(f32::NEG_INFINITY, f32::max);
+    let max = super::largest(candidates, |c| c.value);
     // As `sum_exp`: a stretch at a time through a buffer on the stack.
     let mut sums = super::LaneSums::default();
     let mut buffer = [0f32; super::STRETCH];
@@ -110,7 +107,7 @@ pub fn apply_top_p(candidates: &mut Vec<Candidate>, top_p: f32) {
     if top_p >= 1.0 || candidates.is_empty() {
         return;
     }
-    let best = candidates.iter().map(|c| c.value).fold(0.0, f32::max);
+    let best = super::largest(candidates, |c| c.value).max(0.0);
     let thresholds = match candidates.iter().any(|c| c.value.is_nan()) {
         true => [None, None, None],
         false => [Some(best / 1024.0), Some(best / 1_048_576.0), None],

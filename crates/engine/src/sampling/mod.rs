@@ -94,24 +94,32 @@ pub fn log_sum_exp(logits: &[f32]) -> f32 {
 }
 
 /// The largest value, NaNs passed over (`-inf` where there is none), as
-/// `fold(f32::NEG_INFINITY, f32::max)` gives it, in sixteen running maxima that the
-/// compiler turns into vector instructions (that fold waits on its last step at every
-/// value). Where the largest is a zero, it may be either zero.
+/// `fold(f32::NEG_INFINITY, f32::max)` gives it. Where the largest is a zero, it may be
+/// either zero.
 pub fn max_value(values: &[f32]) -> f32 {
+    largest(values, |&v| v)
+}
+
+/// The largest `value` of `items`, as [`max_value`]: in sixteen running maxima, where a
+/// fold waits on its last step at every item (a quarter of a millisecond over 262,144).
+fn largest<T>(items: &[T], value: impl Fn(&T) -> f32) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; 16];
-    let chunks = values.chunks_exact(lanes.len());
+    let chunks = items.chunks_exact(lanes.len());
     let rest = chunks.remainder();
     for chunk in chunks {
-        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+        for (lane, item) in lanes.iter_mut().zip(chunk) {
+            let v = value(item);
+            // A NaN is never larger: the lane keeps its value.
             if v > *lane {
                 *lane = v;
             }
         }
     }
+    let rest = rest.iter().map(&value);
     lanes
-        .iter()
+        .into_iter()
         .chain(rest)
-        .fold(f32::NEG_INFINITY, |max, &v| if v > max { v } else { max })
+        .fold(f32::NEG_INFINITY, |max, v| if v > max { v } else { max })
 }
 
 /// Values a stretch of [`sum_exp`] and the softmax takes through a buffer on the stack (a
@@ -168,37 +176,17 @@ fn sum_exp(values: &[f32], max: f32) -> f32 {
 
 /// Index of the largest value: the first on ties, NaNs passed over, and 0 where the first
 /// value is a NaN or there are none, as a scan that keeps its first value until a larger
-/// one comes would give ([`argmax_scan`] in the tests).
+/// one comes would give (`argmax_scan` in the tests).
 ///
 /// Two passes the compiler turns into vector instructions, where that scan waits on its
-/// last comparison at every value: the largest value, kept in sixteen running maxima, then
-/// the first stretch of values that holds it. A greedy token of Gemma 3 (262,144 logits)
-/// is picked on the engine's thread between two steps, for each sequence in turn.
+/// last comparison at every value: the largest value ([`max_value`]), then the first
+/// stretch of values that holds it (a stretch searched as one before its first is found).
+/// The scan took 0.3 ms over Gemma 3's 262,144 logits, for every sequence's greedy token.
 pub fn argmax(values: &[f32]) -> usize {
-    const LANES: usize = 16;
-    /// Values per stretch of the second pass, searched as one before its first is found.
-    const STRETCH: usize = 256;
-    let first = match values.first() {
-        Some(&v) if !v.is_nan() => v,
-        _ => return 0,
-    };
-    let mut lanes = [first; LANES];
-    let chunks = values.chunks_exact(LANES);
-    let rest = chunks.remainder();
-    for chunk in chunks {
-        for (lane, &v) in lanes.iter_mut().zip(chunk) {
-            // A NaN is never larger: the lane keeps its value.
-            if v > *lane {
-                *lane = v;
-            }
-        }
+    if values.first().is_none_or(|v| v.is_nan()) {
+        return 0;
     }
-    let mut max = first;
-    for &v in lanes.iter().chain(rest) {
-        if v > max {
-            max = v;
-        }
-    }
+    let max = max_value(values);
     let mut start = 0;
     for stretch in values.chunks(STRETCH) {
         if stretch.iter().fold(false, |found, &v| found | (v == max)) {
@@ -267,9 +255,9 @@ impl Sampler {
 
     /// Picks the next token from a logits row and records it as part of the output.
     pub fn sample(&mut self, logits: &[f32], context: &[TokenId], banned: &[TokenId]) -> TokenId {
-        let id = if self.is_plain_greedy(banned) {
+        let id = if self.leaves_logits_alone(banned) {
             // Every processor would leave the logits as they are: no copy of them.
-            argmax(logits) as TokenId
+            self.pick(logits)
         } else {
             let logits = self.process(logits, context, banned);
             self.pick(&logits)
@@ -279,12 +267,11 @@ impl Sampler {
         id
     }
 
-    /// Whether this step is greedy with nothing to process: no bias, no banned token, no
-    /// penalty in effect (so [`Self::process`] would return the logits unchanged).
-    fn is_plain_greedy(&self, banned: &[TokenId]) -> bool {
+    /// Whether [`Self::process`] would return the logits unchanged: no bias, no banned
+    /// token, no penalty in effect.
+    fn leaves_logits_alone(&self, banned: &[TokenId]) -> bool {
         let p = &self.params;
-        p.temperature <= 0.0
-            && banned.is_empty()
+        banned.is_empty()
             && p.logit_bias.is_empty()
             && p.repetition_penalty == 1.0
             && p.frequency_penalty == 0.0
