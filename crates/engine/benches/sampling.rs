@@ -1,9 +1,9 @@
 //! What picking one token costs over a large vocabulary: greedy (the argmax), temperature
-//! with and without top-p, the softmax alone and a token's log-probability normaliser, on
-//! one row of 262,144 logits (Gemma 3's vocabulary) shaped like a language model's (a
-//! broad bell of logits and a few far above it). Milliseconds per row, the median of 31
-//! and the fastest. Compare with the decode step (BENCHMARKS.md): the engine picks every
-//! sequence's token between two steps.
+//! with and without top-p, with top-k, the softmax alone and a token's log-probability
+//! normaliser, on one row of 262,144 logits (Gemma 3's vocabulary) shaped like a language
+//! model's (a broad bell of logits and a few far above it). Milliseconds per row, the
+//! median of 31 and the fastest. Compare with the decode step (BENCHMARKS.md): the engine
+//! picks every sequence's token between two steps.
 //!
 //!     cargo bench -p ferrite-engine --bench sampling [-- --vocab 128256]
 
@@ -32,7 +32,7 @@ fn main() {
         })
         .collect();
     for (at, value) in [(1234, 25.0), (777, 24.0), (vocab / 3, 23.5)] {
-        logits[at] = value;
+        logits[at % vocab] = value;
     }
     println!("| {vocab} logits | median ms | fastest ms |\n|---|---|---|");
     let time = |name: &str, f: &mut dyn FnMut() -> usize| {
@@ -59,6 +59,16 @@ fn main() {
         let name = format!("temperature {temperature}, top_p {top_p}");
         time(&name, &mut || sampler.sample(&logits, &[], &[]) as usize);
     }
+    let params = SamplingParams {
+        temperature: 0.8,
+        top_k: Some(40),
+        seed: 1,
+        ..Default::default()
+    };
+    let mut sampler = Sampler::new(params, &[]);
+    time("temperature 0.8, top_k 40", &mut || {
+        sampler.sample(&logits, &[], &[]) as usize
+    });
     time("softmax", &mut || {
         let mut c = candidates(&logits);
         softmax_in_place(&mut c);

@@ -25,8 +25,11 @@ pub fn compute_threads() -> usize {
     rayon::current_num_threads()
 }
 
-/// Runs `op` (a forward step) on the compute pool with every other pool thread kept awake
-/// until it returns, and returns its result.
+/// Runs `op` (a forward step, or a step's sampling) on the compute pool with every other
+/// pool thread kept awake until it returns, and returns its result. `op` may run parallel
+/// iterators: the spinning jobs are the oldest in the owner's queue, which other threads
+/// take first, so every spinner is running before any of `op`'s own jobs can be taken,
+/// and a thread waiting inside one of those never picks up a spinner.
 ///
 /// A step is a hundred or so short parallel regions (a matrix product each, a few
 /// milliseconds or less in decode) with a little serial work between them. Rayon parks an
@@ -42,8 +45,8 @@ pub fn with_threads_awake<R: Send>(op: impl FnOnce() -> R + Send) -> R {
         for _ in 1..rayon::current_num_threads() {
             let done = &done;
             scope.spawn(move |_| {
-                // The step's own thread must never wait here for the step's end: it may
-                // run this job while it waits for another, and the step would never end.
+                // The op's own thread must never wait here for the op's end: it may run
+                // this job while it waits for another, and the op would never end.
                 if rayon::current_thread_index() == owner {
                     return;
                 }

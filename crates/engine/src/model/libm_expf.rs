@@ -4,7 +4,8 @@
 //! optimized-routines) compile it without fused multiply-adds and may differ in a last
 //! bit; the tests, which compare with `f32::exp`, would say so.
 //!
-//! Row attention calls `expf` once per query row and key. As a scalar library call that
+//! Row attention calls `expf` once per query row and key, and the sampler once per token
+//! of the vocabulary ([`super::exp_in_place`]). As a scalar library call that
 //! was about a seventh of the row kernel's time on a Zen 4; eight or sixteen lanes at a
 //! time it is a small fraction of that. The algorithm, in double precision:
 //! `x · 32/ln 2 = k + r` (k rounded to an integer by adding 1.5 · 2^52, r in [−½, ½]),
@@ -17,8 +18,11 @@
 //! Lanes whose argument is 88 or more in magnitude, +∞ or NaN take glibc's special cases
 //! (overflow, underflow, the smallest subnormal for arguments just below the underflow
 //! threshold): they go to `f32::exp` itself, one lane at a time. Attention meets them only
-//! for keys whose scores differ by 88 or more. −∞, which attention meets at every row's
-//! first key and in the lanes past a block's last, gives 0 in the vector.
+//! for keys whose scores differ by 88 or more; the sampler meets them for tokens whose
+//! logits, over the temperature, lie 88 or more below the best (most of a vocabulary at a
+//! low temperature, where this runs no faster than the scalar call). −∞, which attention
+//! meets at every row's first key and in the lanes past a block's last, gives 0 in the
+//! vector.
 //!
 //! The tests compare both widths with `f32::exp` on every 97th f32 bit pattern and on
 //! the special cases' boundaries; an ignored one compares every f32.

@@ -30,8 +30,9 @@ use crate::quant::RowKernel;
 use crate::tokenizer::TokenId;
 use crate::EngineError;
 
-/// `f32::exp` of every value, in place, bit for bit: eight lanes at a time with the C
-/// library's own algorithm ([`libm_expf`]) where the AVX2 kernels run, else one by one.
+/// `f32::exp` of every value, in place: eight lanes at a time with glibc's algorithm
+/// ([`libm_expf`]; bit for bit `f32::exp` where that is glibc's `expf`, as on Linux
+/// x86-64) where the AVX2 kernels run, else one by one.
 /// The sampler's softmax and log-probabilities take it over whole vocabularies, where
 /// the scalar call was most of their time (Gemma 3's 262,144 logits: 1.1 ms).
 pub(crate) fn exp_in_place(values: &mut [f32]) {

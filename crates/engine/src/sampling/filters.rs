@@ -79,18 +79,23 @@ fn renormalise(candidates: &mut [Candidate]) {
 
 /// Keeps the shortest prefix (at least one) whose probabilities reach `mass`, and
 /// renormalises it.
-fn keep_prefix_with_mass(candidates: &mut Vec<Candidate>, mass: f32) {
-    let mut total = 0.0;
-    let mut keep = candidates.len();
-    for (i, c) in candidates.iter().enumerate() {
-        total += c.value;
-        if total >= mass {
-            keep = i + 1;
-            break;
-        }
-    }
+pub(super) fn keep_prefix_with_mass(candidates: &mut Vec<Candidate>, mass: f32) {
+    let keep = prefix_reaching(candidates, mass).unwrap_or(candidates.len());
     candidates.truncate(keep.max(1));
     renormalise(candidates);
+}
+
+/// The length of the shortest prefix whose probabilities, summed in order, reach `mass`;
+/// `None` where all of them do not.
+fn prefix_reaching(candidates: &[Candidate], mass: f32) -> Option<usize> {
+    let mut total = 0.0;
+    candidates
+        .iter()
+        .position(|c| {
+            total += c.value;
+            total >= mass
+        })
+        .map(|i| i + 1)
 }
 
 /// Nucleus: keeps the smallest prefix of the probabilities sorted best first (ties by id)
@@ -101,10 +106,12 @@ fn keep_prefix_with_mass(candidates: &mut Vec<Candidate>, mass: f32) {
 /// at every token of every sequence with a `top_p`): the tokens at least as likely as a
 /// threshold are the head of the sorted order, so where their mass reaches `top_p` the
 /// prefix lies among them, and only they are sorted. The thresholds are the best
-/// probability over 2^10, then over 2^20, then none (every token); a NaN anywhere, which
-/// sorts first, takes the last at once.
+/// probability over 2^10, then over 2^20, then none (every token); a NaN anywhere (whose
+/// place in the order depends on its sign) takes the last at once. The order is that of
+/// the probabilities: two logits that round to one probability are in id order.
 pub fn apply_top_p(candidates: &mut Vec<Candidate>, top_p: f32) {
-    if top_p >= 1.0 || candidates.is_empty() {
+    // A NaN `top_p` cuts nothing.
+    if top_p >= 1.0 || top_p.is_nan() || candidates.is_empty() {
         return;
     }
     let best = super::largest(candidates, |c| c.value).max(0.0);
@@ -129,13 +136,9 @@ pub fn apply_top_p(candidates: &mut Vec<Candidate>, top_p: f32) {
         };
         sort_best_first(&mut candidates[..head]);
         // The same sums, in the same order, as over the whole vocabulary sorted.
-        let mut total = 0.0;
-        let reached = candidates[..head].iter().position(|c| {
-            total += c.value;
-            total >= top_p
-        });
+        let reached = prefix_reaching(&candidates[..head], top_p);
         if reached.is_some() || head == candidates.len() {
-            candidates.truncate(reached.map_or(head, |i| i + 1).max(1));
+            candidates.truncate(reached.unwrap_or(head).max(1));
             renormalise(candidates);
             return;
         }
@@ -143,14 +146,16 @@ pub fn apply_top_p(candidates: &mut Vec<Candidate>, top_p: f32) {
 }
 
 /// Min-p: keeps the tokens whose probability is at least `min_p` times the largest one,
-/// and renormalises.
+/// sorted best first, and renormalises them in that order. The candidates may come in any
+/// order: only the kept ones are sorted (found in one pass where they were already).
 pub fn apply_min_p(candidates: &mut Vec<Candidate>, min_p: f32) {
     if min_p <= 0.0 || candidates.is_empty() {
         return;
     }
-    let max = candidates.iter().map(|c| c.value).fold(0.0, f32::max);
+    let max = super::largest(candidates, |c| c.value).max(0.0);
     let threshold = min_p * max;
     candidates.retain(|c| c.value >= threshold);
+    sort_best_first(candidates);
     renormalise(candidates);
 }
 
@@ -234,7 +239,15 @@ mod tests {
             c
         };
         let mut rng = crate::quant::sample::Xorshift::new(5);
-        for (spread, n) in [(0.5f32, 300), (4.0, 3000), (12.0, 3000), (30.0, 5000)] {
+        // The last spread underflows most probabilities to exactly 0 (ties in id order),
+        // and a top_p of 1 less an ulp may never be reached: every stage is taken.
+        for (spread, n) in [
+            (0.5f32, 300),
+            (4.0, 3000),
+            (12.0, 3000),
+            (30.0, 5000),
+            (300.0, 3000),
+        ] {
             // Logits with a steep or a flat fall, a few ties, shuffled ids.
             let mut logits: Vec<f32> = (0..n)
                 .map(|i| -spread * (i as f32 / n as f32) + 0.01 * (rng.next_u64() % 7) as f32)
@@ -245,7 +258,7 @@ mod tests {
             for i in (1..n).rev() {
                 c.swap(i, rng.next_u64() as usize % (i + 1));
             }
-            for top_p in [0.01, 0.3, 0.9, 0.999, 0.999_999] {
+            for top_p in [0.01, 0.3, 0.9, 0.999, 0.999_999, 0.999_999_94] {
                 let mut fast = c.clone();
                 apply_top_p(&mut fast, top_p);
                 let slow = sorted_then_cut(&c, top_p);
@@ -259,6 +272,12 @@ mod tests {
         let slow = sorted_then_cut(&c, 0.5);
         apply_top_p(&mut c, 0.5);
         assert_eq!(ids(&c), ids(&slow));
+        let bits = |c: &[Candidate]| c.iter().map(|c| c.value.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&c), bits(&slow));
+        // A NaN top_p cuts nothing.
+        let mut c = probs(&[0.25, 0.5, 0.25]);
+        apply_top_p(&mut c, f32::NAN);
+        assert_eq!(ids(&c), [0, 1, 2]);
     }
 
     #[test]

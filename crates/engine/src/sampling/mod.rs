@@ -292,7 +292,17 @@ impl Sampler {
             let u: f32 = self.rng.random();
             return mirostat.sample(c, u);
         }
-        let filtered = p.top_p < 1.0 || p.min_p > 0.0 || p.typical_p < 1.0;
+        let c = self.to_draw_from(logits);
+        let u: f32 = self.rng.random();
+        draw(&c, u)
+    }
+
+    /// The probabilities a draw walks, without Mirostat: top-k, temperature, softmax,
+    /// typical-p, top-p and min-p; with any of the last three, the kept tokens sorted best
+    /// first (by probability, ties by id: each of them leaves its tokens so), else in
+    /// top-k's order or the vocabulary's.
+    fn to_draw_from(&self, logits: &[f32]) -> Vec<Candidate> {
+        let p = &self.params;
         let mut c = match p.top_k {
             Some(k) if k < logits.len() => top_k(logits, k),
             // In id order: the filters find what they keep without sorting it all.
@@ -303,14 +313,7 @@ impl Sampler {
         apply_typical_p(&mut c, p.typical_p);
         apply_top_p(&mut c, p.top_p);
         apply_min_p(&mut c, p.min_p);
-        if filtered {
-            // A filtered draw walks the kept tokens best first; min-p alone keeps the
-            // vocabulary's order (the others leave their tokens sorted, which this finds
-            // in one pass).
-            sort_best_first(&mut c);
-        }
-        let u: f32 = self.rng.random();
-        draw(&c, u)
+        c
     }
 }
 
@@ -508,6 +511,14 @@ mod tests {
         (c.iter().map(|c| c.value).sum::<f32>() - 1.0).abs() < 1e-4
     }
 
+    /// Top-k as a whole sort gives it.
+    fn top_k_ref(logits: &[f32], k: usize) -> Vec<Candidate> {
+        let mut c = candidates(logits);
+        c.sort_by(|a, b| b.value.total_cmp(&a.value).then(a.id.cmp(&b.id)));
+        c.truncate(k.max(1));
+        c
+    }
+
     /// Values from a few, so that ties, NaNs, infinities and both zeros are common.
     fn awkward_values() -> impl Strategy<Value = Vec<f32>> {
         let value = prop::sample::select(vec![
@@ -524,6 +535,42 @@ mod tests {
     }
 
     proptest! {
+        /// What a draw walks is the plain procedure's list, bit for bit: every token (or
+        /// top-k's, sorted, where k is below the vocabulary), temperature, softmax,
+        /// typical-p, then with any filter all of it sorted best first, the shortest
+        /// prefix reaching top-p, min-p.
+        #[test]
+        fn the_draw_walks_what_sorting_everything_gives(
+            logits in prop::collection::vec(-10.0f32..10.0, 1..300),
+            top_k in prop::option::of(1usize..400),
+            top_p in prop::sample::select(vec![1.0f32, 0.95, 0.5, 0.1]),
+            min_p in prop::sample::select(vec![0.0f32, 0.05, 0.3]),
+            typical_p in prop::sample::select(vec![1.0f32, 0.9]),
+            temperature in prop::sample::select(vec![0.3f32, 1.0, 2.0]),
+        ) {
+            let params = SamplingParams {
+                temperature, top_p, top_k, min_p, typical_p, ..Default::default()
+            };
+            let got = Sampler::new(params, &[]).to_draw_from(&logits);
+            let mut want = match top_k {
+                Some(k) if k < logits.len() => top_k_ref(&logits, k),
+                _ => candidates(&logits),
+            };
+            apply_temperature(&mut want, temperature);
+            softmax_in_place(&mut want);
+            // Typical-p sums its entropy in the order it is given: the one it is given.
+            apply_typical_p(&mut want, typical_p);
+            if top_p < 1.0 || min_p > 0.0 || typical_p < 1.0 {
+                sort_best_first(&mut want);
+            }
+            if top_p < 1.0 {
+                filters::keep_prefix_with_mass(&mut want, top_p);
+            }
+            apply_min_p(&mut want, min_p);
+            let ids = |c: &[Candidate]| c.iter().map(|c| (c.id, c.value.to_bits())).collect::<Vec<_>>();
+            prop_assert_eq!(ids(&got), ids(&want));
+        }
+
         #[test]
         fn argmax_answers_as_the_scan(values in awkward_values()) {
             prop_assert_eq!(argmax(&values), argmax_scan(&values));
