@@ -9,6 +9,7 @@ use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use rayon::prelude::*;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::constrain::{Constraint, ConstraintFactory, Grammar};
@@ -20,7 +21,6 @@ use crate::scheduler::{self, RunningView, SchedulerConfig, WaitingView};
 use crate::sequence::{SequenceEvent, SequenceRequest};
 use crate::tokenizer::Tokenizer;
 use crate::EngineError;
-use rayon::prelude::*;
 
 /// How the engine runs.
 #[derive(Debug, Clone, Copy)]

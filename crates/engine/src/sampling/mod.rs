@@ -26,7 +26,7 @@ use crate::tokenizer::TokenId;
 
 pub use filters::{
     apply_min_p, apply_temperature, apply_top_p, apply_typical_p, candidates, draw,
-    softmax_in_place, sort_best_first, top_k,
+    softmax_in_place, top_k,
 };
 pub use mirostat::{Mirostat, MirostatParams};
 pub use penalties::{
@@ -561,7 +561,7 @@ mod tests {
             // Typical-p sums its entropy in the order it is given: the one it is given.
             apply_typical_p(&mut want, typical_p);
             if top_p < 1.0 || min_p > 0.0 || typical_p < 1.0 {
-                sort_best_first(&mut want);
+                filters::sort_best_first(&mut want);
             }
             if top_p < 1.0 {
                 filters::keep_prefix_with_mass(&mut want, top_p);
