@@ -5,7 +5,7 @@
 # (the `constraint` target tokenizes with SmolLM2's vocabulary).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-seconds="${FERRITE_FUZZ_SMOKE_SECONDS:-20}"
+seconds="${FERRITE_FUZZ_SMOKE_SECONDS:-10}"
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
   cargo install cargo-fuzz --version 0.13.2 --locked

@@ -16,25 +16,83 @@ pub fn candidates(logits: &[f32]) -> Vec<Candidate> {
         .collect()
 }
 
-/// The `k` candidates with the highest logits, sorted best first. The vector holds `k`
-/// entries' worth of memory, not the vocabulary's it was chosen from: callers keep it (a
-/// token's alternatives live as long as its request, and `collect` into a same-sized
-/// type reuses the allocation), and at 49,152 tokens a vocabulary's worth is 384 KiB.
+/// The `k` candidates with the highest logits, sorted best first, ties kept by lower id
+/// (the first `k` of [`sort_best_first`] over every token). The vector holds `k` entries'
+/// worth of memory, not the vocabulary's it was chosen from: callers keep it (a token's
+/// alternatives live as long as its request, and `collect` into a same-sized type reuses
+/// the allocation), and at 49,152 tokens a vocabulary's worth is 384 KiB.
+///
+/// One pass over the logits, a span of [`SPAN`] at a time: once `4k` (at least 256, at
+/// most all) are gathered, the best `k` of them stay and the `k`-th's value becomes the floor; a span
+/// whose largest value is not above it is passed over whole. Building a candidate for
+/// every token and selecting among them took 0.87 ms a token at `k` = 40 over Gemma 3's
+/// 262,144, this 0.15 (`benches/sampling.rs`).
 pub fn top_k(logits: &[f32], k: usize) -> Vec<Candidate> {
-    let mut c = candidates(logits);
-    let k = k.clamp(1, c.len());
-    if k < c.len() {
-        c.select_nth_unstable_by(k - 1, |a, b| b.value.total_cmp(&a.value));
-        c.truncate(k);
-        c.shrink_to_fit();
+    let k = k.max(1);
+    if k >= logits.len() {
+        let mut c = candidates(logits);
+        sort_best_first(&mut c);
+        return c;
     }
-    sort_best_first(&mut c);
-    c
+    let capacity = (4 * k).max(256).min(logits.len());
+    let mut kept: Vec<Candidate> = Vec::with_capacity(capacity);
+    // Only values ranked above the floor can still be among the best `k`: an equal one
+    // comes later, so its id is higher than the `k`-th's.
+    let mut floor = None;
+    for (s, span) in logits.chunks(SPAN).enumerate() {
+        if let Some(floor) = floor {
+            let best = span.iter().map(|&v| total_key(v)).max();
+            if best.is_none_or(|best| best <= floor) {
+                continue;
+            }
+        }
+        for (j, &value) in span.iter().enumerate() {
+            if floor.is_some_and(|floor| total_key(value) <= floor) {
+                continue;
+            }
+            kept.push(Candidate {
+                id: (s * SPAN + j) as TokenId,
+                value,
+            });
+            if kept.len() == capacity {
+                keep_best(&mut kept, k);
+                floor = Some(total_key(kept[k - 1].value));
+            }
+        }
+    }
+    keep_best(&mut kept, k);
+    sort_best_first(&mut kept);
+    kept.shrink_to_fit();
+    kept
+}
+
+/// Logits a span of [`top_k`]'s pass takes (its largest found first, in vector lanes).
+const SPAN: usize = 64;
+
+/// `value` as an integer that orders as [`f32::total_cmp`] orders values (negative NaNs
+/// lowest, then -∞ … -0, 0 … ∞, positive NaNs highest).
+fn total_key(value: f32) -> i32 {
+    let bits = value.to_bits() as i32;
+    // Negative values' bits other than the sign flipped: larger magnitudes rank lower.
+    bits ^ (((bits >> 31) as u32) >> 1) as i32
+}
+
+/// Keeps the best `k` of `candidates` as [`sort_best_first`] ranks them (in no order).
+fn keep_best(candidates: &mut Vec<Candidate>, k: usize) {
+    if candidates.len() > k {
+        candidates.select_nth_unstable_by(k - 1, best_first);
+        candidates.truncate(k);
+    }
+}
+
+/// [`sort_best_first`]'s order: higher value first, ties by lower id.
+fn best_first(a: &Candidate, b: &Candidate) -> std::cmp::Ordering {
+    b.value.total_cmp(&a.value).then(a.id.cmp(&b.id))
 }
 
 /// Sorts by value, highest first (ties by id, so the order is deterministic).
 pub fn sort_best_first(candidates: &mut [Candidate]) {
-    candidates.sort_by(|a, b| b.value.total_cmp(&a.value).then(a.id.cmp(&b.id)));
+    candidates.sort_by(best_first);
 }
 
 /// Divides every logit by `temperature`.
@@ -217,6 +275,37 @@ mod tests {
         assert!(top_k(&vec![0.0; 50_000], 3).capacity() < 64);
         let c = top_k(&[0.1, 3.0, 2.0, 5.0], 2);
         assert_eq!(ids(&c), vec![3, 1]);
+    }
+
+    /// Over many spans, with ties at every boundary (a few values repeated) and NaNs of
+    /// both signs, the floor and the spans passed over keep what sorting everything keeps.
+    #[test]
+    fn top_k_keeps_what_a_whole_sort_keeps_across_spans() {
+        let pattern = [
+            1.0,
+            -2.5,
+            f32::NAN,
+            7.0,
+            -f32::NAN,
+            0.0,
+            -0.0,
+            7.0,
+            f32::INFINITY,
+        ];
+        let logits: Vec<f32> = (0..5_000usize)
+            .map(|i| pattern[(i * 7 + i / 13) % pattern.len()] + (i % 5 == 0) as u8 as f32)
+            .collect();
+        for k in [1, 2, 40, 63, 64, 65, 300, 1_000, 4_999, 5_000, 6_000] {
+            let mut whole = candidates(&logits);
+            sort_best_first(&mut whole);
+            whole.truncate(k);
+            let bits = |c: &[Candidate]| {
+                c.iter()
+                    .map(|c| (c.id, c.value.to_bits()))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(bits(&top_k(&logits, k)), bits(&whole), "k = {k}");
+        }
     }
 
     #[test]

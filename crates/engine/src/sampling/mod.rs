@@ -577,6 +577,12 @@ mod tests {
         }
 
         #[test]
+        fn top_k_keeps_what_sorting_everything_keeps(values in awkward_values(), k in 1usize..80) {
+            let bits = |c: &[Candidate]| c.iter().map(|c| (c.id, c.value.to_bits())).collect::<Vec<_>>();
+            prop_assert_eq!(bits(&top_k(&values, k)), bits(&top_k_ref(&values, k)));
+        }
+
+        #[test]
         fn top_k_keeps_the_k_largest(logits in logits_strategy(), k in 1usize..80) {
             let kept = top_k(&logits, k);
             prop_assert_eq!(kept.len(), k.min(logits.len()));
