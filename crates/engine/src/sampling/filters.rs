@@ -17,13 +17,13 @@ pub fn candidates(logits: &[f32]) -> Vec<Candidate> {
 }
 
 /// The `k` candidates with the highest logits, sorted best first, ties kept by lower id
-/// (the first `k` of [`sort_best_first`] over every token). The vector holds `k` entries'
+/// (the first `k` of [`sort_best_first`] over every token; a `k` of 0 is taken as 1). The vector holds `k` entries'
 /// worth of memory, not the vocabulary's it was chosen from: callers keep it (a token's
 /// alternatives live as long as its request, and `collect` into a same-sized type reuses
 /// the allocation), and at 49,152 tokens a vocabulary's worth is 384 KiB.
 ///
-/// One pass over the logits, a span of [`SPAN`] at a time: once `4k` (at least 256, at
-/// most all) are gathered, the best `k` of them stay and the `k`-th's value becomes the floor; a span
+/// One pass over the logits, a span of [`SPAN`] at a time: once `4k` are gathered (at
+/// least 256, and no more than there are logits), the best `k` of them stay and the `k`-th's value becomes the floor; a span
 /// whose largest value is not above it is passed over whole. Building a candidate for
 /// every token and selecting among them took 0.87 ms a token at `k` = 40 over Gemma 3's
 /// 262,144, this 0.15 (`benches/sampling.rs`).
@@ -66,7 +66,8 @@ pub fn top_k(logits: &[f32], k: usize) -> Vec<Candidate> {
     kept
 }
 
-/// Logits a span of [`top_k`]'s pass takes (its largest found first, in vector lanes).
+/// Logits a span of [`top_k`]'s pass takes: its largest key is found first (a loop the
+/// compiler may vectorise), and the span passed over if that is not above the floor.
 const SPAN: usize = 64;
 
 /// `value` as an integer that orders as [`f32::total_cmp`] orders values (negative NaNs
