@@ -17,16 +17,17 @@ pub fn candidates(logits: &[f32]) -> Vec<Candidate> {
 }
 
 /// The `k` candidates with the highest logits, sorted best first, ties kept by lower id
-/// (the first `k` of [`sort_best_first`] over every token; a `k` of 0 is taken as 1). The vector holds `k` entries'
-/// worth of memory, not the vocabulary's it was chosen from: callers keep it (a token's
-/// alternatives live as long as its request, and `collect` into a same-sized type reuses
-/// the allocation), and at 49,152 tokens a vocabulary's worth is 384 KiB.
+/// (the first `k` of `sort_best_first` over every token; a `k` of 0 is taken as 1). The
+/// vector holds `k` entries' worth of memory, not the vocabulary's it was chosen from:
+/// callers keep it (a token's alternatives live as long as its request, and `collect` into
+/// a same-sized type reuses the allocation), and at 49,152 tokens a vocabulary's worth is
+/// 384 KiB.
 ///
-/// One pass over the logits, a span of [`SPAN`] at a time: once `4k` are gathered (at
-/// least 256, and no more than there are logits), the best `k` of them stay and the `k`-th's value becomes the floor; a span
-/// whose largest value is not above it is passed over whole. Building a candidate for
-/// every token and selecting among them took 0.87 ms a token at `k` = 40 over Gemma 3's
-/// 262,144, this 0.15 (`benches/sampling.rs`).
+/// One pass over the logits, a span of `SPAN` (64) at a time: once `4k` are gathered (at
+/// least 256, and no more than there are logits), the best `k` of them stay and the
+/// `k`-th's value becomes the floor; a span whose largest value is not above it is passed
+/// over whole. Building a candidate for every token and selecting among them took 0.87 ms
+/// a token at `k` = 40 over Gemma 3's 262,144, this 0.15 (`benches/sampling.rs`).
 pub fn top_k(logits: &[f32], k: usize) -> Vec<Candidate> {
     let k = k.max(1);
     if k >= logits.len() {
