@@ -3,7 +3,7 @@
 //! consecutive values of each of sixteen rows against the same four activations
 //! (broadcast); CPUs with AVX2 alone take the same layout eight rows (half a line) at a
 //! time ([`avx2`], whose module says where its arithmetic differs: below is the VNNI
-//! kernel's), and so do Q5_1 and IQ4_NL on every CPU (they have no VNNI kernel).
+//! kernel's).
 //!
 //! Per group of sixteen rows (the last one padded with zero rows), the weights are one
 //! stream of 64-byte lines, a unit of blocks after another (decoding reads them in order;
@@ -38,7 +38,7 @@
 //!   decoding the group again for every pair of rows (`matmul_kernels`, one thread); at 4
 //!   rows the two are even.
 //!
-//!   Where the AVX2 kernel reads the lines (Q5_0 on a CPU without VNNI, and Q5_1), the
+//!   Where the AVX2 kernel reads the lines (a CPU without VNNI), the
 //!   line of fifth bits is a bit plane instead ([`Kernel`]): row `r`'s bytes
 //!   `4r..4r + 4` again, byte `4r + i` holding in bit `2l` the fifth bit of value `4l + i`
 //!   (a low nibble of line `l`) and in bit `2l + 1` that of value `16 + 4l + i` (its high
@@ -47,7 +47,9 @@
 //! - Q4_0: four lines of nibbles as Q4_1's, values stored 8 higher (the file's nibbles),
 //!   each block's lanes starting from `-8 ·` the sum of its activations.
 //! - Q5_1: Q5_0's lines, its five bits being its values (unsigned, no offset).
-//! - IQ4_NL: Q4_0's lines of indices, which the AVX2 kernel looks up in the table.
+//! - IQ4_NL: Q4_0's lines of indices, which the kernels look up in the table: the VNNI
+//!   kernel in a copy of it 128 higher (unsigned bytes, `vpshufb` picking a value per
+//!   byte), each block's lanes starting from `-128 ·` the sum of its activations.
 //!
 //! Each format's starts are computed once per product ([`StartsOnce`]): Q5_0's lanes
 //! shifting Q8_0's by three in the kernel cost a scalar shift and a broadcast per lane
@@ -75,8 +77,7 @@
 //!
 //! Q5_1 is Q4_1's arithmetic on Q5_0's values (llama.cpp's `ggml_vec_dot_q5_1_q8_1`, as
 //! [`super::dot::dot_q5_1`]); IQ4_NL is Q4_0's repacked arithmetic on the table's values
-//! ([`super::iq4::dot_iq4_nl_repacked`]). Both have the AVX2 kernel only: a CPU with VNNI
-//! runs it too.
+//! ([`super::iq4::dot_iq4_nl_repacked`]).
 
 use std::ops::Range;
 use std::sync::OnceLock;
@@ -127,11 +128,6 @@ impl LaneFormat {
             Self::Q5_1 => super::dot::Q5_1,
             Self::Iq4Nl => super::iq4::IQ4_NL,
         }
-    }
-
-    /// Whether the AVX-512 VNNI kernel takes this format (the AVX2 one takes them all).
-    pub fn has_vnni_kernel(self) -> bool {
-        !matches!(self, Self::Q5_1 | Self::Iq4Nl)
     }
 }
 
@@ -190,13 +186,13 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    /// The kernel this CPU runs on `format`.
-    fn for_this_cpu(format: LaneFormat) -> Self {
+    /// The kernel this CPU runs (each takes every format).
+    fn for_this_cpu() -> Self {
         #[cfg(target_arch = "x86_64")]
         let vnni = super::simd::vnni_available();
         #[cfg(not(target_arch = "x86_64"))]
         let vnni = false;
-        match format.has_vnni_kernel() && vnni {
+        match vnni {
             true => Self::Vnni,
             false => Self::Avx2,
         }
@@ -207,7 +203,7 @@ impl BlockLanes {
     /// Interleaves row-major blocks of `format` (`rows` rows of `cols / 32` blocks each)
     /// for the kernel this CPU runs on it.
     pub fn new(format: LaneFormat, raw: &[u8], rows: usize, cols: usize) -> Self {
-        Self::for_kernel(format, Kernel::for_this_cpu(format), raw, rows, cols)
+        Self::for_kernel(format, Kernel::for_this_cpu(), raw, rows, cols)
     }
 
     /// [`BlockLanes::new`] for the kernel `kernel`.
@@ -290,31 +286,32 @@ impl BlockLanes {
     }
 }
 
-/// What `format`'s stored values are above the values they stand for: 128 for Q8_0, 16
-/// for Q5_0, 8 for Q4_0 (Q4_1's and Q5_1's bits are their values; IQ4_NL's indices are
-/// looked up).
+/// What the values the VNNI kernel multiplies are above the values they stand for: 128
+/// for Q8_0 (as stored) and IQ4_NL (as looked up), 16 for Q5_0, 8 for Q4_0 (Q4_1's and
+/// Q5_1's bits are their values).
 fn offset(format: LaneFormat) -> i32 {
     match format {
-        LaneFormat::Q8_0 => 128,
+        LaneFormat::Q8_0 | LaneFormat::Iq4Nl => 128,
         LaneFormat::Q5_0 => 16,
         LaneFormat::Q4_0 => 8,
-        LaneFormat::Q4_1 | LaneFormat::Q5_1 | LaneFormat::Iq4Nl => 0,
+        LaneFormat::Q4_1 | LaneFormat::Q5_1 => 0,
     }
 }
 
 /// How many starts a block of `format` takes: one per group of four values (a lane of
-/// the kernel), Q4_0's one for the block (its one integer per row and block).
+/// the kernel), Q4_0's and IQ4_NL's one for the block (their one integer per row and
+/// block).
 fn starts_per_block(format: LaneFormat) -> usize {
     match format {
-        LaneFormat::Q4_0 => 1,
+        LaneFormat::Q4_0 | LaneFormat::Iq4Nl => 1,
         _ => QUADS,
     }
 }
 
 /// Where the kernel's integers start for activation row `a` (its first `blocks` blocks)
 /// against a matrix of `format`: per block, and per group of four values but for Q4_0
-/// ([`starts_per_block`]), `-offset ·` the values' sum, so that the offset the weights
-/// are stored with ([`offset`]) cancels (all zero for the formats without one).
+/// and IQ4_NL ([`starts_per_block`]), `-offset ·` the values' sum, so that the offset the
+/// kernel's weights carry ([`offset`]) cancels (all zero for the formats without one).
 pub fn lane_starts(a: &Q8Row, blocks: usize, format: LaneFormat) -> Vec<i32> {
     let offset = offset(format);
     a.qs[..blocks * 32]
@@ -371,18 +368,19 @@ fn expand_q5_0_with(
     }
 }
 
-/// Every row's [`lane_starts`] for one matrix product, Q8_0's, Q5_0's and Q4_0's, each
-/// computed by the first chunk that needs them and shared by the others.
+/// Every row's [`lane_starts`] for one matrix product, Q8_0's, Q5_0's, Q4_0's and
+/// IQ4_NL's, each computed by the first chunk that needs them and shared by the others.
 #[derive(Default)]
-pub struct StartsOnce([OnceLock<Vec<Vec<i32>>>; 3]);
+pub struct StartsOnce([OnceLock<Vec<Vec<i32>>>; 4]);
 
 impl StartsOnce {
     /// The starts of the rows `a` (which must be the rows they were first asked for)
-    /// against a matrix of `format` (Q8_0, Q5_0 or Q4_0).
+    /// against a matrix of `format` (Q8_0, Q5_0, Q4_0 or IQ4_NL).
     pub fn get(&self, a: &[Q8Row], blocks: usize, format: LaneFormat) -> &[Vec<i32>] {
         let once = match format {
             LaneFormat::Q5_0 => &self.0[1],
             LaneFormat::Q4_0 => &self.0[2],
+            LaneFormat::Iq4Nl => &self.0[3],
             _ => &self.0[0],
         };
         assert!(offset(format) > 0, "{format:?} has no lane starts");
@@ -432,7 +430,7 @@ mod kernel_format {
 mod simd {
     use std::arch::x86_64::*;
 
-    use super::kernel_format::{self, Q4_0, Q4_1, Q5_0, Q8_0};
+    use super::kernel_format::{self, IQ4_NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
     use super::{place, starts_per_block, unit, BlockLanes, Kernel, LaneFormat, Line, QUADS, ROWS};
     use crate::quant::q8::Q8Row;
     use crate::quant::simd::{prefetch_span, Upcoming};
@@ -466,18 +464,16 @@ mod simd {
             LaneFormat::Q4_1 => group_vnni::<T, Q4_1>(lines, blocks, a, starts, soon),
             LaneFormat::Q5_0 => group_vnni::<T, Q5_0>(lines, blocks, a, starts, soon),
             LaneFormat::Q4_0 => group_vnni::<T, Q4_0>(lines, blocks, a, starts, soon),
-            LaneFormat::Q5_1 | LaneFormat::Iq4Nl => {
-                unreachable!("{:?} takes the AVX2 kernel", m.format)
-            }
+            LaneFormat::Q5_1 => group_vnni::<T, Q5_1>(lines, blocks, a, starts, soon),
+            LaneFormat::Iq4Nl => group_vnni::<T, IQ4_NL>(lines, blocks, a, starts, soon),
         }
     }
 
-    /// How many lane starts per block this kernel reads for `format`: all but Q4_1's
-    /// ([`super::starts_per_block`]; Q4_1 has no offset, and Q5_1 and IQ4_NL take the
-    /// AVX2 kernel).
+    /// How many lane starts per block this kernel reads for `format`: all but Q4_1's and
+    /// Q5_1's ([`super::starts_per_block`]; they have no offset).
     pub fn starts_taken(format: LaneFormat) -> usize {
         match format {
-            LaneFormat::Q4_1 | LaneFormat::Q5_1 | LaneFormat::Iq4Nl => 0,
+            LaneFormat::Q4_1 | LaneFormat::Q5_1 => 0,
             format => starts_per_block(format),
         }
     }
@@ -518,7 +514,8 @@ mod simd {
         group_vnni::<T, Q8_0>(lines, blocks, a, starts, soon)
     }
 
-    /// A Q4_1 or Q5_0 block's values `4q..4q + 4` of its sixteen rows, unsigned bytes, from
+    /// A Q4_1, Q4_0 or IQ4_NL block's nibbles `4q..4q + 4` of its sixteen rows (Q5_0's and
+    /// Q5_1's without their fifth bits), unsigned bytes, from
     /// its four lines of nibbles at `nibbles` (the low nibbles are values 0..16, the high
     /// ones 16..32).
     #[inline]
@@ -532,8 +529,8 @@ mod simd {
         }
     }
 
-    /// A Q5_0 block's values `4q..4q + 4` of its sixteen rows, stored 16 higher, from its
-    /// mask line and four lines of nibbles at `lines`.
+    /// A Q5_0 block's values `4q..4q + 4` of its sixteen rows, stored 16 higher (Q5_1's
+    /// values themselves), from its mask line and four lines of nibbles at `lines`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
     unsafe fn q5_0_values(lines: *const Line, q: usize) -> __m512i {
@@ -542,13 +539,27 @@ mod simd {
         _mm512_mask_add_epi8(low, mask, low, _mm512_set1_epi8(0x10))
     }
 
+    /// IQ4_NL's table ([`crate::quant::iq4::VALUES`]) 128 higher: unsigned bytes, the
+    /// instruction's unsigned operand.
+    const IQ4_NL_128: [u8; 16] = {
+        let mut table = [0u8; 16];
+        let mut i = 0;
+        while i < 16 {
+            table[i] = (crate::quant::iq4::VALUES[i] as i16 + 128) as u8;
+            i += 1;
+        }
+        table
+    };
+
     /// [`dot_group`] on a group's lines of format `F`.
     /// Per block: the rows' scales times each activation row's (one multiplication per
     /// activation row); per group of four values (a line of Q8_0's, or one nibble of a
-    /// line of Q4_1's or Q5_0's, with Q5_0's fifth bits added under their mask) and
-    /// activation row, one integer multiply-add (four activations broadcast), its
-    /// conversion, and one fused multiply-add into that group's accumulator; Q4_1's
-    /// minimums times the activation row's `s` into their own.
+    /// line of Q4_1's or Q5_0's, with Q5_0's and Q5_1's fifth bits added under their mask)
+    /// and activation row, one integer multiply-add (four activations broadcast), its
+    /// conversion, and one fused multiply-add into that group's accumulator; Q4_1's and
+    /// Q5_1's minimums times the activation row's `s` into their own. Q4_0 and IQ4_NL (its
+    /// nibbles looked up) instead add a block's eight integer multiply-adds into one
+    /// integer, converted and folded into one accumulator.
     // Indexed loops: each vector of weights goes to every activation row's accumulator.
     #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl,avx512bw")]
@@ -566,6 +577,9 @@ mod simd {
         let mut acc = [[_mm512_setzero_ps(); QUADS]; T];
         let mut extra = [_mm512_setzero_ps(); T];
         let half = |at: *const u8| _mm512_cvtph_ps(_mm256_loadu_si256(at as *const __m256i));
+        // IQ4_NL's table in each 128-bit lane (`vpshufb` looks up within one).
+        let table = _mm512_broadcast_i32x4(_mm_loadu_si128(IQ4_NL_128.as_ptr() as *const __m128i));
+        let minimums = F == Q4_1 || F == Q5_1;
         for b in 0..blocks {
             let (header, at, values) = place(format, b);
             if b % per_unit == 0 {
@@ -578,20 +592,23 @@ mod simd {
             let d = half(header.add(at));
             let scale: [__m512; T] =
                 std::array::from_fn(|t| _mm512_mul_ps(d, _mm512_set1_ps(*a[t].d.get_unchecked(b))));
-            if F == Q4_1 {
+            if minimums {
                 let m = half(header.add(32));
                 for t in 0..T {
                     let s = _mm512_set1_ps(*a[t].s.get_unchecked(b));
                     extra[t] = _mm512_fmadd_ps(m, s, extra[t]);
                 }
             }
-            if F == Q4_0 {
+            if F == Q4_0 || F == IQ4_NL {
                 // One integer per row and block: it starts from the block's start, and the
                 // block's eight multiply-adds all add into it.
                 let mut sum: [__m512i; T] =
                     std::array::from_fn(|t| _mm512_set1_epi32(*starts[t].get_unchecked(b)));
                 for q in 0..QUADS {
-                    let w = nibble_values(lines, q);
+                    let w = match F {
+                        Q4_0 => nibble_values(lines, q),
+                        _ => _mm512_shuffle_epi8(table, nibble_values(lines, q)),
+                    };
                     for t in 0..T {
                         let four = a[t].qs.as_ptr().add(b * 32 + 4 * q) as *const i32;
                         let y = _mm512_set1_epi32(four.read_unaligned());
@@ -611,8 +628,8 @@ mod simd {
                 };
                 for t in 0..T {
                     let four = a[t].qs.as_ptr().add(b * 32 + 4 * q) as *const i32;
-                    let start = match F {
-                        Q4_1 => _mm512_setzero_si512(),
+                    let start = match minimums {
+                        true => _mm512_setzero_si512(),
                         _ => _mm512_set1_epi32(*starts[t].get_unchecked(b * QUADS + q)),
                     };
                     let y = _mm512_set1_epi32(four.read_unaligned());
@@ -624,17 +641,17 @@ mod simd {
         let mut out = [[0f32; ROWS]; T];
         for t in 0..T {
             let l = &acc[t];
-            if F == Q4_0 {
-                // Its one accumulator per row.
+            if F == Q4_0 || F == IQ4_NL {
+                // Their one accumulator per row.
                 _mm512_storeu_ps(out[t].as_mut_ptr(), l[0]);
                 continue;
             }
             // hsum_float_8: lanes i and i + 4 first, then (0 + 2) + (1 + 3); then Q4_1's
-            // minimums (none for the others).
+            // and Q5_1's minimums (none for the others).
             let even = _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6]));
             let odd = _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7]));
             let sum = _mm512_add_ps(even, odd);
-            let sum = if F == Q4_1 {
+            let sum = if minimums {
                 _mm512_add_ps(sum, extra[t])
             } else {
                 sum
@@ -878,8 +895,9 @@ mod tests {
             LaneFormat::Q4_1,
             LaneFormat::Q5_0,
             LaneFormat::Q4_0,
+            LaneFormat::Q5_1,
+            LaneFormat::Iq4Nl,
         ];
-        assert!(formats.iter().all(|f| f.has_vnni_kernel()));
         assert_matches_the_portable_kernel(
             &formats,
             Kernel::Vnni,

@@ -5,8 +5,7 @@
 //! The layouts, and the modules that hold them with their kernels:
 //! - Q8_0, Q4_1, Q5_0, Q4_0, Q5_1 and IQ4_NL (Q4_0 and IQ4_NL with llama.cpp's repacked
 //!   arithmetic) interleaved sixteen rows to a vector where the CPU has AVX2 (kernels for
-//!   AVX-512 VNNI, but for Q5_1 and IQ4_NL, and for AVX2 eight rows at a time):
-//!   `block_lanes`;
+//!   AVX-512 VNNI, and for AVX2 eight rows at a time): `block_lanes`;
 //! - block-of-32 formats (Q4_0 with rows not a multiple of eight, and the others
 //!   elsewhere) repacked eight rows at a time: `packed` (portable) and `packed_simd`
 //!   (AVX2, AVX-512 VNNI);

@@ -1,5 +1,5 @@
 //! The sixteen-row block-of-32 layout's kernel for CPUs with AVX2 but without AVX-512
-//! VNNI, and for Q5_1 and IQ4_NL on every CPU (they have no VNNI kernel). Each 64-byte line is two 256-bit halves of eight rows each (row `r`'s four bytes
+//! VNNI. Each 64-byte line is two 256-bit halves of eight rows each (row `r`'s four bytes
 //! at `4r`), so a half is one AVX2 vector with one weight row per 32-bit lane, and the
 //! kernel runs the VNNI kernel's plan on it: four activations broadcast against four
 //! values of eight rows, the lane's integer converted and folded into that lane's float
