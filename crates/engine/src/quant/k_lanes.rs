@@ -5,7 +5,8 @@
 //! line is two 256-bit halves of eight rows each, and the kernel ([`avx2`]) multiplies four
 //! values of eight rows by the same four activations (broadcast): every lane keeps one
 //! weight row's sums, and the only sums across lanes are the one-row arithmetic's last
-//! eight.
+//! eight. Where the CPU has AVX-512 VNNI, Q2_K's and Q3_K's kernels ([`vnni`]) take a
+//! whole line, sixteen rows, as one vector.
 //!
 //! llama.cpp's AVX2 dot products (`ggml_vec_dot_q3_K_q8_K` and its Q5_K and IQ4_XS twins)
 //! take a matrix row after row: 32 bytes of one row against 32 activations, and a
@@ -52,6 +53,8 @@ use std::ops::Range;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
 
 use super::act_tile::Line;
 use super::iq4::{xs_scale, IQ4_XS};
@@ -262,29 +265,45 @@ impl Layout for KLanes {
                 // Q2_K follows llama.cpp's repacked kernels, whose rounding each row's
                 // kernel names: every row, four a pass.
                 let all: Vec<usize> = (0..kernels.len()).collect();
+                let vnni = super::simd::vnni_available();
                 lane_groups(out, range, &all, 4, groups, |g, four, soon| {
                     let mut got = [[0f32; LANE_ROWS]; 4];
-                    // SAFETY: the layout is only built where the CPU has AVX2.
+                    // SAFETY: the layout is only built where the CPU has AVX2, and the VNNI
+                    // kernel only runs where it has AVX-512 VNNI.
                     with_row_count!(four.len(), got, T => unsafe {
                         let a = std::array::from_fn(|k| &a[four[k]]);
                         let kernels = std::array::from_fn(|k| kernels[four[k]]);
-                        avx2::dot_group_q2k::<T>(m, g, a, kernels, soon)
+                        match vnni {
+                            true => vnni::dot_group_q2k::<T>(m, g, a, kernels, soon),
+                            false => avx2::dot_group_q2k::<T>(m, g, a, kernels, soon),
+                        }
                     });
                     got
                 });
                 return;
             }
+            // Q3_K has a VNNI kernel; Q5_K and IQ4_XS take this layout only without VNNI.
+            let vnni = m.format == KLaneFormat::Q3K && super::simd::vnni_available();
             let tiled = |g, four: &[usize], soon| {
                 let mut got = [[0f32; LANE_ROWS]; 4];
-                // SAFETY: the layout is only built where the CPU has AVX2.
+                // SAFETY: the layout is only built where the CPU has AVX2, and the VNNI
+                // kernel only runs where it has AVX-512 VNNI.
                 with_row_count!(four.len(), got, T => unsafe {
-                    avx2::dot_group::<T, true>(m, g, std::array::from_fn(|k| &a[four[k]]), soon)
+                    let a = std::array::from_fn(|k| &a[four[k]]);
+                    match vnni {
+                        true => vnni::dot_group_q3k::<T, true>(m, g, a, soon),
+                        false => avx2::dot_group::<T, true>(m, g, a, soon),
+                    }
                 });
                 got
             };
             // SAFETY: as above.
-            let dot =
-                |g, t: usize, soon| unsafe { avx2::dot_group::<1, false>(m, g, [&a[t]], soon)[0] };
+            let dot = |g, t: usize, soon| unsafe {
+                match vnni {
+                    true => vnni::dot_group_q3k::<1, false>(m, g, [&a[t]], soon)[0],
+                    false => avx2::dot_group::<1, false>(m, g, [&a[t]], soon)[0],
+                }
+            };
             lane_groups_by_plan(out, range, kernels, groups, tiled, dot);
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -307,63 +326,68 @@ mod tests {
     use crate::quant::simd::Upcoming;
     use crate::quant::OwnFormat;
 
-    /// Both plans of the AVX2 kernel, for Q3_K, Q5_K and IQ4_XS: every row of every group (a
-    /// ragged last one) equals the portable dot product (one activation row) and the
-    /// portable tiled product (one to four rows, in every position of a pass) bit for bit,
-    /// over activations of very different scales.
-    #[test]
-    fn avx2_kernels_are_bit_identical_to_the_portable_ones() {
-        if crate::cpu::lacks(crate::cpu::detected().avx2, "avx2") {
-            return;
-        }
-        type Dot = fn(&[u8], &Q8KRow) -> f32;
-        let cases: [(KLaneFormat, OwnFormat, Dot, Dot); 3] = [
+    /// A kernel's results on one group for the activation rows `acts` (four of them):
+    /// row 2 by the dot product's plan, then by the tiled plan rows 0, 1, 2, 3; 3, 1, 0;
+    /// 2, 0; and 1 (every position of a pass).
+    type Plans = (
+        [[f32; ROWS]; 1],
+        [[f32; ROWS]; 4],
+        [[f32; ROWS]; 3],
+        [[f32; ROWS]; 2],
+        [[f32; ROWS]; 1],
+    );
+
+    /// `$kernel::<T, TILED>` in the passes [`Plans`] lists.
+    macro_rules! plans {
+        ($($kernel:ident)::+, $m:expr, $g:expr, $acts:expr) => {{
+            let (m, g, acts): (&KLanes, usize, &[Q8KRow]) = ($m, $g, $acts);
+            let soon = || Upcoming::new(m.group(0), 3);
+            let a = |t: [usize; 4]| t.map(|t| &acts[t]);
             (
-                KLaneFormat::Q3K,
-                OwnFormat::Q3K,
-                dot_q3k_portable,
-                dot_q3k_tiled,
-            ),
-            (
-                KLaneFormat::Q5K,
-                OwnFormat::Q5K,
-                dot_q5k_portable,
-                dot_q5k_tiled,
-            ),
-            (
-                KLaneFormat::Iq4Xs,
-                OwnFormat::Iq4Xs,
-                dot_iq4_xs,
-                dot_iq4_xs_tiled,
-            ),
-        ];
-        for (format, own, dot, tiled) in cases {
+                $($kernel)::+::<1, false>(m, g, [&acts[2]], soon()),
+                $($kernel)::+::<4, true>(m, g, a([0, 1, 2, 3]), soon()),
+                $($kernel)::+::<3, true>(m, g, [&acts[3], &acts[1], &acts[0]], soon()),
+                $($kernel)::+::<2, true>(m, g, [&acts[2], &acts[0]], soon()),
+                $($kernel)::+::<1, true>(m, g, [&acts[1]], soon()),
+            )
+        }};
+    }
+
+    /// Both plans of a kernel (`kernel`, see [`Plans`]) for the formats of `cases`: every
+    /// row of every group (a ragged last one) equals the portable dot product (one
+    /// activation row) and the portable tiled product (one to four rows, in every position
+    /// of a pass) bit for bit, over activations of very different scales.
+    fn assert_plans_match_the_portable_ones(
+        cases: &[(KLaneFormat, OwnFormat, Dot, Dot)],
+        kernel: unsafe fn(&KLanes, usize, &[Q8KRow]) -> Plans,
+    ) {
+        for &(format, own, dot, tiled) in cases {
             let mut rng = Xorshift::new(31);
             let (rows, cols) = (37, 3 * QK_K);
-            let raw = sample::weights(own, rows, cols, &mut rng);
+            let mut raw = sample::weights(own, rows, cols, &mut rng);
+            let row_bytes = own.row_bytes(cols);
+            if format == KLaneFormat::Q3K {
+                // Row 5's values all the lowest (-4: high bits and low bits clear), its
+                // scales as they were.
+                for block in raw[5 * row_bytes..6 * row_bytes].chunks_exact_mut(Q3_K) {
+                    block[..96].fill(0);
+                }
+            }
             let m = KLanes::new(format, &raw, rows, cols / QK_K);
-            let acts: Vec<Q8KRow> = [4.0, 0.01, 300.0, 1.0]
+            let mut acts: Vec<Q8KRow> = [4.0, 0.01, 300.0, 1.0]
                 .iter()
                 .map(|&scale| {
                     let values = sample::activations(1, cols, scale, &mut rng);
                     quantize_row_q8k(&values, RowKernel::Gemv)
                 })
                 .collect();
-            let row_bytes = own.row_bytes(cols);
+            // Activation row 1 all the lowest (its sums kept consistent).
+            acts[1].qs.fill(-127);
+            acts[1].bsums.fill(-127 * 16);
             let row = |r: usize| &raw[r * row_bytes..][..row_bytes];
             for g in 0..rows.div_ceil(ROWS) {
-                let soon = || Upcoming::new(m.group(0), 3);
-                let a = |t: [usize; 4]| t.map(|t| &acts[t]);
-                // SAFETY: AVX2 was checked.
-                let (one, four, three, two, alone) = unsafe {
-                    (
-                        avx2::dot_group::<1, false>(&m, g, [&acts[2]], soon()),
-                        avx2::dot_group::<4, true>(&m, g, a([0, 1, 2, 3]), soon()),
-                        avx2::dot_group::<3, true>(&m, g, [&acts[3], &acts[1], &acts[0]], soon()),
-                        avx2::dot_group::<2, true>(&m, g, [&acts[2], &acts[0]], soon()),
-                        avx2::dot_group::<1, true>(&m, g, [&acts[1]], soon()),
-                    )
-                };
+                // SAFETY: the caller checked the CPU.
+                let (one, four, three, two, alone) = unsafe { kernel(&m, g, &acts) };
                 for lane in 0..ROWS {
                     let r = g * ROWS + lane;
                     let real = r < rows;
@@ -387,17 +411,94 @@ mod tests {
         }
     }
 
-    /// The Q2_K kernel: every row of every group (a ragged last one) against one to four
-    /// activation rows, each rounded as the GEMV or as one of a four-row group (in every
-    /// position of a pass), equals the portable repacked dot product bit for bit.
+    /// A portable dot product of one weight row and one activation row.
+    type Dot = fn(&[u8], &Q8KRow) -> f32;
+
+    /// Both plans of the AVX2 kernel, for Q3_K, Q5_K and IQ4_XS.
     #[test]
-    fn q2k_kernel_is_bit_identical_to_the_portable_one() {
+    fn avx2_kernels_are_bit_identical_to_the_portable_ones() {
         if crate::cpu::lacks(crate::cpu::detected().avx2, "avx2") {
             return;
         }
+        let cases: [(KLaneFormat, OwnFormat, Dot, Dot); 3] = [
+            (
+                KLaneFormat::Q3K,
+                OwnFormat::Q3K,
+                dot_q3k_portable,
+                dot_q3k_tiled,
+            ),
+            (
+                KLaneFormat::Q5K,
+                OwnFormat::Q5K,
+                dot_q5k_portable,
+                dot_q5k_tiled,
+            ),
+            (
+                KLaneFormat::Iq4Xs,
+                OwnFormat::Iq4Xs,
+                dot_iq4_xs,
+                dot_iq4_xs_tiled,
+            ),
+        ];
+        assert_plans_match_the_portable_ones(&cases, |m, g, acts| unsafe {
+            plans!(avx2::dot_group, m, g, acts)
+        });
+    }
+
+    /// Both plans of the AVX-512 VNNI Q3_K kernel.
+    #[test]
+    fn q3k_vnni_kernel_is_bit_identical_to_the_portable_ones() {
+        if crate::cpu::lacks(crate::cpu::detected().vnni, "vnni") {
+            return;
+        }
+        let cases: [(KLaneFormat, OwnFormat, Dot, Dot); 1] = [(
+            KLaneFormat::Q3K,
+            OwnFormat::Q3K,
+            dot_q3k_portable,
+            dot_q3k_tiled,
+        )];
+        assert_plans_match_the_portable_ones(&cases, |m, g, acts| unsafe {
+            plans!(vnni::dot_group_q3k, m, g, acts)
+        });
+    }
+
+    /// A Q2_K kernel's group of sixteen rows against one to four activation rows.
+    type Q2kKernel = unsafe fn(&KLanes, usize, &[&Q8KRow], &[RowKernel]) -> Vec<[f32; ROWS]>;
+
+    /// `$kernel::<T>` on the one to four activation rows `$a` and their kernels `$k`.
+    macro_rules! q2k_by_count {
+        ($($kernel:ident)::+, $m:expr, $g:expr, $a:expr, $k:expr) => {{
+            let (m, g, a, k) = ($m, $g, $a, $k);
+            let soon = Upcoming::new(m.group(0), 3);
+            match a.len() {
+                1 => $($kernel)::+::<1>(m, g, [a[0]], [k[0]], soon).to_vec(),
+                2 => $($kernel)::+::<2>(m, g, [a[0], a[1]], [k[0], k[1]], soon).to_vec(),
+                3 => $($kernel)::+::<3>(m, g, [a[0], a[1], a[2]], [k[0], k[1], k[2]], soon)
+                    .to_vec(),
+                _ => $($kernel)::+::<4>(
+                    m,
+                    g,
+                    [a[0], a[1], a[2], a[3]],
+                    [k[0], k[1], k[2], k[3]],
+                    soon,
+                )
+                .to_vec(),
+            }
+        }};
+    }
+
+    /// Every row of every group (a ragged last one) against one to four activation rows of
+    /// each rounding and of very different scales, in every position of a pass, equals the
+    /// portable repacked dot product bit for bit.
+    fn assert_q2k_kernel_matches_the_portable_one(kernel: Q2kKernel) {
         let mut rng = Xorshift::new(37);
         let (rows, cols) = (37, 3 * QK_K);
-        let raw = sample::weights(OwnFormat::Q2KRepacked, rows, cols, &mut rng);
+        let mut raw = sample::weights(OwnFormat::Q2KRepacked, rows, cols, &mut rng);
+        // Row 5's values, scales and minimums all the highest.
+        let row_bytes = OwnFormat::Q2KRepacked.row_bytes(cols);
+        for block in raw[5 * row_bytes..6 * row_bytes].chunks_exact_mut(Q2_K) {
+            block[..80].fill(0xff);
+        }
         let m = KLanes::new(KLaneFormat::Q2K, &raw, rows, cols / QK_K);
         let kernels = [
             RowKernel::Gemm4,
@@ -405,41 +506,20 @@ mod tests {
             RowKernel::Gemm4InWideBatch,
             RowKernel::GemvInWideBatch,
         ];
-        let acts: Vec<Q8KRow> = kernels
+        let mut acts: Vec<Q8KRow> = kernels
             .iter()
             .zip([4.0, 0.01, 300.0, 1.0])
             .map(|(&k, scale)| quantize_row_q8k(&sample::activations(1, cols, scale, &mut rng), k))
             .collect();
-        let row_bytes = OwnFormat::Q2KRepacked.row_bytes(cols);
+        // Activation row 2 all the lowest (its sums kept consistent).
+        acts[2].qs.fill(-127);
+        acts[2].bsums.fill(-127 * 16);
         for g in 0..rows.div_ceil(ROWS) {
             for order in [&[0, 1, 2, 3][..], &[3, 1, 0], &[2, 0], &[1], &[0]] {
-                let soon = Upcoming::new(m.group(0), 3);
                 let a: Vec<&Q8KRow> = order.iter().map(|&t| &acts[t]).collect();
                 let k: Vec<RowKernel> = order.iter().map(|&t| kernels[t]).collect();
-                // SAFETY: AVX2 was checked.
-                let got: Vec<[f32; ROWS]> = unsafe {
-                    match order.len() {
-                        1 => avx2::dot_group_q2k::<1>(&m, g, [a[0]], [k[0]], soon).to_vec(),
-                        2 => avx2::dot_group_q2k::<2>(&m, g, [a[0], a[1]], [k[0], k[1]], soon)
-                            .to_vec(),
-                        3 => avx2::dot_group_q2k::<3>(
-                            &m,
-                            g,
-                            [a[0], a[1], a[2]],
-                            [k[0], k[1], k[2]],
-                            soon,
-                        )
-                        .to_vec(),
-                        _ => avx2::dot_group_q2k::<4>(
-                            &m,
-                            g,
-                            [a[0], a[1], a[2], a[3]],
-                            [k[0], k[1], k[2], k[3]],
-                            soon,
-                        )
-                        .to_vec(),
-                    }
-                };
+                // SAFETY: the caller checked the CPU.
+                let got = unsafe { kernel(&m, g, &a, &k) };
                 for (got, &t) in got.iter().zip(order) {
                     for (lane, got) in got.iter().enumerate() {
                         let r = g * ROWS + lane;
@@ -457,6 +537,28 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The AVX2 Q2_K kernel.
+    #[test]
+    fn q2k_avx2_kernel_is_bit_identical_to_the_portable_one() {
+        if crate::cpu::lacks(crate::cpu::detected().avx2, "avx2") {
+            return;
+        }
+        assert_q2k_kernel_matches_the_portable_one(|m, g, a, k| unsafe {
+            q2k_by_count!(avx2::dot_group_q2k, m, g, a, k)
+        });
+    }
+
+    /// The AVX-512 VNNI Q2_K kernel.
+    #[test]
+    fn q2k_vnni_kernel_is_bit_identical_to_the_portable_one() {
+        if crate::cpu::lacks(crate::cpu::detected().vnni, "vnni") {
+            return;
+        }
+        assert_q2k_kernel_matches_the_portable_one(|m, g, a, k| unsafe {
+            q2k_by_count!(vnni::dot_group_q2k, m, g, a, k)
+        });
     }
 
     /// The layout's fields land where the module says, for a hand-made Q5_K super-block

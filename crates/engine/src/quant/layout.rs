@@ -12,8 +12,9 @@
 //! - Q4_K and Q6_K interleaved sixteen rows to a vector where the CPU has AVX2 (kernels
 //!   for AVX-512 VNNI, and for AVX2 alone eight rows at a time): `q4k_lanes`, `q6k_lanes`;
 //! - Q5_K and IQ4_XS two rows to a vector with AVX-512 VNNI (`pair_lanes`); with AVX2
-//!   alone they, and Q2_K and Q3_K wherever the CPU has AVX2, sixteen rows to a vector read
-//!   eight at a time (`k_lanes`);
+//!   alone they, and Q2_K and Q3_K wherever the CPU has AVX2, sixteen rows to a vector
+//!   (`k_lanes`: kernels for AVX-512 VNNI, Q2_K's and Q3_K's, and for AVX2 eight rows at a
+//!   time);
 //! - every other quantized format, and these on other CPUs, row after row: `rows`
 //!   (portable kernels in `kquant`, `dot`, `iq4`);
 //! - F32, F16 and BF16 row after row: `float_rows` (portable `float`, AVX-512 or AVX2
