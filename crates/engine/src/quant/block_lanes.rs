@@ -436,8 +436,8 @@ mod simd {
     use crate::quant::simd::{prefetch_span, Upcoming};
 
     /// Group `g`'s sixteen rows against `T` activation rows (`starts`: each one's
-    /// [`super::lane_starts`] for the matrix's format, none for Q4_1): `out[t][r]` is row
-    /// `16g + r` · `a[t]` (zero past the matrix). `soon`: lines to ask the memory for
+    /// [`super::lane_starts`] for the matrix's format, none for Q4_1 and Q5_1): `out[t][r]`
+    /// is row `16g + r` · `a[t]` (zero past the matrix). `soon`: lines to ask the memory for
     /// meanwhile ([`Upcoming`]).
     ///
     /// # Safety

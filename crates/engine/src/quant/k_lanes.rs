@@ -368,9 +368,15 @@ mod tests {
             let row_bytes = own.row_bytes(cols);
             if format == KLaneFormat::Q3K {
                 // Row 5's values all the lowest (-4: high bits and low bits clear), its
-                // scales as they were.
+                // scales as they were; row 6's scales all the lowest (-32), row 7's all the
+                // highest (31).
                 for block in raw[5 * row_bytes..6 * row_bytes].chunks_exact_mut(Q3_K) {
                     block[..96].fill(0);
+                }
+                for (r, byte) in [(6, 0x00), (7, 0xff)] {
+                    for block in raw[r * row_bytes..(r + 1) * row_bytes].chunks_exact_mut(Q3_K) {
+                        block[96..108].fill(byte);
+                    }
                 }
             }
             let m = KLanes::new(format, &raw, rows, cols / QK_K);
@@ -381,9 +387,10 @@ mod tests {
                     quantize_row_q8k(&values, RowKernel::Gemv)
                 })
                 .collect();
-            // Activation row 1 all the lowest (its sums kept consistent).
-            acts[1].qs.fill(-127);
-            acts[1].bsums.fill(-127 * 16);
+            // Activation row 2, which the dot product's plan takes too, all the lowest (its
+            // sums kept consistent).
+            acts[2].qs.fill(-127);
+            acts[2].bsums.fill(-127 * 16);
             let row = |r: usize| &raw[r * row_bytes..][..row_bytes];
             for g in 0..rows.div_ceil(ROWS) {
                 // SAFETY: the caller checked the CPU.

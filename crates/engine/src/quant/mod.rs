@@ -18,7 +18,8 @@
 //! How each matrix holds its weights is chosen once at load (`layout.rs`): every layout
 //! (repacked block-of-32 rows, the sixteen-row block-of-32 and Q4_K/Q6_K vectors of AVX2
 //! and AVX-512 VNNI, the Q5_K/IQ4_XS vectors of two rows (AVX-512 VNNI) and the
-//! Q3_K/Q5_K/IQ4_XS ones of sixteen (AVX2), plain rows, float rows) sits behind one
+//! Q2_K/Q3_K/Q5_K/IQ4_XS ones of sixteen (AVX2; Q2_K's and Q3_K's AVX-512 VNNI too), plain
+//! rows, float rows) sits behind one
 //! `Layout` trait, in the module of its kernels. Products run in tiles: a few weight rows
 //! by several activation rows, each weight block decoded once per tile and each activation
 //! block loaded once per tile, over activation tiles that stay in the first-level cache;
