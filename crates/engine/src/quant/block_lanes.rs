@@ -630,7 +630,7 @@ mod simd {
                     let four = a[t].qs.as_ptr().add(b * 32 + 4 * q) as *const i32;
                     let start = match minimums {
                         true => _mm512_setzero_si512(),
-                        _ => _mm512_set1_epi32(*starts[t].get_unchecked(b * QUADS + q)),
+                        false => _mm512_set1_epi32(*starts[t].get_unchecked(b * QUADS + q)),
                     };
                     let y = _mm512_set1_epi32(four.read_unaligned());
                     let lane = _mm512_dpbusd_epi32(start, w, y);
@@ -860,27 +860,6 @@ mod tests {
         }
     }
 
-    /// `$($dot)::+::<T>($lead.., rows, starts, soon)` for the one to four activation rows
-    /// `$a` and their starts `$s`.
-    macro_rules! by_count {
-        ($($dot:ident)::+, ($($lead:expr),+), $soon:expr, $a:expr, $s:expr) => {{
-            let (a, s, soon) = ($a, $s, $soon);
-            match a.len() {
-                1 => $($dot)::+::<1>($($lead),+, [a[0]], [s[0]], soon).to_vec(),
-                2 => $($dot)::+::<2>($($lead),+, [a[0], a[1]], [s[0], s[1]], soon).to_vec(),
-                3 => $($dot)::+::<3>($($lead),+, [a[0], a[1], a[2]], [s[0], s[1], s[2]], soon)
-                    .to_vec(),
-                _ => $($dot)::+::<4>(
-                    $($lead),+,
-                    [a[0], a[1], a[2], a[3]],
-                    [s[0], s[1], s[2], s[3]],
-                    soon,
-                )
-                .to_vec(),
-            }
-        }};
-    }
-
     /// The AVX-512 VNNI kernels.
     #[test]
     fn vnni_kernels_are_bit_identical_to_the_portable_ones() {
@@ -904,12 +883,12 @@ mod tests {
             -128,
             |format| starts_taken(format) > 0,
             |m, g, a, s| unsafe {
-                by_count!(dot_group, (m, g), Upcoming::new(m.group(0), 3), a, s)
+                by_row_count!(dot_group, (m, g), Upcoming::new(m.group(0), 3), a, s)
             },
             |m, g, a, s| unsafe {
                 let mut lines = Vec::new();
                 expand_q5_0(m, g, &mut lines);
-                by_count!(dot_expanded, (&lines, m.blocks), Upcoming::NONE, a, s)
+                by_row_count!(dot_expanded, (&lines, m.blocks), Upcoming::NONE, a, s)
             },
         );
     }
@@ -934,12 +913,12 @@ mod tests {
             -127,
             |format| avx2::starts_taken(format) > 0,
             |m, g, a, s| unsafe {
-                by_count!(avx2::dot_group, (m, g), Upcoming::new(m.group(0), 3), a, s)
+                by_row_count!(avx2::dot_group, (m, g), Upcoming::new(m.group(0), 3), a, s)
             },
             |m, g, a, s| unsafe {
                 let mut lines = Vec::new();
                 avx2::expand_q5_0(m, g, &mut lines);
-                by_count!(avx2::dot_expanded, (&lines, m.blocks), Upcoming::NONE, a, s)
+                by_row_count!(avx2::dot_expanded, (&lines, m.blocks), Upcoming::NONE, a, s)
             },
         );
     }

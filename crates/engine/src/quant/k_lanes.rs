@@ -261,11 +261,13 @@ impl Layout for KLanes {
         {
             let m = self;
             let groups = (|g| m.group(g), m.blocks);
+            // Q2_K and Q3_K have VNNI kernels; Q5_K and IQ4_XS take this layout only
+            // without VNNI.
+            let vnni = super::simd::vnni_available();
             if m.format == KLaneFormat::Q2K {
                 // Q2_K follows llama.cpp's repacked kernels, whose rounding each row's
                 // kernel names: every row, four a pass.
                 let all: Vec<usize> = (0..kernels.len()).collect();
-                let vnni = super::simd::vnni_available();
                 lane_groups(out, range, &all, 4, groups, |g, four, soon| {
                     let mut got = [[0f32; LANE_ROWS]; 4];
                     // SAFETY: the layout is only built where the CPU has AVX2, and the VNNI
@@ -282,8 +284,7 @@ impl Layout for KLanes {
                 });
                 return;
             }
-            // Q3_K has a VNNI kernel; Q5_K and IQ4_XS take this layout only without VNNI.
-            let vnni = m.format == KLaneFormat::Q3K && super::simd::vnni_available();
+            let vnni = vnni && m.format == KLaneFormat::Q3K;
             let tiled = |g, four: &[usize], soon| {
                 let mut got = [[0f32; LANE_ROWS]; 4];
                 // SAFETY: the layout is only built where the CPU has AVX2, and the VNNI
@@ -472,28 +473,6 @@ mod tests {
     /// A Q2_K kernel's group of sixteen rows against one to four activation rows.
     type Q2kKernel = unsafe fn(&KLanes, usize, &[&Q8KRow], &[RowKernel]) -> Vec<[f32; ROWS]>;
 
-    /// `$kernel::<T>` on the one to four activation rows `$a` and their kernels `$k`.
-    macro_rules! q2k_by_count {
-        ($($kernel:ident)::+, $m:expr, $g:expr, $a:expr, $k:expr) => {{
-            let (m, g, a, k) = ($m, $g, $a, $k);
-            let soon = Upcoming::new(m.group(0), 3);
-            match a.len() {
-                1 => $($kernel)::+::<1>(m, g, [a[0]], [k[0]], soon).to_vec(),
-                2 => $($kernel)::+::<2>(m, g, [a[0], a[1]], [k[0], k[1]], soon).to_vec(),
-                3 => $($kernel)::+::<3>(m, g, [a[0], a[1], a[2]], [k[0], k[1], k[2]], soon)
-                    .to_vec(),
-                _ => $($kernel)::+::<4>(
-                    m,
-                    g,
-                    [a[0], a[1], a[2], a[3]],
-                    [k[0], k[1], k[2], k[3]],
-                    soon,
-                )
-                .to_vec(),
-            }
-        }};
-    }
-
     /// Every row of every group (a ragged last one) against one to four activation rows of
     /// each rounding and of very different scales, in every position of a pass, equals the
     /// portable repacked dot product bit for bit.
@@ -553,7 +532,13 @@ mod tests {
             return;
         }
         assert_q2k_kernel_matches_the_portable_one(|m, g, a, k| unsafe {
-            q2k_by_count!(avx2::dot_group_q2k, m, g, a, k)
+            by_row_count!(
+                avx2::dot_group_q2k,
+                (m, g),
+                Upcoming::new(m.group(0), 3),
+                a,
+                k
+            )
         });
     }
 
@@ -564,7 +549,13 @@ mod tests {
             return;
         }
         assert_q2k_kernel_matches_the_portable_one(|m, g, a, k| unsafe {
-            q2k_by_count!(vnni::dot_group_q2k, m, g, a, k)
+            by_row_count!(
+                vnni::dot_group_q2k,
+                (m, g),
+                Upcoming::new(m.group(0), 3),
+                a,
+                k
+            )
         });
     }
 

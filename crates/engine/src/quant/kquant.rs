@@ -183,6 +183,29 @@ macro_rules! with_row_count {
     };
 }
 
+/// For the lane kernels' tests: `$($dot)::+::<T>($lead.., rows, per_row, soon)` for the
+/// one to four activation rows `$a`, each with its entry of `$s` (a lane start or a row
+/// kernel), `T` their count; the results as a vector.
+#[cfg(all(test, target_arch = "x86_64"))]
+macro_rules! by_row_count {
+    ($($dot:ident)::+, ($($lead:expr),+), $soon:expr, $a:expr, $s:expr) => {{
+        let (a, s, soon) = ($a, $s, $soon);
+        match a.len() {
+            1 => $($dot)::+::<1>($($lead),+, [a[0]], [s[0]], soon).to_vec(),
+            2 => $($dot)::+::<2>($($lead),+, [a[0], a[1]], [s[0], s[1]], soon).to_vec(),
+            3 => $($dot)::+::<3>($($lead),+, [a[0], a[1], a[2]], [s[0], s[1], s[2]], soon)
+                .to_vec(),
+            _ => $($dot)::+::<4>(
+                $($lead),+,
+                [a[0], a[1], a[2], a[3]],
+                [s[0], s[1], s[2], s[3]],
+                soon,
+            )
+            .to_vec(),
+        }
+    }};
+}
+
 /// Q4_K dot products of one weight row with up to four activation rows, each rounded as
 /// its kernel says (entries past the given rows are zero), in portable code: CPUs with
 /// AVX2 take the interleaved layout's kernels (`q4k_lanes`) instead.

@@ -304,22 +304,6 @@ mod tests {
         }
     }
 
-    /// `$($dot)::+::<T>` on the activation rows and kernels in `$a` and `$k` (one to four).
-    macro_rules! by_count {
-        ($($dot:ident)::+, $m:expr, $g:expr, $a:expr, $k:expr) => {{
-            // Upcoming lines from the group itself: asking for them changes nothing.
-            let soon = Upcoming::new($m.group(0), 3);
-            let (a, k) = ($a, $k);
-            match a.len() {
-                1 => $($dot)::+::<1>($m, $g, [a[0]], [k[0]], soon).to_vec(),
-                2 => $($dot)::+::<2>($m, $g, [a[0], a[1]], [k[0], k[1]], soon).to_vec(),
-                3 => $($dot)::+::<3>($m, $g, [a[0], a[1], a[2]], [k[0], k[1], k[2]], soon).to_vec(),
-                _ => $($dot)::+::<4>($m, $g, [a[0], a[1], a[2], a[3]], [k[0], k[1], k[2], k[3]], soon)
-                    .to_vec(),
-            }
-        }};
-    }
-
     /// The AVX-512 VNNI kernel.
     #[test]
     fn vnni_kernel_is_bit_identical_to_the_portable_one() {
@@ -328,9 +312,10 @@ mod tests {
         if crate::cpu::lacks(crate::cpu::detected().vnni, "vnni") {
             return;
         }
+        // Upcoming lines from the group itself: asking for them changes nothing.
         // SAFETY: VNNI was checked.
         assert_matches_the_portable_kernel(|m, g, a, k| unsafe {
-            by_count!(dot_group, m, g, a, k)
+            by_row_count!(dot_group, (m, g), Upcoming::new(m.group(0), 3), a, k)
         });
     }
 
@@ -342,7 +327,7 @@ mod tests {
         }
         // SAFETY: AVX2 was checked.
         assert_matches_the_portable_kernel(|m, g, a, k| unsafe {
-            by_count!(avx2::dot_group, m, g, a, k)
+            by_row_count!(avx2::dot_group, (m, g), Upcoming::new(m.group(0), 3), a, k)
         });
     }
 }
