@@ -27,6 +27,7 @@ table.
 """
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -54,10 +55,23 @@ def measure(bench, kind, proc, url, model, work, long_prompt, round_):
             "quiet": [pre["quiet"], dec["quiet"]]}
 
 
-def memory_bandwidth():
-    """The machine's read and triad bandwidth (GB/s) from benches/memory_bandwidth.rs."""
+@functools.cache
+def bandwidth_binary():
+    """benches/memory_bandwidth.rs built once (the first call), its executable's path: a
+    run calls the binary itself, so that sources edited while a long benchmark runs can
+    neither fail nor change its later measurements."""
     out = subprocess.run(["cargo", "bench", "-q", "-p", "ferrite-engine", "--bench",
-                          "memory_bandwidth", "--", "--json"], cwd=ROOT, check=True,
+                          "memory_bandwidth", "--no-run", "--message-format=json"], cwd=ROOT,
+                         check=True, capture_output=True, text=True).stdout
+    found = [json.loads(line).get("executable") for line in out.splitlines()
+             if line.startswith("{")]
+    return next(path for path in reversed(found) if path)
+
+
+def memory_bandwidth():
+    """The machine's read and triad bandwidth (GB/s) from benches/memory_bandwidth.rs, about
+    a second."""
+    out = subprocess.run([bandwidth_binary(), "--json"], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 

@@ -11,12 +11,17 @@ bench/formats.py makes it). What is measured, in this order:
 1. memory bandwidth (benches/memory_bandwidth.rs; the read ceiling is the larger of its
    one-stream and four-stream reads);
 2. per model, the servers up side by side: prefill of a ~525-token prompt (three
-   requests) and single-stream decode (two of 128 tokens), `--rounds` times (default 3),
-   the servers taking turns in an order that alternates, each figure the median of its
-   rounds (this machine's memory speed drifts by a third within minutes: taking turns
-   puts a drift on every server alike); then, one server after the other, bench.py's
-   loads (aggregate decode and TTFT at 1, 4 and 16 streams) and each one's peak RSS;
-   ik_llama.cpp on the 1B file only, where its targets are;
+   requests) and single-stream decode (two of 128 tokens), `--rounds` times (default 5),
+   the servers taking turns in an order that alternates; each figure is the median of its
+   rounds, and each prefill or decode ratio the median of the rounds' ratios, as
+   bench/formats.py takes them (this machine's memory bandwidth moves between about 33
+   and 63 GB/s within minutes: a round's servers run back to back, so a drift falls on
+   them alike, where a ratio of medians could pair one server's fast round with the
+   other's slow one). On the 1B file the memory bandwidth is also measured right before
+   each of ferrite's decodes, and the share of the read ceiling is the median of the
+   rounds' shares. Then, one server after the other, bench.py's loads (aggregate decode
+   and TTFT at 1, 4 and 16 streams) and each one's peak RSS; ik_llama.cpp on the 1B file
+   only, where its targets are;
 3. per model, long prompts: time to the first token of a unique ~512- and ~4,096-token
    prompt, best of three, per prompt token, on ferrite and llama-server (one slot, 8,192
    tokens of context);
@@ -58,17 +63,21 @@ SHORT_REPEATS, LONG_REPEATS = 10, 80
 LOOKUP_WORKLOADS = ["copy a paragraph", "edit code", "extract sentences"]
 
 
-def loads(servers, path, work, long_prompt, rounds):
+def loads(servers, path, work, long_prompt, rounds, ceilings):
     """bench.py's figures for each server (`kind: binary`) on one model. The servers run
     side by side: prefill and single-stream decode are measured `rounds` times, the
-    servers taking turns (the order alternating), and each figure is the median of its
-    rounds, so that a drift of the machine's speed falls on every server alike; then the
-    loads at 1, 4 and 16 streams, one server after the other, and each one's peak RSS."""
+    servers taking turns (the order alternating), each round's figures kept (`rounds`)
+    and each figure the median of its rounds; with `ceilings`, the memory's read ceiling
+    is measured right before each of ferrite's decodes (ferrite's `ceiling_gb_s`). Then
+    the loads at 1, 4 and 16 streams, one server after the other, and each one's peak
+    RSS."""
     up = {}
     try:
         for kind, binary in servers.items():
             up[kind] = bench.start_file(kind, path, binary, work, ["-np", "16", "-c", "32768"])
         rates = {kind: {"prefill_tok_s": [], "decode_tok_s": []} for kind in up}
+        if ceilings:
+            rates["ferrite"]["ceiling_gb_s"] = []
         for r in range(rounds):
             for kind in (list(up) if r % 2 == 0 else list(up)[::-1]):
                 proc, url = up[kind]
@@ -76,6 +85,8 @@ def loads(servers, path, work, long_prompt, rounds):
                 pre = bench.loadgen(url, proc.pid, work, f"{label}-prefill",
                                     ["-c", "1", "-n", "3", "--max-tokens", "1", "--stream",
                                      "--vary-prompt", "--prompt-file", str(long_prompt)])
+                if ceilings and kind == "ferrite":
+                    rates[kind]["ceiling_gb_s"].append(ceiling(formats.memory_bandwidth()))
                 dec = bench.loadgen(url, proc.pid, work, f"{label}-decode",
                                     ["-c", "1", "-n", "2", "--max-tokens", "128", "--stream"])
                 rates[kind]["prefill_tok_s"].append(pre["prompt_tokens_per_request"] / pre["ttft_p50_s"])
@@ -134,6 +145,15 @@ def ceiling(bandwidth):
     return max(bandwidth["read_gb_s"], bandwidth["read_4_streams_gb_s"])
 
 
+def paired_ratio(ours, other, key):
+    """The median of the rounds' ratios of `key` (ferrite's figures `ours` against another
+    server's), where both kept their rounds; the ratio of the medians otherwise."""
+    a, b = ours.get("rounds", {}).get(key), other.get("rounds", {}).get(key)
+    if a and b and len(a) == len(b):
+        return statistics.median(x / y for x, y in zip(a, b))
+    return ours[key] / other[key]
+
+
 def rows_of(results):
     """The table's rows: (target, figures, ratio, bound, met)."""
     rows = []
@@ -152,17 +172,27 @@ def rows_of(results):
                 ("ttft_p50_c16_s", "TTFT p50 at 16 streams", 0.8, False, "s"),
                 ("peak_rss_mib", "peak RSS at 16 streams", 1.0, False, "MiB")):
             add(f"{model}: {label} vs llama-server",
-                f"{f[key]:.2f} / {l[key]:.2f} {unit}", f[key] / l[key], bound, higher)
+                f"{f[key]:.2f} / {l[key]:.2f} {unit}", paired_ratio(f, l, key), bound, higher)
     if f"{ONE_B}/ik_llama.cpp" in load:
         f, k = load[f"{ONE_B}/ferrite"], load[f"{ONE_B}/ik_llama.cpp"]
         for key, label in (("prefill_tok_s", "prefill"), ("decode_tok_s", "single-stream decode")):
             add(f"{ONE_B}: {label} vs ik_llama.cpp", f"{f[key]:.2f} / {k[key]:.2f} tok/s",
-                f[key] / k[key], 1.0, True)
+                paired_ratio(f, k, key), 1.0, True)
     if ONE_B in results["models"]:
-        read = statistics.mean(ceiling(b) for b in results["bandwidth"])
-        streamed = load[f"{ONE_B}/ferrite"]["decode_tok_s"] * results["weight_bytes"] / 1e9
+        f = load[f"{ONE_B}/ferrite"]
+        gb = results["weight_bytes"] / 1e9
+        per_round = f.get("rounds", {}).get("ceiling_gb_s")
+        if per_round:
+            # Each decode against the ceiling measured just before it.
+            decodes = f["rounds"]["decode_tok_s"]
+            share = statistics.median(d * gb / c for d, c in zip(decodes, per_round))
+            streamed, read = f["decode_tok_s"] * gb, statistics.median(per_round)
+        else:
+            read = statistics.mean(ceiling(b) for b in results["bandwidth"])
+            streamed = f["decode_tok_s"] * gb
+            share = streamed / read
         add(f"{ONE_B}: decode's weight reads, share of the read ceiling",
-            f"{streamed:.1f} / {read:.1f} GB/s", streamed / read, 0.8, True)
+            f"{streamed:.1f} / {read:.1f} GB/s", share, 0.8, True)
     for model in results["models"]:
         c = longp[f"{model}/ferrite"]
         add(f"{model}: ms per prompt token, {c['long_tokens']} against {c['short_tokens']} tokens",
@@ -247,7 +277,7 @@ def main():
     ap.add_argument("--llama-server", required=True)
     ap.add_argument("--ik-llama-server", help="ik_llama.cpp's llama-server (its 1B targets)")
     ap.add_argument("--models", nargs="+", default=[*REAL, ONE_B])
-    ap.add_argument("--rounds", type=int, default=3,
+    ap.add_argument("--rounds", type=int, default=5,
                     help="turns of each server at prefill and single-stream decode")
     ap.add_argument("--plot", help="write the plot (PNG) here")
     ap.add_argument("--json-out", help="write every figure here")
@@ -277,7 +307,8 @@ def main():
         if model == ONE_B and args.ik_llama_server:
             servers["ik_llama.cpp"] = args.ik_llama_server
         print(f"loads: {', '.join(servers)} on {model} ...", file=sys.stderr, flush=True)
-        for kind, figures in loads(servers, paths[model], work, long_prompt, args.rounds).items():
+        figures_of = loads(servers, paths[model], work, long_prompt, args.rounds, model == ONE_B)
+        for kind, figures in figures_of.items():
             results["load"][f"{model}/{kind}"] = figures
         for kind in ("ferrite", "llama-server"):
             print(f"long prompts: {kind} on {model} ...", file=sys.stderr, flush=True)
