@@ -181,15 +181,15 @@ def rows_of(results):
     if ONE_B in results["models"]:
         f = load[f"{ONE_B}/ferrite"]
         gb = results["weight_bytes"] / 1e9
+        streamed = f["decode_tok_s"] * gb
         per_round = f.get("rounds", {}).get("ceiling_gb_s")
         if per_round:
             # Each decode against the ceiling measured just before it.
             decodes = f["rounds"]["decode_tok_s"]
             share = statistics.median(d * gb / c for d, c in zip(decodes, per_round))
-            streamed, read = f["decode_tok_s"] * gb, statistics.median(per_round)
+            read = f["ceiling_gb_s"]
         else:
             read = statistics.mean(ceiling(b) for b in results["bandwidth"])
-            streamed = f["decode_tok_s"] * gb
             share = streamed / read
         add(f"{ONE_B}: decode's weight reads, share of the read ceiling",
             f"{streamed:.1f} / {read:.1f} GB/s", share, 0.8, True)
