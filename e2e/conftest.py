@@ -11,7 +11,9 @@ import openai
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-BINARY = ROOT / "target" / "release" / "ferrite"
+# FERRITE_BIN runs the suite against another build (an older one, to see a test fail on
+# the behaviour it guards against).
+BINARY = Path(os.environ.get("FERRITE_BIN", ROOT / "target" / "release" / "ferrite"))
 MODEL = "smollm2-135m"
 
 

@@ -154,7 +154,12 @@ def test_tokenizer_info_answers_lm_evaluation_harness_probe(server):
     assert isinstance(probe["tokens"], list) and probe["tokens"]
     (eos_id,) = httpx.post(f"{base}/tokenize", json={"prompt": info["eos_token"], "add_special_tokens": False},
                            timeout=10).json()["tokens"]
-    assert info["added_tokens_decoder"][str(eos_id)] == info["eos_token"]
+    # Hugging Face's and vLLM's AddedToken objects, not bare strings.
+    assert info["added_tokens_decoder"][str(eos_id)] == {
+        "content": info["eos_token"], "special": True, "lstrip": False, "rstrip": False,
+        "normalized": False, "single_word": False}
+    assert all(set(t) == {"content", "special", "lstrip", "rstrip", "normalized", "single_word"}
+               for t in info["added_tokens_decoder"].values())
     assert httpx.post(f"{base}/detokenize", json={"tokens": [eos_id]}, timeout=10).json()["prompt"] == info["eos_token"]
 
 
@@ -243,9 +248,11 @@ def test_return_token_ids(server):
     assert firsts[0]["prompt_token_ids"] == ids
     assert all("prompt_token_ids" not in ch for ch in firsts[1:])
     assert [t for ch in firsts for t in ch["token_ids"]] == choice["token_ids"]
-    # Off by default: no such keys.
+    # Off by default: the keys are there and null, as vLLM sends them (client code written
+    # for vLLM reads them as attributes).
     plain = post(server, {"prompt": CAPITAL, "max_tokens": 1}).json()["choices"][0]
-    assert "token_ids" not in plain and "prompt_token_ids" not in plain
+    assert {k: plain[k] for k in ("token_ids", "prompt_token_ids", "prompt_logprobs")} == dict.fromkeys(
+        ("token_ids", "prompt_token_ids", "prompt_logprobs"))
 
 
 # ---- OpenAI's error code, usage details, retry header ------------------------------------

@@ -73,7 +73,9 @@ pub struct AssistantMessage {
     pub content: Option<String>,
     /// Always `null`: this server does not refuse.
     pub refusal: Option<String>,
-    /// The tools it called (empty when none).
+    /// The tools it called; left out of the JSON when there are none, as OpenAI and
+    /// vLLM send it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
 }
 
@@ -123,8 +125,7 @@ pub struct ChatChoice {
     pub finish_reason: Option<String>,
     /// The stop string or token id that ended the choice (vLLM).
     pub stop_reason: Option<Value>,
-    /// With `return_token_ids`: the generated token ids.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// With `return_token_ids`: the generated token ids; `null` otherwise, as vLLM sends it.
     pub token_ids: Option<Vec<u32>>,
 }
 
@@ -145,11 +146,11 @@ pub struct ChatCompletionResponse {
     pub choices: Vec<ChatChoice>,
     /// Token counts.
     pub usage: Usage,
-    /// vLLM's `prompt_logprobs` of the rendered prompt, when asked for.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// vLLM's `prompt_logprobs` of the rendered prompt, when asked for; `null` otherwise,
+    /// as vLLM sends it.
     pub prompt_logprobs: Option<Value>,
-    /// With `return_token_ids`: the rendered prompt's token ids.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// With `return_token_ids`: the rendered prompt's token ids; `null` otherwise, as vLLM
+    /// sends it.
     pub prompt_token_ids: Option<Vec<u32>>,
 }
 

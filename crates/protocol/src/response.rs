@@ -41,14 +41,11 @@ pub struct Choice {
     pub stop_reason: Option<Value>,
     /// vLLM's `prompt_logprobs`: per prompt token, `null` for the first, then a map from
     /// token id to `{"logprob", "rank", "decoded_token"}` (the prompt's token and the
-    /// most likely ones).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// most likely ones); `null` when not asked for, as vLLM sends it.
     pub prompt_logprobs: Option<Value>,
-    /// With `return_token_ids`: the prompt's token ids.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// With `return_token_ids`: the prompt's token ids; `null` otherwise, as vLLM sends it.
     pub prompt_token_ids: Option<Vec<u32>>,
-    /// With `return_token_ids`: the generated token ids.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// With `return_token_ids`: the generated token ids; `null` otherwise, as vLLM sends it.
     pub token_ids: Option<Vec<u32>>,
 }
 

@@ -345,7 +345,11 @@ pub fn document() -> Value {
                 "responses": with(errors(&["401", "503"]), json!({"200": ok("The configuration", json!({"type": "object", "properties": {
                     "tokenizer_class": {"type": "string"}, "bos_token": {"type": ["string", "null"]},
                     "eos_token": {"type": ["string", "null"]}, "model_max_length": {"type": "integer"},
-                    "chat_template": {"type": ["string", "null"]}, "added_tokens_decoder": {"type": "object"}}}))}))}},
+                    "chat_template": {"type": ["string", "null"]}, "added_tokens_decoder": {"type": "object",
+                        "description": "Token id -> Hugging Face's AddedToken",
+                        "additionalProperties": {"type": "object", "required": ["content", "special"], "properties": {
+                            "content": {"type": "string"}, "special": {"type": "boolean"}, "lstrip": {"type": "boolean"},
+                            "rstrip": {"type": "boolean"}, "normalized": {"type": "boolean"}, "single_word": {"type": "boolean"}}}}}}))}))}},
             "/detokenize": {"post": {"summary": "Detokenize token ids (vLLM's shape)",
                 "requestBody": json_body(json!({"type": "object", "required": ["tokens"], "properties": {
                     "model": {"type": "string"}, "tokens": {"type": "array", "items": {"type": "integer"}}}})),

@@ -148,7 +148,9 @@ pub async fn detokenize(
 /// vLLM's shape: the special tokens' text (`bos_token`, `eos_token`, `unk_token`,
 /// `pad_token`), whether prompts start with BOS, the context length, the chat template
 /// the chat route renders with (`--chat-template`'s, the model's, or the ChatML default),
-/// and `added_tokens_decoder` (id → text of every special token).
+/// and `added_tokens_decoder` (id → Hugging Face's `AddedToken` object of every special
+/// and user-defined token: `content`, `special`, `lstrip`, `rstrip`, `normalized`,
+/// `single_word`).
 pub async fn tokenizer_info(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
     let engine = state.engine()?;
     Ok(Json(describe(
@@ -163,12 +165,25 @@ fn describe(tokenizer: &Tokenizer, context: usize, name: &str, chat_template: &s
     let text = |id: Option<u32>| id.and_then(|id| tokenizer.piece(id)).map(str::to_string);
     let mut added = Map::new();
     for id in 0..tokenizer.vocab_size() as u32 {
-        if matches!(
-            tokenizer.kind(id),
-            Some(TokenKind::Control | TokenKind::UserDefined | TokenKind::Unknown)
-        ) {
-            added.insert(id.to_string(), json!(tokenizer.piece(id)));
-        }
+        // Hugging Face's `AddedToken` as its `tokenizer_config.json` writes it: control
+        // and unknown tokens are special and match the text as written; user-defined ones
+        // are plain added words, normalized like the rest of the text.
+        let special = match tokenizer.kind(id) {
+            Some(TokenKind::Control | TokenKind::Unknown) => true,
+            Some(TokenKind::UserDefined) => false,
+            _ => continue,
+        };
+        added.insert(
+            id.to_string(),
+            json!({
+                "content": tokenizer.piece(id),
+                "special": special,
+                "lstrip": false,
+                "rstrip": false,
+                "normalized": !special,
+                "single_word": false,
+            }),
+        );
     }
     json!({
         "tokenizer_class": "PreTrainedTokenizerFast",

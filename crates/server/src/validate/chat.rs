@@ -533,6 +533,12 @@ mod tests {
                 "tools",
             ),
             (r#","tool_choice":"required""#, "tool_choice"),
+            (r#","tool_choice":"auto""#, "tool_choice"),
+            (r#","tools":[],"tool_choice":"auto""#, "tool_choice"),
+            (
+                r#","tool_choice":{"type":"function","function":{"name":"f"}}"#,
+                "tool_choice",
+            ),
             (r#","tool_choice":"sometimes""#, "tool_choice"),
             (
                 r#","tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}"#,

@@ -3,6 +3,8 @@
 //! `tool_choice`. At most one may constrain a request; the one that does becomes a
 //! [`Grammar`] for the engine, named by its field for error messages.
 
+use std::collections::HashSet;
+
 use ferrite_engine::constrain::{Grammar, GrammarKind};
 use ferrite_protocol::CompletionRequest;
 use serde_json::{json, Map, Value};
@@ -50,10 +52,93 @@ fn schema_text(field: &str, schema: &Value) -> Result<String, ApiError> {
             ))
         }
     };
+    close_objects(&mut schema);
     if let Value::Object(map) = &mut schema {
         map.entry("x-guidance").or_insert_with(json_layout);
     }
     Ok(schema.to_string())
+}
+
+/// Closes every object schema that declares `properties` but says nothing of others
+/// (no `additionalProperties` or `unevaluatedProperties`): it gets `additionalProperties:
+/// false`, as llama.cpp's schema converter and vLLM's default engine read such a schema.
+/// Left open, a small model fills a tool's arguments with keys nobody declared and may
+/// never close the object. An explicit `additionalProperties: true` keeps one open.
+///
+/// Parts that apply to the same object together (an `allOf`'s, a schema beside a `$ref`,
+/// `if`/`then`/`else`, `dependentSchemas`) are intersected key by key, so closing one of
+/// them would forbid the others' properties: those, the schema that holds them, and the
+/// local definitions (`#/$defs/…`) an `allOf` names are left as written; so are
+/// conditions (`not`, `if`, `contains`, `propertyNames`), whose meaning closing would
+/// change. Alternatives (`anyOf`, `oneOf`), properties, items and definitions are closed
+/// each.
+pub fn close_objects(schema: &mut Value) {
+    let mut merged = HashSet::new();
+    merged_refs(schema, &mut merged);
+    close_below(schema, true, &merged);
+}
+
+/// The local `$ref`s of every `allOf` part, anywhere in `schema`.
+fn merged_refs(schema: &Value, out: &mut HashSet<String>) {
+    match schema {
+        Value::Object(map) => {
+            if let Some(Value::Array(parts)) = map.get("allOf") {
+                out.extend(
+                    parts
+                        .iter()
+                        .filter_map(|p| p.get("$ref")?.as_str().map(String::from)),
+                );
+            }
+            map.values().for_each(|v| merged_refs(v, out));
+        }
+        Value::Array(list) => list.iter().for_each(|v| merged_refs(v, out)),
+        _ => {}
+    }
+}
+
+fn close_below(schema: &mut Value, may_close: bool, merged: &HashSet<String>) {
+    let Value::Object(map) = schema else {
+        return;
+    };
+    let intersected = ["allOf", "$ref", "if", "dependentSchemas"]
+        .iter()
+        .any(|k| map.contains_key(*k));
+    if may_close
+        && !intersected
+        && map.contains_key("properties")
+        && !map.contains_key("additionalProperties")
+        && !map.contains_key("unevaluatedProperties")
+    {
+        map.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    for (key, value) in map.iter_mut() {
+        match (key.as_str(), value) {
+            ("properties" | "patternProperties", Value::Object(named)) => named
+                .values_mut()
+                .for_each(|s| close_below(s, true, merged)),
+            (defs @ ("$defs" | "definitions"), Value::Object(named)) => {
+                for (name, s) in named.iter_mut() {
+                    let path = format!("#/{defs}/{name}");
+                    close_below(s, !merged.contains(&path), merged);
+                }
+            }
+            ("allOf", Value::Array(parts)) => {
+                parts.iter_mut().for_each(|s| close_below(s, false, merged))
+            }
+            ("anyOf" | "oneOf" | "prefixItems" | "items", Value::Array(list)) => {
+                list.iter_mut().for_each(|s| close_below(s, true, merged))
+            }
+            (
+                "items"
+                | "additionalItems"
+                | "additionalProperties"
+                | "unevaluatedProperties"
+                | "unevaluatedItems",
+                one,
+            ) => close_below(one, true, merged),
+            _ => {}
+        }
+    }
 }
 
 fn json_schema(field: &'static str, schema: &Value) -> Result<OutputConstraint, ApiError> {
@@ -181,7 +266,8 @@ pub enum ToolChoice {
     Named(String),
 }
 
-/// Reads `tool_choice` (default: `auto` with tools, `none` without).
+/// Reads `tool_choice` (default: `auto` with tools, `none` without). A choice other than
+/// `none` without any tool is a 400, as OpenAI and vLLM answer it.
 pub fn tool_choice(value: Option<&Value>, has_tools: bool) -> Result<ToolChoice, ApiError> {
     let choice = match value {
         None | Some(Value::Null) if has_tools => ToolChoice::Auto,
@@ -201,6 +287,12 @@ pub fn tool_choice(value: Option<&Value>, has_tools: bool) -> Result<ToolChoice,
             }
         },
     };
+    if choice != ToolChoice::None && !has_tools {
+        return Err(ApiError::invalid(
+            "tool_choice",
+            "`tool_choice` other than \"none\" needs `tools`: there is no tool to call",
+        ));
+    }
     Ok(choice)
 }
 
@@ -346,6 +438,7 @@ pub fn tool_schema(mut schema: Value, tools: &[&ToolDefinition]) -> Result<Value
             schema[key] = Value::Object(gathered);
         }
     }
+    close_objects(&mut schema);
     if let Value::Object(map) = &mut schema {
         map.entry("x-guidance").or_insert_with(|| {
             let mut guidance = json_layout();
@@ -409,5 +502,88 @@ pub fn output_constraint(r: &CompletionRequest) -> Result<Option<OutputConstrain
         0 => Ok(None),
         1 => Ok(found.pop()),
         _ => Err(both_constrain(found[0].field, found[1].field)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn closed(schema: Value) -> Value {
+        let mut schema = schema;
+        close_objects(&mut schema);
+        schema
+    }
+
+    #[test]
+    fn objects_with_properties_are_closed_unless_they_say_otherwise() {
+        let nested = json!({"type": "object", "properties": {
+            "city": {"type": "string"},
+            "where": {"type": "object", "properties": {"lat": {"type": "number"}}},
+            "tags": {"type": "array", "items": {"type": "object", "properties": {"k": {}}}},
+            "either": {"anyOf": [{"type": "object", "properties": {"a": {}}}, {"type": "null"}]},
+        }});
+        let out = closed(nested);
+        assert_eq!(out["additionalProperties"], false);
+        assert_eq!(out["properties"]["where"]["additionalProperties"], false);
+        assert_eq!(
+            out["properties"]["tags"]["items"]["additionalProperties"],
+            false
+        );
+        assert_eq!(
+            out["properties"]["either"]["anyOf"][0]["additionalProperties"],
+            false
+        );
+        // Said open, or free-form (no `properties`), stays so.
+        let open = json!({"type": "object", "properties": {"a": {}}, "additionalProperties": true});
+        assert_eq!(closed(open.clone()), open);
+        let free = json!({"type": "object"});
+        assert_eq!(closed(free.clone()), free);
+        let typed = json!({"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "integer"}});
+        assert_eq!(closed(typed.clone()), typed);
+        // Definitions are closed where nothing merges them.
+        let defs = closed(json!({"$defs": {"G": {"properties": {"n": {}}}}, "$ref": "#/$defs/G"}));
+        assert_eq!(defs["$defs"]["G"]["additionalProperties"], false);
+        assert!(defs.get("additionalProperties").is_none());
+    }
+
+    #[test]
+    fn parts_merged_into_one_object_are_left_open() {
+        let schema = json!({
+            "$defs": {"Base": {"type": "object", "properties": {"id": {}}}},
+            "allOf": [
+                {"$ref": "#/$defs/Base"},
+                {"type": "object", "properties": {"name": {}, "inner": {"properties": {"x": {}}}}},
+            ],
+        });
+        let out = closed(schema);
+        assert!(out.get("additionalProperties").is_none());
+        assert!(out["$defs"]["Base"].get("additionalProperties").is_none());
+        assert!(out["allOf"][1].get("additionalProperties").is_none());
+        // What lies below a merged part is an object of its own.
+        assert_eq!(
+            out["allOf"][1]["properties"]["inner"]["additionalProperties"],
+            false
+        );
+        let conditional = json!({"properties": {"a": {}}, "if": {"properties": {"a": {"const": 1}}},
+                                 "then": {"properties": {"b": {}}}});
+        assert_eq!(closed(conditional.clone()), conditional);
+    }
+
+    #[test]
+    fn every_schema_field_is_closed() {
+        let schema = json!({"type": "object", "properties": {"city": {"type": "string"}}});
+        let text = schema_text("guided_json", &schema).unwrap();
+        let compiled: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(compiled["additionalProperties"], false);
+        let tool = ToolDefinition {
+            name: "weather".into(),
+            parameters: schema,
+        };
+        let call = tool_schema(any_call_schema(&[&tool]), &[&tool]).unwrap();
+        assert_eq!(
+            call["properties"]["arguments"]["additionalProperties"],
+            false
+        );
     }
 }

@@ -462,14 +462,15 @@ impl TryFrom<CompletionRequest> for GenerateParams {
                 ));
             }
         }
-        let options = r.stream_options.clone().unwrap_or_default();
-        if !stream && (options.include_usage.is_some() || options.continuous_usage_stats.is_some())
-        {
+        // Any `stream_options` object (even `{}`) without `stream: true` is a 400, as
+        // OpenAI answers it; `null` is no options.
+        if !stream && r.stream_options.is_some() {
             return Err(ApiError::invalid(
                 "stream_options",
-                "`stream_options` needs `stream: true`",
+                "`stream_options` is only allowed with `stream: true`",
             ));
         }
+        let options = r.stream_options.clone().unwrap_or_default();
         let inference_timeout = match r.inference_timeout {
             None => None,
             Some(t) if t.is_finite() && t > 0.0 && t <= MAX_INFERENCE_TIMEOUT => Some(t),
@@ -642,6 +643,11 @@ mod tests {
             (r#""stream":"x""#, "stream"),
             (
                 r#""stream_options":{"include_usage":true}"#,
+                "stream_options",
+            ),
+            (r#""stream_options":{}"#, "stream_options"),
+            (
+                r#""stream":false,"stream_options":{"include_usage":false}"#,
                 "stream_options",
             ),
             (
