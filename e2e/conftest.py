@@ -37,7 +37,9 @@ def wait_for(predicate, seconds=10):
 class Server:
     """A running `ferrite serve` process."""
 
-    def __init__(self, model: str, extra_args=(), env=None, metrics_port=None):
+    def __init__(self, model, extra_args=(), env=None, metrics_port=None, inherit_env=True):
+        """`model` None serves without `--model` (the default model); `env` adds to this
+        process's environment, or replaces it with `inherit_env=False`."""
         assert BINARY.exists(), f"{BINARY} is missing: run `cargo build --release` first"
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
@@ -45,12 +47,14 @@ class Server:
         if metrics_port is not None:
             self.metrics_base = f"http://127.0.0.1:{metrics_port}"
             extra_args = [*extra_args, "--metrics-port", str(metrics_port)]
-        self.log = open(ROOT / "target" / f"e2e-{model}-{self.port}.log", "wb")
+        label = Path(model).name if model else "default"
+        self.log = open(ROOT / "target" / f"e2e-{label}-{self.port}.log", "wb")
+        model_args = ["--model", model] if model is not None else []
         self.proc = subprocess.Popen(
-            [str(BINARY), "serve", "--model", model, "--port", str(self.port), *extra_args],
+            [str(BINARY), "serve", *model_args, "--port", str(self.port), *extra_args],
             stdout=self.log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
+            env={**(os.environ if inherit_env else {}), **(env or {})},
         )
         deadline = time.time() + 120
         while time.time() < deadline:

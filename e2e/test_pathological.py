@@ -4,6 +4,7 @@ binary, with the bound it must now respect asserted."""
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -40,7 +41,8 @@ def small(server):
 
 
 def in_background(fn):
-    """Runs fn on a thread; returns a getter for its result (or exception)."""
+    """Runs fn on a thread; returns a getter for its result (or exception). The getter's
+    `ended` is when fn returned (None while it runs)."""
     out = {}
 
     def run():
@@ -48,9 +50,9 @@ def in_background(fn):
             out["value"] = fn()
         except Exception as e:  # noqa: BLE001 - reported by the getter
             out["error"] = e
+        get.ended = time.monotonic()
 
     t = threading.Thread(target=run, daemon=True)
-    t.start()
 
     def get(timeout=180):
         t.join(timeout)
@@ -59,7 +61,26 @@ def in_background(fn):
             raise out["error"]
         return out["value"]
 
+    get.ended = None
+    t.start()
     return get
+
+
+def running(server):
+    """Sequences the engine runs or has waiting."""
+    m = server.metrics()
+    return m["ferrite_requests_running"] + m["ferrite_requests_waiting"]
+
+
+def small_beside(server, get):
+    """Once the engine runs the background request `get` waits for, another client's small
+    request: its wall time. Asserts that the background request was still unanswered when
+    the small one was, so that the small one really ran beside it."""
+    wait_for(lambda: running(server) >= 1, 30)
+    took = small(server)
+    answered = time.monotonic()
+    assert get.ended is None or get.ended > answered, "the pathological request ended first"
+    return took
 
 
 def rss_mib(server):
@@ -86,10 +107,9 @@ def test_a_regex_that_forces_a_huge_run_is_a_400(srv, regex):
 
 @pytest.mark.parametrize("regex", ["a{16384}", "(a{100}){100}", "a{10000}"])
 def test_a_huge_counted_repetition_neither_stalls_the_engine_nor_errs(srv, regex):
-    body = {"model": MODEL, "prompt": "x", "guided_regex": regex, "max_tokens": 64}
+    body = {"model": MODEL, "prompt": "x", "guided_regex": regex, "max_tokens": 400}
     get = in_background(lambda: post(srv, body))
-    time.sleep(0.3)
-    assert small(srv) < FEW_SECONDS
+    assert small_beside(srv, get) < FEW_SECONDS
     r = get()
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
@@ -121,8 +141,7 @@ def test_stop_strings_are_bounded(srv):
     body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 64, "n": 16,
             "stop": stops, "temperature": 1, "ignore_eos": True}
     get = in_background(lambda: post(srv, body))
-    time.sleep(0.3)
-    assert small(srv) < FEW_SECONDS
+    assert small_beside(srv, get) < FEW_SECONDS
     assert get().status_code == 200
     before = rss_mib(srv)
     r = post(srv, {**body, "n": 128, "max_tokens": 16})
@@ -252,22 +271,34 @@ def test_a_huge_declared_body_is_a_413_at_once(srv):
 def test_slow_and_idle_connections_are_closed_and_connections_are_bounded(srv):
     # Slowloris: half a request's headers, then nothing. The server closes them after
     # --request-read-timeout (2 s) and serves others meanwhile.
+    opened = time.monotonic()
     sockets = [raw(srv, b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n", read=False) for _ in range(30)]
     assert small(srv) < FEW_SECONDS
-    time.sleep(3.5)
-    closed = sum(closed_by_server(s) for s in sockets)
+    # Each is closed by the server (readable: end of file or a 408) within the timeout
+    # and a margin, none before the timeout.
+    pending, closed_at = list(sockets), []
+    while pending and time.monotonic() < opened + 2 + 3:
+        ready, _, _ = select.select(pending, [], [], opened + 5 - time.monotonic())
+        for s in ready:
+            assert closed_by_server(s)
+            closed_at.append(time.monotonic() - opened)
+            pending.remove(s)
     for s in sockets:
         s.close()
-    assert closed == 30, closed
-    # Past --max-connections (40) one more connection is refused with a clean 503.
+    assert not pending, f"{len(pending)} of 30 slow connections still open after 5 s"
+    assert min(closed_at) >= 1.9, f"closed after {min(closed_at):.2f} s, before the 2 s timeout"
+    # Past --max-connections (40) one more connection is refused with a clean 503: once
+    # the server holds all 40 (until then one more is served, and closed), the next is.
     held = [raw(srv, b"GET /health HTTP/1.1\r\nhost: x\r\n", read=False) for _ in range(40)]
-    time.sleep(0.2)
-    refused = raw(srv, b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
-    assert refused.startswith(b"HTTP/1.1 503"), refused[:100]
-    assert b"too_many_connections" in refused
+    answers = []
+    wait_for(lambda: answers.append(raw(srv, b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"))
+             or answers[-1].startswith(b"HTTP/1.1 503"), 5)
+    assert b"too_many_connections" in answers[-1]
     for s in held:
         s.close()
-    time.sleep(0.3)
+    # Their slots are free again: a new client is served.
+    wait_for(lambda: raw(srv, b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+             .startswith(b"HTTP/1.1 200"), 5)
     assert small(srv) < FEW_SECONDS
 
 
@@ -309,16 +340,33 @@ def test_keys_are_trimmed_the_scheme_is_case_insensitive_and_openapi_is_protecte
     ],
     ids=["grammar", "tokenize", "stop-strings", "many-prompts", "long-prefill", "echo-logprobs"],
 )
-def test_sigterm_during_a_pathological_request_exits_zero_within_grace_plus_five(body):
-    s = Server(MODEL, ["--shutdown-grace", "2"])
+def test_sigterm_during_a_pathological_request_exits_zero_within_grace_plus_four(body):
+    # The documented bound (README's --shutdown-grace, RELIABILITY.md, deploy/README.md):
+    # exit status 0 at most 4 s after the grace, whatever still runs.
+    grace, margin = 2, 4
+    s = Server(MODEL, ["--shutdown-grace", str(grace)])
     try:
-        in_background(lambda: post(s, {"model": MODEL, **body}, timeout=60))
-        time.sleep(1.0)
+        get = in_background(lambda: post(s, {"model": MODEL, **body}, timeout=60))
+        # Signalled once the server holds the request: in the engine, or (a megabyte's
+        # tokenizing) in flight before it.
+        if body["prompt"] == "a" * (1 << 20):
+            wait_for(lambda: s.metrics()["ferrite_http_requests_in_flight"] >= 1, 30)
+        else:
+            wait_for(lambda: running(s) >= 1, 30)
         started = time.monotonic()
+        assert get.ended is None, "the request was answered before the signal"
         s.proc.send_signal(signal.SIGTERM)
-        code = s.proc.wait(timeout=2 + 5 + 2)
+        code = s.proc.wait(timeout=grace + margin + 5)
+        exited = time.monotonic() - started
         assert code == 0
-        assert time.monotonic() - started <= 2 + 5
+        assert exited <= grace + margin, f"exited {exited:.2f} s after SIGTERM"
+        # It was still running at the signal: its answer (a 503, or a closed connection)
+        # came after it.
+        try:
+            get(timeout=30)
+        except httpx.HTTPError:
+            pass
+        assert get.ended > started
     finally:
         if s.proc.poll() is None:
             s.proc.kill()

@@ -49,6 +49,26 @@ def shutting_down(server):
         return False
 
 
+def exit_time(server):
+    """A getter for when the server's process exited, watched from now on."""
+    ended = {}
+
+    def watch():
+        ended["code"] = server.proc.wait()
+        ended["at"] = time.time()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+
+    def get(timeout=60):
+        watcher.join(timeout)
+        assert "at" in ended, f"the server did not exit within {timeout} s"
+        assert ended["code"] == 0, f"the server exited with {ended['code']}"
+        return ended["at"]
+
+    return get
+
+
 def check_refusing(server):
     assert httpx.get(f"{server.base}/ready", timeout=5).status_code == 503
     r = httpx.post(f"{server.base}/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2}, timeout=5)
@@ -71,14 +91,15 @@ def test_sigterm_ends_four_live_streams_cleanly_after_the_grace_period():
         waiting.start()
         # Signal once the engine runs all five (the counters say so), not after a guess.
         wait_for(lambda: server.metrics()["ferrite_requests_running"] == 5)
+        exited = exit_time(server)
         signaled = time.time()
         server.proc.send_signal(signal.SIGTERM)
         wait_for(lambda: shutting_down(server))
         check_refusing(server)
         for t in threads + [waiting]:
             t.join(timeout=60)
-        assert server.proc.wait(timeout=60) == 0
-        assert time.time() - signaled < 30
+        # The documented bound: exit status 0 within 4 s after the grace.
+        assert exited() - signaled <= 1.5 + 4, f"exited {exited() - signaled:.2f} s after SIGTERM"
         # The grace period was honoured: the streams kept getting tokens for its 1.5 s and
         # were ended only after it.
         for times in ARRIVALS[id(events)]:
@@ -121,12 +142,13 @@ def test_a_second_signal_ends_the_grace_period_at_once():
         server.proc.send_signal(signal.SIGINT)
         wait_for(lambda: shutting_down(server))
         check_refusing(server)
+        exited = exit_time(server)
         signaled = time.time()
         server.proc.send_signal(signal.SIGINT)
         for t in threads:
             t.join(timeout=60)
-        assert server.proc.wait(timeout=30) == 0
-        assert time.time() - signaled < 10
+        # The second signal ends the grace at once: the 4 s margin is all that is left.
+        assert exited() - signaled <= 4, f"exited {exited() - signaled:.2f} s after the second signal"
         for stream in events:
             assert "shut down" in json.loads(stream[-1])["error"]["message"]
     finally:

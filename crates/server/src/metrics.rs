@@ -84,6 +84,9 @@ pub struct Metrics {
     /// From a completion request's arrival to the end of its answer (its last streamed
     /// byte, for a stream).
     pub request_duration: Histogram,
+    /// API requests that have arrived and whose answer is not complete yet: being read,
+    /// tokenized, queued, generated or streamed.
+    in_flight: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -93,11 +96,22 @@ impl Default for Metrics {
             time_to_first_token: Histogram::new(REQUEST_BUCKETS),
             inter_token_latency: Histogram::new(TOKEN_BUCKETS),
             request_duration: Histogram::new(REQUEST_BUCKETS),
+            in_flight: AtomicU64::new(0),
         }
     }
 }
 
 impl Metrics {
+    /// One more API request in flight, until [`Metrics::leave`].
+    pub fn enter(&self) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One API request fewer in flight (its answer is complete, or its client left).
+    pub fn leave(&self) {
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+
     /// Counts one answered API request by its HTTP status.
     pub fn count_request(&self, status: u16) {
         self.count_label(status.to_string());
@@ -131,6 +145,12 @@ impl Metrics {
             "gauge",
             "1 once the model is loaded and warmed up.",
             f64::from(u8::from(engine.is_some())),
+        );
+        single(
+            "ferrite_http_requests_in_flight",
+            "gauge",
+            "API requests (probes and metrics aside) whose answer is not complete: being read, tokenized, queued, generated or streamed.",
+            self.in_flight.load(Ordering::Relaxed) as f64,
         );
         if let Some(s) = engine {
             let engine_metrics: [(&str, &str, &str, f64); 13] = [
@@ -229,5 +249,16 @@ mod tests {
         assert!(out.contains("ferrite_requests_total{status=\"429\"} 1\n"));
         assert!(out.contains("ferrite_ready 0\n"));
         assert!(!out.contains("ferrite_requests_running"));
+    }
+
+    #[test]
+    fn requests_in_flight_are_a_gauge() {
+        let m = Metrics::default();
+        m.enter();
+        m.enter();
+        m.leave();
+        assert!(m.render(None).contains(
+            "# TYPE ferrite_http_requests_in_flight gauge\nferrite_http_requests_in_flight 1\n"
+        ));
     }
 }

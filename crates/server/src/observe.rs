@@ -3,7 +3,8 @@
 //! request, and the request metrics. A request counts when its answer's body is done:
 //! under its HTTP status when the body ran to its end, under `disconnected` (and with a
 //! log line that says so) when the client went away first: before the answer (the
-//! handler is dropped) or in the middle of a stream (the body is dropped).
+//! handler is dropped) or in the middle of a stream (the body is dropped). From its
+//! arrival to then it counts as in flight.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,6 +38,9 @@ pub async fn observe(State(state): State<Arc<AppState>>, request: Request, next:
     let span = tracing::info_span!("request", id = %id);
     let started = Instant::now();
     let observed = !matches!(path.as_str(), "/health" | "/ready" | "/metrics");
+    if observed {
+        state.metrics.enter();
+    }
     // Dropped with this future if the client leaves before the handler answers.
     let mut finished = Finished {
         state,
@@ -137,6 +141,7 @@ impl Drop for Finished {
         if !self.observed {
             return;
         }
+        self.state.metrics.leave();
         let elapsed = self.started.elapsed();
         let ms = elapsed.as_secs_f64() * 1e3;
         let complete = self.ended.load(Ordering::Relaxed);
