@@ -29,9 +29,14 @@ pub struct GgufWriter {
 }
 
 impl GgufWriter {
-    /// Adds a metadata key (keys are written in the order added).
+    /// Sets a metadata key: keys are written in the order first set; setting one again
+    /// replaces its value in place.
     pub fn meta(&mut self, key: impl Into<String>, value: Value) {
-        self.metadata.push((key.into(), value));
+        let key = key.into();
+        match self.metadata.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, old)) => *old = value,
+            None => self.metadata.push((key, value)),
+        }
     }
 
     /// Adds a tensor.

@@ -115,6 +115,15 @@ impl Mix {
 /// Writes the model `spec` describes to `out`, with the tokenizer metadata of the GGUF
 /// file `tokenizer_from`.
 pub fn write_model(spec: &Spec, tokenizer_from: &Path, out: &Path) -> io::Result<()> {
+    let w = model_file(spec, tokenizer_from)?;
+    let mut file = BufWriter::new(File::create(out)?);
+    w.write(&mut file)?;
+    io::Write::flush(&mut file)
+}
+
+/// The model `spec` describes, assembled but not written (so that a test can change a
+/// key before writing it).
+pub fn model_file(spec: &Spec, tokenizer_from: &Path) -> io::Result<GgufWriter> {
     let tokenizer = tokenizer_metadata(tokenizer_from)?;
     let vocab = match tokenizer.iter().find(|(k, _)| k == "tokenizer.ggml.tokens") {
         Some((_, Value::Array(tokens))) => tokens.len(),
@@ -153,9 +162,7 @@ pub fn write_model(spec: &Spec, tokenizer_from: &Path, out: &Path) -> io::Result
     for tensor in tensors {
         w.tensor(tensor_data(spec, tensor, tied)?);
     }
-    let mut file = BufWriter::new(File::create(out)?);
-    w.write(&mut file)?;
-    io::Write::flush(&mut file)
+    Ok(w)
 }
 
 /// The `tokenizer.*` metadata of a GGUF file, in key order.

@@ -25,6 +25,9 @@ pub(super) struct Hyper {
     pub rope_scale: f32,
     /// Vocabulary size (the embedding's rows).
     pub vocab_size: usize,
+    /// The feed-forward width `feed_forward_length` says, when the file says one: the
+    /// feed-forward matrices must have it (as llama.cpp requires).
+    pub feed_forward: Option<usize>,
 }
 
 impl Hyper {
@@ -65,7 +68,23 @@ impl Hyper {
             rope_theta: m.f32(&key("rope.freq_base")).unwrap_or(default_theta),
             rope_scale: m.f32(&key("rope.scaling.factor")).unwrap_or(1.0),
             vocab_size: dims.vocab_size(gguf)?,
+            feed_forward: m.u32(&key("feed_forward_length")).ok().map(|v| v as usize),
         })
+    }
+
+    /// The feed-forward width of block `i`: the metadata's, else what its matrix `name`
+    /// (`ffn_gate`, or `ffn_up` for a fused gate-up matrix, `per_row` of its rows each)
+    /// has. The matrices are then loaded checked against it.
+    pub fn feed_forward_width(
+        &self,
+        gguf: &GgufFile,
+        name: &str,
+        per_row: usize,
+    ) -> Result<usize, EngineError> {
+        match self.feed_forward {
+            Some(width) => Ok(width),
+            None => Ok(gguf.dims(name)?.first().copied().unwrap_or(0) / per_row),
+        }
     }
 
     /// The attention most architectures have: every layer global, query·key scaled by
@@ -283,8 +302,7 @@ pub(super) fn plain_block(
     let hidden = hyper.dims.hidden;
     let (q_width, kv_width) = (hyper.q_width(), hyper.kv_width());
     let p = |n: &str| format!("blk.{i}.{n}.weight");
-    // The feed-forward width is whatever the gate matrix has.
-    let ff = gguf.dims(&p("ffn_gate"))?.first().copied().unwrap_or(0);
+    let ff = hyper.feed_forward_width(gguf, &p("ffn_gate"), 1)?;
     Ok(Block {
         attn_norm: gguf.vector_of(&p("attn_norm"), hidden)?,
         attention: AttentionBlock {

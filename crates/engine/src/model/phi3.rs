@@ -69,8 +69,8 @@ pub(super) fn load(gguf: &mut GgufFile) -> Result<Decoder, EngineError> {
                 v: gguf.matmul_shaped(&p("attn_v"), kv_width, hidden)?,
             }
         };
-        // The feed-forward width is half the fused matrix's rows.
-        let ff = gguf.dims(&p("ffn_up"))?.first().copied().unwrap_or(0) / 2;
+        // The fused matrix holds the gate's rows and the up projection's.
+        let ff = hyper.feed_forward_width(gguf, &p("ffn_up"), 2)?;
         blocks.push(Block {
             attn_norm: gguf.vector_of(&p("attn_norm"), hidden)?,
             attention: AttentionBlock {
