@@ -13,7 +13,28 @@ step() {
   timings+="$(printf '%6ds  %s' "$SECONDS" "$*")"$'\n'
   printf '\n==> [%ds] %s\n' "$SECONDS" "$*"
 }
-trap 'printf "\n==> step start times (s), total %ds\n%s" "$SECONDS" "$timings"' EXIT
+
+# Which kernel tiers the kernels' bit-identity tests ran and which they skipped (a test
+# for a tier this CPU lacks passes without running it; `cpu::lacks` records each verdict
+# here), and which tiers the end-to-end fixture runs took: printed at the end, where a CI
+# log's tail shows it.
+mkdir -p target
+export FERRITE_KERNEL_TIERS="$PWD/target/kernel-tiers.txt"
+rm -f "$FERRITE_KERNEL_TIERS"
+fixture_tiers=""
+kernel_tiers() {
+  printf '\n==> kernel tiers on this CPU (%s)\n' "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
+  if [ -s "$FERRITE_KERNEL_TIERS" ]; then
+    awk -F'\t' '{ n[$1 "\t" $2]++ } END { for (k in n) { split(k, p, "\t"); printf "  %-7s %-12s in %d test(s)\n", p[1], p[2], n[k] } }' \
+      "$FERRITE_KERNEL_TIERS" | sort
+  else
+    echo "  (no kernel test has run yet)"
+  fi
+  if [ -n "$fixture_tiers" ]; then
+    printf '  llama.cpp fixtures end to end: %s\n' "$fixture_tiers"
+  fi
+}
+trap 'kernel_tiers; printf "\n==> step start times (s), total %ds\n%s" "$SECONDS" "$timings"' EXIT
 
 step "cargo fmt --check"
 cargo fmt --all --check
@@ -50,16 +71,23 @@ step "llama.cpp's greedy fixtures (real and random-weight models) on the AVX2 an
 # ferrite-engine`: one package alone resolves its dependencies' features differently and
 # rebuilt 25 of them (4 minutes on 2 cores).
 # Where the CPU has no AVX-512, the native run above already took the AVX2 paths.
+native=avx2
+grep -q avx512f /proc/cpuinfo && native=avx512
+grep -q avx512_vnni /proc/cpuinfo && native="$native-vnni"
+grep -q avx512_bf16 /proc/cpuinfo && native="$native-bf16"
+fixture_tiers="native ($native)"
 if grep -q avx512 /proc/cpuinfo; then
   # The layouts' choice and chunking on the AVX2 path, bit for bit (the kernels' own
   # tests run whatever FERRITE_CPU says).
   FERRITE_CPU=avx2 cargo test --release --workspace --lib quant::
   FERRITE_CPU=avx2 cargo test --release --workspace --test greedy_fixtures
   FERRITE_CPU=avx2 cargo test --release --workspace --test synth_models
+  fixture_tiers+=", FERRITE_CPU=avx2"
 fi
 # The scalar kernels take minutes per long prompt; their bit-identity with the SIMD ones
 # is unit-tested, and the short fixtures run on them end to end.
 FERRITE_CPU=portable cargo test --release --workspace --test greedy_fixtures -- --skip long_prompts
+fixture_tiers+=", FERRITE_CPU=portable (short prompts)"
 
 step "cargo-fuzz targets: built, and run briefly from their seeds"
 ./scripts/fuzz_smoke.sh

@@ -206,13 +206,33 @@ pub fn default_prefetch_ahead() -> usize {
     0
 }
 
+/// The variable naming a file that [`lacks`] appends its verdicts to, for the test
+/// suite's summary (`scripts/test.sh` prints which kernel tiers ran and which were
+/// skipped, since a passing test's own output is not shown).
+pub const TIERS_ENV: &str = "FERRITE_KERNEL_TIERS";
+
 /// For a kernel test: whether the CPU lacks `name` (`available` false), saying that the
 /// test is skipped. A CPU without it cannot run that kernel; the end-to-end tests under
-/// `FERRITE_CPU` cover the paths it can run.
+/// `FERRITE_CPU` cover the paths it can run. Either way the verdict (`ran` or `skipped`,
+/// the tier, the test) is appended to the file `FERRITE_KERNEL_TIERS` names.
 #[cfg(test)]
 pub(crate) fn lacks(available: bool, name: &str) -> bool {
     if !available {
         eprintln!("skipped: this CPU lacks {name}");
+    }
+    if let Some(path) = std::env::var_os(TIERS_ENV) {
+        use std::io::Write;
+        let verdict = if available { "ran" } else { "skipped" };
+        let test = std::thread::current().name().unwrap_or("?").to_string();
+        // One `write` of one line: lines of tests running at once do not interleave.
+        let line = format!("{verdict}\t{name}\t{test}\n");
+        if let Ok(mut file) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = file.write_all(line.as_bytes());
+        }
     }
     !available
 }

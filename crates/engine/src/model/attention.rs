@@ -784,7 +784,7 @@ mod tests {
             let kernels: Vec<AttentionKernel> = (0..n).map(|t| kinds[t * t / 50 % 5]).collect();
             let slow = attend_portable(&shape, input(&c, &q, &kernels));
             for (name, kernels_simd, usable) in simd_kernels() {
-                if !usable {
+                if crate::cpu::lacks(usable, name) {
                     continue;
                 }
                 // SAFETY: the kernels' CPU features are present; head sizes are multiples
