@@ -18,6 +18,9 @@ While workers send completions without pause (a quarter of them streamed):
 2. one replica gets SIGKILL: the requests it was running are lost with it, and is then
    started again.
 
+Every request is one of a few seeded variants, each run alone on a replica before the load:
+an answer whose text differs from that run's (a stream's chunks joined) counts as failed.
+
 Checks, exit status 1 on any failure: no request fails during the SIGTERM restarts, every
 SIGTERMed replica exits with status 0, and at the SIGKILL only requests that the killed
 replica was running fail (HAProxy retries those it had not started answering); every
@@ -44,12 +47,28 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BINARY = ROOT / "target" / "release" / "ferrite"
+# FERRITE_BIN runs it against another build (to see a check fail on a deliberate break).
+BINARY = Path(os.environ.get("FERRITE_BIN", ROOT / "target" / "release" / "ferrite"))
 
-# Short prompts of a few kinds (prose, code, a list): what the replicas run barely
-# matters, only that requests keep coming and some stream.
+# Short prompts of a few kinds (prose, code, a list), each with a few seeds: requests keep
+# coming, some stream, and each variant's answer is known from a run of it alone.
 PROMPTS = ["Write a haiku about the sea:", "fn main() {", "Three primes: 2, 3,",
            "Dear diary, today", "The recipe needs flour,"]
+SEEDS = [1, 2]
+
+
+def variant_body(model, prompt, seed):
+    """The request of one variant (its length drawn from the variant itself)."""
+    return {"model": model, "prompt": prompt, "seed": seed, "temperature": 0.8,
+            "max_tokens": random.Random(f"{prompt} {seed}").randint(16, 64)}
+
+
+def completion_text(url, body):
+    """The text of a non-streamed completion of `body`."""
+    request = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as r:
+        return json.load(r)["choices"][0]["text"]
 
 
 def free_port():
@@ -187,8 +206,9 @@ backend ferrite
 class Load:
     """Workers sending completions through HAProxy until stopped."""
 
-    def __init__(self, url, model, workers):
+    def __init__(self, url, model, workers, references):
         self.url, self.model = url, model
+        self.references = references  # (prompt, seed) -> the text it got alone
         self.results = []  # (started, ended, ok, detail, replica)
         self.lock = threading.Lock()
         self.stopping = threading.Event()
@@ -208,16 +228,12 @@ class Load:
         rng = random.Random(i)
         while not self.stopping.is_set():
             stream = rng.random() < 0.25
-            body = {
-                "model": self.model,
-                "prompt": rng.choice(PROMPTS),
-                "max_tokens": rng.randint(16, 64),
-                "temperature": 0.8,
-                "seed": rng.randint(0, 1 << 30),
-                "stream": stream,
-            }
+            prompt, seed = rng.choice(PROMPTS), rng.choice(SEEDS)
+            body = variant_body(self.model, prompt, seed) | {"stream": stream}
             started = time.monotonic()
             ok, detail, replica = self.send(body, stream)
+            if ok and detail != self.references[prompt, seed]:
+                ok, detail = False, (f"answered {detail!r}, alone {self.references[prompt, seed]!r}")
             with self.lock:
                 self.results.append((started, time.monotonic(), ok, detail, replica))
 
@@ -236,11 +252,12 @@ class Load:
                     return False, "stream ended without [DONE]", replica
                 if any('"error"' in e for e in events[:-1]):
                     return False, "error event in the stream", replica
-                return True, "", replica
+                chunks = [json.loads(e)["choices"] for e in events[:-1]]
+                return True, "".join(c[0]["text"] for c in chunks if c), replica
             choice = json.loads(raw)["choices"][0]
             if choice["finish_reason"] not in ("length", "stop"):
                 return False, f"finish_reason {choice['finish_reason']}", replica
-            return True, "", replica
+            return True, choice["text"], replica
         except urllib.error.HTTPError as e:
             return False, f"HTTP {e.code}", e.headers.get("X-Ferrite-Replica")
         except (OSError, ValueError, KeyError, http.client.HTTPException) as e:
@@ -271,7 +288,10 @@ def main():
     proxy = HAProxy(args.haproxy, front, replicas, workdir)
     for r in replicas:
         proxy.wait_status(r.name, "UP")
-    load = Load(f"http://127.0.0.1:{front}", args.model, args.workers)
+    first = f"http://127.0.0.1:{replicas[0].port}"
+    references = {(p, seed): completion_text(first, variant_body(args.model, p, seed))
+                  for p in PROMPTS for seed in SEEDS}
+    load = Load(f"http://127.0.0.1:{front}", args.model, args.workers, references)
     failures = []
     report = {"replicas": args.replicas, "workers": args.workers, "restarts": []}
     try:

@@ -4,6 +4,11 @@ against it at a fixed concurrency, then checks that
 
 - every valid request completed with the usage it should have (exact where the request
   makes the count exact: `ignore_eos` without stop strings),
+- every valid request's text (each choice's, a stream's chunks joined) is the text the same
+  request got when it ran alone on the idle server before the load: every request is one of
+  a few variants of its kind (all seeded), so each runs many times, in batches of every
+  make-up and from the prefix cache, and corruption under load (a shared prefix block
+  written over, a batch row read for another) changes an answer,
 - every invalid request got its 4xx in the OpenAI error shape,
 - no request got a 5xx or lost its connection,
 - cancelled streams left the engine (nothing running or waiting at the end, the cancelled
@@ -20,6 +25,7 @@ Prints a summary (the figures in RELIABILITY.md) and exits 1 on any failed check
 import argparse
 import asyncio
 import json
+import os
 import random
 import socket
 import subprocess
@@ -31,7 +37,8 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-BINARY = ROOT / "target" / "release" / "ferrite"
+# FERRITE_BIN runs it against another build (to see a check fail on a deliberate break).
+BINARY = Path(os.environ.get("FERRITE_BIN", ROOT / "target" / "release" / "ferrite"))
 
 PROMPTS = [
     "The capital of France is",
@@ -58,6 +65,16 @@ INVALID = [
     ({"stop": ["a", "b", "c", "d", "e"]}, 400),
     ({"response_format": {"type": "json_schema"}}, 400),
 ]
+
+
+KINDS = ["plain", "stream", "n", "stop", "logprobs", "cancel", "invalid"]
+# Variants of each kind: few enough that each runs many times, alone once first.
+VARIANTS = 6
+
+
+def texts(completion):
+    """A completion's choices' texts, by index."""
+    return [c["text"] for c in sorted(completion["choices"], key=lambda c: c["index"])]
 
 
 def free_port():
@@ -91,23 +108,27 @@ class Soak:
         self.kinds = Counter()
         self.statuses = Counter()
         self.latencies = []
+        self.references = {}
+        self.texts_checked = 0
 
     def fail(self, i, kind, message):
         self.failures.append(f"request {i} ({kind}): {message}")
 
     def plan(self, i):
-        """The i-th request: its kind and body."""
-        rng = self.rng
-        kind = rng.choices(
-            ["plain", "stream", "n", "stop", "logprobs", "cancel", "invalid"],
-            weights=[25, 25, 12, 10, 8, 10, 10],
-        )[0]
+        """The i-th request: its kind, its variant and its body."""
+        kind = self.rng.choices(KINDS, weights=[25, 25, 12, 10, 8, 10, 10])[0]
+        variant = self.rng.randrange(VARIANTS)
+        return kind, variant, self.body(kind, variant)
+
+    def body(self, kind, variant):
+        """The body of a kind's variant: the same for every request of it."""
+        rng = random.Random(f"{kind} {variant}")
         body = {
             "model": self.model,
-            "prompt": f"{rng.choice(PROMPTS)} ({i})",
+            "prompt": f"{rng.choice(PROMPTS)} ({variant})",
             "max_tokens": rng.randint(4, 24),
             "temperature": rng.choice([0, 0.7, 1.0]),
-            "seed": i,
+            "seed": variant,
             "ignore_eos": True,
         }
         if kind == "stream":
@@ -125,16 +146,35 @@ class Soak:
             change, status = rng.choice(INVALID)
             body |= change
             body["expect"] = status
-        return kind, body
+        return body
+
+    def record_references(self):
+        """Runs every variant of the kinds that finish, one at a time on the idle server,
+        and keeps its choices' texts."""
+        for kind in KINDS:
+            if kind in ("cancel", "invalid"):
+                continue
+            for variant in range(VARIANTS):
+                body = {k: v for k, v in self.body(kind, variant).items()
+                        if k not in ("stream", "stream_options")}
+                r = httpx.post(f"{self.base}/v1/completions", json=body, timeout=120)
+                r.raise_for_status()
+                self.references[kind, variant] = texts(r.json())
+
+    def check_text(self, i, kind, variant, got):
+        want = self.references[kind, variant]
+        if got != want:
+            self.fail(i, kind, f"variant {variant} answered {got!r}, alone it answered {want!r}")
+        self.texts_checked += 1
 
     async def run_one(self, client, i):
-        kind, body = self.plan(i)
+        kind, variant, body = self.plan(i)
         self.kinds[kind] += 1
         expect = body.pop("expect", 200)
         started = time.monotonic()
         try:
             if body.get("stream"):
-                await self.stream(client, i, kind, body)
+                await self.stream(client, i, kind, variant, body)
             else:
                 r = await client.post(f"{self.base}/v1/completions", json=body)
                 self.statuses[r.status_code] += 1
@@ -142,6 +182,7 @@ class Soak:
                     self.fail(i, kind, f"status {r.status_code}, expected {expect}: {r.text[:200]}")
                 elif expect == 200:
                     self.check_usage(i, kind, body, r.json())
+                    self.check_text(i, kind, variant, texts(r.json()))
                 else:
                     error = r.json().get("error", {})
                     if not error.get("message") or error.get("type") != "invalid_request_error":
@@ -168,7 +209,7 @@ class Soak:
             if c["finish_reason"] not in ("stop", "length"):
                 self.fail(i, kind, f"finish_reason {c['finish_reason']}")
 
-    async def stream(self, client, i, kind, body):
+    async def stream(self, client, i, kind, variant, body):
         async with client.stream("POST", f"{self.base}/v1/completions", json=body) as r:
             self.statuses[r.status_code] += 1
             if r.status_code != 200:
@@ -197,6 +238,7 @@ class Soak:
         finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0].get("finish_reason")]
         if finishes != ["length"]:
             self.fail(i, kind, f"finish reasons {finishes}")
+        self.check_text(i, kind, variant, ["".join(c["choices"][0]["text"] for c in chunks if c["choices"])])
 
 
 async def run_batch(soak, start, count, concurrency):
@@ -239,6 +281,7 @@ def main():
             assert time.time() < deadline, "ferrite did not become ready"
             time.sleep(0.2)
         soak = Soak(base, args.model, args.seed)
+        soak.record_references()
         before = metrics(base)
         started = time.monotonic()
         asyncio.run(run_batch(soak, 0, args.warmup, args.concurrency))
@@ -254,6 +297,8 @@ def main():
             soak.failures.append(f"still busy at the end: {after['ferrite_requests_running']} running, {after['ferrite_requests_waiting']} waiting")
         if cancelled < soak.kinds["cancel"]:
             soak.failures.append(f"{soak.kinds['cancel']} streams cancelled, the engine counted {cancelled}")
+        if soak.texts_checked < args.requests // 2:
+            soak.failures.append(f"only {soak.texts_checked} answers' texts were checked")
         five_xx = sum(v for k, v in soak.statuses.items() if k >= 500)
         if five_xx:
             soak.failures.append(f"{five_xx} responses were 5xx")
@@ -274,6 +319,7 @@ def main():
             "rss_after_warmup_mib": round(rss_warm, 1),
             "rss_end_mib": round(rss_end, 1),
             "rss_growth": f"{growth:+.1%}",
+            "texts_checked": soak.texts_checked,
             "failures": len(soak.failures),
         }
         print(json.dumps(summary, indent=2))
