@@ -71,16 +71,16 @@ def test_the_serve_command_works_as_written_in_a_fresh_clone(tmp_path):
     assert port_is_free(8080), "port 8080, the README server's, is taken by something else"
     clone = tmp_path / "ferrite"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
-    # The working tree's tracked files as they are (a commit `git stash create` makes
-    # without touching anything), so that a change is tried before it is committed.
-    snapshot = subprocess.run(["git", "stash", "create"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    if snapshot:
-        subprocess.run(["git", "checkout", "-q", snapshot], cwd=clone, check=True)
+    # The working tree's changes to tracked files too, so that a change is tried before
+    # it is committed (in CI the checkout is a clean clone: there are none).
+    diff = subprocess.run(["git", "diff", "HEAD", "--binary"], cwd=ROOT, capture_output=True, check=True).stdout
+    if diff:
+        subprocess.run(["git", "apply"], cwd=clone, input=diff, check=True)
     assert not (clone / "target").exists() and not (clone / "../shared").exists()
-    # The build goes to this checkout's target directory, so that it takes minutes, not a
-    # fresh build's ten: the dependencies built there are reused, ferrite's own crates are
-    # compiled again from the clone. The binary the suite runs is put back afterwards.
+    # The build goes to this checkout's target directory, so that it takes a minute or two,
+    # not a fresh build's ten: the dependencies built there are reused, ferrite's own
+    # crates are compiled again from the clone (under the same names: the next build in
+    # the checkout compiles them again too). The binary the suite runs is put back.
     saved = BINARY.with_name("ferrite.before-readme-test")
     os.link(BINARY, saved)
     log = open(tmp_path / "serve.log", "wb")
