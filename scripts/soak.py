@@ -117,7 +117,8 @@ class Soak:
     def plan(self, i):
         """The i-th request: its kind, its variant and its body."""
         kind = self.rng.choices(KINDS, weights=[25, 25, 12, 10, 8, 10, 10])[0]
-        variant = self.rng.randrange(VARIANTS)
+        # Invalid requests have no answer to compare: each of their kinds is a variant.
+        variant = self.rng.randrange(len(INVALID) if kind == "invalid" else VARIANTS)
         return kind, variant, self.body(kind, variant)
 
     def body(self, kind, variant):
@@ -143,7 +144,7 @@ class Soak:
         elif kind == "cancel":
             body |= {"stream": True, "max_tokens": 400}
         elif kind == "invalid":
-            change, status = rng.choice(INVALID)
+            change, status = INVALID[variant]
             body |= change
             body["expect"] = status
         return body
