@@ -47,8 +47,11 @@ fn check(
     let loaded = model::load_path(&path);
     std::fs::remove_file(&path).unwrap();
     let (_gguf, mut model) = loaded.map_err(|e| format!("does not load: {e}"))?;
-    // llama-server ran with `-c 4096` (Phi-3's rotary embeddings depend on it).
-    model.set_context_length(4096);
+    // The context llama-server ran with (Phi-3's rotary embeddings depend on it): the
+    // file's `context` (`make_synth.py` writes it now), or the `-c 4096` of the files
+    // recorded before.
+    let context = data["context"].as_u64().map_or(4096, |c| c as usize);
+    model.set_context_length(context);
     let mut worst = 0f32;
     for (c, case) in data["cases"].as_array().unwrap().iter().enumerate() {
         let prompt = common::ids(&case["prompt_ids"]);
