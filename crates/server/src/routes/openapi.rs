@@ -208,13 +208,15 @@ pub fn document() -> Value {
         "prompt_tokens_details": {"type": "object", "properties": {"cached_tokens": {"type": "integer",
             "description": "Prompt tokens the prefix cache served."}}}}});
     let ids = json!({"type": "array", "items": {"type": "integer"}});
+    // vLLM's keys of a non-streaming answer: always there, `null` unless asked for.
+    let ids_or_null = json!({"type": ["array", "null"], "items": {"type": "integer"}});
+    let prompt_logprobs = json!({"type": ["array", "null"], "items": {"type": ["object", "null"]}});
     let choice = json!({"type": "object", "required": ["index", "text", "logprobs", "finish_reason"], "properties": {
         "index": {"type": "integer"}, "text": {"type": "string"},
         "logprobs": {"type": ["object", "null"]},
         "finish_reason": {"type": ["string", "null"], "enum": ["stop", "length", null]},
         "stop_reason": {"description": "The stop string or token id that ended the choice (vLLM)."},
-        "prompt_logprobs": {"type": "array", "items": {"type": ["object", "null"]}},
-        "prompt_token_ids": ids, "token_ids": ids}});
+        "prompt_logprobs": prompt_logprobs, "prompt_token_ids": ids_or_null, "token_ids": ids_or_null}});
     let completion = |choice: Value, usage: Value| {
         json!({"type": "object", "required": ["id", "object", "created", "model", "choices"], "properties": {
         "id": {"type": "string"}, "object": {"const": "text_completion"}, "created": {"type": "integer"},
@@ -235,7 +237,7 @@ pub fn document() -> Value {
         "index": {"type": "integer"},
         "message": {"type": "object", "properties": {"role": {"const": "assistant"},
             "content": {"type": ["string", "null"]}, "tool_calls": tool_calls}},
-        "logprobs": chat_logprobs, "finish_reason": finish, "stop_reason": {}, "token_ids": ids}});
+        "logprobs": chat_logprobs, "finish_reason": finish, "stop_reason": {}, "token_ids": ids_or_null}});
     let chat_chunk_choice = json!({"type": "object", "required": ["index", "delta", "finish_reason"], "properties": {
         "index": {"type": "integer"},
         "delta": {"type": "object", "description": "The first carries `role`; then `content` or `tool_calls` (each call whole, in one delta); the last is empty, with `finish_reason`.",
@@ -246,7 +248,7 @@ pub fn document() -> Value {
         "id": {"type": "string"}, "object": {"const": object}, "created": {"type": "integer"},
         "model": {"type": "string"}, "system_fingerprint": {"type": "string"},
         "choices": {"type": "array", "items": choice}, "usage": usage,
-        "prompt_token_ids": ids, "prompt_logprobs": {"type": "array"}}})
+        "prompt_token_ids": ids_or_null, "prompt_logprobs": prompt_logprobs}})
     };
     let error = json!({"type": "object", "required": ["error"], "properties": {"error": {"type": "object",
         "required": ["message", "type", "param", "code"], "properties": {
