@@ -65,29 +65,67 @@ fn schema_text(field: &str, schema: &Value) -> Result<String, ApiError> {
 /// Left open, a small model fills a tool's arguments with keys nobody declared and may
 /// never close the object. An explicit `additionalProperties: true` keeps one open.
 ///
-/// Parts that apply to the same object together (an `allOf`'s, a schema beside a `$ref`,
-/// `if`/`then`/`else`, `dependentSchemas`) are intersected key by key, so closing one of
-/// them would forbid the others' properties: those, the schema that holds them, and the
-/// local definitions (`#/$defs/…`) an `allOf` names are left as written; so are
-/// conditions (`not`, `if`, `contains`, `propertyNames`), whose meaning closing would
-/// change. Alternatives (`anyOf`, `oneOf`), properties, items and definitions are closed
-/// each.
+/// Parts that apply to the same object together are intersected key by key, so closing
+/// one of them would forbid the others' properties: the parts of an `allOf`, a schema
+/// beside a `$ref` and the definition it names, `if`/`then`/`else`, `dependentSchemas`,
+/// and the `anyOf`/`oneOf` branches of a schema that has `properties` of its own. Those,
+/// the schema that holds them, and the local definitions (`#/$defs/…`) they name are left
+/// as written; so are conditions (`not`, `if`, `contains`, `propertyNames`), whose meaning
+/// closing would change. Alternatives (the `anyOf`/`oneOf` branches of a schema without
+/// properties of its own), properties, items and other definitions are closed each.
 pub fn close_objects(schema: &mut Value) {
     let mut merged = HashSet::new();
     merged_refs(schema, &mut merged);
     close_below(schema, true, &merged);
 }
 
-/// The local `$ref`s of every `allOf` part, anywhere in `schema`.
+/// Keywords that say nothing of the keys an object takes (definitions only hold schemas
+/// for references).
+const ANNOTATIONS: [&str; 10] = [
+    "$ref",
+    "$defs",
+    "definitions",
+    "$schema",
+    "$id",
+    "description",
+    "title",
+    "default",
+    "examples",
+    "$comment",
+];
+
+/// Whether `map` has `properties` of its own beside `anyOf`/`oneOf` branches, which then
+/// apply to the same object.
+fn merges_branches(map: &Map<String, Value>) -> bool {
+    map.contains_key("properties") && (map.contains_key("anyOf") || map.contains_key("oneOf"))
+}
+
+/// The local `$ref`s, JSON-pointer escapes undone, that name a part merged with others:
+/// an `allOf` part's, a merged branch's, and one with keywords beside it.
 fn merged_refs(schema: &Value, out: &mut HashSet<String>) {
+    let unescape = |r: &str| r.replace("~1", "/").replace("~0", "~");
     match schema {
         Value::Object(map) => {
-            if let Some(Value::Array(parts)) = map.get("allOf") {
-                out.extend(
-                    parts
-                        .iter()
-                        .filter_map(|p| p.get("$ref")?.as_str().map(String::from)),
-                );
+            let mut parts: Vec<&Value> = Vec::new();
+            if let Some(Value::Array(all)) = map.get("allOf") {
+                parts.extend(all);
+            }
+            if merges_branches(map) {
+                for key in ["anyOf", "oneOf"] {
+                    if let Some(Value::Array(branches)) = map.get(key) {
+                        parts.extend(branches);
+                    }
+                }
+            }
+            out.extend(
+                parts
+                    .iter()
+                    .filter_map(|p| p.get("$ref")?.as_str().map(unescape)),
+            );
+            if let Some(r) = map.get("$ref").and_then(Value::as_str) {
+                if map.keys().any(|k| !ANNOTATIONS.contains(&k.as_str())) {
+                    out.insert(unescape(r));
+                }
             }
             map.values().for_each(|v| merged_refs(v, out));
         }
@@ -100,9 +138,11 @@ fn close_below(schema: &mut Value, may_close: bool, merged: &HashSet<String>) {
     let Value::Object(map) = schema else {
         return;
     };
-    let intersected = ["allOf", "$ref", "if", "dependentSchemas"]
-        .iter()
-        .any(|k| map.contains_key(*k));
+    let merges = merges_branches(map);
+    let intersected = merges
+        || ["allOf", "$ref", "if", "dependentSchemas"]
+            .iter()
+            .any(|k| map.contains_key(*k));
     if may_close
         && !intersected
         && map.contains_key("properties")
@@ -125,7 +165,10 @@ fn close_below(schema: &mut Value, may_close: bool, merged: &HashSet<String>) {
             ("allOf", Value::Array(parts)) => {
                 parts.iter_mut().for_each(|s| close_below(s, false, merged))
             }
-            ("anyOf" | "oneOf" | "prefixItems" | "items", Value::Array(list)) => {
+            ("anyOf" | "oneOf", Value::Array(branches)) => branches
+                .iter_mut()
+                .for_each(|s| close_below(s, !merges, merged)),
+            ("prefixItems" | "items", Value::Array(list)) => {
                 list.iter_mut().for_each(|s| close_below(s, true, merged))
             }
             (
@@ -568,6 +611,21 @@ mod tests {
         let conditional = json!({"properties": {"a": {}}, "if": {"properties": {"a": {"const": 1}}},
                                  "then": {"properties": {"b": {}}}});
         assert_eq!(closed(conditional.clone()), conditional);
+        // Branches beside properties of the holder's own apply to the same object.
+        let branched = json!({"properties": {"kind": {}},
+                              "oneOf": [{"properties": {"kind": {}, "x": {}}}, {"$ref": "#/$defs/Y"}],
+                              "$defs": {"Y": {"properties": {"y": {}}}}});
+        assert_eq!(closed(branched.clone()), branched);
+        // A schema beside a `$ref` merges with the definition, escaped names too.
+        let extended = json!({"$ref": "#/$defs/a~1b", "properties": {"extra": {}},
+                              "$defs": {"a/b": {"properties": {"id": {}}}}});
+        assert_eq!(closed(extended.clone()), extended);
+        // A bare `$ref` (annotations aside) does not.
+        let bare = closed(
+            json!({"properties": {"p": {"$ref": "#/$defs/P", "description": "d"}},
+                                 "$defs": {"P": {"properties": {"q": {}}}}}),
+        );
+        assert_eq!(bare["$defs"]["P"]["additionalProperties"], false);
     }
 
     #[test]
