@@ -65,7 +65,10 @@ class Server:
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
-        raise AssertionError("ferrite did not become ready in 120 s")
+        self.proc.kill()
+        self.proc.wait()
+        self.log.close()
+        raise AssertionError(f"ferrite did not become ready in 120 s; see {self.log.name}")
 
     def metrics(self) -> dict:
         text = httpx.get(f"{self.metrics_base}/metrics", timeout=5).text

@@ -119,7 +119,7 @@ def test_a_huge_counted_repetition_neither_stalls_the_engine_nor_errs(srv, regex
 
 def test_tokenizing_a_megabyte_is_linear(srv):
     # A megabyte takes about four times a quarter's time (measured 2.9-5.3 here), a
-    # quadratic tokenizer sixteen: the bound is on the ratio of the medians of three runs,
+    # quadratic tokenizer sixteen: the bound is on the ratio of the fastest of three runs,
     # with no absolute slack, which let a 16x regression pass wherever a quarter took under
     # 60 ms; an absolute bound only against a stall.
     def seconds(text):
@@ -129,12 +129,11 @@ def test_tokenizing_a_megabyte_is_linear(srv):
         assert r.json()["count"] > 0
         return time.monotonic() - started
 
-    def median(text):
-        return sorted(seconds(text) for _ in range(3))[1]
-
     for text in ["a" * (1 << 20), " " * (1 << 20), ("The quick brown fox, 1234 naïve café 你好. " * 30000)[: 1 << 20]]:
-        quarter, whole = median(text[: len(text) // 4]), median(text)
-        assert whole < 8 * quarter and whole < 10, (quarter, whole)
+        # Interleaved, the least of three each: noise only ever adds time.
+        runs = [(seconds(text[: len(text) // 4]), seconds(text)) for _ in range(3)]
+        quarter, whole = min(q for q, _ in runs), min(w for _, w in runs)
+        assert whole < 8 * quarter and whole < 10, runs
 
 
 def test_stop_strings_are_bounded(srv):
@@ -283,7 +282,7 @@ def test_slow_and_idle_connections_are_closed_and_connections_are_bounded(srv):
     # and a margin, none before the timeout.
     pending, closed_at = list(sockets), []
     while pending and time.monotonic() < opened + 2 + 3:
-        ready, _, _ = select.select(pending, [], [], opened + 5 - time.monotonic())
+        ready, _, _ = select.select(pending, [], [], max(0.0, opened + 5 - time.monotonic()))
         for s in ready:
             assert closed_by_server(s)
             closed_at.append(time.monotonic() - opened)
@@ -352,12 +351,9 @@ def test_sigterm_during_a_pathological_request_exits_zero_within_grace_plus_four
     s = Server(MODEL, ["--shutdown-grace", str(grace)])
     try:
         get = in_background(lambda: post(s, {"model": MODEL, **body}, timeout=60))
-        # Signalled once the server holds the request: in the engine, or (a megabyte's
-        # tokenizing) in flight before it.
-        if body["prompt"] == "a" * (1 << 20):
-            wait_for(lambda: s.metrics()["ferrite_http_requests_in_flight"] >= 1, 30)
-        else:
-            wait_for(lambda: running(s) >= 1, 30)
+        # Signalled once the server holds the request (in flight from its arrival to its
+        # answer: tokenized, queued or running), and before it was answered.
+        wait_for(lambda: s.metrics()["ferrite_http_requests_in_flight"] >= 1, 30)
         started = time.monotonic()
         assert get.ended is None, "the request was answered before the signal"
         s.proc.send_signal(signal.SIGTERM)

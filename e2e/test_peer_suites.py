@@ -24,6 +24,11 @@ def chat(server, **body):
     return post(server, "/v1/chat/completions", {"messages": BERLIN} | body)
 
 
+def on_route(path, body):
+    """`body` with the input the route takes: a prompt, or a conversation."""
+    return body | ({"prompt": "Hi"} if path == "/v1/completions" else {"messages": BERLIN})
+
+
 def error_param(r):
     assert r.status_code == 400, r.text
     error = r.json()["error"]
@@ -87,7 +92,7 @@ def test_every_schema_field_closes_objects_that_declare_properties(server):
         try:
             keys |= set(json.loads(text))
         except json.JSONDecodeError:
-            keys |= {"(cut)"}  # 60 tokens ran out inside an open object
+            pass  # 60 tokens ran out inside the object: no evidence either way
     assert keys - {"name"}, keys
 
 
@@ -95,8 +100,7 @@ def test_every_schema_field_closes_objects_that_declare_properties(server):
 @pytest.mark.parametrize("stream", [False, None])
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_stream_options_without_stream_is_a_400(server, path, stream, options):
-    body = {"max_tokens": 2, "stream_options": options}
-    body |= {"prompt": "Hi"} if path == "/v1/completions" else {"messages": BERLIN}
+    body = on_route(path, {"max_tokens": 2, "stream_options": options})
     if stream is not None:
         body["stream"] = stream
     assert error_param(post(server, path, body)) == "stream_options"
@@ -108,8 +112,7 @@ def test_stream_options_without_stream_is_a_400(server, path, stream, options):
 @pytest.mark.parametrize("tools", [None, []])
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_tool_choice_without_tools_is_a_400(server, path, tools, choice):
-    body = {"max_tokens": 2, "tool_choice": choice}
-    body |= {"prompt": "Hi"} if path == "/v1/completions" else {"messages": BERLIN}
+    body = on_route(path, {"max_tokens": 2, "tool_choice": choice})
     if tools is not None:
         body["tools"] = tools
     r = post(server, path, body)

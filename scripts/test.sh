@@ -25,7 +25,10 @@ fixture_tiers=""
 kernel_tiers() {
   printf '\n==> kernel tiers on this CPU (%s)\n' "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
   if [ -s "$FERRITE_KERNEL_TIERS" ]; then
-    awk -F'\t' '{ n[$1 "\t" $2]++ } END { for (k in n) { split(k, p, "\t"); printf "  %-7s %-12s in %d test(s)\n", p[1], p[2], n[k] } }' \
+    # One line per verdict, tier and test: a test that checks a tier in several cases
+    # counts once.
+    awk -F'\t' '{ if (!seen[$1 "\t" $2 "\t" $3]++) n[$1 "\t" $2]++ }
+      END { for (k in n) { split(k, p, "\t"); printf "  %-7s %-12s in %d test(s)\n", p[1], p[2], n[k] } }' \
       "$FERRITE_KERNEL_TIERS" | sort
   else
     echo "  (no kernel test has run yet)"
@@ -71,7 +74,8 @@ step "llama.cpp's greedy fixtures (real and random-weight models) on the AVX2 an
 # ferrite-engine`: one package alone resolves its dependencies' features differently and
 # rebuilt 25 of them (4 minutes on 2 cores).
 # Where the CPU has no AVX-512, the native run above already took the AVX2 paths.
-native=avx2
+native=portable
+grep -qw avx2 /proc/cpuinfo && native=avx2
 grep -q avx512f /proc/cpuinfo && native=avx512
 grep -q avx512_vnni /proc/cpuinfo && native="$native-vnni"
 grep -q avx512_bf16 /proc/cpuinfo && native="$native-bf16"

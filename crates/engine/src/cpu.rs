@@ -223,9 +223,11 @@ pub(crate) fn lacks(available: bool, name: &str) -> bool {
     if let Some(path) = std::env::var_os(TIERS_ENV) {
         use std::io::Write;
         let verdict = if available { "ran" } else { "skipped" };
+        // One spelling per tier (`AVX-512`, `Avx512` and `avx512` are one).
+        let tier = name.to_ascii_uppercase().replace('-', "");
         let test = std::thread::current().name().unwrap_or("?").to_string();
         // One `write` of one line: lines of tests running at once do not interleave.
-        let line = format!("{verdict}\t{name}\t{test}\n");
+        let line = format!("{verdict}\t{tier}\t{test}\n");
         if let Ok(mut file) = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

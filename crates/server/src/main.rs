@@ -375,7 +375,13 @@ fn init_logs(format: LogFormat) {
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => logs.init(),
-        LogFormat::Json => logs.json().with_current_span(true).init(),
+        LogFormat::Json => {
+            logs.json().with_current_span(true).init();
+            // A panic's message is a log line too, not plain text among the JSON.
+            std::panic::set_hook(Box::new(|info| {
+                tracing::error!(panic = %info, "panicked");
+            }));
+        }
     }
 }
 
@@ -497,8 +503,19 @@ async fn bind(host: &str, port: u16) -> Result<tokio::net::TcpListener> {
         .with_context(|| format!("binding {addr}"))
 }
 
-/// Longest the process may take to exit once the drain is over.
-const EXIT_AFTER_DRAIN: Duration = Duration::from_secs(4);
+/// Ends the process (status 1) after an error the log has said: with text logs it is said
+/// once more on stderr as it stands, which a log filter (`RUST_LOG`) cannot hide; JSON
+/// logs keep stderr to JSON lines.
+fn fatal(format: LogFormat, message: &str) -> ! {
+    if format == LogFormat::Text {
+        eprintln!("error: {message}");
+    }
+    std::process::exit(1)
+}
+
+/// Longest the process may take to exit once the drain is over: the documented bound is
+/// 4 s, and this leaves half a second of it for the drain's own last poll and the exit.
+const EXIT_AFTER_DRAIN: Duration = Duration::from_millis(3500);
 
 /// Ends the process (status 0) after `delay` unless it has exited by then: whatever is
 /// still running then (a stuck step, tokenization on a blocking thread, a connection
@@ -574,7 +591,10 @@ fn load_engine(
         Ok(x) => x,
         Err(e) => {
             tracing::error!(error = %e, path = %path.display(), "cannot load the model");
-            std::process::exit(1);
+            fatal(
+                args.log_format,
+                &format!("cannot load {}: {e}", path.display()),
+            );
         }
     };
     let chat = match ChatSetup::new(&tokenizer, chat_template) {
@@ -584,7 +604,10 @@ fn load_engine(
                 error = %e,
                 "cannot use the chat template; give a working one with --chat-template FILE"
             );
-            std::process::exit(1);
+            fatal(
+                args.log_format,
+                &format!("{e}; give a working one with --chat-template FILE"),
+            );
         }
     };
     tracing::info!(
