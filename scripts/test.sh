@@ -96,6 +96,12 @@ fixture_tiers+=", FERRITE_CPU=portable (short prompts)"
 step "cargo-fuzz targets: built, and run briefly from their seeds"
 ./scripts/fuzz_smoke.sh
 
+# Before the end-to-end tests: the image's build step builds the workspace again, and the
+# README test's build from a clone leaves the server's artifacts to be compiled again
+# (50 s) where a build follows it.
+step "deploy: Kustomize overlays, Dockerfile, and the image's steps outside a container"
+./deploy/check.sh
+
 step "end-to-end tests (pytest + openai SDK)"
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
@@ -107,9 +113,6 @@ if [ ! -x .venv-clients/bin/python ]; then
 fi
 .venv-clients/bin/python -m pip install --disable-pip-version-check -q -r e2e/clients/requirements.txt
 .venv/bin/python -m pytest e2e -q
-
-step "deploy: Kustomize overlays, Dockerfile, and the image's steps outside a container"
-./deploy/check.sh
 
 step "rolling restarts: three replicas behind HAProxy, SIGTERM each in turn, SIGKILL one"
 if ! command -v haproxy >/dev/null && [ ! -x /usr/sbin/haproxy ]; then
