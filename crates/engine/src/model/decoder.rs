@@ -72,9 +72,9 @@ impl Hyper {
         })
     }
 
-    /// The feed-forward width of block `i`: the metadata's, else what its matrix `name`
-    /// (`ffn_gate`, or `ffn_up` for a fused gate-up matrix, `per_row` of its rows each)
-    /// has. The matrices are then loaded checked against it.
+    /// A block's feed-forward width: the metadata's, else what its matrix `name` has
+    /// (`ffn_gate`; or a fused gate-up `ffn_up`, whose rows are `per_row` times the width).
+    /// The block's matrices are then loaded checked against it.
     pub fn feed_forward_width(
         &self,
         gguf: &GgufFile,
