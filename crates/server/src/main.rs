@@ -176,6 +176,11 @@ struct ServeArgs {
     /// the per-request limits).
     #[arg(long, default_value_t = 4096, env = "FERRITE_CHAT_MAX_TOKENS", value_parser = positive_count)]
     chat_max_tokens: usize,
+    /// Largest grammar one request may have compiled, in bytes of its source (a JSON
+    /// schema's text, a regex, a Lark grammar, the alternatives of `guided_choice`, the
+    /// tools' call grammar); past it, 400.
+    #[arg(long, default_value_t = 256 << 10, env = "FERRITE_MAX_GRAMMAR_BYTES")]
+    max_grammar_bytes: usize,
     /// A Jinja chat template for `/v1/chat/completions`, replacing the model's own (a
     /// model without one gets ChatML).
     #[arg(long, env = "FERRITE_CHAT_TEMPLATE")]
@@ -421,6 +426,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         max_logprob_entries: args.max_logprob_entries,
         max_echo_bytes: args.max_echo_bytes,
         chat_max_tokens: args.chat_max_tokens,
+        max_grammar_bytes: args.max_grammar_bytes,
     };
     state.request_timeout = args.request_timeout.map(Duration::from_secs_f64);
     state.allowed_origins = allowed_origins;

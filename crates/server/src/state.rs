@@ -37,6 +37,11 @@ pub struct RequestLimits {
     /// `max_tokens` of a chat request that gives none (lowered to fit the context and
     /// these limits): the engine reserves KV cache for all of it while the answer runs.
     pub chat_max_tokens: usize,
+    /// Largest grammar a request may ask to compile, in bytes of its source (a JSON
+    /// schema's text, a regex, a Lark grammar, `guided_choice`'s alternatives, the tools'
+    /// call grammar); 400 past it. Compiling costs some hundreds of bytes per source
+    /// byte (a 1 MiB `guided_choice` list took 175 MiB).
+    pub max_grammar_bytes: usize,
 }
 
 impl Default for RequestLimits {
@@ -50,6 +55,7 @@ impl Default for RequestLimits {
             max_logprob_entries: 1 << 20,
             max_echo_bytes: 16 << 20,
             chat_max_tokens: 4096,
+            max_grammar_bytes: 256 << 10,
         }
     }
 }
@@ -78,8 +84,14 @@ pub struct AppState {
     pub metrics: Metrics,
     /// Origins whose browser pages may call the API (`--allowed-origins`).
     pub allowed_origins: AllowedOrigins,
+    /// Grammars compiling at once: more wait their turn, so that what compiles is
+    /// bounded by the server, not by how many clients send grammars together.
+    pub grammar_compiles: tokio::sync::Semaphore,
     shutting_down: AtomicBool,
 }
+
+/// Grammars compiled at once ([`AppState::grammar_compiles`]).
+pub const GRAMMAR_COMPILES_AT_ONCE: usize = 2;
 
 impl AppState {
     /// New state for a model served under `names`; the engine comes later.
@@ -96,6 +108,7 @@ impl AppState {
             request_timeout: None,
             metrics: Metrics::default(),
             allowed_origins: AllowedOrigins::None,
+            grammar_compiles: tokio::sync::Semaphore::new(GRAMMAR_COMPILES_AT_ONCE),
             shutting_down: AtomicBool::new(false),
         }
     }

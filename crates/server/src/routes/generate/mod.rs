@@ -84,6 +84,26 @@ async fn run(
     let params = Arc::new(params);
     // A client that leaves stops the tokenization of its prompts.
     let (_guard, cancelled) = CancelOnDrop::new();
+    if let Some(c) = &params.constraint {
+        let (len, max) = (c.grammar.source.len(), state.limits.max_grammar_bytes);
+        if len > max {
+            return Err(ApiError::invalid(
+                c.field,
+                format!("`{}` makes a grammar of {len} bytes; at most {max} are allowed (`--max-grammar-bytes`)", c.field),
+            ));
+        }
+    }
+    // Grammars compile a few at a time, whatever the number of clients sending them.
+    let compiling = match &params.constraint {
+        Some(_) => Some(
+            state
+                .grammar_compiles
+                .acquire()
+                .await
+                .map_err(|_| ApiError::Internal)?,
+        ),
+        None => None,
+    };
     let prepared = {
         let (params, engine, limits) = (Arc::clone(&params), engine.clone(), state.limits);
         tokio::task::spawn_blocking(move || {
@@ -115,6 +135,7 @@ async fn run(
         .await
         .map_err(|_| ApiError::Internal)??
     };
+    drop(compiling);
     let Prepared {
         prompts,
         appended_suffix,

@@ -1,0 +1,194 @@
+//! The regular expressions inside a grammar, measured before it compiles. llguidance
+//! builds a regex's repetitions out in full when it compiles them: a regex whose every
+//! match is a megabyte long (`(a{1000}){1000}`, 20 bytes) took 320 MiB to compile,
+//! whether it came as `guided_regex`, as a JSON schema's `pattern` or as a Lark
+//! terminal. Every regex a grammar holds is therefore held to [`MAX_REGEX_MIN_BYTES`]:
+//! the whole regex of a regex grammar, each `pattern` (and `patternProperties` name) of
+//! a JSON schema, and each `/…/` terminal of a Lark grammar (and the schemas of its
+//! `%json` blocks).
+
+use serde_json::Value;
+
+use super::{Grammar, GrammarKind};
+
+/// Longest shortest-match a regex may have, in bytes. A regex whose every match is
+/// longer (`\u{FFFD}{101695}`: 300 kB) forces that many bytes, and llguidance builds and
+/// walks them all to compile it (~0.4 s natively for 300 kB, 320 MiB for 1 MB); no real
+/// output format needs this.
+pub const MAX_REGEX_MIN_BYTES: usize = 1 << 14;
+
+/// Refuses a grammar holding a regex whose shortest match is longer than
+/// [`MAX_REGEX_MIN_BYTES`]. Text that does not parse is left to llguidance, whose
+/// message names the problem.
+pub fn check(grammar: &Grammar) -> Result<(), String> {
+    match grammar.kind {
+        GrammarKind::Regex => check_regex(&grammar.source),
+        GrammarKind::JsonSchema => match serde_json::from_str::<Value>(&grammar.source) {
+            Ok(schema) => check_schema(&schema),
+            Err(_) => Ok(()),
+        },
+        GrammarKind::Lark => check_lark(&grammar.source),
+        GrammarKind::Llguidance => match serde_json::from_str::<Value>(&grammar.source) {
+            // llguidance's JSON form: `{"grammars": [{"json_schema": …} | {"lark_grammar": …}]}`.
+            Ok(Value::Object(top)) => {
+                for g in top
+                    .get("grammars")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    if let Some(schema) = g.get("json_schema") {
+                        check_schema(schema)?;
+                    }
+                    if let Some(Value::String(lark)) = g.get("lark_grammar") {
+                        check_lark(lark)?;
+                    }
+                }
+                Ok(())
+            }
+            _ => check_lark(&grammar.source),
+        },
+    }
+}
+
+/// One regex (Rust `regex` syntax, as llguidance reads it).
+pub fn check_regex(source: &str) -> Result<(), String> {
+    let Ok(hir) = regex_syntax::Parser::new().parse(source) else {
+        return Ok(());
+    };
+    match hir.properties().minimum_len() {
+        Some(len) if len > MAX_REGEX_MIN_BYTES => Err(format!(
+            "every match of the regex is at least {len} bytes long; at most {MAX_REGEX_MIN_BYTES} are allowed"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Every `pattern` and `patternProperties` name anywhere in a schema (definitions
+/// included: whatever is there may be compiled).
+fn check_schema(schema: &Value) -> Result<(), String> {
+    // An explicit stack: a schema may nest as deep as its JSON text goes.
+    let mut stack = vec![schema];
+    while let Some(node) = stack.pop() {
+        match node {
+            Value::Object(map) => {
+                if let Some(Value::String(pattern)) = map.get("pattern") {
+                    check_regex(pattern).map_err(|e| format!("`pattern` {pattern:?}: {e}"))?;
+                }
+                if let Some(Value::Object(named)) = map.get("patternProperties") {
+                    for pattern in named.keys() {
+                        check_regex(pattern)
+                            .map_err(|e| format!("`patternProperties` {pattern:?}: {e}"))?;
+                    }
+                }
+                stack.extend(map.values());
+            }
+            Value::Array(items) => stack.extend(items),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Each `/…/` terminal of a Lark grammar (outside strings and `//` comments), and the
+/// schemas its `%json` blocks embed.
+fn check_lark(source: &str) -> Result<(), String> {
+    for line in source.lines() {
+        let mut chars = line.char_indices().peekable();
+        while let Some((at, c)) = chars.next() {
+            match c {
+                '"' => {
+                    // A string literal: skip to its closing quote.
+                    while let Some((_, c)) = chars.next() {
+                        match c {
+                            '\\' => {
+                                chars.next();
+                            }
+                            '"' => break,
+                            _ => {}
+                        }
+                    }
+                }
+                '/' if chars.peek().is_some_and(|&(_, c)| c == '/') => break,
+                '/' => {
+                    let start = at + 1;
+                    let mut end = None;
+                    while let Some((i, c)) = chars.next() {
+                        match c {
+                            '\\' => {
+                                chars.next();
+                            }
+                            '/' => {
+                                end = Some(i);
+                                break;
+                            }
+                            _ => {}
+                        }
+                    }
+                    if let Some(end) = end {
+                        let regex = &line[start..end];
+                        check_regex(regex).map_err(|e| format!("terminal /{regex}/: {e}"))?;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut rest = source;
+    while let Some(at) = rest.find("%json") {
+        let after = rest[at + "%json".len()..].trim_start();
+        let mut values = serde_json::Deserializer::from_str(after).into_iter::<Value>();
+        match values.next() {
+            Some(Ok(schema)) => {
+                check_schema(&schema)?;
+                rest = &after[values.byte_offset()..];
+            }
+            _ => rest = after,
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn grammar(kind: GrammarKind, source: &str) -> Grammar {
+        Grammar {
+            kind,
+            source: source.into(),
+        }
+    }
+
+    const HUGE: &str = "(a{1000}){1000}";
+
+    #[test]
+    fn a_regex_forcing_a_huge_run_is_refused_wherever_it_sits() {
+        assert!(check(&grammar(GrammarKind::Regex, HUGE)).is_err());
+        let pattern = json!({"type": "object", "properties": {"s": {"type": "string", "pattern": HUGE}}});
+        let err = check(&grammar(GrammarKind::JsonSchema, &pattern.to_string())).unwrap_err();
+        assert!(err.contains("`pattern`"), "{err}");
+        let named = json!({"$defs": {"X": {"patternProperties": {HUGE: {}}}}});
+        assert!(check(&grammar(GrammarKind::JsonSchema, &named.to_string())).is_err());
+        let lark = format!("start: \"x//y\" a // a comment\na: /{HUGE}/\n");
+        let err = check(&grammar(GrammarKind::Lark, &lark)).unwrap_err();
+        assert!(err.contains("terminal"), "{err}");
+        let embedded = format!("start: %json {pattern}\n");
+        assert!(check(&grammar(GrammarKind::Lark, &embedded)).is_err());
+        let list = json!({"grammars": [{"lark_grammar": lark}]});
+        assert!(check(&grammar(GrammarKind::Llguidance, &list.to_string())).is_err());
+    }
+
+    #[test]
+    fn ordinary_regexes_pass() {
+        assert!(check(&grammar(GrammarKind::Regex, "a{16384}")).is_ok());
+        assert!(check(&grammar(GrammarKind::Regex, "(a{0,1000}){0,1000}")).is_ok());
+        let schema = json!({"type": "string", "pattern": "^[a-z]{1,64}\\d{3}$"});
+        assert!(check(&grammar(GrammarKind::JsonSchema, &schema.to_string())).is_ok());
+        // A comment or a string holding slashes is not a terminal.
+        let lark = "start: \"/(a{1000}){1000}/\" // /(a{1000}){1000}/\n";
+        assert!(check(&grammar(GrammarKind::Lark, lark)).is_ok());
+        assert!(check(&grammar(GrammarKind::Lark, "start: /[0-9]+/ \"x\"\n")).is_ok());
+    }
+}
