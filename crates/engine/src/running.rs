@@ -5,9 +5,9 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc::UnboundedSender;
 
 use crate::constrain::{Constraint, MaskError};
+use crate::events::EventSender;
 use crate::kv_cache::SequenceCache;
 use crate::lookup::{self, DraftLength, PromptLookup};
 use crate::model::Logits;
@@ -29,7 +29,7 @@ pub(crate) const TOKEN_WORK_LIMIT: Duration = Duration::from_millis(1500);
 
 /// Choices that share a sequence's prompt: they start from its cache once its prompt is
 /// in, instead of computing the prompt again.
-pub(crate) type Followers = Vec<(SequenceRequest, UnboundedSender<SequenceEvent>)>;
+pub(crate) type Followers = Vec<(SequenceRequest, EventSender)>;
 
 /// A sequence's prompt lookup (see [`crate::lookup`]).
 struct LookupState {
@@ -68,14 +68,16 @@ pub(crate) struct Sequence {
     deadline: Option<Instant>,
     constraint: Option<Constraint>,
     pub(crate) followers: Followers,
-    events: UnboundedSender<SequenceEvent>,
+    events: EventSender,
+    /// Since when its reader has been too far behind for it to go on, if it is.
+    pub(crate) blocked_since: Option<Instant>,
 }
 
 impl Sequence {
     pub(crate) fn new(
         request: SequenceRequest,
         cache: SequenceCache,
-        events: UnboundedSender<SequenceEvent>,
+        events: EventSender,
         lookup: Option<PromptLookup>,
     ) -> Self {
         let prompt_len = request.prompt.len();
@@ -117,6 +119,7 @@ impl Sequence {
             constraint: request.constraint,
             followers: Vec::new(),
             events,
+            blocked_since: None,
         }
     }
 
@@ -133,6 +136,12 @@ impl Sequence {
     /// Prompt tokens not yet in the cache.
     pub(crate) fn pending_prefill(&self) -> usize {
         self.prompt_len.saturating_sub(self.cache.len())
+    }
+
+    /// Whether its reader is too far behind for it to generate more now (a decoding
+    /// sequence only: a prompt goes on being computed).
+    pub(crate) fn is_blocked(&self) -> bool {
+        self.pending_prefill() == 0 && self.events.is_full()
     }
 
     /// Whether nobody waits for this sequence any more: its client and those of the
@@ -237,7 +246,7 @@ impl Sequence {
     pub(crate) fn fork(
         &self,
         request: SequenceRequest,
-        events: UnboundedSender<SequenceEvent>,
+        events: EventSender,
         last: &[f32],
         prompt_scores: Option<&[PromptLogprob]>,
         tokenizer: &Tokenizer,
@@ -501,7 +510,7 @@ impl Sequence {
     /// Ends the sequence and its waiting followers with an error.
     pub(crate) fn fail(&mut self, message: String) {
         for (_, events) in self.followers.drain(..) {
-            let _ = events.send(SequenceEvent::Failed(message.clone()));
+            events.send(SequenceEvent::Failed(message.clone()));
         }
         self.send(SequenceEvent::Failed(message));
     }
@@ -510,14 +519,14 @@ impl Sequence {
     /// deadline passed, `Aborted` when the engine stops).
     pub(crate) fn end(&mut self, event: SequenceEvent) {
         for (_, events) in self.followers.drain(..) {
-            let _ = events.send(event.clone());
+            events.send(event.clone());
         }
         self.send(event);
     }
 
     fn send(&self, event: SequenceEvent) {
         // A closed receiver is noticed by `is_abandoned` on the next step.
-        let _ = self.events.send(event);
+        self.events.send(event);
     }
 }
 

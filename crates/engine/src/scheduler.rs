@@ -19,6 +19,8 @@ pub struct RunningView {
     pub pending_prefill: usize,
     /// Steps in a row whose plan gave this sequence's pending prompt no token.
     pub passed_over: usize,
+    /// Its reader is too far behind: it gets no token until it catches up.
+    pub blocked: bool,
 }
 
 /// Steps a pending prompt may be passed over before it goes ahead of shorter ones: a
@@ -64,18 +66,17 @@ pub fn admit(
 }
 
 /// Tokens each running sequence feeds into the next step, in the same order. Every
-/// decoding sequence gets its one token; the remaining budget goes to prefill chunks,
+/// decoding sequence gets its one token (but one whose reader is too far behind, which
+/// gets none); the remaining budget goes to prefill chunks,
 /// the shortest remaining prompt first, so that a short prompt is never held behind a
 /// long one (which still gets whatever budget the short ones leave), but for prompts
 /// passed over [`PASSED_OVER_LIMIT`] steps in a row, which go first (so every prompt
 /// moves at least every few steps, however many short ones keep arriving).
 pub fn plan_step(config: &SchedulerConfig, running: &[RunningView]) -> Vec<usize> {
-    let decoding = running.iter().filter(|r| r.pending_prefill == 0).count();
+    let decodes = |r: &RunningView| r.pending_prefill == 0 && !r.blocked;
+    let decoding = running.iter().filter(|r| decodes(r)).count();
     let mut budget = config.max_step_tokens.saturating_sub(decoding);
-    let mut plan: Vec<usize> = running
-        .iter()
-        .map(|r| usize::from(r.pending_prefill == 0))
-        .collect();
+    let mut plan: Vec<usize> = running.iter().map(|r| usize::from(decodes(r))).collect();
     let mut prefilling: Vec<usize> = (0..running.len())
         .filter(|&i| running[i].pending_prefill > 0)
         .collect();
@@ -105,6 +106,7 @@ mod tests {
         RunningView {
             pending_prefill,
             passed_over: 0,
+            blocked: false,
         }
     }
 
@@ -121,6 +123,7 @@ mod tests {
         let mut long = RunningView {
             pending_prefill: 8,
             passed_over: 0,
+            blocked: false,
         };
         let mut steps = 0;
         while long.pending_prefill > 0 {

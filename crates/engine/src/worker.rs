@@ -10,9 +10,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::constrain::{Constraint, ConstraintFactory, Grammar};
+use crate::events::{self, EventSender, Events};
 use crate::lookup::PromptLookup;
 use crate::model::{BatchEntry, Logits, Model, ModelInfo};
 use crate::prefix_cache::PrefixCache;
@@ -36,6 +36,10 @@ pub struct EngineConfig {
     pub max_waiting: usize,
     /// Speculative decoding by prompt lookup, or `None` for off.
     pub prompt_lookup: Option<PromptLookup>,
+    /// Longest a sequence may wait for its reader to catch up
+    /// ([`events::MAX_UNREAD_EVENTS`] behind); then it ends with
+    /// [`SequenceEvent::TimedOut`] and its KV cache and slot are freed.
+    pub stalled_reader_timeout: Duration,
 }
 
 /// Counters the engine keeps up to date, for metrics and tests.
@@ -94,7 +98,7 @@ pub struct StatsSnapshot {
 /// prompt.
 struct Pending {
     request: Box<SequenceRequest>,
-    events: UnboundedSender<SequenceEvent>,
+    events: EventSender,
     followers: Followers,
     /// The submission this group belongs to, shared by its groups: it counts once in
     /// the waiting queue's bound, until its last group leaves the queue.
@@ -137,9 +141,9 @@ impl Pending {
     /// Sends `event` to every sequence of the request.
     fn end(self, event: SequenceEvent) {
         for (_, events) in &self.followers {
-            let _ = events.send(event.clone());
+            events.send(event.clone());
         }
-        let _ = self.events.send(event);
+        self.events.send(event);
     }
 }
 
@@ -182,7 +186,7 @@ impl EngineHandle {
     pub fn submit(
         &self,
         request: SequenceRequest,
-    ) -> Result<UnboundedReceiver<SequenceEvent>, EngineError> {
+    ) -> Result<Events, EngineError> {
         Ok(self.submit_group(vec![request])?.remove(0))
     }
 
@@ -192,7 +196,7 @@ impl EngineHandle {
     pub fn submit_group(
         &self,
         requests: Vec<SequenceRequest>,
-    ) -> Result<Vec<UnboundedReceiver<SequenceEvent>>, EngineError> {
+    ) -> Result<Vec<Events>, EngineError> {
         Ok(self.submit_groups(vec![requests])?.remove(0))
     }
 
@@ -203,7 +207,7 @@ impl EngineHandle {
     pub fn submit_groups(
         &self,
         groups: Vec<Vec<SequenceRequest>>,
-    ) -> Result<Vec<Vec<UnboundedReceiver<SequenceEvent>>>, EngineError> {
+    ) -> Result<Vec<Vec<Events>>, EngineError> {
         if self.closed.load(Ordering::Acquire) {
             return Err(EngineError::Stopped);
         }
@@ -242,7 +246,7 @@ impl EngineHandle {
         for requests in groups {
             let mut receivers = Vec::with_capacity(requests.len());
             let mut members = requests.into_iter().map(|r| {
-                let (tx, rx) = unbounded_channel();
+                let (tx, rx) = events::channel();
                 receivers.push(rx);
                 (r, tx)
             });
@@ -406,6 +410,9 @@ impl Engine {
 /// position (attention).
 const PREFILL_STEP_TARGET: Duration = Duration::from_millis(300);
 
+/// How often the engine looks again when every running sequence waits for its reader.
+const BLOCKED_POLL: Duration = Duration::from_millis(5);
+
 /// Smallest prefill chunk while others decode, so that a long prompt still advances.
 const MIN_PREFILL_CHUNK: usize = 16;
 
@@ -459,6 +466,7 @@ impl Worker {
             }
             self.drop_abandoned();
             self.drop_late();
+            self.drop_stalled();
             self.admit();
             self.step();
             self.publish_counts();
@@ -536,6 +544,31 @@ impl Worker {
         }
         if late > 0 {
             self.stats.timed_out.fetch_add(late, Ordering::Relaxed);
+        }
+    }
+
+    /// Notes which decoding sequences' readers are too far behind to go on, and ends
+    /// those that have been so for longer than the stalled-reader timeout.
+    fn drop_stalled(&mut self) {
+        let now = Instant::now();
+        let limit = self.config.stalled_reader_timeout;
+        let mut stalled = 0;
+        self.running.retain_mut(|s| {
+            if !s.is_blocked() {
+                s.blocked_since = None;
+                return true;
+            }
+            let since = *s.blocked_since.get_or_insert(now);
+            if now - since < limit {
+                return true;
+            }
+            s.end(SequenceEvent::TimedOut);
+            stalled += 1;
+            false
+        });
+        if stalled > 0 {
+            tracing::info!(stalled, "ended sequences whose readers stopped reading");
+            self.stats.timed_out.fetch_add(stalled, Ordering::Relaxed);
         }
     }
 
@@ -628,9 +661,19 @@ impl Worker {
             .map(|s| RunningView {
                 pending_prefill: s.pending_prefill(),
                 passed_over: s.passed_over,
+                blocked: s.blocked_since.is_some(),
             })
             .collect();
-        let decoding = views.iter().filter(|v| v.pending_prefill == 0).count();
+        if views.iter().all(|v| v.blocked) {
+            // Nothing can go on until a reader catches up: wait for one, or for a new
+            // command, rather than spin.
+            std::thread::sleep(BLOCKED_POLL);
+            return;
+        }
+        let decoding = views
+            .iter()
+            .filter(|v| v.pending_prefill == 0 && !v.blocked)
+            .count();
         // With others running, a prompt's chunk must not make them wait long for their
         // next token (or their own first one).
         let shared = self.running.len() > 1;

@@ -10,7 +10,6 @@ use ferrite_engine::scheduler::SchedulerConfig;
 use ferrite_engine::{
     Engine, EngineConfig, EngineHandle, FinishReason, PromptLogprob, SequenceEvent, SequenceRequest,
 };
-use tokio::sync::mpsc::UnboundedReceiver;
 
 fn start() -> Engine {
     common::start_engine("smollm2-135m", common::config())
@@ -35,7 +34,7 @@ fn settle(h: &EngineHandle) {
     }
 }
 
-fn collect(mut rx: UnboundedReceiver<SequenceEvent>) -> Outcome {
+fn collect(mut rx: ferrite_engine::Events) -> Outcome {
     let mut out = Outcome::default();
     while let Some(event) = rx.blocking_recv() {
         match event {
@@ -154,7 +153,7 @@ fn prompt_logprobs_score_what_generation_produced(h: &EngineHandle) {
     }
 }
 
-fn scored_request(h: &EngineHandle, r: SequenceRequest) -> UnboundedReceiver<SequenceEvent> {
+fn scored_request(h: &EngineHandle, r: SequenceRequest) -> ferrite_engine::Events {
     h.submit(r).unwrap()
 }
 

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use ferrite_engine::lookup::PromptLookup;
 use ferrite_engine::sampling::SamplingParams;
 use ferrite_engine::{Engine, EngineConfig, EngineHandle, SequenceEvent, SequenceRequest};
-use tokio::sync::mpsc::UnboundedReceiver;
 
 fn start(prompt_lookup: Option<PromptLookup>, prefix_cache_positions: usize) -> Engine {
     common::start_engine(
@@ -25,7 +24,7 @@ fn start(prompt_lookup: Option<PromptLookup>, prefix_cache_positions: usize) -> 
 /// What one sequence sent: its tokens, their logprobs and alternatives.
 type Outcome = Vec<(u32, Option<f32>, Vec<(u32, f32)>)>;
 
-fn collect(mut rx: UnboundedReceiver<SequenceEvent>) -> Outcome {
+fn collect(mut rx: ferrite_engine::Events) -> Outcome {
     let mut out = Vec::new();
     while let Some(event) = rx.blocking_recv() {
         match event {

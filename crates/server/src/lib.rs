@@ -5,6 +5,7 @@
 
 pub mod auth;
 pub mod chat;
+pub mod connection;
 pub mod cors;
 pub mod error;
 pub mod fetch;

@@ -1,14 +1,21 @@
 //! The HTTP accept loop, with the limits `axum::serve` does not set: a client has
-//! `--request-read-timeout` to send a request's headers (hyper's header-read timer, which
-//! also closes a keep-alive connection left idle that long), at most
-//! `--max-connections` connections are open at once (one more is answered 503 and
-//! closed), and on shutdown the listener stops accepting while open connections finish.
+//! `--request-read-timeout` to send a request's headers (hyper's header-read timer) and
+//! a connection with no request in flight is closed after as long (the [`connection`]
+//! watchdog: a socket that never sends a byte, an HTTP/2 connection without streams, an
+//! idle keep-alive); a write waiting on a client that does not read closes its
+//! connection after `--response-write-timeout`; at most `--max-connections` connections
+//! are open at once (one more is answered 503 and closed); and on shutdown the listener
+//! stops accepting while open connections finish.
+//!
+//! [`connection`]: crate::connection
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+
+use crate::connection::{Activity, Counted, Watched};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -17,12 +24,18 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
+/// Most bytes hyper buffers per HTTP/1 connection, each way: the answer waiting to be
+/// written, and a request's headers (past it, 431).
+pub const MAX_BUFFER_BYTES: usize = 64 << 10;
+
 /// Connection limits.
 #[derive(Debug, Clone, Copy)]
 pub struct ConnectionLimits {
     /// Longest a client may take to send a request's headers, and longest a keep-alive
     /// connection may stay idle between requests.
     pub read_timeout: Duration,
+    /// Longest a write may wait on a client that does not read its answer.
+    pub write_timeout: Duration,
     /// Most connections open at once.
     pub max_connections: usize,
 }
@@ -39,7 +52,10 @@ pub async fn serve(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.read_timeout);
+        .header_read_timeout(limits.read_timeout)
+        // What hyper buffers of a connection's answer (and at most a request's headers):
+        // a client that stops reading stops its stream once this is full.
+        .max_buf_size(MAX_BUFFER_BYTES);
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -65,13 +81,20 @@ pub async fn serve(
             tokio::spawn(refuse(stream, limits.max_connections));
             continue;
         };
-        let service = TowerToHyperService::new(app.clone());
+        let activity = Activity::new();
+        let service = TowerToHyperService::new(Counted::new(app.clone(), Arc::clone(&activity)));
+        let socket = Watched::new(stream, Arc::clone(&activity));
         let connection = builder
-            .serve_connection(TokioIo::new(stream), service)
+            .serve_connection(TokioIo::new(socket), service)
             .into_owned();
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
-            let _ = connection.await;
+            tokio::select! {
+                _ = connection => {}
+                why = activity.watchdog(limits.read_timeout, limits.write_timeout) => {
+                    tracing::debug!(why, "closing a connection");
+                }
+            }
             drop(permit);
         });
     }

@@ -163,6 +163,16 @@ struct ServeArgs {
     /// an idle keep-alive connection is kept open.
     #[arg(long, default_value_t = 30.0, env = "FERRITE_REQUEST_READ_TIMEOUT", value_parser = positive_seconds)]
     request_read_timeout: f64,
+    /// Seconds a response may wait on a client that does not read it (a write blocked on
+    /// the client, or a stream whose buffer is full); then the connection is closed (or
+    /// the stream ended) and its sequences are freed.
+    #[arg(long, default_value_t = 30.0, env = "FERRITE_RESPONSE_WRITE_TIMEOUT", value_parser = positive_seconds)]
+    response_write_timeout: f64,
+    /// Kernel send buffer of each connection, in bytes (0: the kernel's default, which
+    /// grows to megabytes): with the server's own bounded buffers, it bounds what waits
+    /// for a client that stopped reading before its stream stops generating.
+    #[arg(long, default_value_t = 128 << 10, env = "FERRITE_SEND_BUFFER_BYTES")]
+    send_buffer_bytes: usize,
     /// Most connections open at once; one more is answered 503 and closed.
     #[arg(long, default_value_t = 512, env = "FERRITE_MAX_CONNECTIONS")]
     max_connections: usize,
@@ -449,12 +459,13 @@ fn serve(args: ServeArgs) -> Result<()> {
         .build()?;
     let connections = listen::ConnectionLimits {
         read_timeout: Duration::from_secs_f64(args.request_read_timeout),
+        write_timeout: Duration::from_secs_f64(args.response_write_timeout),
         max_connections: args.max_connections,
     };
     runtime.block_on(async move {
-        let listener = bind(&args.host, args.port).await?;
+        let listener = bind(&args.host, args.port, args.send_buffer_bytes).await?;
         let metrics_listener = match args.metrics_port {
-            Some(port) => Some(bind(&args.host, port).await?),
+            Some(port) => Some(bind(&args.host, port, 0).await?),
             None => None,
         };
         tracing::info!(
@@ -500,12 +511,29 @@ fn serve(args: ServeArgs) -> Result<()> {
     })
 }
 
-async fn bind(host: &str, port: u16) -> Result<tokio::net::TcpListener> {
+/// Listens on `host:port`. Connections accepted from it get `send_buffer` bytes of kernel
+/// send buffer (0: the kernel's own, which grows to megabytes for a client that does not
+/// read): with the server's own bounded buffers, what waits for a client that stopped
+/// reading is bounded, and its stream stops generating.
+async fn bind(host: &str, port: u16, send_buffer: usize) -> Result<tokio::net::TcpListener> {
     let addr: SocketAddr = format!("{host}:{port}")
         .parse()
         .with_context(|| format!("bad listen address {host}:{port}"))?;
-    tokio::net::TcpListener::bind(addr)
-        .await
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+    }
+    .context("creating the listening socket")?;
+    socket.set_reuseaddr(true)?;
+    if send_buffer > 0 {
+        let size = u32::try_from(send_buffer).context("--send-buffer-bytes: too large")?;
+        socket
+            .set_send_buffer_size(size)
+            .context("--send-buffer-bytes")?;
+    }
+    socket
+        .bind(addr)
+        .and_then(|()| socket.listen(1024))
         .with_context(|| format!("binding {addr}"))
 }
 
@@ -639,6 +667,7 @@ fn load_engine(
         prefix_cache_positions: args.prefix_cache_positions,
         max_waiting: args.max_waiting.max(1),
         prompt_lookup: args.prompt_lookup()?,
+        stalled_reader_timeout: Duration::from_secs_f64(args.response_write_timeout),
     };
     if let Some(lookup) = config.prompt_lookup {
         tracing::info!(

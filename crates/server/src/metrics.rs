@@ -161,7 +161,7 @@ impl Metrics {
                 ("ferrite_generation_tokens_total", "counter", "Tokens generated.", s.generated_tokens as f64),
                 ("ferrite_requests_finished_total", "counter", "Sequences that finished normally.", s.finished as f64),
                 ("ferrite_requests_cancelled_total", "counter", "Sequences dropped because their client went away.", s.abandoned as f64),
-                ("ferrite_requests_timed_out_total", "counter", "Sequences ended by their deadline (inference_timeout or --request-timeout).", s.timed_out as f64),
+                ("ferrite_requests_timed_out_total", "counter", "Sequences ended by their deadline (inference_timeout or --request-timeout), or because their client stopped reading (--response-write-timeout).", s.timed_out as f64),
                 ("ferrite_forward_steps_total", "counter", "Batched forward steps run.", s.steps as f64),
                 ("ferrite_prefix_cache_hit_tokens_total", "counter", "Prompt tokens whose keys and values came from the prefix cache.", s.prefix_cache_hit_tokens as f64),
                 ("ferrite_draft_tokens_accepted_total", "counter", "Draft tokens (predicted, forced by a grammar, or found by prompt lookup) accepted: generated without a forward step of their own.", s.draft_tokens_accepted as f64),

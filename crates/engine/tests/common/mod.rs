@@ -60,7 +60,7 @@ pub const MODELS: [(&str, &str); 2] = [
 
 /// The engine settings the tests start from (each changes what it is about): 16
 /// sequences, 512-token steps, 65,536 KV positions, a 2048-token context, no prefix cache,
-/// 1024 waiting requests, no prompt lookup.
+/// 1024 waiting requests, no prompt lookup, 30 s for a stalled reader.
 pub fn config() -> EngineConfig {
     EngineConfig {
         scheduler: SchedulerConfig {
@@ -72,6 +72,7 @@ pub fn config() -> EngineConfig {
         prefix_cache_positions: 0,
         max_waiting: 1024,
         prompt_lookup: None,
+        stalled_reader_timeout: std::time::Duration::from_secs(30),
     }
 }
 

@@ -5,15 +5,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use ferrite_engine::SequenceEvent;
+use ferrite_engine::{Events, SequenceEvent};
 use futures::Stream;
-use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::state::AppState;
 
 /// One sequence's events, timed.
 pub(super) struct TimedEvents {
-    events: UnboundedReceiver<SequenceEvent>,
+    events: Events,
     state: Arc<AppState>,
     arrived: Instant,
     last_token: Option<Instant>,
@@ -22,7 +21,7 @@ pub(super) struct TimedEvents {
 impl TimedEvents {
     /// Times `events` of a request that arrived at `arrived`.
     pub fn new(
-        events: UnboundedReceiver<SequenceEvent>,
+        events: Events,
         state: Arc<AppState>,
         arrived: Instant,
     ) -> Self {
