@@ -75,3 +75,27 @@ impl Events {
         Some(event)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sender_sees_how_far_behind_its_reader_is() {
+        let (tx, mut rx) = channel();
+        for _ in 0..MAX_UNREAD_EVENTS - 1 {
+            tx.send(SequenceEvent::Aborted);
+        }
+        assert!(!tx.is_full());
+        tx.send(SequenceEvent::Aborted);
+        assert!(tx.is_full());
+        assert!(rx.blocking_recv().is_some());
+        assert!(!tx.is_full(), "one read: no longer full");
+        assert!(!tx.is_closed());
+        drop(rx);
+        assert!(tx.is_closed());
+        // Sends to a reader that left count nothing.
+        tx.send(SequenceEvent::Aborted);
+        assert!(!tx.is_full());
+    }
+}

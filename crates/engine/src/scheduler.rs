@@ -203,4 +203,17 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn a_sequence_whose_reader_is_behind_gets_no_token_and_leaves_its_share() {
+        let blocked = RunningView {
+            blocked: true,
+            ..view(0)
+        };
+        let plan = plan_step(&CONFIG, &[view(0), blocked, view(20)]);
+        assert_eq!(plan[1], 0);
+        assert_eq!(plan[0], 1);
+        // Its decode slot goes to the prompt: 10 tokens less the one decode.
+        assert_eq!(plan[2], 9);
+    }
 }
