@@ -137,7 +137,8 @@ def test_unknown_field_and_unknown_model(client, server):
     with pytest.raises(openai.NotFoundError) as e:
         client.completions.create(model="no-such-model", prompt="x")
     assert error_of(e.value)["code"] == "model_not_found"
-    r = httpx.post(f"{server.base}/v1/completions", content=b"{not json", timeout=10)
+    r = httpx.post(f"{server.base}/v1/completions", content=b"{not json", timeout=10,
+                   headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
 
 

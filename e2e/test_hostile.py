@@ -298,7 +298,7 @@ def test_an_http1_client_that_stops_reading_stops_its_generation(tight):
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(("127.0.0.1", tight.port))
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
                  b"content-length: %d\r\n\r\n" % len(body) + body)
     wait_for(lambda: tight.metrics()["ferrite_requests_running"] == 1, 10)
     paused_at = settled(tight)
@@ -320,7 +320,7 @@ def test_http2_streams_with_no_window_stop_generating_and_are_freed(tight):
     for _ in range(streams):
         sid = conn.get_next_available_stream_id()
         conn.send_headers(sid, [(":method", "POST"), (":path", "/v1/completions"),
-                                (":scheme", "http"), (":authority", "x"),
+                                (":scheme", "http"), (":authority", "127.0.0.1"),
                                 ("content-type", "application/json"),
                                 ("content-length", str(len(body)))])
         conn.send_data(sid, body, end_stream=True)
@@ -333,3 +333,72 @@ def test_http2_streams_with_no_window_stop_generating_and_are_freed(tight):
     # The engine ends them once they have waited the write timeout (6 s).
     wait_for(lambda: tight.metrics()["ferrite_requests_running"] == 0, 6 + 5)
     sock.close()
+
+
+# Item 10: a server without a key, reached from web pages. A POST needs a JSON content
+# type (a cross-site form or `fetch` without a preflight cannot send one), and a server on
+# loopback answers only loopback host names (DNS rebinding).
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/tokenize"])
+@pytest.mark.parametrize("kind", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_a_post_without_a_json_type_is_a_415(srv, path, kind):
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 1,
+            "messages": [{"role": "user", "content": "x"}]}
+    if path == "/tokenize":
+        body = {"model": MODEL, "prompt": "x"}
+    import json as _json
+    headers = {"content-type": kind} if kind else {}
+    r = httpx.post(f"{srv.base}{path}", content=_json.dumps(body), headers=headers, timeout=30)
+    assert r.status_code == 415, r.text[:200]
+    assert r.json()["error"]["code"] == "unsupported_media_type"
+    assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+def with_host(server, host, path="/v1/models"):
+    return httpx.get(f"{server.base}{path}", headers={"host": host}, timeout=10)
+
+
+def test_a_loopback_server_answers_only_loopback_host_names(srv):
+    for ok in [f"127.0.0.1:{srv.port}", f"localhost:{srv.port}", "localhost", f"[::1]:{srv.port}"]:
+        assert with_host(srv, ok).status_code == 200, ok
+    for bad in [f"evil.example:{srv.port}", "rebind.attacker.example", "127.0.0.1.nip.io"]:
+        r = with_host(srv, bad)
+        assert r.status_code == 403, (bad, r.text[:200])
+        assert r.json()["error"]["code"] == "host_not_allowed"
+        assert r.json()["error"]["type"] == "permission_error"
+    # On every route, the open ones too.
+    assert with_host(srv, "evil.example", "/v1/completions").status_code == 403
+
+
+def test_allowed_hosts_and_other_addresses_answer_other_names():
+    s = Server(MODEL, ["--allowed-hosts", "api.example,models.example"])
+    try:
+        assert with_host(s, "api.example:443").status_code == 200
+        assert with_host(s, "localhost").status_code == 200
+        assert with_host(s, "evil.example").status_code == 403
+    finally:
+        s.stop()
+    s = Server(MODEL, ["--host", "0.0.0.0"])
+    try:
+        assert with_host(s, "any.example").status_code == 200
+    finally:
+        s.stop()
+
+
+# Item 11: `--allowed-origins` wildcards match subdomains (they matched only the literal
+# string before).
+
+
+def test_an_origin_wildcard_stands_for_subdomains():
+    s = Server(MODEL, ["--allowed-origins", "https://*.example"])
+    try:
+        def preflight(origin):
+            return httpx.options(f"{s.base}/v1/completions", timeout=10, headers={
+                "origin": origin, "access-control-request-method": "POST"})
+        r = preflight("https://app.example")
+        assert r.status_code == 204 and r.headers["access-control-allow-origin"] == "https://app.example"
+        for bad in ["https://example", "http://app.example", "https://app.example.evil"]:
+            assert preflight(bad).status_code == 403, bad
+    finally:
+        s.stop()

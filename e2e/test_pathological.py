@@ -211,7 +211,7 @@ def test_streams_keep_their_pace_while_a_long_prompt_is_prefilled(srv):
     long_prompt = "hello world " * 4000  # 8,000 tokens
     body = json.dumps({"model": MODEL, "prompt": long_prompt, "max_tokens": 1}).encode()
     started = srv.metrics()["ferrite_prompt_tokens_total"]
-    long = raw(srv, b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    long = raw(srv, b"POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
                + f"content-length: {len(body)}\r\n\r\n".encode() + body, read=False)
     # Its prefill has begun when the prompt-token counter moves.
     wait_for(lambda: srv.metrics()["ferrite_prompt_tokens_total"] > started, 60)
@@ -261,7 +261,7 @@ def raw(server, data: bytes, read=True):
 def test_a_huge_declared_body_is_a_413_at_once(srv):
     started = time.monotonic()
     head = (
-        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
         b"content-length: 10000000000\r\n\r\n"
     )
     s = raw(srv, head, read=False)
@@ -276,7 +276,7 @@ def test_slow_and_idle_connections_are_closed_and_connections_are_bounded(srv):
     # Slowloris: half a request's headers, then nothing. The server closes them after
     # --request-read-timeout (2 s) and serves others meanwhile.
     opened = time.monotonic()
-    sockets = [raw(srv, b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n", read=False) for _ in range(30)]
+    sockets = [raw(srv, b"POST /v1/completions HTTP/1.1\r\nhost: localhost\r\n", read=False) for _ in range(30)]
     assert small(srv) < FEW_SECONDS
     # Each is closed by the server (readable: end of file or a 408) within the timeout
     # and a margin, none before the timeout.
@@ -293,15 +293,15 @@ def test_slow_and_idle_connections_are_closed_and_connections_are_bounded(srv):
     assert min(closed_at) >= 1.9, f"closed after {min(closed_at):.2f} s, before the 2 s timeout"
     # Past --max-connections (40) one more connection is refused with a clean 503: once
     # the server holds all 40 (until then one more is served, and closed), the next is.
-    held = [raw(srv, b"GET /health HTTP/1.1\r\nhost: x\r\n", read=False) for _ in range(40)]
+    held = [raw(srv, b"GET /health HTTP/1.1\r\nhost: localhost\r\n", read=False) for _ in range(40)]
     answers = []
-    wait_for(lambda: answers.append(raw(srv, b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"))
+    wait_for(lambda: answers.append(raw(srv, b"GET /health HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n"))
              or answers[-1].startswith(b"HTTP/1.1 503"), 5)
     assert b"too_many_connections" in answers[-1]
     for s in held:
         s.close()
     # Their slots are free again: a new client is served.
-    wait_for(lambda: raw(srv, b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+    wait_for(lambda: raw(srv, b"GET /health HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
              .startswith(b"HTTP/1.1 200"), 5)
     assert small(srv) < FEW_SECONDS
 

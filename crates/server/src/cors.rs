@@ -26,7 +26,9 @@ pub enum AllowedOrigins {
     None,
     /// Any origin (`*`).
     Any,
-    /// Exactly these origins (`scheme://host[:port]`, compared without case).
+    /// These origins (`scheme://host[:port]`, compared without case); an entry
+    /// `scheme://*.domain[:port]` stands for every subdomain of `domain` (not `domain`
+    /// itself).
     List(Vec<String>),
 }
 
@@ -45,12 +47,18 @@ impl AllowedOrigins {
             let rest = v
                 .strip_prefix("http://")
                 .or_else(|| v.strip_prefix("https://"));
-            // scheme://host[:port], no path, query or space.
-            rest.is_some_and(|r| !r.is_empty() && !r.contains(['/', '?', '#', ' ']))
+            // scheme://host[:port], no path, query or space; a `*` only as a whole
+            // first label followed by a domain.
+            rest.is_some_and(|r| {
+                let host = r.strip_prefix("*.").unwrap_or(r);
+                !host.is_empty()
+                    && !host.starts_with(['.', ':'])
+                    && !host.contains(['/', '?', '#', ' ', '*'])
+            })
         };
         if let Some(bad) = values.iter().find(|v| !is_origin(v)) {
             return Err(format!(
-                "`{bad}` is not an origin: write scheme://host[:port], such as https://app.example.com, or *"
+                "`{bad}` is not an origin: write scheme://host[:port], such as https://app.example.com, scheme://*.domain for its subdomains, or *"
             ));
         }
         Ok(if values.is_empty() {
@@ -66,13 +74,32 @@ impl AllowedOrigins {
             Self::None => None,
             Self::Any => Some(HeaderValue::from_static("*")),
             Self::List(list) => {
-                let origin_text = origin.to_str().ok()?.trim_end_matches('/');
+                let origin_text = origin
+                    .to_str()
+                    .ok()?
+                    .trim_end_matches('/')
+                    .to_ascii_lowercase();
                 list.iter()
-                    .any(|o| o.eq_ignore_ascii_case(origin_text))
+                    .any(|o| matches_origin(o, &origin_text))
                     .then(|| origin.clone())
             }
         }
     }
+}
+
+/// Whether `origin` (lower case) is the listed `entry`, or one of the subdomains a
+/// `scheme://*.domain[:port]` entry stands for.
+fn matches_origin(entry: &str, origin: &str) -> bool {
+    let Some(star) = entry.find("://*.") else {
+        return entry == origin;
+    };
+    let (scheme, domain) = (&entry[..star + 3], &entry[star + 4..]);
+    origin
+        .strip_prefix(scheme)
+        .and_then(|host| host.strip_suffix(domain))
+        .is_some_and(|sub| {
+            !sub.is_empty() && !sub.contains(['/', ':', '@', '?', '#', ' ', '*'])
+        })
 }
 
 /// Methods the API's routes take.
@@ -184,6 +211,24 @@ mod tests {
             None
         );
         assert_eq!(AllowedOrigins::None.allow(&origin), None);
+        // A wildcard stands for subdomains only, of that scheme and port.
+        let wild = AllowedOrigins::new(&["https://*.example".into()]).unwrap();
+        for ok in ["https://a.example", "https://A.b.example"] {
+            assert!(wild.allow(&HeaderValue::from_static(ok)).is_some(), "{ok}");
+        }
+        for bad in [
+            "https://example",
+            "http://a.example",
+            "https://a.example:8443",
+            "https://evil.com/.example",
+            "https://a.example.evil",
+            "https://evilexample",
+        ] {
+            assert!(wild.allow(&HeaderValue::from_static(bad)).is_none(), "{bad}");
+        }
+        for bad in ["https://*example", "https://a.*.example", "https://*.", "https://*"] {
+            assert!(AllowedOrigins::new(&[bad.into()]).is_err(), "{bad}");
+        }
         assert_eq!(
             AllowedOrigins::Any.allow(&origin),
             Some(HeaderValue::from_static("*"))

@@ -35,6 +35,9 @@ pub enum ApiError {
     /// A browser's preflight from an origin `--allowed-origins` does not list.
     #[error("cross-origin requests from `{0}` are not allowed (the server's --allowed-origins)")]
     OriginNotAllowed(String),
+    /// A `Host` the server does not answer to (`--allowed-hosts`).
+    #[error("this server does not answer to the host name `{0}` (its --allowed-hosts)")]
+    HostNotAllowed(String),
     /// The request names a model this server does not serve.
     #[error("the model `{0}` does not exist")]
     ModelNotFound(String),
@@ -109,7 +112,7 @@ impl ApiError {
             }
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            Self::OriginNotAllowed(_) => StatusCode::FORBIDDEN,
+            Self::OriginNotAllowed(_) | Self::HostNotAllowed(_) => StatusCode::FORBIDDEN,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::ModelNotFound(_) | Self::RouteNotFound(_) => StatusCode::NOT_FOUND,
@@ -143,6 +146,7 @@ impl ApiError {
             Self::Overloaded(_) => ("rate_limit_error", None, Some("server_overloaded")),
             Self::Unauthorized(_) => ("authentication_error", None, Some("invalid_api_key")),
             Self::OriginNotAllowed(_) => ("permission_error", None, Some("origin_not_allowed")),
+            Self::HostNotAllowed(_) => ("permission_error", None, Some("host_not_allowed")),
             Self::Unavailable(_) => ("server_error", None, Some("service_unavailable")),
             Self::Timeout(_) => (
                 "timeout_error",

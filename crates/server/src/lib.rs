@@ -9,6 +9,7 @@ pub mod connection;
 pub mod cors;
 pub mod error;
 pub mod fetch;
+pub mod hosts;
 pub mod listen;
 pub mod metrics;
 pub mod observe;

@@ -125,6 +125,12 @@ struct ServeArgs {
     /// (repeatable or comma-separated; `*`: any). Default: none.
     #[arg(long, env = "FERRITE_ALLOWED_ORIGINS", value_delimiter = ',')]
     allowed_origins: Vec<String>,
+    /// Host names the server answers to besides loopback names (`Host` header;
+    /// repeatable or comma-separated; `*`: any). Default: only loopback names when bound
+    /// to a loopback address (a web page rebinding its DNS to 127.0.0.1 is refused), any
+    /// name otherwise.
+    #[arg(long, env = "FERRITE_ALLOWED_HOSTS", value_delimiter = ',')]
+    allowed_hosts: Vec<String>,
     /// Compute threads for the forward passes. Default: the cores this process may use
     /// (its CPU affinity mask and cgroup quota), not the host's.
     #[arg(long, env = "FERRITE_THREADS", value_parser = clap::value_parser!(u16).range(1..))]
@@ -404,6 +410,8 @@ fn serve(args: ServeArgs) -> Result<()> {
     // Options are checked before the model is resolved (which may download it).
     let allowed_origins = AllowedOrigins::new(&args.allowed_origins)
         .map_err(|e| anyhow::anyhow!("--allowed-origins: {e}"))?;
+    let allowed_hosts = ferrite_server::hosts::AllowedHosts::new(&args.allowed_hosts, &args.host)
+        .map_err(|e| anyhow::anyhow!("--allowed-hosts: {e}"))?;
     // FERRITE_CPU caps the kernels (portable, avx2, native): a wrong value stops here.
     cpu::Cap::from_env().map_err(|e| anyhow::anyhow!(e))?;
     cpu::prefetch_from_env().map_err(|e| anyhow::anyhow!(e))?;
@@ -440,6 +448,7 @@ fn serve(args: ServeArgs) -> Result<()> {
     };
     state.request_timeout = args.request_timeout.map(Duration::from_secs_f64);
     state.allowed_origins = allowed_origins;
+    state.allowed_hosts = allowed_hosts;
     let kernels = cpu::features();
     let cores = threads::available_cores();
     let compute = args.threads.map_or(cores, usize::from);

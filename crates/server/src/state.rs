@@ -10,6 +10,7 @@ use ferrite_engine::EngineHandle;
 use crate::auth::ApiKeys;
 use crate::chat::ChatSetup;
 use crate::cors::AllowedOrigins;
+use crate::hosts::AllowedHosts;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
@@ -84,6 +85,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// Origins whose browser pages may call the API (`--allowed-origins`).
     pub allowed_origins: AllowedOrigins,
+    /// `Host` names the server answers to (`--allowed-hosts`).
+    pub allowed_hosts: AllowedHosts,
     /// Grammars compiling at once: more wait their turn, so that what compiles is
     /// bounded by the server, not by how many clients send grammars together.
     pub grammar_compiles: tokio::sync::Semaphore,
@@ -108,6 +111,7 @@ impl AppState {
             request_timeout: None,
             metrics: Metrics::default(),
             allowed_origins: AllowedOrigins::None,
+            allowed_hosts: AllowedHosts::Any,
             grammar_compiles: tokio::sync::Semaphore::new(GRAMMAR_COMPILES_AT_ONCE),
             shutting_down: AtomicBool::new(false),
         }

@@ -1,6 +1,8 @@
 //! The raw body of a POST route, with body errors in the OpenAI shape: a body whose
-//! `Content-Type` says it is not JSON is a 415, one over `--max-body-size` a 413, one that
-//! cannot be read a 400. A body without `Content-Type` is read as JSON.
+//! `Content-Type` is not JSON, or missing, is a 415, one over `--max-body-size` a 413, one
+//! that cannot be read a 400. A JSON type cannot be sent across origins without a CORS
+//! preflight, so a web page elsewhere cannot post to a server that has no key (a form, or
+//! a `fetch` with no or a plain content type, needs none).
 
 use std::sync::Arc;
 
@@ -59,12 +61,14 @@ impl FromRequest<Arc<AppState>> for RawBody {
     }
 }
 
-/// A 415 when the body says it is something other than JSON (a form, plain text): serving
-/// it as JSON would hide a client's mistake. `application/json`, any `+json` type and a
-/// missing header are JSON.
+/// A 415 unless the body says it is JSON (`application/json` or any `application/…+json`
+/// type): a form, plain text or no type at all is what a page on another origin can send
+/// without a preflight.
 fn check_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(value) = headers.get(CONTENT_TYPE) else {
-        return Ok(());
+        return Err(ApiError::UnsupportedMediaType(
+            "the request has no Content-Type; this route takes JSON: send `Content-Type: application/json`".into(),
+        ));
     };
     let media = value
         .to_str()
@@ -107,7 +111,7 @@ mod tests {
             headers.insert(CONTENT_TYPE, value.parse().unwrap());
             check_json_content_type(&headers)
         };
-        assert!(check_json_content_type(&HeaderMap::new()).is_ok());
+        assert!(check_json_content_type(&HeaderMap::new()).is_err());
         for ok in [
             "application/json",
             "Application/JSON; charset=utf-8",
@@ -139,10 +143,16 @@ mod tests {
             .route("/", post(echo_len))
             .layer(DefaultBodyLimit::max(10))
             .with_state(Arc::new(state));
-        let small = Request::post("/").body(Body::from("0123456789")).unwrap();
+        let small = Request::post("/")
+            .header(CONTENT_TYPE, "application/json")
+            .body(Body::from("0123456789"))
+            .unwrap();
         let response = app.clone().oneshot(small).await.unwrap();
         assert_eq!(response.status(), StatusCode::OK);
-        let large = Request::post("/").body(Body::from("01234567890")).unwrap();
+        let large = Request::post("/")
+            .header(CONTENT_TYPE, "application/json")
+            .body(Body::from("01234567890"))
+            .unwrap();
         let response = app.oneshot(large).await.unwrap();
         assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
         let bytes = axum::body::to_bytes(response.into_body(), 1 << 16)

@@ -76,6 +76,10 @@ pub fn router(state: Arc<AppState>, with_metrics: bool) -> Router {
         ))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state),
+            crate::hosts::check_host,
+        ))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
             crate::observe::observe,
         ))
         .with_state(state)
