@@ -5,7 +5,6 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-
 use crate::constrain::{Constraint, MaskError};
 use crate::events::EventSender;
 use crate::kv_cache::SequenceCache;

@@ -183,20 +183,14 @@ impl EngineHandle {
 
     /// Queues one sequence; its events arrive on the returned receiver. Dropping the
     /// receiver cancels the sequence at the next step.
-    pub fn submit(
-        &self,
-        request: SequenceRequest,
-    ) -> Result<Events, EngineError> {
+    pub fn submit(&self, request: SequenceRequest) -> Result<Events, EngineError> {
         Ok(self.submit_group(vec![request])?.remove(0))
     }
 
     /// Queues sequences that share one prompt (the choices of one prompt): the prompt is
     /// computed once and every sequence starts from its cache. One receiver per request,
     /// in order.
-    pub fn submit_group(
-        &self,
-        requests: Vec<SequenceRequest>,
-    ) -> Result<Vec<Events>, EngineError> {
+    pub fn submit_group(&self, requests: Vec<SequenceRequest>) -> Result<Vec<Events>, EngineError> {
         Ok(self.submit_groups(vec![requests])?.remove(0))
     }
 

@@ -7,7 +7,7 @@ use ferrite_chat::{ChatTemplate, Conversation, SpecialTokens, CHATML};
 use ferrite_engine::tokenizer::Tokenizer;
 
 use crate::error::ApiError;
-use crate::validate::ChatInput;
+use crate::validate::{ChatInput, PromptInput};
 
 /// Where the template came from, for the logs and `/tokenizer_info`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +45,10 @@ pub struct ChatSetup {
     /// end-of-generation token can end it: ChatML's `<|im_end|>`, for a model that got
     /// the default template. The chat route stops at it.
     pub end_of_turn: Option<&'static str>,
+    /// Whether control-token text in what clients write (messages, tools, template
+    /// variables) becomes control tokens (`--special-tokens-in-messages`). Off: it stays
+    /// text, and only the template's own markers are control tokens.
+    pub special_tokens_in_messages: bool,
 }
 
 impl ChatSetup {
@@ -79,12 +83,39 @@ impl ChatSetup {
             tools: ToolSyntax::of_template(source),
             origin,
             end_of_turn,
+            special_tokens_in_messages: false,
         })
     }
 
-    /// The prompt text of a conversation. A template that refuses the conversation (its
+    /// The prompt of a conversation: the template's output, in which the client's text
+    /// cannot spell control tokens ([`PromptInput::Rendered`]) unless the operator let it
+    /// ([`PromptInput::Text`]). A template that refuses the conversation (its
     /// `raise_exception`, or any error while rendering) is a 400 with its message.
-    pub fn render(&self, input: &ChatInput) -> Result<String, ApiError> {
+    pub fn render(
+        &self,
+        input: &ChatInput,
+        tokenizer: &Tokenizer,
+    ) -> Result<PromptInput, ApiError> {
+        if self.special_tokens_in_messages {
+            return self.render_text(input).map(PromptInput::Text);
+        }
+        let escape = |v: &serde_json::Value| escape_strings(v, tokenizer);
+        let escaped = ChatInput {
+            messages: input.messages.iter().map(escape).collect(),
+            tools: input.tools.iter().map(escape).collect(),
+            template_kwargs: input
+                .template_kwargs
+                .iter()
+                .map(|(k, v)| (tokenizer.escape_specials(k).into_owned(), escape(v)))
+                .collect(),
+            add_generation_prompt: input.add_generation_prompt,
+            continue_final_message: input.continue_final_message,
+        };
+        self.render_text(&escaped).map(PromptInput::Rendered)
+    }
+
+    /// The template's output over `input` as it is.
+    fn render_text(&self, input: &ChatInput) -> Result<String, ApiError> {
         let described;
         let has_calls = || input.messages.iter().any(|m| m.get("tool_calls").is_some());
         let (messages, tools) = if self.tools.template_renders_tools {
@@ -129,5 +160,28 @@ impl ChatSetup {
             }
         }
         Ok(text)
+    }
+}
+
+/// `value` with every string in it (object keys too) passed through
+/// `Tokenizer::escape_specials`.
+fn escape_strings(value: &serde_json::Value, tokenizer: &Tokenizer) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => Value::String(tokenizer.escape_specials(s).into_owned()),
+        Value::Array(items) => {
+            Value::Array(items.iter().map(|v| escape_strings(v, tokenizer)).collect())
+        }
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| {
+                    (
+                        tokenizer.escape_specials(k).into_owned(),
+                        escape_strings(v, tokenizer),
+                    )
+                })
+                .collect(),
+        ),
+        other => other.clone(),
     }
 }

@@ -97,9 +97,7 @@ fn matches_origin(entry: &str, origin: &str) -> bool {
     origin
         .strip_prefix(scheme)
         .and_then(|host| host.strip_suffix(domain))
-        .is_some_and(|sub| {
-            !sub.is_empty() && !sub.contains(['/', ':', '@', '?', '#', ' ', '*'])
-        })
+        .is_some_and(|sub| !sub.is_empty() && !sub.contains(['/', ':', '@', '?', '#', ' ', '*']))
 }
 
 /// Methods the API's routes take.
@@ -224,9 +222,17 @@ mod tests {
             "https://a.example.evil",
             "https://evilexample",
         ] {
-            assert!(wild.allow(&HeaderValue::from_static(bad)).is_none(), "{bad}");
+            assert!(
+                wild.allow(&HeaderValue::from_static(bad)).is_none(),
+                "{bad}"
+            );
         }
-        for bad in ["https://*example", "https://a.*.example", "https://*.", "https://*"] {
+        for bad in [
+            "https://*example",
+            "https://a.*.example",
+            "https://*.",
+            "https://*",
+        ] {
             assert!(AllowedOrigins::new(&[bad.into()]).is_err(), "{bad}");
         }
         assert_eq!(

@@ -113,10 +113,23 @@ mod tests {
     #[test]
     fn a_loopback_server_answers_loopback_names_only_unless_told() {
         let local = AllowedHosts::new(&[], "127.0.0.1").unwrap();
-        for ok in ["127.0.0.1:8080", "localhost", "LOCALHOST:1", "app.localhost:3", "[::1]:8080", "127.1.2.3"] {
+        for ok in [
+            "127.0.0.1:8080",
+            "localhost",
+            "LOCALHOST:1",
+            "app.localhost:3",
+            "[::1]:8080",
+            "127.1.2.3",
+        ] {
             assert!(local.allows(ok), "{ok}");
         }
-        for bad in ["evil.example", "evil.example:8080", "127.0.0.1.evil.example", "localhost.evil", "[::2]:1"] {
+        for bad in [
+            "evil.example",
+            "evil.example:8080",
+            "127.0.0.1.evil.example",
+            "localhost.evil",
+            "[::2]:1",
+        ] {
             assert!(!local.allows(bad), "{bad}");
         }
         assert_eq!(AllowedHosts::new(&[], "::1").unwrap(), local);
@@ -132,7 +145,10 @@ mod tests {
             AllowedHosts::Any
         );
         for bad in ["api.example:80", "https://api.example", "*.example"] {
-            assert!(AllowedHosts::new(&[bad.into()], "127.0.0.1").is_err(), "{bad}");
+            assert!(
+                AllowedHosts::new(&[bad.into()], "127.0.0.1").is_err(),
+                "{bad}"
+            );
         }
         assert!(AllowedHosts::new(&["::1".into()], "127.0.0.1").is_ok());
     }

@@ -201,6 +201,12 @@ struct ServeArgs {
     /// model without one gets ChatML).
     #[arg(long, env = "FERRITE_CHAT_TEMPLATE")]
     chat_template: Option<PathBuf>,
+    /// Let control-token text that clients write into chat messages, tool definitions
+    /// and `chat_template_kwargs` become control tokens, as it did before: a user could
+    /// then end its turn and open a system one (`<|im_end|><|im_start|>system`). By
+    /// default it stays text, and only the template's own markers are control tokens.
+    #[arg(long, env = "FERRITE_SPECIAL_TOKENS_IN_MESSAGES")]
+    special_tokens_in_messages: bool,
     /// Speculative decoding by prompt lookup: up to this many tokens per step are guessed
     /// from an earlier occurrence of the text's last tokens (in the prompt or the output)
     /// and verified in the same forward step. The output is unchanged; text that repeats
@@ -641,7 +647,10 @@ fn load_engine(
         }
     };
     let chat = match ChatSetup::new(&tokenizer, chat_template) {
-        Ok(chat) => chat,
+        Ok(mut chat) => {
+            chat.special_tokens_in_messages = args.special_tokens_in_messages;
+            chat
+        }
         Err(e) => {
             tracing::error!(
                 error = %e,

@@ -10,8 +10,8 @@ use ferrite_engine::EngineHandle;
 use crate::auth::ApiKeys;
 use crate::chat::ChatSetup;
 use crate::cors::AllowedOrigins;
-use crate::hosts::AllowedHosts;
 use crate::error::ApiError;
+use crate::hosts::AllowedHosts;
 use crate::metrics::Metrics;
 
 /// How much one request may ask for.

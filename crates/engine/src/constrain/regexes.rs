@@ -166,7 +166,8 @@ mod tests {
     #[test]
     fn a_regex_forcing_a_huge_run_is_refused_wherever_it_sits() {
         assert!(check(&grammar(GrammarKind::Regex, HUGE)).is_err());
-        let pattern = json!({"type": "object", "properties": {"s": {"type": "string", "pattern": HUGE}}});
+        let pattern =
+            json!({"type": "object", "properties": {"s": {"type": "string", "pattern": HUGE}}});
         let err = check(&grammar(GrammarKind::JsonSchema, &pattern.to_string())).unwrap_err();
         assert!(err.contains("`pattern`"), "{err}");
         let named = json!({"$defs": {"X": {"patternProperties": {HUGE: {}}}}});

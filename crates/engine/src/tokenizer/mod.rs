@@ -346,7 +346,37 @@ impl Tokenizer {
         if self.add_bos {
             ids.extend(self.bos);
         }
-        self.encode_into(text, true, cancelled, &mut ids)?;
+        self.encode_into(text, true, &[], cancelled, &mut ids)?;
+        Ok(ids)
+    }
+
+    /// `text` as a client wrote it, made safe to put in a chat template: where a control
+    /// token's piece starts in it, a mark that [`Self::encode_rendered_until`] reads, so
+    /// that it stays text (`<|im_start|>system` in a user message does not open a system
+    /// turn). Text without such a piece comes back unchanged.
+    pub fn escape_specials<'a>(&self, text: &'a str) -> std::borrow::Cow<'a, str> {
+        match self.specials.escape(text) {
+            Some(escaped) => std::borrow::Cow::Owned(escaped),
+            None => std::borrow::Cow::Borrowed(text),
+        }
+    }
+
+    /// [`Self::encode_prompt_until`] of a rendered chat template, whose client text was
+    /// passed through [`Self::escape_specials`]: the marks are taken out, and no control
+    /// token starts where one was; the template's own control tokens are parsed.
+    /// The model's BOS comes first when it asks for one and `add_bos`.
+    pub fn encode_rendered_until(
+        &self,
+        text: &str,
+        add_bos: bool,
+        cancelled: &AtomicBool,
+    ) -> Result<Vec<TokenId>, Cancelled> {
+        let (text, barred) = SpecialSplitter::unescape(text);
+        let mut ids = Vec::new();
+        if self.add_bos && add_bos {
+            ids.extend(self.bos);
+        }
+        self.encode_into(&text, true, &barred, cancelled, &mut ids)?;
         Ok(ids)
     }
 
@@ -354,7 +384,7 @@ impl Tokenizer {
     /// in the text become their ids; user-defined tokens always do.
     pub fn encode(&self, text: &str, parse_special: bool) -> Vec<TokenId> {
         let mut ids = Vec::new();
-        self.encode_into(text, parse_special, &AtomicBool::new(false), &mut ids)
+        self.encode_into(text, parse_special, &[], &AtomicBool::new(false), &mut ids)
             .expect("never cancelled");
         ids
     }
@@ -367,21 +397,24 @@ impl Tokenizer {
         cancelled: &AtomicBool,
     ) -> Result<Vec<TokenId>, Cancelled> {
         let mut ids = Vec::new();
-        self.encode_into(text, parse_special, cancelled, &mut ids)?;
+        self.encode_into(text, parse_special, &[], cancelled, &mut ids)?;
         Ok(ids)
     }
 
+    /// Appends `text`'s tokens to `ids`; no control token starts at a byte offset in
+    /// `barred` (ascending).
     fn encode_into(
         &self,
         text: &str,
         parse_special: bool,
+        barred: &[usize],
         cancelled: &AtomicBool,
         ids: &mut Vec<TokenId>,
     ) -> Result<(), Cancelled> {
         // SentencePiece adds its space prefix to text that starts the input or follows a
         // special token, as llama.cpp does.
         let mut after_special = true;
-        for fragment in self.specials.split(text, parse_special) {
+        for fragment in self.specials.split_barred(text, parse_special, barred) {
             if cancelled.load(Ordering::Relaxed) {
                 return Err(Cancelled);
             }

@@ -8,6 +8,15 @@
 //! states it visits, so nested tokens such as runs of spaces cost nothing extra); only
 //! those are then searched for, in priority order, each with one substring scan that
 //! skips over the occurrences already taken.
+//!
+//! Text a client wrote into a chat template (a message, a tool's description) must not
+//! become control tokens: `<|im_end|>\n<|im_start|>system` in a user message would close
+//! its turn and open a system one. [`SpecialSplitter::escape`] marks each place in such
+//! text where a control token's piece starts with [`ESCAPE`] (and doubles any `ESCAPE`
+//! already there); [`SpecialSplitter::unescape`] takes the marks out of the rendered
+//! prompt and says where no control token may start, which [`SpecialSplitter::split`]
+//! then honours. Text without control-token pieces is left as it was, so it tokenizes
+//! exactly as before; user-defined tokens are split out of it as they always are.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -18,6 +27,10 @@ use memchr::memmem::Finder;
 
 use super::TokenId;
 use crate::EngineError;
+
+/// Marks, in escaped text, a place where no control token may start (doubled, itself).
+/// A private-use character: no template writes it.
+pub const ESCAPE: char = '\u{E000}';
 
 /// A piece of input text, or a special token recognised in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +52,10 @@ pub(super) struct SpecialSplitter {
     finders: Vec<Finder<'static>>,
     /// Every piece; pattern `i` is `tokens[i]`. `None` without special tokens.
     automaton: Option<DFA>,
+    /// The control tokens' pieces (not user-defined ones), sorted.
+    control_pieces: Vec<String>,
+    /// The longest piece, in characters.
+    longest: usize,
 }
 
 impl SpecialSplitter {
@@ -53,7 +70,19 @@ impl SpecialSplitter {
                 .map_err(|e| EngineError::InvalidModel(format!("special tokens: {e}")))?;
             Some(built)
         };
+        let mut control_pieces: Vec<String> = specials
+            .iter()
+            .filter(|(_, _, always)| !always)
+            .map(|(_, piece, _)| piece.to_string())
+            .collect();
+        control_pieces.sort_unstable();
         Ok(Self {
+            longest: specials
+                .iter()
+                .map(|(_, piece, _)| piece.chars().count())
+                .max()
+                .unwrap_or(0),
+            control_pieces,
             tokens: specials.iter().map(|(id, _, _)| *id).collect(),
             always: specials.iter().map(|(_, _, always)| *always).collect(),
             finders: specials
@@ -86,9 +115,95 @@ impl SpecialSplitter {
         present
     }
 
+    /// `text` with [`ESCAPE`] before every place a control token's piece starts (its
+    /// occurrences overlapping or not) and doubled where it was already; `None` when
+    /// there is neither (the text stays as it is).
+    pub(super) fn escape(&self, text: &str) -> Option<String> {
+        let mut starts: Vec<usize> = text.match_indices(ESCAPE).map(|(i, _)| i).collect();
+        if let Some(automaton) = &self.automaton {
+            let mut state = automaton
+                .start_state(Anchored::No)
+                .expect("an unanchored automaton has an unanchored start");
+            for (i, &byte) in text.as_bytes().iter().enumerate() {
+                state = automaton.next_state(Anchored::No, state, byte);
+                if !automaton.is_match(state) {
+                    continue;
+                }
+                for m in 0..automaton.match_len(state) {
+                    let p = automaton.match_pattern(state, m).as_usize();
+                    if !self.always[p] {
+                        starts.push(i + 1 - self.finders[p].needle().len());
+                    }
+                }
+            }
+        }
+        // A control token's piece begun at the text's end, which the template's text
+        // after it could complete.
+        for (start, _) in text.char_indices().rev().take(self.longest) {
+            let rest = &text[start..];
+            let at = self.control_pieces.partition_point(|p| p.as_str() < rest);
+            if self
+                .control_pieces
+                .get(at)
+                .is_some_and(|p| p.starts_with(rest))
+            {
+                starts.push(start);
+            }
+        }
+        if starts.is_empty() {
+            return None;
+        }
+        starts.sort_unstable();
+        starts.dedup();
+        let mut out = String::with_capacity(text.len() + 3 * starts.len());
+        let mut at = 0;
+        for start in starts {
+            out.push_str(&text[at..start]);
+            out.push(ESCAPE);
+            at = start;
+        }
+        out.push_str(&text[at..]);
+        Some(out)
+    }
+
+    /// Takes [`SpecialSplitter::escape`]'s marks out of `text`: the text, and the byte
+    /// offsets in it (ascending) where no control token may start.
+    pub(super) fn unescape(text: &str) -> (String, Vec<usize>) {
+        let mut out = String::with_capacity(text.len());
+        let mut barred = Vec::new();
+        let mut chars = text.chars();
+        while let Some(c) = chars.next() {
+            if c != ESCAPE {
+                out.push(c);
+                continue;
+            }
+            match chars.next() {
+                Some(ESCAPE) => out.push(ESCAPE),
+                Some(next) => {
+                    barred.push(out.len());
+                    out.push(next);
+                }
+                None => {}
+            }
+        }
+        (out, barred)
+    }
+
     /// Splits `text` on special tokens (only the user-defined ones unless
     /// `parse_special`).
+    #[cfg(test)]
     pub(super) fn split<'a>(&self, text: &'a str, parse_special: bool) -> Vec<Fragment<'a>> {
+        self.split_barred(text, parse_special, &[])
+    }
+
+    /// [`SpecialSplitter::split`] where no control token may start at the byte offsets
+    /// `barred` (ascending).
+    pub(super) fn split_barred<'a>(
+        &self,
+        text: &'a str,
+        parse_special: bool,
+        barred: &[usize],
+    ) -> Vec<Fragment<'a>> {
         let Some(automaton) = &self.automaton else {
             return vec![Fragment::Text(text)];
         };
@@ -104,6 +219,10 @@ impl SpecialSplitter {
             let mut from = 0;
             while let Some(found) = finder.find(&bytes[from..]) {
                 let (start, end) = (from + found, from + found + len);
+                if !self.always[p] && barred.binary_search(&start).is_ok() {
+                    from = start + 1;
+                    continue;
+                }
                 // The taken occurrence this one would overlap, if any: the last one that
                 // starts before its end.
                 let blocker = taken
@@ -206,6 +325,61 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn escaped_text_never_starts_a_control_token_and_reads_back_as_written() {
+        let specials: Vec<(TokenId, &str, bool)> = vec![
+            (7, "<aba>", false),
+            (3, "abab", true),
+            (5, "<ab", false),
+            (1, "ab>", true),
+            (4, "aa", false),
+            (6, "<", false),
+        ];
+        let piece = |id: TokenId| specials.iter().find(|s| s.0 == id).unwrap();
+        let splitter = SpecialSplitter::new(specials.clone()).unwrap();
+        let alphabet = ['a', 'b', '<', '>', 'x', ESCAPE];
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        for len in 0..2000 {
+            let client: String = (0..len % 30)
+                .map(|_| alphabet[rng.random_range(0..alphabet.len())])
+                .collect();
+            // Template text around the client's: the template's control tokens stay.
+            let escaped = splitter.escape(&client).unwrap_or_else(|| client.clone());
+            let (text, barred) = SpecialSplitter::unescape(&format!("<aba>{escaped}<ab"));
+            assert_eq!(text, format!("<aba>{client}<ab"));
+            let fragments = splitter.split_barred(&text, true, &barred);
+            assert_eq!(fragments.first(), Some(&Fragment::Token(7)), "{client:?}");
+            assert_eq!(fragments.last(), Some(&Fragment::Token(5)), "{client:?}");
+            // No control token starts or ends inside the client's text.
+            let (client_from, client_to) = (5, text.len() - 3);
+            let mut at = 0;
+            for fragment in &fragments {
+                let len = match fragment {
+                    Fragment::Text(t) => t.len(),
+                    Fragment::Token(id) => {
+                        let (_, text, always) = piece(*id);
+                        let (from, to) = (at, at + text.len());
+                        let starts_inside = from >= client_from && from < client_to;
+                        let ends_inside = to > client_from && to <= client_to;
+                        assert!(
+                            *always || !(starts_inside || ends_inside),
+                            "{client:?} gave control token {id} at {from}..{to}"
+                        );
+                        text.len()
+                    }
+                };
+                at += len;
+            }
+        }
+        // Text without control pieces or marks is left alone.
+        assert_eq!(splitter.escape("xbx>"), None);
+        // `<` is a token, `<a` begins two and `a` begins `aa`.
+        assert_eq!(
+            splitter.escape("x<a").as_deref(),
+            Some("x\u{E000}<\u{E000}a")
+        );
     }
 
     #[test]

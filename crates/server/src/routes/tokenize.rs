@@ -15,7 +15,7 @@ use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::validate::{deserialize_naming_the_field, tool_definitions, ChatInput};
+use crate::validate::{deserialize_naming_the_field, tool_definitions, ChatInput, PromptInput};
 
 /// Parses a JSON body, naming the field at fault.
 fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
@@ -61,7 +61,7 @@ pub async fn tokenize(
                     ));
                 }
             }
-            prompt
+            PromptInput::Text(prompt)
         }
         (None, Some(messages)) => {
             // The chat route's prompt: the same checks, the same template.
@@ -75,7 +75,8 @@ pub async fn tokenize(
             let tools = request.tools.unwrap_or_default();
             tool_definitions(&tools)?;
             input.tools = tools;
-            tokio::task::spawn_blocking(move || setup.render(&input))
+            let tokenizer = Arc::clone(&tokenizer);
+            tokio::task::spawn_blocking(move || setup.render(&input, &tokenizer))
                 .await
                 .map_err(|_| ApiError::Internal)??
         }
@@ -91,10 +92,13 @@ pub async fn tokenize(
         // Special tokens written in the text are their ids either way, as in a Hugging
         // Face tokenizer (vLLM's): `add_special_tokens` only says whether BOS is added. So
         // lm-evaluation-harness finds the EOS id by tokenizing `eos_token`.
-        let tokens = if special {
-            tokenizer.encode_prompt_until(&text, &cancelled)
-        } else {
-            tokenizer.encode_until(&text, true, &cancelled)
+        let tokens = match (&text, special) {
+            (PromptInput::Rendered(text), _) => {
+                tokenizer.encode_rendered_until(text, special, &cancelled)
+            }
+            (PromptInput::Text(text), true) => tokenizer.encode_prompt_until(text, &cancelled),
+            (PromptInput::Text(text), false) => tokenizer.encode_until(text, true, &cancelled),
+            (PromptInput::Tokens(ids), _) => Ok(ids.clone()),
         }
         .map_err(|_| ApiError::Unavailable("the request was cancelled".into()))?;
         // The vocabulary's own strings, as a Hugging Face tokenizer's

@@ -45,8 +45,11 @@ pub const MAX_INFERENCE_TIMEOUT: f64 = 86_400.0;
 /// A prompt before tokenization.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PromptInput {
-    /// Text to tokenize.
+    /// Text to tokenize (control tokens written in it are parsed).
     Text(String),
+    /// A chat template's output whose client text was escaped
+    /// (`Tokenizer::escape_specials`): only the template's control tokens are parsed.
+    Rendered(String),
     /// Token ids as given.
     Tokens(Vec<u32>),
 }
@@ -337,7 +340,7 @@ fn check_images(r: &CompletionRequest, prompts: &[PromptInput]) -> Result<(), Ap
         .iter()
         .map(|p| match p {
             PromptInput::Text(t) => t.matches("<image>").count(),
-            PromptInput::Tokens(_) => 0,
+            PromptInput::Rendered(_) | PromptInput::Tokens(_) => 0,
         })
         .sum();
     let message = if markers != images.len() {

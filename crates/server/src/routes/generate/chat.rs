@@ -18,8 +18,8 @@ use crate::error::ApiError;
 use crate::routes::body::RawBody;
 use crate::state::AppState;
 use crate::validate::{
-    any_call_schema, parse_chat_body, tool_schema, ChatParams, OutputConstraint, PromptInput,
-    ToolChoice, ToolDefinition,
+    any_call_schema, parse_chat_body, tool_schema, ChatParams, OutputConstraint, ToolChoice,
+    ToolDefinition,
 };
 
 /// Whether `piece` is one control token of the vocabulary.
@@ -75,10 +75,11 @@ pub async fn chat_completions(
         }
     }
     // Rendering runs the template's code: off the async workers (its fuel bounds it).
-    let prompt = tokio::task::spawn_blocking(move || setup.render(&input))
+    let tokenizer = Arc::clone(engine.tokenizer());
+    let prompt = tokio::task::spawn_blocking(move || setup.render(&input, &tokenizer))
         .await
         .map_err(|_| ApiError::Internal)??;
-    generate.prompts = vec![PromptInput::Text(prompt)];
+    generate.prompts = vec![prompt];
     run(
         &state,
         engine,

@@ -20,11 +20,7 @@ pub(super) struct TimedEvents {
 
 impl TimedEvents {
     /// Times `events` of a request that arrived at `arrived`.
-    pub fn new(
-        events: Events,
-        state: Arc<AppState>,
-        arrived: Instant,
-    ) -> Self {
+    pub fn new(events: Events, state: Arc<AppState>, arrived: Instant) -> Self {
         Self {
             events,
             state,
