@@ -51,6 +51,9 @@ class Canary:
         self.stop = threading.Event()
 
     def __enter__(self):
+        # One client, its connection opened before: what is timed is the server.
+        self.client = httpx.Client(base_url=self.server.base, timeout=30)
+        self.client.get("/health")
         with open(f"/proc/{self.server.proc.pid}/clear_refs", "w") as f:
             f.write("5")  # resets VmHWM to the current RSS
         self.before = status(self.server, "VmRSS:")
@@ -63,7 +66,7 @@ class Canary:
         while not self.stop.is_set():
             started = time.monotonic()
             try:
-                r = post(self.server, body, timeout=30)
+                r = self.client.post("/v1/completions", json=body)
                 if r.status_code != 200:
                     self.failures.append(r.text[:200])
             except httpx.HTTPError as e:
@@ -74,6 +77,7 @@ class Canary:
     def __exit__(self, *exc):
         self.stop.set()
         self.thread.join(60)
+        self.client.close()
         assert self.server.proc.poll() is None, "the server died"
         self.grew = status(self.server, "VmHWM:") - self.before
         return False
@@ -81,7 +85,7 @@ class Canary:
     def check(self, mib=REQUEST_MIB):
         assert not self.failures, self.failures[:3]
         assert self.latencies, "no canary request ran"
-        assert max(self.latencies) < CANARY_SECONDS, sorted(self.latencies)[-3:]
+        assert max(self.latencies) < CANARY_SECONDS, [round(x, 2) for x in self.latencies]
         assert self.grew < mib, f"the server's peak memory grew by {self.grew:.0f} MiB"
 
 
@@ -494,3 +498,46 @@ def test_template_variables_from_a_client_stay_text(tmp_path):
         assert turns(hostile, ids) == turns(plain, ids)
     finally:
         s.stop()
+
+
+# Item 3: one request's choices (or prompts) filling every running slot for a minute kept
+# every other client waiting until they ended (a one-token request timed out at 30 s). A
+# request with nothing running may take one of the slots kept past --max-running for
+# newcomers.
+
+
+@pytest.fixture(scope="module")
+def slots():
+    """32 running slots: one request of 32 choices holds them all (with 64, as the issue
+    measured, a step of 65 sequences takes up to half a second on two cores, and the
+    canary's two steps come close to its bound whatever the scheduling)."""
+    s = Server(MODEL, ["--max-running", "32"])
+    yield s
+    s.stop()
+
+
+@pytest.mark.parametrize("hog", [
+    {"prompt": "Once upon a time", "n": 32},
+    {"prompt": ["Once upon a time"] * 32},
+])
+def test_one_request_cannot_hold_every_slot(slots, hog):
+    srv = slots
+    # Sent on a socket of its own, its answer unread until the end: closing it ends it.
+    import json as _json
+    body = _json.dumps({"model": MODEL, "max_tokens": 300, "ignore_eos": True, **hog}).encode()
+    before = generated(srv)
+    sock = socket.create_connection(("127.0.0.1", srv.port))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
+                 b"content-length: %d\r\n\r\n" % len(body) + body)
+    try:
+        # Once its 32 sequences decode (two tokens each).
+        wait_for(lambda: generated(srv) >= before + 64, 30)
+        assert srv.metrics()["ferrite_requests_running"] >= 32
+        with Canary(srv) as canary:
+            time.sleep(4)  # the canary's requests go on meanwhile
+        # It was still running all along.
+        assert srv.metrics()["ferrite_requests_running"] >= 32
+    finally:
+        sock.close()
+    canary.check(mib=float("inf"))
+    wait_for(lambda: srv.metrics()["ferrite_requests_running"] == 0, 10)

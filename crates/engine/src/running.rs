@@ -70,6 +70,8 @@ pub(crate) struct Sequence {
     events: EventSender,
     /// Since when its reader has been too far behind for it to go on, if it is.
     pub(crate) blocked_since: Option<Instant>,
+    /// The submission it belongs to (its followers too), for admission's fairness.
+    pub(crate) request: u64,
 }
 
 impl Sequence {
@@ -119,6 +121,7 @@ impl Sequence {
             followers: Vec::new(),
             events,
             blocked_since: None,
+            request: 0,
         }
     }
 
@@ -256,6 +259,7 @@ impl Sequence {
         let lookup = self.lookup.as_ref().map(|l| l.config);
         let mut follower = Sequence::new(request, cache, events, lookup);
         follower.cached_tokens = self.cached_tokens;
+        follower.request = self.request;
         if let (Some(scores), Some(_)) = (prompt_scores, follower.prompt_logprobs) {
             follower.prompt_scores = scores.to_vec();
         }

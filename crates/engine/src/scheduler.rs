@@ -1,6 +1,8 @@
 //! Scheduling policy, free of I/O: which waiting sequences to admit and how many tokens
 //! each running sequence feeds into the next forward step.
 
+use std::collections::HashSet;
+
 /// Limits the scheduler works within.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SchedulerConfig {
@@ -28,27 +30,43 @@ pub struct RunningView {
 /// one back for ever.
 pub const PASSED_OVER_LIMIT: usize = 2;
 
-/// A waiting request: one sequence, or a group of choices sharing a prompt.
+/// A waiting group of one request: one sequence, or the choices sharing a prompt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WaitingView {
-    /// KV positions the request needs (all its sequences together).
+    /// KV positions the group needs (all its sequences together).
     pub need: usize,
     /// Sequences it will run.
     pub sequences: usize,
+    /// The request it belongs to (a request's prompts are groups of their own).
+    pub request: u64,
 }
 
-/// How many waiting requests (in queue order) to admit, given what each needs, the
-/// sequences running and the positions they reserve.
+/// Slots past `max_running` kept for requests that have nothing running: at least one,
+/// a quarter of the slots with many.
+pub fn headroom(config: &SchedulerConfig) -> usize {
+    (config.max_running / 4).max(1)
+}
+
+/// Which waiting groups (indices into `waiting`, which is in admission order) to admit,
+/// given what each needs, the sequences running, the positions they reserve and the
+/// requests they belong to.
+///
+/// Groups are taken in order while they fit the slots and the KV budget. Then a group of a
+/// request that has nothing running yet may also take one of [`headroom`]'s slots past
+/// `max_running` (the KV budget still holds): one request's choices or prompts filling
+/// every slot for minutes (`n: 64`, `max_tokens: 300`) must not keep every other client
+/// waiting until they end.
 pub fn admit(
     config: &SchedulerConfig,
     running: usize,
     reserved: usize,
+    running_requests: &HashSet<u64>,
     waiting: &[WaitingView],
-) -> usize {
-    let mut admitted = 0;
+) -> Vec<usize> {
+    let mut admitted = Vec::new();
     let mut sequences = running;
     let mut reserved = reserved;
-    for w in waiting {
+    for (i, w) in waiting.iter().enumerate() {
         // A request with more sequences than there are slots still runs when it would run
         // alone, so that it is never starved. The KV budget has no such exception: the
         // engine refuses a request that needs more than the whole budget.
@@ -60,7 +78,18 @@ pub fn admit(
         }
         reserved += w.need;
         sequences += w.sequences;
-        admitted += 1;
+        admitted.push(i);
+    }
+    let mut served: HashSet<u64> = admitted.iter().map(|&i| waiting[i].request).collect();
+    let limit = config.max_running + headroom(config);
+    for (i, w) in waiting.iter().enumerate().skip(admitted.len()) {
+        let newcomer = !running_requests.contains(&w.request) && !served.contains(&w.request);
+        if newcomer && sequences + w.sequences <= limit && reserved + w.need <= config.kv_budget {
+            reserved += w.need;
+            sequences += w.sequences;
+            served.insert(w.request);
+            admitted.push(i);
+        }
     }
     admitted
 }
@@ -153,22 +182,28 @@ mod tests {
     }
 
     fn one(need: usize) -> WaitingView {
-        WaitingView { need, sequences: 1 }
+        WaitingView {
+            need,
+            sequences: 1,
+            request: 0,
+        }
+    }
+
+    /// How many of `waiting` (all of one request, running already) are admitted.
+    fn admitted(running: usize, reserved: usize, waiting: &[WaitingView]) -> usize {
+        admit(&CONFIG, running, reserved, &HashSet::from([0]), waiting).len()
     }
 
     #[test]
     fn admission_respects_slots_and_kv_budget() {
+        assert_eq!(admitted(0, 0, &[one(40), one(40), one(40), one(40)]), 2);
+        assert_eq!(admitted(2, 0, &[one(1), one(1)]), 1);
         assert_eq!(
-            admit(&CONFIG, 0, 0, &[one(40), one(40), one(40), one(40)]),
-            2
-        );
-        assert_eq!(admit(&CONFIG, 2, 0, &[one(1), one(1)]), 1);
-        assert_eq!(
-            admit(&CONFIG, 0, 0, &[one(500)]),
+            admitted(0, 0, &[one(500)]),
             0,
             "nothing runs over the KV budget, even alone"
         );
-        assert_eq!(admit(&CONFIG, 1, 10, &[one(500)]), 0);
+        assert_eq!(admitted(1, 10, &[one(500)]), 0);
     }
 
     #[test]
@@ -176,14 +211,45 @@ mod tests {
         let group = WaitingView {
             need: 30,
             sequences: 3,
+            request: 0,
         };
-        assert_eq!(admit(&CONFIG, 1, 0, &[group]), 0, "1 + 3 > 3 slots");
-        assert_eq!(admit(&CONFIG, 0, 0, &[group, one(1)]), 1);
+        assert_eq!(admitted(1, 0, &[group]), 0, "1 + 3 > 3 slots");
+        assert_eq!(admitted(0, 0, &[group, one(1)]), 1);
         let huge = WaitingView {
             need: 10,
             sequences: 50,
+            request: 0,
         };
-        assert_eq!(admit(&CONFIG, 0, 0, &[huge]), 1, "runs alone");
+        assert_eq!(admitted(0, 0, &[huge]), 1, "runs alone");
+    }
+
+    #[test]
+    fn a_request_with_nothing_running_gets_in_beside_one_that_fills_every_slot() {
+        let config = SchedulerConfig {
+            max_running: 64,
+            max_step_tokens: 512,
+            kv_budget: 100_000,
+        };
+        let from = |request: u64, sequences: usize| WaitingView {
+            need: 10 * sequences,
+            sequences,
+            request,
+        };
+        // Request 1 runs 64 choices; its next prompt waits, then requests 2 to 20.
+        let mut waiting = vec![from(1, 1)];
+        waiting.extend((2..=20).map(|r| from(r, 1)));
+        let running = HashSet::from([1]);
+        let got = admit(&config, 64, 640, &running, &waiting);
+        // Not request 1's: the headroom (16 slots) goes to newcomers, in order.
+        assert_eq!(got, (1..=16).collect::<Vec<_>>());
+        // A newcomer larger than the headroom waits for ordinary slots.
+        let big = [from(2, 17)];
+        assert!(admit(&config, 64, 640, &running, &big).is_empty());
+        // One newcomer's second prompt waits: one place each.
+        let two = [from(2, 1), from(2, 1)];
+        assert_eq!(admit(&config, 64, 640, &running, &two), vec![0]);
+        // The KV budget holds for newcomers too.
+        assert!(admit(&config, 64, 100_000, &running, &[from(2, 1)]).is_empty());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The engine thread: takes sequences over a channel and runs one batched forward step
 //! at a time over every running sequence (continuous batching).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
@@ -109,7 +109,12 @@ struct Pending {
 /// groups to leave the queue (admitted, abandoned, late, aborted, or never delivered).
 struct QueueSlot {
     stats: Arc<EngineStats>,
+    /// The submission's number, which its sequences carry while they run.
+    request: u64,
 }
+
+/// Numbers submissions ([`QueueSlot::request`]).
+static NEXT_REQUEST: AtomicU64 = AtomicU64::new(0);
 
 impl Drop for QueueSlot {
     fn drop(&mut self) {
@@ -127,6 +132,7 @@ impl Pending {
                     .map(|(r, _)| r.kv_need())
                     .sum::<usize>(),
             sequences: 1 + self.followers.len(),
+            request: self.slot.request,
         }
     }
 
@@ -235,6 +241,7 @@ impl EngineHandle {
             .map_err(EngineError::Overloaded)?;
         let slot = Arc::new(QueueSlot {
             stats: Arc::clone(&self.stats),
+            request: NEXT_REQUEST.fetch_add(1, Ordering::Relaxed),
         });
         let mut all = Vec::with_capacity(count);
         for requests in groups {
@@ -570,16 +577,24 @@ impl Worker {
     /// groups in turn (round robin, oldest request first).
     fn admit(&mut self) {
         let reserved: usize = self.running.iter().map(Sequence::reservation).sum();
+        let running_requests: HashSet<u64> = self.running.iter().map(|s| s.request).collect();
         let order = self.admission_order();
         let views: Vec<WaitingView> = order.iter().map(|&i| self.waiting[i].view()).collect();
-        let n = scheduler::admit(&self.config.scheduler, self.running.len(), reserved, &views);
-        if n == 0 {
+        let chosen = scheduler::admit(
+            &self.config.scheduler,
+            self.running.len(),
+            reserved,
+            &running_requests,
+            &views,
+        );
+        if chosen.is_empty() {
             return;
         }
+        let n = chosen.len();
         let mut queue: Vec<Option<Pending>> = self.waiting.drain(..).map(Some).collect();
-        let admitted: Vec<Pending> = order[..n]
+        let admitted: Vec<Pending> = chosen
             .iter()
-            .map(|&i| queue[i].take().expect("each group is chosen once"))
+            .map(|&c| queue[order[c]].take().expect("each group is chosen once"))
             .collect();
         self.waiting = queue.into_iter().flatten().collect();
         let mut slots = Vec::with_capacity(n);
@@ -607,6 +622,7 @@ impl Worker {
                 }
                 None => (self.model.new_cache(capacity), 0),
             };
+            let request = pending.slot.request;
             slots.push(pending.slot);
             let mut seq = Sequence::new(
                 *pending.request,
@@ -615,6 +631,7 @@ impl Worker {
                 self.config.prompt_lookup,
             );
             seq.cached_tokens = cached_tokens;
+            seq.request = request;
             seq.followers = pending.followers;
             self.running.push(seq);
         }

@@ -98,7 +98,8 @@ struct ServeArgs {
     /// Longest prompt plus completion, in tokens; default: the model's training context.
     #[arg(long, env = "FERRITE_CTX_SIZE")]
     ctx_size: Option<usize>,
-    /// Most sequences decoded together.
+    /// Most sequences decoded together; a quarter more are kept for requests that have
+    /// nothing running yet, so that one request's choices cannot hold every slot.
     #[arg(long, default_value_t = 64, env = "FERRITE_MAX_RUNNING")]
     max_running: usize,
     /// Most tokens in one forward step (prefill chunk size plus decodes).
@@ -675,12 +676,19 @@ fn load_engine(
         .unwrap_or(info.context_length)
         .min(info.context_length)
         .max(2);
+    let mut scheduler = SchedulerConfig {
+        max_running: args.max_running.max(1),
+        max_step_tokens: args.max_step_tokens,
+        kv_budget: args.kv_budget,
+    };
+    // A step holds every running sequence's decode token, the headroom kept for
+    // newcomers included.
+    scheduler.max_step_tokens = scheduler
+        .max_step_tokens
+        .max(scheduler.max_running + ferrite_engine::scheduler::headroom(&scheduler))
+        .max(16);
     let config = EngineConfig {
-        scheduler: SchedulerConfig {
-            max_running: args.max_running.max(1),
-            max_step_tokens: args.max_step_tokens.max(args.max_running).max(16),
-            kv_budget: args.kv_budget,
-        },
+        scheduler,
         context_length,
         prefix_cache_positions: args.prefix_cache_positions,
         max_waiting: args.max_waiting.max(1),
