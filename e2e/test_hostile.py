@@ -541,3 +541,33 @@ def test_one_request_cannot_hold_every_slot(slots, hog):
         sock.close()
     canary.check(mib=float("inf"))
     wait_for(lambda: srv.metrics()["ferrite_requests_running"] == 0, 10)
+
+
+# Item 4: head-of-line prefill. A long prompt running alone took steps of 512 tokens
+# (over 2 s each at 8k), and a request arriving meanwhile waited for that step and then
+# for another as long (2-5 s). Steps of a lone prompt are now sized to ~0.4 s, and the
+# first step shared with a newcomer to ~0.3 s.
+
+
+@pytest.mark.parametrize("words", [2000])  # ~4k tokens (8k takes a minute alone here)
+def test_a_newcomer_does_not_wait_behind_a_long_prompt(srv, words):
+    import json as _json
+    # A prompt of its own: no prefix of it is in the prefix cache.
+    prompt = f"{words} " + "hello world " * words
+    body = _json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 1}).encode()
+    started = srv.metrics()["ferrite_prompt_tokens_total"]
+    sock = socket.create_connection(("127.0.0.1", srv.port))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
+                 b"content-length: %d\r\n\r\n" % len(body) + body)
+    try:
+        # Its prefill has begun when the prompt-token counter moves.
+        wait_for(lambda: srv.metrics()["ferrite_prompt_tokens_total"] > started, 60)
+        with Canary(srv) as canary:
+            # The canary's requests arrive at every point of the prefill's steps until it
+            # ends (the long prompt's one token).
+            wait_for(lambda: srv.metrics()["ferrite_prompt_tokens_total"] - started >= 2 * words - 64, 120)
+        assert len(canary.latencies) >= 2, canary.latencies
+    finally:
+        sock.close()
+    canary.check(mib=float("inf"))
+    wait_for(lambda: srv.metrics()["ferrite_requests_running"] == 0, 30)

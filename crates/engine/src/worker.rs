@@ -363,6 +363,7 @@ impl Engine {
         let info = model.info().clone();
         let worker = Worker {
             prefill_chunk: config.scheduler.max_step_tokens,
+            alone_chunk: config.scheduler.max_step_tokens,
             model,
             tokenizer: Arc::clone(&tokenizer),
             config,
@@ -407,12 +408,19 @@ impl Engine {
 
 /// How long a step that carries a prefill chunk may take while other sequences run:
 /// each of them waits that long for its next token. The chunk is sized from
-/// the last such step's time per prompt token, since that cost grows with the prompt's
+/// the last prefill step's time per prompt token, since that cost grows with the prompt's
 /// position (attention).
 const PREFILL_STEP_TARGET: Duration = Duration::from_millis(300);
 
+/// How long a prefill step may take while its prompt runs alone: a request that arrives
+/// meanwhile waits for the step's end before its own prompt runs (a 512-token step of
+/// an 8k prompt took over 2 s, and a one-token request arriving then waited 5 s). Longer
+/// than [`PREFILL_STEP_TARGET`]: a lone prompt's chunks stay large where they are cheap.
+
 /// How often the engine looks again when every running sequence waits for its reader.
 const BLOCKED_POLL: Duration = Duration::from_millis(5);
+
+const PREFILL_ALONE_TARGET: Duration = Duration::from_millis(400);
 
 /// Smallest prefill chunk while others decode, so that a long prompt still advances.
 const MIN_PREFILL_CHUNK: usize = 16;
@@ -424,9 +432,12 @@ const MIN_PREFILL_CHUNK: usize = 16;
 const LOOKUP_MAX_DECODING: usize = 4;
 
 struct Worker {
-    /// Most prompt tokens in a step while other sequences decode (adapted to
+    /// Most prompt tokens in a step while other sequences run (adapted to
     /// [`PREFILL_STEP_TARGET`]).
     prefill_chunk: usize,
+    /// Most prompt tokens in a step of a prompt running alone (adapted to
+    /// [`PREFILL_ALONE_TARGET`]).
+    alone_chunk: usize,
     model: Box<dyn Model>,
     tokenizer: Arc<Tokenizer>,
     config: EngineConfig,
@@ -686,12 +697,14 @@ impl Worker {
             .filter(|v| v.pending_prefill == 0 && !v.blocked)
             .count();
         // With others running, a prompt's chunk must not make them wait long for their
-        // next token (or their own first one).
+        // next token (or their own first one); alone, not long for one that may arrive.
         let shared = self.running.len() > 1;
         let mut config = self.config.scheduler;
-        if shared {
-            config.max_step_tokens = config.max_step_tokens.min(decoding + self.prefill_chunk);
-        }
+        let chunk = match shared {
+            true => self.prefill_chunk,
+            false => self.alone_chunk,
+        };
+        config.max_step_tokens = config.max_step_tokens.min(decoding + chunk);
         let plan = scheduler::plan_step(&config, &views);
         for ((seq, view), &n) in self.running.iter_mut().zip(&views).zip(&plan) {
             seq.passed_over = match view.pending_prefill > 0 && n == 0 {
@@ -716,11 +729,16 @@ impl Worker {
             .sum();
         let started = Instant::now();
         let outcome = catch_unwind(AssertUnwindSafe(|| self.forward_and_sample(&plan)));
-        if shared && prefill_tokens > 0 {
+        if prefill_tokens > 0 {
+            // Both sizes from this step's time per prompt token, so that the first step
+            // shared with a newcomer is sized for it already.
             let per_token = started.elapsed().as_secs_f64() / prefill_tokens as f64;
-            let fits = (PREFILL_STEP_TARGET.as_secs_f64() / per_token.max(1e-9)) as usize;
-            self.prefill_chunk =
-                fits.clamp(MIN_PREFILL_CHUNK, self.config.scheduler.max_step_tokens);
+            let fits = |target: Duration| {
+                ((target.as_secs_f64() / per_token.max(1e-9)) as usize)
+                    .clamp(MIN_PREFILL_CHUNK, self.config.scheduler.max_step_tokens)
+            };
+            self.prefill_chunk = fits(PREFILL_STEP_TARGET);
+            self.alone_chunk = fits(PREFILL_ALONE_TARGET);
         }
         match outcome {
             Ok(Ok(finished)) => {
