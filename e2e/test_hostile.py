@@ -571,3 +571,52 @@ def test_a_newcomer_does_not_wait_behind_a_long_prompt(srv, words):
         sock.close()
     canary.check(mib=float("inf"))
     wait_for(lambda: srv.metrics()["ferrite_requests_running"] == 0, 30)
+
+
+# Item 11 (and item 1's tool names): a tool whose parameters refer to their own root
+# (`{"$ref": "#"}`) answered `[` with no call under `tool_choice: required`, where the
+# named form gave a 400: its references now follow it into the call grammar. A 1 MiB tool
+# name cost 255 MiB before its 400.
+
+
+def chat_tools(server, parameters, choice, name="f"):
+    tool = {"type": "function", "function": {"name": name, "parameters": parameters}}
+    return post(server, {"model": MODEL, "messages": [{"role": "user", "content": "Make a tree."}],
+                         "max_tokens": 60, "temperature": 0, "tools": [tool], "tool_choice": choice},
+                path="/v1/chat/completions")
+
+
+def test_a_tool_that_refers_to_its_own_root_is_the_same_under_required_and_named(srv):
+    loop = {"$ref": "#"}
+    named = {"type": "function", "function": {"name": "f"}}
+    for choice in ["required", named]:
+        r = chat_tools(srv, loop, choice)
+        assert r.status_code == 400, (choice, r.text[:300])
+        assert r.json()["error"]["param"] == "tools"
+        assert "themselves" in r.json()["error"]["message"]
+    # A recursive tree: a call either way, its arguments a tree.
+    tree = {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 1}},
+        "required": ["name", "kids"]}
+    import json as _json
+    for choice in ["required", named]:
+        r = chat_tools(srv, tree, choice)
+        assert r.status_code == 200, r.text[:300]
+        choice_out = r.json()["choices"][0]
+        message = choice_out["message"]
+        if choice_out["finish_reason"] == "length":
+            # This model nests the tree until its tokens run out: the kids are trees
+            # (before, the call grammar expected a list of calls there and got stuck).
+            assert '"kids": [{"name": ' in message["content"], message
+        else:
+            arguments = _json.loads(message["tool_calls"][0]["function"]["arguments"])
+            assert "name" in arguments and "kids" in arguments, arguments
+
+
+def test_a_huge_tool_name_is_refused_at_once(srv):
+    with Canary(srv) as canary:
+        r = chat_tools(srv, {"type": "object"}, "auto", name="a" * (1 << 20))
+        assert error_param(r) == "tools"
+        assert "bytes long" in r.json()["error"]["message"]
+    canary.check()

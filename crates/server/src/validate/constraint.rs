@@ -348,6 +348,10 @@ pub struct ToolDefinition {
     pub parameters: Value,
 }
 
+/// Longest tool name, in bytes (OpenAI's limit is 64 characters; a megabyte-long name
+/// took 255 MiB to render and tokenize before its 400).
+pub const MAX_TOOL_NAME_BYTES: usize = 256;
+
 /// Checks `tools`: each `{"type": "function", "function": {"name": …, "parameters": {…}}}`,
 /// no two with one name (a call could not say which it is).
 pub fn tool_definitions(tools: &[Value]) -> Result<Vec<ToolDefinition>, ApiError> {
@@ -380,9 +384,19 @@ pub fn tool_definitions(tools: &[Value]) -> Result<Vec<ToolDefinition>, ApiError
                     ))
                 }
             };
+            if name.len() > MAX_TOOL_NAME_BYTES {
+                return Err(ApiError::invalid(
+                    "tools",
+                    format!(
+                        "a tool's name is {} bytes long; at most {MAX_TOOL_NAME_BYTES} are allowed",
+                        name.len()
+                    ),
+                ));
+            }
             Ok(ToolDefinition {
                 name: name.to_string(),
-                parameters,
+                parameters: super::tool_refs::rooted(name, parameters)
+                    .map_err(|e| ApiError::invalid("tools", e))?,
             })
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
@@ -422,7 +436,7 @@ pub fn chosen_tools<'a>(
 }
 
 /// Where a JSON schema keeps the subschemas its `$ref`s point at.
-const DEFINITIONS: [&str; 2] = ["$defs", "definitions"];
+pub(super) const DEFINITIONS: [&str; 2] = ["$defs", "definitions"];
 
 /// The schema of one call of `tool`: `{"name": …, "arguments": {…}}`. Its parameters'
 /// `$defs` are left out: [`tool_schema`] puts them at the root, where their `$ref`s

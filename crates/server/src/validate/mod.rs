@@ -8,6 +8,7 @@ mod checks;
 mod constraint;
 mod output;
 mod sampling;
+mod tool_refs;
 
 #[cfg(test)]
 mod fuzz;
