@@ -34,6 +34,19 @@ def wait_for(predicate, seconds=10):
     assert predicate(), f"the server did not get there within {seconds} s"
 
 
+def post(server, body, path="/v1/completions", timeout=120, **kw):
+    """POSTs `body` as JSON to one of `server`'s routes."""
+    return httpx.post(f"{server.base}{path}", json=body, timeout=timeout, **kw)
+
+
+def error_param(r, status=400):
+    """The `param` of an OpenAI-style `invalid_request_error` answer with `status`."""
+    assert r.status_code == status, r.text[:300]
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error", err
+    return err["param"]
+
+
 class Server:
     """A running `ferrite serve` process."""
 

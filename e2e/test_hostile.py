@@ -4,6 +4,7 @@ added (VmHWM after it, the peak reset before it), and the worst latency of a sma
 request sent every half second beside it."""
 
 import concurrent.futures
+import json
 import socket
 import threading
 import time
@@ -11,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from conftest import MODEL, Server, wait_for
+from conftest import MODEL, Server, error_param, post, wait_for
 
 # What one hostile request may add to the server's peak memory beyond its KV cache
 # share (the small prompts here need a few MiB of KV at most).
@@ -25,10 +26,6 @@ def srv():
     s = Server(MODEL, ["--max-connections", "64", "--request-read-timeout", "2"])
     yield s
     s.stop()
-
-
-def post(server, body, path="/v1/completions", timeout=120, **kw):
-    return httpx.post(f"{server.base}{path}", json=body, timeout=timeout, **kw)
 
 
 def status(server, key):
@@ -87,13 +84,6 @@ class Canary:
         assert self.latencies, "no canary request ran"
         assert max(self.latencies) < CANARY_SECONDS, [round(x, 2) for x in self.latencies]
         assert self.grew < mib, f"the server's peak memory grew by {self.grew:.0f} MiB"
-
-
-def error_param(r, status=400):
-    assert r.status_code == status, r.text[:300]
-    err = r.json()["error"]
-    assert err["type"] == "invalid_request_error", err
-    return err["param"]
 
 
 # Item 1: grammars. Every regex is measured before it compiles (a pattern forcing a
@@ -351,9 +341,8 @@ def test_a_post_without_a_json_type_is_a_415(srv, path, kind):
             "messages": [{"role": "user", "content": "x"}]}
     if path == "/tokenize":
         body = {"model": MODEL, "prompt": "x"}
-    import json as _json
     headers = {"content-type": kind} if kind else {}
-    r = httpx.post(f"{srv.base}{path}", content=_json.dumps(body), headers=headers, timeout=30)
+    r = httpx.post(f"{srv.base}{path}", content=json.dumps(body), headers=headers, timeout=30)
     assert r.status_code == 415, r.text[:200]
     assert r.json()["error"]["code"] == "unsupported_media_type"
     assert r.json()["error"]["type"] == "invalid_request_error"
@@ -523,8 +512,7 @@ def slots():
 def test_one_request_cannot_hold_every_slot(slots, hog):
     srv = slots
     # Sent on a socket of its own, its answer unread until the end: closing it ends it.
-    import json as _json
-    body = _json.dumps({"model": MODEL, "max_tokens": 300, "ignore_eos": True, **hog}).encode()
+    body = json.dumps({"model": MODEL, "max_tokens": 300, "ignore_eos": True, **hog}).encode()
     before = generated(srv)
     sock = socket.create_connection(("127.0.0.1", srv.port))
     sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
@@ -551,10 +539,9 @@ def test_one_request_cannot_hold_every_slot(slots, hog):
 
 @pytest.mark.parametrize("words", [2000])  # ~4k tokens (8k takes a minute alone here)
 def test_a_newcomer_does_not_wait_behind_a_long_prompt(srv, words):
-    import json as _json
     # A prompt of its own: no prefix of it is in the prefix cache.
     prompt = f"{words} " + "hello world " * words
-    body = _json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 1}).encode()
+    body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 1}).encode()
     started = srv.metrics()["ferrite_prompt_tokens_total"]
     sock = socket.create_connection(("127.0.0.1", srv.port))
     sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
@@ -599,7 +586,6 @@ def test_a_tool_that_refers_to_its_own_root_is_the_same_under_required_and_named
         "name": {"type": "string", "maxLength": 8},
         "kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 1}},
         "required": ["name", "kids"]}
-    import json as _json
     for choice in ["required", named]:
         r = chat_tools(srv, tree, choice)
         assert r.status_code == 200, r.text[:300]
@@ -610,7 +596,7 @@ def test_a_tool_that_refers_to_its_own_root_is_the_same_under_required_and_named
             # (before, the call grammar expected a list of calls there and got stuck).
             assert '"kids": [{"name": ' in message["content"], message
         else:
-            arguments = _json.loads(message["tool_calls"][0]["function"]["arguments"])
+            arguments = json.loads(message["tool_calls"][0]["function"]["arguments"])
             assert "name" in arguments and "kids" in arguments, arguments
 
 

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from conftest import MODEL, Server, wait_for
+from conftest import MODEL, Server, error_param, post, wait_for
 
 # Another client's small request must finish within this while a pathological one runs
 # (alone it takes well under a second).
@@ -26,10 +26,6 @@ def srv():
     s = Server(MODEL, ["--max-connections", "40", "--request-read-timeout", "2"])
     yield s
     s.stop()
-
-
-def post(server, body, path="/v1/completions", timeout=120, **kw):
-    return httpx.post(f"{server.base}{path}", json=body, timeout=timeout, **kw)
 
 
 def small(server):
@@ -89,13 +85,6 @@ def rss_mib(server):
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     raise AssertionError("no VmRSS")
-
-
-def error_param(r, status=400):
-    assert r.status_code == status, r.text
-    err = r.json()["error"]
-    assert err["type"] == "invalid_request_error", err
-    return err["param"]
 
 
 @pytest.mark.parametrize("regex", ["a{100000}", "(a{1000}){1000}", "\uFFFD{101695}"])

@@ -416,11 +416,10 @@ const PREFILL_STEP_TARGET: Duration = Duration::from_millis(300);
 /// meanwhile waits for the step's end before its own prompt runs (a 512-token step of
 /// an 8k prompt took over 2 s, and a one-token request arriving then waited 5 s). Longer
 /// than [`PREFILL_STEP_TARGET`]: a lone prompt's chunks stay large where they are cheap.
+const PREFILL_ALONE_TARGET: Duration = Duration::from_millis(400);
 
 /// How often the engine looks again when every running sequence waits for its reader.
 const BLOCKED_POLL: Duration = Duration::from_millis(5);
-
-const PREFILL_ALONE_TARGET: Duration = Duration::from_millis(400);
 
 /// Smallest prefill chunk while others decode, so that a long prompt still advances.
 const MIN_PREFILL_CHUNK: usize = 16;

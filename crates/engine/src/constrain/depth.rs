@@ -14,7 +14,10 @@ use std::collections::{HashMap, HashSet};
 
 use serde_json::Value;
 
-use super::{Grammar, GrammarKind};
+use super::parts::{embedded_schemas, PartChecks};
+use super::Grammar;
+#[cfg(test)]
+use super::GrammarKind;
 
 /// Deepest a JSON schema may go, counting each object or array level and following each
 /// local `$ref` to its target (a reference back into one being followed adds nothing:
@@ -31,39 +34,12 @@ pub const COMPILE_STACK_BYTES: usize = 64 << 20;
 
 /// Refuses a grammar whose compilation could recurse deeper than the limits allow.
 pub fn check(grammar: &Grammar) -> Result<(), String> {
-    match grammar.kind {
-        GrammarKind::Regex => Ok(()),
-        GrammarKind::JsonSchema => check_schema_text(&grammar.source),
-        GrammarKind::Lark => check_lark(&grammar.source),
-        GrammarKind::Llguidance => match serde_json::from_str::<Value>(&grammar.source) {
-            // llguidance's JSON form: `{"grammars": [{"json_schema": …} | {"lark_grammar": …}]}`.
-            Ok(Value::Object(top)) => {
-                for g in top
-                    .get("grammars")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                {
-                    if let Some(schema) = g.get("json_schema") {
-                        check_schema(schema)?;
-                    }
-                    if let Some(Value::String(lark)) = g.get("lark_grammar") {
-                        check_lark(lark)?;
-                    }
-                }
-                Ok(())
-            }
-            _ => check_lark(&grammar.source),
-        },
+    PartChecks {
+        regex: |_: &str| Ok(()),
+        schema: check_schema,
+        lark: check_lark,
     }
-}
-
-fn check_schema_text(text: &str) -> Result<(), String> {
-    // Text that is not JSON is left to llguidance, whose message names the problem.
-    match serde_json::from_str::<Value>(text) {
-        Ok(schema) => check_schema(&schema),
-        Err(_) => Ok(()),
-    }
+    .run(grammar)
 }
 
 fn check_schema(schema: &Value) -> Result<(), String> {
@@ -87,20 +63,7 @@ fn check_lark(source: &str) -> Result<(), String> {
             "the grammar has {lines} lines; at most {MAX_LARK_LINES} are allowed"
         ));
     }
-    let mut rest = source;
-    while let Some(at) = rest.find("%json") {
-        let after = rest[at + "%json".len()..].trim_start();
-        let mut values = serde_json::Deserializer::from_str(after).into_iter::<Value>();
-        match values.next() {
-            Some(Ok(schema)) => {
-                check_schema(&schema)?;
-                rest = &after[values.byte_offset()..];
-            }
-            // Not JSON after all: llguidance says what is wrong.
-            _ => rest = after,
-        }
-    }
-    Ok(())
+    embedded_schemas(source, check_schema)
 }
 
 /// One depth-first walk of a schema through its local references.

@@ -13,6 +13,7 @@
 //! llguidance turns its own panics into errors.
 
 pub mod depth;
+mod parts;
 pub mod regexes;
 mod tokenizer_env;
 

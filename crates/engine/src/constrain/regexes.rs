@@ -9,7 +9,10 @@
 
 use serde_json::Value;
 
-use super::{Grammar, GrammarKind};
+use super::parts::{embedded_schemas, PartChecks};
+use super::Grammar;
+#[cfg(test)]
+use super::GrammarKind;
 
 /// Longest shortest-match a regex may have, in bytes. A regex whose every match is
 /// longer (`\u{FFFD}{101695}`: 300 kB) forces that many bytes, and llguidance builds and
@@ -21,34 +24,12 @@ pub const MAX_REGEX_MIN_BYTES: usize = 1 << 14;
 /// [`MAX_REGEX_MIN_BYTES`]. Text that does not parse is left to llguidance, whose
 /// message names the problem.
 pub fn check(grammar: &Grammar) -> Result<(), String> {
-    match grammar.kind {
-        GrammarKind::Regex => check_regex(&grammar.source),
-        GrammarKind::JsonSchema => match serde_json::from_str::<Value>(&grammar.source) {
-            Ok(schema) => check_schema(&schema),
-            Err(_) => Ok(()),
-        },
-        GrammarKind::Lark => check_lark(&grammar.source),
-        GrammarKind::Llguidance => match serde_json::from_str::<Value>(&grammar.source) {
-            // llguidance's JSON form: `{"grammars": [{"json_schema": …} | {"lark_grammar": …}]}`.
-            Ok(Value::Object(top)) => {
-                for g in top
-                    .get("grammars")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                {
-                    if let Some(schema) = g.get("json_schema") {
-                        check_schema(schema)?;
-                    }
-                    if let Some(Value::String(lark)) = g.get("lark_grammar") {
-                        check_lark(lark)?;
-                    }
-                }
-                Ok(())
-            }
-            _ => check_lark(&grammar.source),
-        },
+    PartChecks {
+        regex: check_regex,
+        schema: check_schema,
+        lark: check_lark,
     }
+    .run(grammar)
 }
 
 /// One regex (Rust `regex` syntax, as llguidance reads it).
@@ -134,19 +115,7 @@ fn check_lark(source: &str) -> Result<(), String> {
             }
         }
     }
-    let mut rest = source;
-    while let Some(at) = rest.find("%json") {
-        let after = rest[at + "%json".len()..].trim_start();
-        let mut values = serde_json::Deserializer::from_str(after).into_iter::<Value>();
-        match values.next() {
-            Some(Ok(schema)) => {
-                check_schema(&schema)?;
-                rest = &after[values.byte_offset()..];
-            }
-            _ => rest = after,
-        }
-    }
-    Ok(())
+    embedded_schemas(source, check_schema)
 }
 
 #[cfg(test)]

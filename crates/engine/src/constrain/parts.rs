@@ -1,0 +1,77 @@
+//! The parts of a grammar that the checks before compiling measure: a regex grammar's
+//! regex, a JSON schema, a Lark grammar, the parts of llguidance's JSON list of grammars,
+//! and the JSON schemas a Lark grammar embeds in `%json` blocks.
+
+use serde_json::Value;
+
+use super::{Grammar, GrammarKind};
+
+/// What a check does with each kind of part; each returns the refusal, if any.
+pub(super) struct PartChecks<R, S, L> {
+    /// A whole regex grammar.
+    pub regex: R,
+    /// A JSON schema (parsed; text that is not JSON is left to llguidance).
+    pub schema: S,
+    /// A Lark grammar's text.
+    pub lark: L,
+}
+
+impl<R, S, L> PartChecks<R, S, L>
+where
+    R: Fn(&str) -> Result<(), String>,
+    S: Fn(&Value) -> Result<(), String>,
+    L: Fn(&str) -> Result<(), String>,
+{
+    /// Runs the checks over every part of `grammar`.
+    pub(super) fn run(&self, grammar: &Grammar) -> Result<(), String> {
+        match grammar.kind {
+            GrammarKind::Regex => (self.regex)(&grammar.source),
+            GrammarKind::JsonSchema => match serde_json::from_str::<Value>(&grammar.source) {
+                Ok(schema) => (self.schema)(&schema),
+                Err(_) => Ok(()),
+            },
+            GrammarKind::Lark => (self.lark)(&grammar.source),
+            GrammarKind::Llguidance => match serde_json::from_str::<Value>(&grammar.source) {
+                // llguidance's JSON form: `{"grammars": [{"json_schema": …} | {"lark_grammar": …}]}`.
+                Ok(Value::Object(top)) => {
+                    for g in top
+                        .get("grammars")
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                    {
+                        if let Some(schema) = g.get("json_schema") {
+                            (self.schema)(schema)?;
+                        }
+                        if let Some(Value::String(lark)) = g.get("lark_grammar") {
+                            (self.lark)(lark)?;
+                        }
+                    }
+                    Ok(())
+                }
+                _ => (self.lark)(&grammar.source),
+            },
+        }
+    }
+}
+
+/// Runs `check` on each JSON schema a Lark grammar embeds (`%json { … }`); text after
+/// `%json` that is not JSON is left to llguidance, whose message names the problem.
+pub(super) fn embedded_schemas(
+    source: &str,
+    check: impl Fn(&Value) -> Result<(), String>,
+) -> Result<(), String> {
+    let mut rest = source;
+    while let Some(at) = rest.find("%json") {
+        let after = rest[at + "%json".len()..].trim_start();
+        let mut values = serde_json::Deserializer::from_str(after).into_iter::<Value>();
+        match values.next() {
+            Some(Ok(schema)) => {
+                check(&schema)?;
+                rest = &after[values.byte_offset()..];
+            }
+            _ => rest = after,
+        }
+    }
+    Ok(())
+}
