@@ -41,10 +41,10 @@ pub struct WaitingView {
     pub request: u64,
 }
 
-/// Slots past `max_running` kept for requests that have nothing running: at least one,
-/// a quarter of the slots with many.
+/// Slots past `max_running` kept for requests that have nothing running: a quarter of
+/// them (none below four: a server run with one or two slots is held to them).
 pub fn headroom(config: &SchedulerConfig) -> usize {
-    (config.max_running / 4).max(1)
+    config.max_running / 4
 }
 
 /// Which waiting groups (indices into `waiting`, which is in admission order) to admit,

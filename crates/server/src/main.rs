@@ -98,7 +98,7 @@ struct ServeArgs {
     /// Longest prompt plus completion, in tokens; default: the model's training context.
     #[arg(long, env = "FERRITE_CTX_SIZE")]
     ctx_size: Option<usize>,
-    /// Most sequences decoded together; a quarter more are kept for requests that have
+    /// Most sequences decoded together; a quarter more (rounded down) are kept for requests that have
     /// nothing running yet, so that one request's choices cannot hold every slot.
     #[arg(long, default_value_t = 64, env = "FERRITE_MAX_RUNNING")]
     max_running: usize,
