@@ -1,5 +1,6 @@
 """Starts the release binary on the default model for the end-to-end tests."""
 
+import json
 import os
 import socket
 import subprocess
@@ -47,6 +48,30 @@ def error_param(r, status=400):
     return err["param"]
 
 
+def completion_request(body: dict) -> bytes:
+    """An HTTP/1.1 POST of `body` to /v1/completions, as bytes for a socket."""
+    data = json.dumps(body).encode()
+    return (b"POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n" % len(data) + data)
+
+
+def raw(server, data: bytes, read=True):
+    """Sends `data` on a new connection; returns what came back until the server closed
+    it or went quiet for 10 s, or the open socket when not `read`."""
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    s.sendall(data)
+    if not read:
+        return s
+    out = b""
+    try:
+        while chunk := s.recv(65536):
+            out += chunk
+    except socket.timeout:
+        pass
+    s.close()
+    return out
+
+
 class Server:
     """A running `ferrite serve` process."""
 
@@ -82,6 +107,14 @@ class Server:
         self.proc.wait()
         self.log.close()
         raise AssertionError(f"ferrite did not become ready in 120 s; see {self.log.name}")
+
+    def memory_mib(self, key="VmRSS") -> float:
+        """A memory figure of the process's /proc status (`VmRSS`, `VmHWM`), in MiB."""
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) / 1024
+        raise AssertionError(f"no {key}")
 
     def metrics(self) -> dict:
         text = httpx.get(f"{self.metrics_base}/metrics", timeout=5).text

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from conftest import MODEL, Server, error_param, post, wait_for
+from conftest import MODEL, Server, completion_request, error_param, post, raw, wait_for
 
 # What one hostile request may add to the server's peak memory beyond its KV cache
 # share (the small prompts here need a few MiB of KV at most).
@@ -26,14 +26,6 @@ def srv():
     s = Server(MODEL, ["--max-connections", "64", "--request-read-timeout", "2"])
     yield s
     s.stop()
-
-
-def status(server, key):
-    with open(f"/proc/{server.proc.pid}/status") as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1]) / 1024
-    raise AssertionError(f"no {key}")
 
 
 class Canary:
@@ -53,7 +45,7 @@ class Canary:
         self.client.get("/health")
         with open(f"/proc/{self.server.proc.pid}/clear_refs", "w") as f:
             f.write("5")  # resets VmHWM to the current RSS
-        self.before = status(self.server, "VmRSS:")
+        self.before = self.server.memory_mib("VmRSS")
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.thread.start()
         return self
@@ -76,7 +68,7 @@ class Canary:
         self.thread.join(60)
         self.client.close()
         assert self.server.proc.poll() is None, "the server died"
-        self.grew = status(self.server, "VmHWM:") - self.before
+        self.grew = self.server.memory_mib("VmHWM") - self.before
         return False
 
     def check(self, mib=REQUEST_MIB):
@@ -287,13 +279,11 @@ def settled(server):
 
 def test_an_http1_client_that_stops_reading_stops_its_generation(tight):
     before = generated(tight)
-    body = ('{"model":"%s","prompt":"Once upon a time","max_tokens":4000,"ignore_eos":true,'
-            '"stream":true}' % MODEL).encode()
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(("127.0.0.1", tight.port))
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-                 b"content-length: %d\r\n\r\n" % len(body) + body)
+    sock.sendall(completion_request({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4000,
+                                     "ignore_eos": True, "stream": True}))
     wait_for(lambda: tight.metrics()["ferrite_requests_running"] == 1, 10)
     paused_at = settled(tight)
     print("generated before pausing:", paused_at - before)
@@ -512,11 +502,9 @@ def slots():
 def test_one_request_cannot_hold_every_slot(slots, hog):
     srv = slots
     # Sent on a socket of its own, its answer unread until the end: closing it ends it.
-    body = json.dumps({"model": MODEL, "max_tokens": 300, "ignore_eos": True, **hog}).encode()
     before = generated(srv)
-    sock = socket.create_connection(("127.0.0.1", srv.port))
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
-                 b"content-length: %d\r\n\r\n" % len(body) + body)
+    sock = raw(srv, completion_request({"model": MODEL, "max_tokens": 300, "ignore_eos": True, **hog}),
+               read=False)
     try:
         # Once its 32 sequences decode (two tokens each).
         wait_for(lambda: generated(srv) >= before + 64, 30)
@@ -541,11 +529,8 @@ def test_one_request_cannot_hold_every_slot(slots, hog):
 def test_a_newcomer_does_not_wait_behind_a_long_prompt(srv, words):
     # A prompt of its own: no prefix of it is in the prefix cache.
     prompt = f"{words} " + "hello world " * words
-    body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 1}).encode()
     started = srv.metrics()["ferrite_prompt_tokens_total"]
-    sock = socket.create_connection(("127.0.0.1", srv.port))
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
-                 b"content-length: %d\r\n\r\n" % len(body) + body)
+    sock = raw(srv, completion_request({"model": MODEL, "prompt": prompt, "max_tokens": 1}), read=False)
     try:
         # Its prefill has begun when the prompt-token counter moves.
         wait_for(lambda: srv.metrics()["ferrite_prompt_tokens_total"] > started, 60)

@@ -2,19 +2,16 @@
 pathological request found by trying the server as an attacker would, against the real
 binary, with the bound it must now respect asserted."""
 
-import json
-import os
 import select
 import signal
 import socket
-import subprocess
 import threading
 import time
 
 import httpx
 import pytest
 
-from conftest import MODEL, Server, error_param, post, wait_for
+from conftest import MODEL, Server, completion_request, error_param, post, raw, wait_for
 
 # Another client's small request must finish within this while a pathological one runs
 # (alone it takes well under a second).
@@ -79,14 +76,6 @@ def small_beside(server, get):
     return took
 
 
-def rss_mib(server):
-    with open(f"/proc/{server.proc.pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
-
-
 @pytest.mark.parametrize("regex", ["a{100000}", "(a{1000}){1000}", "\uFFFD{101695}"])
 def test_a_regex_that_forces_a_huge_run_is_a_400(srv, regex):
     r = post(srv, {"model": MODEL, "prompt": "x", "guided_regex": regex, "max_tokens": 4})
@@ -136,11 +125,11 @@ def test_stop_strings_are_bounded(srv):
     get = in_background(lambda: post(srv, body))
     assert small_beside(srv, get) < FEW_SECONDS
     assert get().status_code == 200
-    before = rss_mib(srv)
+    before = srv.memory_mib()
     r = post(srv, {**body, "n": 128, "max_tokens": 16})
     assert r.status_code == 200, r.text[:200]
     assert len(r.json()["choices"]) == 128
-    assert rss_mib(srv) - before < 300
+    assert srv.memory_mib() - before < 300
 
 
 def test_answers_and_kv_needs_are_bounded_before_anything_runs(srv):
@@ -198,10 +187,8 @@ def test_a_request_with_ten_thousand_prompts_does_not_starve_others(srv):
 
 def test_streams_keep_their_pace_while_a_long_prompt_is_prefilled(srv):
     long_prompt = "hello world " * 4000  # 8,000 tokens
-    body = json.dumps({"model": MODEL, "prompt": long_prompt, "max_tokens": 1}).encode()
     started = srv.metrics()["ferrite_prompt_tokens_total"]
-    long = raw(srv, b"POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
-               + f"content-length: {len(body)}\r\n\r\n".encode() + body, read=False)
+    long = raw(srv, completion_request({"model": MODEL, "prompt": long_prompt, "max_tokens": 1}), read=False)
     # Its prefill has begun when the prompt-token counter moves.
     wait_for(lambda: srv.metrics()["ferrite_prompt_tokens_total"] > started, 60)
     prefilled = srv.metrics()["ferrite_prompt_tokens_total"]
@@ -230,21 +217,6 @@ def test_streams_keep_their_pace_while_a_long_prompt_is_prefilled(srv):
     print(f"worst inter-token gap during a long prefill: {max(gaps):.3f} s")
     assert len(gaps) >= 39
     assert max(gaps) <= 1.0, max(gaps)
-
-
-def raw(server, data: bytes, read=True):
-    s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-    s.sendall(data)
-    if not read:
-        return s
-    out = b""
-    try:
-        while chunk := s.recv(65536):
-            out += chunk
-    except socket.timeout:
-        pass
-    s.close()
-    return out
 
 
 def test_a_huge_declared_body_is_a_413_at_once(srv):

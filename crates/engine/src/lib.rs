@@ -4,7 +4,6 @@
 pub mod constrain;
 pub mod cpu;
 pub mod error;
-pub mod events;
 pub mod gguf;
 mod gguf_header;
 pub mod huge_pages;
@@ -25,6 +24,5 @@ pub mod worker;
 pub use running::MAX_DRAFT;
 
 pub use error::EngineError;
-pub use events::Events;
-pub use sequence::{FinishReason, PromptLogprob, SequenceEvent, SequenceRequest};
+pub use sequence::{Events, FinishReason, PromptLogprob, SequenceEvent, SequenceRequest};
 pub use worker::{Engine, EngineConfig, EngineHandle, StatsSnapshot};

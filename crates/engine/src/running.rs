@@ -6,12 +6,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::constrain::{Constraint, MaskError};
-use crate::events::EventSender;
 use crate::kv_cache::SequenceCache;
 use crate::lookup::{self, DraftLength, PromptLookup};
 use crate::model::Logits;
 use crate::sampling::{log_sum_exp, top_k, Sampler};
-use crate::sequence::{FinishReason, PromptLogprob, SequenceEvent, SequenceRequest};
+use crate::sequence::{EventSender, FinishReason, PromptLogprob, SequenceEvent, SequenceRequest};
 use crate::stop::{StopCheck, StopMatcher};
 use crate::tokenizer::{IncrementalDecoder, TokenId, Tokenizer};
 

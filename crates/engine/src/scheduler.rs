@@ -25,6 +25,19 @@ pub struct RunningView {
     pub blocked: bool,
 }
 
+impl RunningView {
+    /// Whether it takes a decode token this step: its prompt is in and its reader keeps
+    /// up.
+    pub fn decodes(&self) -> bool {
+        self.pending_prefill == 0 && !self.blocked
+    }
+}
+
+/// How many of `running` take a decode token this step.
+pub fn decoding(running: &[RunningView]) -> usize {
+    running.iter().filter(|r| r.decodes()).count()
+}
+
 /// Steps a pending prompt may be passed over before it goes ahead of shorter ones: a
 /// steady stream of short prompts (one request of thousands, say) must not hold a longer
 /// one back for ever.
@@ -42,7 +55,7 @@ pub struct WaitingView {
 }
 
 /// Slots past `max_running` kept for requests that have nothing running: a quarter of
-/// them (none below four: a server run with one or two slots is held to them).
+/// them (none below four: a server run with one to three slots is held to them).
 pub fn headroom(config: &SchedulerConfig) -> usize {
     config.max_running / 4
 }
@@ -102,10 +115,8 @@ pub fn admit(
 /// passed over [`PASSED_OVER_LIMIT`] steps in a row, which go first (so every prompt
 /// moves at least every few steps, however many short ones keep arriving).
 pub fn plan_step(config: &SchedulerConfig, running: &[RunningView]) -> Vec<usize> {
-    let decodes = |r: &RunningView| r.pending_prefill == 0 && !r.blocked;
-    let decoding = running.iter().filter(|r| decodes(r)).count();
-    let mut budget = config.max_step_tokens.saturating_sub(decoding);
-    let mut plan: Vec<usize> = running.iter().map(|r| usize::from(decodes(r))).collect();
+    let mut budget = config.max_step_tokens.saturating_sub(decoding(running));
+    let mut plan: Vec<usize> = running.iter().map(|r| usize::from(r.decodes())).collect();
     let mut prefilling: Vec<usize> = (0..running.len())
         .filter(|&i| running[i].pending_prefill > 0)
         .collect();

@@ -12,13 +12,12 @@ use std::time::{Duration, Instant};
 use rayon::prelude::*;
 
 use crate::constrain::{Constraint, ConstraintFactory, Grammar};
-use crate::events::{self, EventSender, Events};
 use crate::lookup::PromptLookup;
 use crate::model::{BatchEntry, Logits, Model, ModelInfo};
 use crate::prefix_cache::PrefixCache;
 use crate::running::{Followers, Sequence};
 use crate::scheduler::{self, RunningView, SchedulerConfig, WaitingView};
-use crate::sequence::{SequenceEvent, SequenceRequest};
+use crate::sequence::{self, EventSender, Events, SequenceEvent, SequenceRequest};
 use crate::tokenizer::Tokenizer;
 use crate::EngineError;
 
@@ -37,7 +36,7 @@ pub struct EngineConfig {
     /// Speculative decoding by prompt lookup, or `None` for off.
     pub prompt_lookup: Option<PromptLookup>,
     /// Longest a sequence may wait for its reader to catch up
-    /// ([`events::MAX_UNREAD_EVENTS`] behind); then it ends with
+    /// ([`crate::sequence::MAX_UNREAD_EVENTS`] behind); then it ends with
     /// [`SequenceEvent::TimedOut`] and its KV cache and slot are freed.
     pub stalled_reader_timeout: Duration,
 }
@@ -247,7 +246,7 @@ impl EngineHandle {
         for requests in groups {
             let mut receivers = Vec::with_capacity(requests.len());
             let mut members = requests.into_iter().map(|r| {
-                let (tx, rx) = events::channel();
+                let (tx, rx) = sequence::channel();
                 receivers.push(rx);
                 (r, tx)
             });
@@ -362,8 +361,7 @@ impl Engine {
         let stats = Arc::new(EngineStats::default());
         let info = model.info().clone();
         let worker = Worker {
-            prefill_chunk: config.scheduler.max_step_tokens,
-            alone_chunk: config.scheduler.max_step_tokens,
+            prefill_token_seconds: 0.0,
             model,
             tokenizer: Arc::clone(&tokenizer),
             config,
@@ -431,12 +429,10 @@ const MIN_PREFILL_CHUNK: usize = 16;
 const LOOKUP_MAX_DECODING: usize = 4;
 
 struct Worker {
-    /// Most prompt tokens in a step while other sequences run (adapted to
-    /// [`PREFILL_STEP_TARGET`]).
-    prefill_chunk: usize,
-    /// Most prompt tokens in a step of a prompt running alone (adapted to
-    /// [`PREFILL_ALONE_TARGET`]).
-    alone_chunk: usize,
+    /// Seconds per prompt token of the last step that carried a prefill chunk (none
+    /// yet: 0), which sizes the next chunk to [`PREFILL_STEP_TARGET`] or
+    /// [`PREFILL_ALONE_TARGET`].
+    prefill_token_seconds: f64,
     model: Box<dyn Model>,
     tokenizer: Arc<Tokenizer>,
     config: EngineConfig,
@@ -691,18 +687,15 @@ impl Worker {
             std::thread::sleep(BLOCKED_POLL);
             return;
         }
-        let decoding = views
-            .iter()
-            .filter(|v| v.pending_prefill == 0 && !v.blocked)
-            .count();
+        let decoding = scheduler::decoding(&views);
         // With others running, a prompt's chunk must not make them wait long for their
         // next token (or their own first one); alone, not long for one that may arrive.
         let shared = self.running.len() > 1;
         let mut config = self.config.scheduler;
-        let chunk = match shared {
-            true => self.prefill_chunk,
-            false => self.alone_chunk,
-        };
+        let chunk = self.prefill_chunk(match shared {
+            true => PREFILL_STEP_TARGET,
+            false => PREFILL_ALONE_TARGET,
+        });
         config.max_step_tokens = config.max_step_tokens.min(decoding + chunk);
         let plan = scheduler::plan_step(&config, &views);
         for ((seq, view), &n) in self.running.iter_mut().zip(&views).zip(&plan) {
@@ -729,15 +722,9 @@ impl Worker {
         let started = Instant::now();
         let outcome = catch_unwind(AssertUnwindSafe(|| self.forward_and_sample(&plan)));
         if prefill_tokens > 0 {
-            // Both sizes from this step's time per prompt token, so that the first step
-            // shared with a newcomer is sized for it already.
-            let per_token = started.elapsed().as_secs_f64() / prefill_tokens as f64;
-            let fits = |target: Duration| {
-                ((target.as_secs_f64() / per_token.max(1e-9)) as usize)
-                    .clamp(MIN_PREFILL_CHUNK, self.config.scheduler.max_step_tokens)
-            };
-            self.prefill_chunk = fits(PREFILL_STEP_TARGET);
-            self.alone_chunk = fits(PREFILL_ALONE_TARGET);
+            // Measured alone or shared, so that the first step shared with a newcomer is
+            // sized for it already.
+            self.prefill_token_seconds = started.elapsed().as_secs_f64() / prefill_tokens as f64;
         }
         match outcome {
             Ok(Ok(finished)) => {
@@ -760,6 +747,16 @@ impl Worker {
         self.stats
             .prompt_tokens
             .fetch_add(prefill_tokens as u64, Ordering::Relaxed);
+    }
+
+    /// Most prompt tokens a step may carry to take about `target`, from the last
+    /// prefill step's time per token (the whole step budget before any was measured).
+    fn prefill_chunk(&self, target: Duration) -> usize {
+        let max = self.config.scheduler.max_step_tokens;
+        if self.prefill_token_seconds <= 0.0 {
+            return max;
+        }
+        ((target.as_secs_f64() / self.prefill_token_seconds) as usize).clamp(MIN_PREFILL_CHUNK, max)
     }
 
     /// Runs one forward step with `plan[i]` tokens of running sequence i (plus any draft

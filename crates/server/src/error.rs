@@ -3,6 +3,7 @@
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use ferrite_engine::tokenizer::Cancelled;
 use ferrite_engine::EngineError;
 use ferrite_protocol::{ErrorBody, ErrorDetail};
 
@@ -163,6 +164,13 @@ impl ApiError {
                 code: code.map(str::to_string),
             },
         }
+    }
+}
+
+impl From<Cancelled> for ApiError {
+    /// Tokenizing stopped because the client went away: nobody reads this answer.
+    fn from(_: Cancelled) -> Self {
+        Self::Unavailable("the request was cancelled".into())
     }
 }
 

@@ -4,17 +4,9 @@
 //! rebinding) reaches the server under that domain's name, and its requests are refused
 //! before any route runs. A server bound elsewhere answers any name unless the option
 //! lists them. Requests without a name (HTTP/1.0) are answered: browsers always send one.
+//! The router's `check_host` layer asks [`AllowedHosts::allows`] before any route runs.
 
 use std::net::IpAddr;
-use std::sync::Arc;
-
-use axum::extract::{Request, State};
-use axum::http::header::HOST;
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-
-use crate::error::ApiError;
-use crate::state::AppState;
 
 /// The `Host` names the server answers to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -47,16 +39,13 @@ impl AllowedHosts {
                 "`{bad}` is not a host name: write a name or an address without port, such as api.example.com, or *"
             ));
         }
-        let loopback = host == "localhost"
-            || host
-                .trim_matches(['[', ']'])
-                .parse::<IpAddr>()
-                .is_ok_and(|ip| ip.is_loopback());
-        Ok(if values.is_empty() && !loopback {
-            Self::Any
-        } else {
-            Self::Listed(values)
-        })
+        Ok(
+            if values.is_empty() && !is_loopback_name(host.trim_matches(['[', ']'])) {
+                Self::Any
+            } else {
+                Self::Listed(values)
+            },
+        )
     }
 
     /// Whether a request naming `authority` (`host[:port]`) is answered.
@@ -82,28 +71,6 @@ fn is_loopback_name(name: &str) -> bool {
     name == "localhost"
         || name.ends_with(".localhost")
         || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
-}
-
-/// Refuses requests whose `Host` (or HTTP/2 `:authority`) the server does not answer to,
-/// with a 403 in the OpenAI shape.
-pub async fn check_host(
-    State(state): State<Arc<AppState>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let authority = request
-        .headers()
-        .get(HOST)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
-        .or_else(|| request.uri().authority().map(|a| a.to_string()));
-    match authority {
-        Some(a) if !state.allowed_hosts.allows(&a) => {
-            let shown: String = a.chars().take(200).collect();
-            ApiError::HostNotAllowed(shown).into_response()
-        }
-        _ => next.run(request).await,
-    }
 }
 
 #[cfg(test)]

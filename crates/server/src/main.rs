@@ -98,8 +98,9 @@ struct ServeArgs {
     /// Longest prompt plus completion, in tokens; default: the model's training context.
     #[arg(long, env = "FERRITE_CTX_SIZE")]
     ctx_size: Option<usize>,
-    /// Most sequences decoded together; a quarter more (rounded down) are kept for requests that have
-    /// nothing running yet, so that one request's choices cannot hold every slot.
+    /// Most sequences decoded together; a quarter more (rounded down) are kept for
+    /// requests that have nothing running yet, so that one request's choices cannot hold
+    /// every slot.
     #[arg(long, default_value_t = 64, env = "FERRITE_MAX_RUNNING")]
     max_running: usize,
     /// Most tokens in one forward step (prefill chunk size plus decodes).

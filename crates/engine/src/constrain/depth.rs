@@ -14,11 +14,6 @@ use std::collections::{HashMap, HashSet};
 
 use serde_json::Value;
 
-use super::parts::{embedded_schemas, PartChecks};
-use super::Grammar;
-#[cfg(test)]
-use super::GrammarKind;
-
 /// Deepest a JSON schema may go, counting each object or array level and following each
 /// local `$ref` to its target (a reference back into one being followed adds nothing:
 /// llguidance ties such cycles lazily). About 2.6 MiB of stack at the limit.
@@ -32,17 +27,9 @@ pub const MAX_LARK_LINES: usize = 2000;
 /// reserved but only touched as deep as a grammar goes.
 pub const COMPILE_STACK_BYTES: usize = 64 << 20;
 
-/// Refuses a grammar whose compilation could recurse deeper than the limits allow.
-pub fn check(grammar: &Grammar) -> Result<(), String> {
-    PartChecks {
-        regex: |_: &str| Ok(()),
-        schema: check_schema,
-        lark: check_lark,
-    }
-    .run(grammar)
-}
-
-fn check_schema(schema: &Value) -> Result<(), String> {
+/// Refuses a schema that, followed through its local references, nests deeper than
+/// [`MAX_SCHEMA_DEPTH`].
+pub(super) fn check_schema(schema: &Value) -> Result<(), String> {
     let mut walk = Walk {
         root: schema,
         done: HashMap::new(),
@@ -55,15 +42,15 @@ fn check_schema(schema: &Value) -> Result<(), String> {
     })
 }
 
-/// A Lark grammar's lines, and the JSON schemas its `%json` blocks embed.
-fn check_lark(source: &str) -> Result<(), String> {
+/// A Lark grammar's lines (the schemas of its `%json` blocks are measured as schemas).
+pub(super) fn check_lark(source: &str) -> Result<(), String> {
     let lines = source.lines().filter(|l| !l.trim().is_empty()).count();
     if lines > MAX_LARK_LINES {
         return Err(format!(
             "the grammar has {lines} lines; at most {MAX_LARK_LINES} are allowed"
         ));
     }
-    embedded_schemas(source, check_schema)
+    Ok(())
 }
 
 /// One depth-first walk of a schema through its local references.
@@ -138,7 +125,20 @@ impl Walk<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::constrain::parts::PartChecks;
+    use crate::constrain::{Grammar, GrammarKind};
     use serde_json::json;
+
+    /// This module's checks alone over a whole grammar (the compiler runs them with the
+    /// others, in `parts::check_before_compiling`).
+    fn check(grammar: &Grammar) -> Result<(), String> {
+        PartChecks {
+            regex: |_: &str| Ok(()),
+            schema: check_schema,
+            lark: check_lark,
+        }
+        .run(grammar)
+    }
 
     fn chain(links: usize) -> Value {
         let mut defs = serde_json::Map::new();

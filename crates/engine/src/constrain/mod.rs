@@ -106,8 +106,7 @@ impl ConstraintFactory {
     /// that exceeds the limits at once, or allows no output at all, is refused here
     /// rather than in a generation step.
     pub fn compile(&self, grammar: &Grammar) -> Result<Constraint, String> {
-        regexes::check(grammar)?;
-        depth::check(grammar)?;
+        parts::check_before_compiling(grammar)?;
         // Compiling recurses as deep as the grammar goes: on a stack that holds the
         // deepest one `depth::check` lets through, many times over.
         std::thread::scope(|scope| {

@@ -1,10 +1,11 @@
 //! The parts of a grammar that the checks before compiling measure: a regex grammar's
 //! regex, a JSON schema, a Lark grammar, the parts of llguidance's JSON list of grammars,
-//! and the JSON schemas a Lark grammar embeds in `%json` blocks.
+//! and the JSON schemas a Lark grammar embeds in `%json` blocks. Each part is found and
+//! parsed once, and every check ([`super::regexes`], [`super::depth`]) runs on it.
 
 use serde_json::Value;
 
-use super::{Grammar, GrammarKind};
+use super::{depth, regexes, Grammar, GrammarKind};
 
 /// What a check does with each kind of part; each returns the refusal, if any.
 pub(super) struct PartChecks<R, S, L> {
@@ -12,7 +13,7 @@ pub(super) struct PartChecks<R, S, L> {
     pub regex: R,
     /// A JSON schema (parsed; text that is not JSON is left to llguidance).
     pub schema: S,
-    /// A Lark grammar's text.
+    /// A Lark grammar's text (the schemas of its `%json` blocks go to `schema`).
     pub lark: L,
 }
 
@@ -30,7 +31,7 @@ where
                 Ok(schema) => (self.schema)(&schema),
                 Err(_) => Ok(()),
             },
-            GrammarKind::Lark => (self.lark)(&grammar.source),
+            GrammarKind::Lark => self.lark_and_its_schemas(&grammar.source),
             GrammarKind::Llguidance => match serde_json::from_str::<Value>(&grammar.source) {
                 // llguidance's JSON form: `{"grammars": [{"json_schema": …} | {"lark_grammar": …}]}`.
                 Ok(Value::Object(top)) => {
@@ -44,34 +45,49 @@ where
                             (self.schema)(schema)?;
                         }
                         if let Some(Value::String(lark)) = g.get("lark_grammar") {
-                            (self.lark)(lark)?;
+                            self.lark_and_its_schemas(lark)?;
                         }
                     }
                     Ok(())
                 }
-                _ => (self.lark)(&grammar.source),
+                _ => self.lark_and_its_schemas(&grammar.source),
             },
         }
     }
+
+    /// A Lark grammar, then each JSON schema it embeds (`%json { … }`); text after
+    /// `%json` that is not JSON is left to llguidance, whose message names the problem.
+    fn lark_and_its_schemas(&self, source: &str) -> Result<(), String> {
+        (self.lark)(source)?;
+        let mut rest = source;
+        while let Some(at) = rest.find("%json") {
+            let after = rest[at + "%json".len()..].trim_start();
+            let mut values = serde_json::Deserializer::from_str(after).into_iter::<Value>();
+            match values.next() {
+                Some(Ok(schema)) => {
+                    (self.schema)(&schema)?;
+                    rest = &after[values.byte_offset()..];
+                }
+                _ => rest = after,
+            }
+        }
+        Ok(())
+    }
 }
 
-/// Runs `check` on each JSON schema a Lark grammar embeds (`%json { … }`); text after
-/// `%json` that is not JSON is left to llguidance, whose message names the problem.
-pub(super) fn embedded_schemas(
-    source: &str,
-    check: impl Fn(&Value) -> Result<(), String>,
-) -> Result<(), String> {
-    let mut rest = source;
-    while let Some(at) = rest.find("%json") {
-        let after = rest[at + "%json".len()..].trim_start();
-        let mut values = serde_json::Deserializer::from_str(after).into_iter::<Value>();
-        match values.next() {
-            Some(Ok(schema)) => {
-                check(&schema)?;
-                rest = &after[values.byte_offset()..];
-            }
-            _ => rest = after,
-        }
+/// Every check a grammar must pass before it compiles: the regexes it holds
+/// ([`super::regexes`]) and how deep compiling it would recurse ([`super::depth`]).
+pub(super) fn check_before_compiling(grammar: &Grammar) -> Result<(), String> {
+    PartChecks {
+        regex: regexes::check_regex,
+        schema: |schema: &Value| {
+            regexes::check_schema(schema)?;
+            depth::check_schema(schema)
+        },
+        lark: |lark: &str| {
+            regexes::check_lark(lark)?;
+            depth::check_lark(lark)
+        },
     }
-    Ok(())
+    .run(grammar)
 }

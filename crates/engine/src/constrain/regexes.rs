@@ -9,30 +9,14 @@
 
 use serde_json::Value;
 
-use super::parts::{embedded_schemas, PartChecks};
-use super::Grammar;
-#[cfg(test)]
-use super::GrammarKind;
-
 /// Longest shortest-match a regex may have, in bytes. A regex whose every match is
 /// longer (`\u{FFFD}{101695}`: 300 kB) forces that many bytes, and llguidance builds and
 /// walks them all to compile it (~0.4 s natively for 300 kB, 320 MiB for 1 MB); no real
 /// output format needs this.
 pub const MAX_REGEX_MIN_BYTES: usize = 1 << 14;
 
-/// Refuses a grammar holding a regex whose shortest match is longer than
-/// [`MAX_REGEX_MIN_BYTES`]. Text that does not parse is left to llguidance, whose
-/// message names the problem.
-pub fn check(grammar: &Grammar) -> Result<(), String> {
-    PartChecks {
-        regex: check_regex,
-        schema: check_schema,
-        lark: check_lark,
-    }
-    .run(grammar)
-}
-
-/// One regex (Rust `regex` syntax, as llguidance reads it).
+/// One regex (Rust `regex` syntax, as llguidance reads it). Text that does not parse is
+/// left to llguidance, whose message names the problem.
 pub fn check_regex(source: &str) -> Result<(), String> {
     let Ok(hir) = regex_syntax::Parser::new().parse(source) else {
         return Ok(());
@@ -47,7 +31,7 @@ pub fn check_regex(source: &str) -> Result<(), String> {
 
 /// Every `pattern` and `patternProperties` name anywhere in a schema (definitions
 /// included: whatever is there may be compiled).
-fn check_schema(schema: &Value) -> Result<(), String> {
+pub(super) fn check_schema(schema: &Value) -> Result<(), String> {
     // An explicit stack: a schema may nest as deep as its JSON text goes.
     let mut stack = vec![schema];
     while let Some(node) = stack.pop() {
@@ -71,9 +55,9 @@ fn check_schema(schema: &Value) -> Result<(), String> {
     Ok(())
 }
 
-/// Each `/…/` terminal of a Lark grammar (outside strings and `//` comments), and the
-/// schemas its `%json` blocks embed.
-fn check_lark(source: &str) -> Result<(), String> {
+/// Each `/…/` terminal of a Lark grammar (outside strings and `//` comments; the schemas
+/// of its `%json` blocks are checked as schemas).
+pub(super) fn check_lark(source: &str) -> Result<(), String> {
     for line in source.lines() {
         let mut chars = line.char_indices().peekable();
         while let Some((at, c)) = chars.next() {
@@ -115,13 +99,26 @@ fn check_lark(source: &str) -> Result<(), String> {
             }
         }
     }
-    embedded_schemas(source, check_schema)
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::constrain::parts::PartChecks;
+    use crate::constrain::{Grammar, GrammarKind};
     use serde_json::json;
+
+    /// This module's checks alone over a whole grammar (the compiler runs them with the
+    /// others, in `parts::check_before_compiling`).
+    fn check(grammar: &Grammar) -> Result<(), String> {
+        PartChecks {
+            regex: check_regex,
+            schema: check_schema,
+            lark: check_lark,
+        }
+        .run(grammar)
+    }
 
     fn grammar(kind: GrammarKind, source: &str) -> Grammar {
         Grammar {

@@ -14,13 +14,13 @@
 //! its turn and open a system one. [`SpecialSplitter::escape`] marks each place in such
 //! text where a control token's piece starts with [`ESCAPE`] (and doubles any `ESCAPE`
 //! already there); [`SpecialSplitter::unescape`] takes the marks out of the rendered
-//! prompt and says where no control token may start, which [`SpecialSplitter::split`]
-//! then honours. Text without control-token pieces is left as it was, so it tokenizes
+//! prompt and says where no control token may start, which
+//! [`SpecialSplitter::split_barred`] then honours. Text without control-token pieces is left as it was, so it tokenizes
 //! exactly as before; user-defined tokens are split out of it as they always are.
 
 use std::collections::{BTreeMap, HashSet};
 
-use aho_corasick::automaton::Automaton;
+use aho_corasick::automaton::{Automaton, StateID};
 use aho_corasick::dfa::DFA;
 use aho_corasick::{Anchored, MatchKind};
 use memchr::memmem::Finder;
@@ -54,8 +54,8 @@ pub(super) struct SpecialSplitter {
     automaton: Option<DFA>,
     /// The control tokens' pieces (not user-defined ones), sorted.
     control_pieces: Vec<String>,
-    /// The longest piece, in characters.
-    longest: usize,
+    /// The longest of them, in characters.
+    longest_control: usize,
 }
 
 impl SpecialSplitter {
@@ -77,9 +77,9 @@ impl SpecialSplitter {
             .collect();
         control_pieces.sort_unstable();
         Ok(Self {
-            longest: specials
+            longest_control: control_pieces
                 .iter()
-                .map(|(_, piece, _)| piece.chars().count())
+                .map(|piece| piece.chars().count())
                 .max()
                 .unwrap_or(0),
             control_pieces,
@@ -93,18 +93,26 @@ impl SpecialSplitter {
         })
     }
 
-    /// The patterns (priority indices, ascending) that occur in `text`.
-    fn present(&self, automaton: &DFA, text: &str) -> Vec<usize> {
+    /// Runs `automaton` over `text` and calls `matched(end, state)` at each byte offset
+    /// just past which some pieces end (`state` says which).
+    fn walk(automaton: &DFA, text: &str, mut matched: impl FnMut(usize, StateID)) {
         let mut state = automaton
             .start_state(Anchored::No)
             .expect("an unanchored automaton has an unanchored start");
-        let mut matching = HashSet::new();
-        for &byte in text.as_bytes() {
+        for (i, &byte) in text.as_bytes().iter().enumerate() {
             state = automaton.next_state(Anchored::No, state, byte);
             if automaton.is_match(state) {
-                matching.insert(state);
+                matched(i + 1, state);
             }
         }
+    }
+
+    /// The patterns (priority indices, ascending) that occur in `text`.
+    fn present(&self, automaton: &DFA, text: &str) -> Vec<usize> {
+        let mut matching = HashSet::new();
+        Self::walk(automaton, text, |_, state| {
+            matching.insert(state);
+        });
         let mut present: Vec<usize> = matching
             .into_iter()
             .flat_map(|s| (0..automaton.match_len(s)).map(move |i| (s, i)))
@@ -121,25 +129,18 @@ impl SpecialSplitter {
     pub(super) fn escape(&self, text: &str) -> Option<String> {
         let mut starts: Vec<usize> = text.match_indices(ESCAPE).map(|(i, _)| i).collect();
         if let Some(automaton) = &self.automaton {
-            let mut state = automaton
-                .start_state(Anchored::No)
-                .expect("an unanchored automaton has an unanchored start");
-            for (i, &byte) in text.as_bytes().iter().enumerate() {
-                state = automaton.next_state(Anchored::No, state, byte);
-                if !automaton.is_match(state) {
-                    continue;
-                }
+            Self::walk(automaton, text, |end, state| {
                 for m in 0..automaton.match_len(state) {
                     let p = automaton.match_pattern(state, m).as_usize();
                     if !self.always[p] {
-                        starts.push(i + 1 - self.finders[p].needle().len());
+                        starts.push(end - self.finders[p].needle().len());
                     }
                 }
-            }
+            });
         }
         // A control token's piece begun at the text's end, which the template's text
         // after it could complete.
-        for (start, _) in text.char_indices().rev().take(self.longest) {
+        for (start, _) in text.char_indices().rev().take(self.longest_control) {
             let rest = &text[start..];
             let at = self.control_pieces.partition_point(|p| p.as_str() < rest);
             if self

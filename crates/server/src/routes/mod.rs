@@ -10,8 +10,10 @@ mod tokenize;
 
 use std::sync::Arc;
 
-use axum::extract::DefaultBodyLimit;
-use axum::middleware;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::header::HOST;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
 use axum::Router;
 
@@ -76,7 +78,7 @@ pub fn router(state: Arc<AppState>, with_metrics: bool) -> Router {
         ))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state),
-            crate::hosts::check_host,
+            check_host,
         ))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state),
@@ -95,6 +97,24 @@ pub fn metrics_router(state: Arc<AppState>) -> Router {
 
 async fn not_found(uri: axum::http::Uri) -> ApiError {
     ApiError::RouteNotFound(uri.path().to_string())
+}
+
+/// Refuses requests whose `Host` (or HTTP/2 `:authority`) the server does not answer to
+/// (`--allowed-hosts`, [`crate::hosts`]), with a 403 in the OpenAI shape.
+async fn check_host(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let authority = request
+        .headers()
+        .get(HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| request.uri().authority().map(|a| a.to_string()));
+    match authority {
+        Some(a) if !state.allowed_hosts.allows(&a) => {
+            let shown: String = a.chars().take(200).collect();
+            ApiError::HostNotAllowed(shown).into_response()
+        }
+        _ => next.run(request).await,
+    }
 }
 
 /// Every path the API router serves, in OpenAPI's syntax (`{*id}` written `{id}`).

@@ -99,8 +99,7 @@ pub async fn tokenize(
             (PromptInput::Text(text), true) => tokenizer.encode_prompt_until(text, &cancelled),
             (PromptInput::Text(text), false) => tokenizer.encode_until(text, true, &cancelled),
             (PromptInput::Tokens(ids), _) => Ok(ids.clone()),
-        }
-        .map_err(|_| ApiError::Unavailable("the request was cancelled".into()))?;
+        }?;
         // The vocabulary's own strings, as a Hugging Face tokenizer's
         // `convert_ids_to_tokens` gives them (vLLM's `token_strs`), not decoded text.
         let strs = with_strs.then(|| {

@@ -9,6 +9,7 @@ use ferrite_engine::constrain::{Grammar, GrammarKind};
 use ferrite_protocol::CompletionRequest;
 use serde_json::{json, Map, Value};
 
+use super::tool_refs::DEFINITIONS;
 use crate::error::ApiError;
 
 /// A request's constraint and the field it came from.
@@ -434,9 +435,6 @@ pub fn chosen_tools<'a>(
     }
     Ok(chosen)
 }
-
-/// Where a JSON schema keeps the subschemas its `$ref`s point at.
-pub(super) const DEFINITIONS: [&str; 2] = ["$defs", "definitions"];
 
 /// The schema of one call of `tool`: `{"name": …, "arguments": {…}}`. Its parameters'
 /// `$defs` are left out: [`tool_schema`] puts them at the root, where their `$ref`s

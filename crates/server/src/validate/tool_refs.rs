@@ -9,7 +9,8 @@
 
 use serde_json::{json, Map, Value};
 
-use super::constraint::DEFINITIONS;
+/// Where a JSON schema keeps the subschemas its `$ref`s point at.
+pub(super) const DEFINITIONS: [&str; 2] = ["$defs", "definitions"];
 
 /// `parameters` of tool `name`, with references to its root or into it rewritten as
 /// references into a definition that holds it (unchanged when it has none). An error

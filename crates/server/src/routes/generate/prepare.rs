@@ -97,24 +97,21 @@ pub fn prepare(
     template.constraint = constraint;
     let mut prompts = Vec::with_capacity(params.prompts.len());
     for (p, input) in params.prompts.iter().enumerate() {
-        let tokens =
-            match input {
-                PromptInput::Text(text) => match (&params.suffix, fim) {
-                    (Some(suffix), true) => tokenizer
-                        .encode_fill_in_middle(text, suffix)
-                        .expect("the model has FIM tokens"),
-                    _ => tokenizer
-                        .encode_prompt_until(text, cancelled)
-                        .map_err(|_| ApiError::Unavailable("the request was cancelled".into()))?,
-                },
-                PromptInput::Rendered(text) => tokenizer
-                    .encode_rendered_until(text, true, cancelled)
-                    .map_err(|_| ApiError::Unavailable("the request was cancelled".into()))?,
-                PromptInput::Tokens(ids) => {
-                    check_vocab("prompt", ids.iter().copied(), vocab)?;
-                    ids.clone()
-                }
-            };
+        let tokens = match input {
+            PromptInput::Text(text) => match (&params.suffix, fim) {
+                (Some(suffix), true) => tokenizer
+                    .encode_fill_in_middle(text, suffix)
+                    .expect("the model has FIM tokens"),
+                _ => tokenizer.encode_prompt_until(text, cancelled)?,
+            },
+            PromptInput::Rendered(text) => {
+                tokenizer.encode_rendered_until(text, true, cancelled)?
+            }
+            PromptInput::Tokens(ids) => {
+                check_vocab("prompt", ids.iter().copied(), vocab)?;
+                ids.clone()
+            }
+        };
         let (tokens, mut max_tokens) = fit_context(params, tokens, context)?;
         if params.max_tokens.is_none() {
             max_tokens = default_within_limits(max_tokens, tokens.len(), params, limits);
