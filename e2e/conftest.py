@@ -81,6 +81,7 @@ class Server:
         assert BINARY.exists(), f"{BINARY} is missing: run `cargo build --release` first"
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
+        self.model = model  # as given: a name, a path, or None for the default
         self.metrics_base = self.base
         if metrics_port is not None:
             self.metrics_base = f"http://127.0.0.1:{metrics_port}"

@@ -4,6 +4,7 @@
 //! types: no validation, no engine, no I/O.
 
 mod chat;
+mod prompt;
 mod request;
 mod response;
 

@@ -72,9 +72,10 @@ pub const KNOWN_FIELDS: &[&str] = &[
     "priority",
 ];
 
-/// The prompt in any of its four shapes.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(untagged)]
+/// The prompt in any of its four shapes. Read straight from the body, element by element
+/// (`prompt.rs`): an untagged enum would first copy the whole value into
+/// a tree of 32-byte nodes, and a body of four million token ids into 128 MiB.
+#[derive(Debug, Clone, PartialEq)]
 pub enum Prompt {
     /// One text prompt.
     Text(String),
@@ -316,6 +317,7 @@ pub struct TokenizeRequest {
 pub struct DetokenizeRequest {
     /// Model name (optional; checked when given).
     pub model: Option<String>,
-    /// Token ids.
-    pub tokens: Vec<i64>,
+    /// Token ids (read as `u32`: a negative or too large id is a type error naming
+    /// `tokens`, and four million ids take 16 MB, not 32).
+    pub tokens: Vec<u32>,
 }

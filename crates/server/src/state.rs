@@ -87,14 +87,19 @@ pub struct AppState {
     pub allowed_origins: AllowedOrigins,
     /// `Host` names the server answers to (`--allowed-hosts`).
     pub allowed_hosts: AllowedHosts,
-    /// Grammars compiling at once: more wait their turn, so that what compiles is
-    /// bounded by the server, not by how many clients send grammars together.
-    pub grammar_compiles: tokio::sync::Semaphore,
+    /// Heavy preparations running at once (a grammar to compile, a long text to
+    /// tokenize): more wait their turn, so that the cores and memory they take are
+    /// bounded by the server, not by how many clients send them together.
+    heavy_preparations: tokio::sync::Semaphore,
     shutting_down: AtomicBool,
 }
 
-/// Grammars compiled at once ([`AppState::grammar_compiles`]).
-pub const GRAMMAR_COMPILES_AT_ONCE: usize = 2;
+/// Heavy preparations run at once ([`AppState::heavy_turn`]).
+pub const HEAVY_PREPARATIONS_AT_ONCE: usize = 2;
+
+/// Text longer than this is a heavy preparation to tokenize (a few milliseconds and a
+/// few MiB of merge state: shorter prompts never wait).
+pub const LONG_TEXT_BYTES: usize = 64 << 10;
 
 impl AppState {
     /// New state for a model served under `names`; the engine comes later.
@@ -112,9 +117,22 @@ impl AppState {
             metrics: Metrics::default(),
             allowed_origins: AllowedOrigins::None,
             allowed_hosts: AllowedHosts::Any,
-            grammar_compiles: tokio::sync::Semaphore::new(GRAMMAR_COMPILES_AT_ONCE),
+            heavy_preparations: tokio::sync::Semaphore::new(HEAVY_PREPARATIONS_AT_ONCE),
             shutting_down: AtomicBool::new(false),
         }
+    }
+
+    /// A turn among the heavy preparations when `heavy` (held until the preparation is
+    /// done), nothing to wait for otherwise.
+    pub async fn heavy_turn(
+        &self,
+        heavy: bool,
+    ) -> Result<Option<tokio::sync::SemaphorePermit<'_>>, ApiError> {
+        if !heavy {
+            return Ok(None);
+        }
+        let permit = self.heavy_preparations.acquire().await;
+        permit.map(Some).map_err(|_| ApiError::Internal)
     }
 
     /// The engine, or 503 while the model is loading or once the server is shutting down.

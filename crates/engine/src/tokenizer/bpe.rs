@@ -5,6 +5,7 @@ use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::atomic::{self, AtomicBool};
 
+use super::chunks::{Joins, MAX_CHUNK};
 use super::pretokenize::{GiveBack, Splitter, GPT2, LLAMA3, QWEN2, TEKKEN};
 use super::{Cancelled, TokenId, MERGES_PER_CHECK};
 use crate::EngineError;
@@ -13,13 +14,15 @@ use crate::EngineError;
 #[derive(Debug)]
 pub(super) struct Bpe {
     /// `(left id, right id)` → `(rank, merged id)`.
-    ranks: HashMap<(TokenId, TokenId), (usize, TokenId)>,
+    ranks: HashMap<(TokenId, TokenId), (u32, TokenId)>,
     /// Regexes applied one after another; each splits the pieces the previous one left.
     pre: Vec<Splitter>,
     byte_to_char: [char; 256],
     /// Whether a pre-token that is itself in the vocabulary becomes that one token without
     /// merging (llama.cpp's `ignore_merges`: Llama 3, Tekken).
     ignore_merges: bool,
+    /// Where long words may be cut without changing their tokens.
+    joins: Joins,
 }
 
 impl Bpe {
@@ -38,7 +41,7 @@ impl Bpe {
             };
             let ids = (vocab.get(a), vocab.get(b), vocab.get(&format!("{a}{b}")));
             if let (Some(&a), Some(&b), Some(&merged)) = ids {
-                ranks.entry((a, b)).or_insert((rank, merged));
+                ranks.entry((a, b)).or_insert((rank as u32, merged));
             }
         }
         use GiveBack::{LastSpace, LastSpaceUnlessLineBreak as UnlessLineBreak, Never};
@@ -72,36 +75,27 @@ impl Bpe {
             pre,
             byte_to_char: byte_to_char_table(),
             ignore_merges,
+            joins: Joins::new(vocab.keys().map(String::as_str)),
         })
     }
 
-    /// Splits `text` with the pre-tokenizer regexes. Each regex splits every piece left by
-    /// the one before it; both the matches and the text between them are kept. Gives up
-    /// once `cancelled` is set.
-    fn pre_tokenize<'a>(
+    /// Merges every word whole (the tests' reference).
+    #[cfg(test)]
+    pub(super) fn never_cut(&mut self) {
+        self.joins.never_cut();
+    }
+
+    /// Calls `word` with each piece of `text` the pre-tokenizer regexes split, in order:
+    /// each regex splits every piece the one before it left, keeping both the matches and
+    /// the text between them. Pieces are handed on as they are found, never collected.
+    /// Gives up once `cancelled` is set.
+    fn for_each_word(
         &self,
-        text: &'a str,
+        text: &str,
         cancelled: &AtomicBool,
-    ) -> Result<Vec<&'a str>, Cancelled> {
-        let mut pieces = vec![text];
-        for re in &self.pre {
-            let mut next = Vec::with_capacity(pieces.len() * 2);
-            for piece in pieces {
-                let mut last = 0;
-                for (start, end) in re.matches(piece, cancelled)? {
-                    if start > last {
-                        next.push(&piece[last..start]);
-                    }
-                    next.push(&piece[start..end]);
-                    last = end;
-                }
-                if last < piece.len() {
-                    next.push(&piece[last..]);
-                }
-            }
-            pieces = next;
-        }
-        Ok(pieces)
+        word: &mut dyn FnMut(&str) -> Result<(), Cancelled>,
+    ) -> Result<(), Cancelled> {
+        split(&self.pre, text, cancelled, word)
     }
 
     /// Appends the ids of `text` (no special tokens inside) to `out`; gives up between
@@ -113,33 +107,43 @@ impl Bpe {
         cancelled: &AtomicBool,
         out: &mut Vec<TokenId>,
     ) -> Result<(), Cancelled> {
-        for word in self.pre_tokenize(text, cancelled)? {
+        self.for_each_word(text, cancelled, &mut |word| {
             if cancelled.load(atomic::Ordering::Relaxed) {
                 return Err(Cancelled);
             }
-            if self.ignore_merges {
+            if self.ignore_merges && word.len() <= MAX_CHUNK {
                 let mapped: String = word
                     .bytes()
                     .map(|b| self.byte_to_char[b as usize])
                     .collect();
                 if let Some(&id) = vocab.get(&mapped) {
                     out.push(id);
-                    continue;
+                    return Ok(());
                 }
             }
-            // A byte-level vocabulary holds every single mapped byte; a byte it lacks is
-            // dropped rather than guessed.
-            let symbols: Vec<TokenId> = word
-                .bytes()
-                .filter_map(|b| {
-                    vocab
-                        .get(&self.byte_to_char[b as usize].to_string())
-                        .copied()
-                })
-                .collect();
-            out.extend(self.merge(symbols, cancelled)?);
-        }
-        Ok(())
+            // A long word merges a chunk at a time, cut where no merge joins.
+            let mut rest = word.as_bytes();
+            while !rest.is_empty() {
+                let chars = rest
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &b)| (i, self.byte_to_char[b as usize]));
+                let (chunk, tail) = rest.split_at(self.joins.chunk_end(rest.len(), chars));
+                // A byte-level vocabulary holds every single mapped byte; a byte it lacks
+                // is dropped rather than guessed.
+                let symbols: Vec<TokenId> = chunk
+                    .iter()
+                    .filter_map(|&b| {
+                        let mut utf8 = [0; 4];
+                        let mapped = self.byte_to_char[b as usize].encode_utf8(&mut utf8);
+                        vocab.get(&*mapped).copied()
+                    })
+                    .collect();
+                out.extend(self.merge(symbols, cancelled)?);
+                rest = tail;
+            }
+            Ok(())
+        })
     }
 
     /// Applies merges to a word's symbols, lowest rank first, leftmost on ties, as
@@ -150,18 +154,18 @@ impl Bpe {
         if ids.len() < 2 {
             return Ok(ids);
         }
-        let mut symbols: Vec<Symbol> = ids
-            .iter()
-            .enumerate()
-            .map(|(i, &id)| Symbol {
-                id,
-                prev: i.checked_sub(1),
-                next: Some(i + 1).filter(|&n| n < ids.len()),
+        let n = ids.len() as u32;
+        let mut symbols: Vec<Symbol> = (0..n)
+            .map(|i| Symbol {
+                id: ids[i as usize],
+                prev: i.checked_sub(1).unwrap_or(NONE),
+                next: if i + 1 < n { i + 1 } else { NONE },
             })
             .collect();
+        drop(ids);
         let mut queue = BinaryHeap::new();
-        let candidate = |symbols: &[Symbol], left: usize, right: usize| {
-            let pair = (symbols[left].id, symbols[right].id);
+        let candidate = |symbols: &[Symbol], left: u32, right: u32| {
+            let pair = (symbols[left as usize].id, symbols[right as usize].id);
             self.ranks.get(&pair).map(|&(rank, merged)| Candidate {
                 rank,
                 left,
@@ -170,7 +174,7 @@ impl Bpe {
                 merged,
             })
         };
-        for i in 1..symbols.len() {
+        for i in 1..n {
             queue.extend(candidate(&symbols, i - 1, i));
         }
         let mut popped = 0usize;
@@ -180,47 +184,77 @@ impl Bpe {
             {
                 return Err(Cancelled);
             }
-            let (l, r) = (symbols[c.left], symbols[c.right]);
+            let (l, r) = (symbols[c.left as usize], symbols[c.right as usize]);
             // A pair is stale once either side was merged into something else.
-            if l.next != Some(c.right) || (l.id, r.id) != c.pair {
+            if l.next != c.right || (l.id, r.id) != c.pair {
                 continue;
             }
-            symbols[c.left].id = c.merged;
-            symbols[c.left].next = r.next;
-            symbols[c.right].prev = None;
-            symbols[c.right].next = None;
-            if let Some(next) = r.next {
-                symbols[next].prev = Some(c.left);
-                queue.extend(candidate(&symbols, c.left, next));
+            symbols[c.left as usize].id = c.merged;
+            symbols[c.left as usize].next = r.next;
+            symbols[c.right as usize].prev = NONE;
+            symbols[c.right as usize].next = NONE;
+            if r.next != NONE {
+                symbols[r.next as usize].prev = c.left;
+                queue.extend(candidate(&symbols, c.left, r.next));
             }
-            if let Some(prev) = l.prev {
-                queue.extend(candidate(&symbols, prev, c.left));
+            if l.prev != NONE {
+                queue.extend(candidate(&symbols, l.prev, c.left));
             }
         }
-        let mut out = Vec::with_capacity(symbols.len());
-        let mut at = Some(0);
-        while let Some(i) = at {
-            out.push(symbols[i].id);
-            at = symbols[i].next;
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at != NONE {
+            out.push(symbols[at as usize].id);
+            at = symbols[at as usize].next;
         }
         Ok(out)
     }
 }
 
+/// Calls `word` with the pieces `splitters` cut `text` into (see [`Bpe::for_each_word`]).
+fn split(
+    splitters: &[Splitter],
+    text: &str,
+    cancelled: &AtomicBool,
+    word: &mut dyn FnMut(&str) -> Result<(), Cancelled>,
+) -> Result<(), Cancelled> {
+    let Some((first, later)) = splitters.split_first() else {
+        return word(text);
+    };
+    let mut last = 0;
+    first.each_match(text, cancelled, &mut |start, end| {
+        if start > last {
+            split(later, &text[last..start], cancelled, word)?;
+        }
+        split(later, &text[start..end], cancelled, word)?;
+        last = end;
+        Ok(())
+    })?;
+    if last < text.len() {
+        split(later, &text[last..], cancelled, word)?;
+    }
+    Ok(())
+}
+
+/// No neighbour: the end of the list.
+const NONE: u32 = u32::MAX;
+
 /// A symbol of the word being merged and its neighbours in the linked list.
 #[derive(Debug, Clone, Copy)]
 struct Symbol {
     id: TokenId,
-    prev: Option<usize>,
-    next: Option<usize>,
+    /// Indices of the neighbours, [`NONE`] at either end (a chunk is at most
+    /// [`MAX_CHUNK`] bytes: `u32` holds every index).
+    prev: u32,
+    next: u32,
 }
 
 /// A merge of two adjacent symbols that may apply.
 #[derive(Debug, PartialEq, Eq)]
 struct Candidate {
-    rank: usize,
-    left: usize,
-    right: usize,
+    rank: u32,
+    left: u32,
+    right: u32,
     /// The two ids it merges, to tell a stale candidate.
     pair: (TokenId, TokenId),
     merged: TokenId,
@@ -348,12 +382,44 @@ mod tests {
     }
 
     #[test]
+    fn a_long_word_merged_in_chunks_gives_the_tokens_of_one_merge() {
+        // "c" never follows "b" in an entry: that is where a long word is cut.
+        let pieces = ["a", "b", "c", "ab", "ca", "aa", "cab", "aaaa"];
+        let vocab: HashMap<String, TokenId> = pieces
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.to_string(), i as TokenId))
+            .collect();
+        let merges: Vec<String> = ["a b", "c a", "a a", "ca b", "aa aa"]
+            .iter()
+            .map(|m| m.to_string())
+            .collect();
+        let bpe = Bpe::new(&merges, "gpt2", &vocab).unwrap();
+        let never = AtomicBool::new(false);
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        for len in [100, 5000, MAX_CHUNK + 3000] {
+            let word: String = (0..len)
+                .map(|_| ['a', 'b', 'c'][rng.random_range(0..3)])
+                .collect();
+            let mut chunked = Vec::new();
+            bpe.encode(&word, &vocab, &never, &mut chunked).unwrap();
+            let symbols = word
+                .bytes()
+                .map(|b| vocab[&(b as char).to_string()])
+                .collect();
+            assert!(chunked == bpe.merge(symbols, &never).unwrap(), "{len}");
+        }
+    }
+
+    #[test]
     fn smollm_splits_digits_and_trailing_space() {
         let bpe = Bpe::new(&[], "smollm", &HashMap::new()).unwrap();
-        assert_eq!(
-            bpe.pre_tokenize("ab 12 c  d ", &AtomicBool::new(false))
-                .unwrap(),
-            vec!["ab", " ", "1", "2", " c", " ", " d", " "]
-        );
+        let mut words = Vec::new();
+        bpe.for_each_word("ab 12 c  d ", &AtomicBool::new(false), &mut |w| {
+            words.push(w.to_string());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(words, ["ab", " ", "1", "2", " c", " ", " d", " "]);
     }
 }

@@ -8,6 +8,7 @@
 //! vocabulary-specific algorithm runs, longest first, as llama.cpp does.
 
 mod bpe;
+mod chunks;
 mod detok;
 mod pretokenize;
 mod specials;
@@ -166,7 +167,7 @@ impl Tokenizer {
             "llama" => {
                 let scores = meta.f32_array("tokenizer.ggml.scores")?;
                 let add_space_prefix = meta.bool("tokenizer.ggml.add_space_prefix").unwrap_or(true);
-                Algorithm::Spm(spm::Spm::new(scores, add_space_prefix))
+                Algorithm::Spm(spm::Spm::new(scores, add_space_prefix, &pieces))
             }
             other => {
                 return Err(EngineError::Unsupported(format!(
@@ -554,6 +555,81 @@ mod tests {
             meta.insert("tokenizer.ggml.fim_mid_token_id".into(), Value::U32(3));
         }
         Tokenizer::from_gguf(&GgufMetadata::from(meta)).unwrap()
+    }
+
+    /// Long texts of every kind (prose, runs of one character, base64, random letters,
+    /// CJK, whitespace) merged a chunk at a time give the tokens of one whole merge, on
+    /// the real vocabularies `scripts/test.sh` puts in ferrite's home (both models', and
+    /// the BPE ones of `tests/tokenizers.rs`).
+    #[test]
+    fn long_texts_merged_in_chunks_match_one_merge_on_real_vocabularies() {
+        use rand::{Rng, SeedableRng};
+        let home = std::env::var_os("FERRITE_HOME")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| {
+                std::path::PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/ferrite")
+            });
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+        let mut pick = |alphabet: &[char], n: usize| -> String {
+            (0..n)
+                .map(|_| alphabet[rng.random_range(0..alphabet.len())])
+                .collect()
+        };
+        let letters: Vec<char> = ('a'..='z').chain('A'..='Z').collect();
+        let base64: Vec<char> = letters
+            .iter()
+            .copied()
+            .chain('0'..='9')
+            .chain(['+', '/'])
+            .collect();
+        let words = [
+            "the ", "quick ", "brown ", "fox, ", "jumps\n", "over ", "lazy ", "dog. ",
+        ];
+        let prose: String = (0..6000).map(|i| words[i * 7 % 8]).collect();
+        let texts = [
+            prose.clone(),
+            "a".repeat(20_000),
+            " ".repeat(5000) + "x",
+            "=".repeat(9000),
+            pick(&base64, 40_000),
+            pick(&letters, 30_000),
+            pick(&['字', '中', '文', '，', '。'], 8000),
+            format!(
+                "{prose}\n\n\t{}\n{}",
+                pick(&base64, 5000),
+                "😀".repeat(3000)
+            ),
+        ];
+        let files = [
+            "models/gemma3-270m.gguf",
+            "models/smollm2-135m.gguf",
+            "tokenizers/llama3.gguf",
+            "tokenizers/qwen2.5.gguf",
+            "tokenizers/mistral-nemo.gguf",
+        ];
+        for file in files {
+            let path = home.join(file);
+            assert!(
+                path.exists(),
+                "{} is missing: run scripts/test.sh",
+                path.display()
+            );
+            let gguf = crate::gguf::GgufFile::open(&path).unwrap();
+            let chunked = Tokenizer::from_gguf(&gguf.meta).unwrap();
+            let mut whole = Tokenizer::from_gguf(&gguf.meta).unwrap();
+            match &mut whole.algorithm {
+                Algorithm::Bpe(b) => b.never_cut(),
+                Algorithm::Spm(s) => s.never_cut(),
+            }
+            for text in &texts {
+                let ids = chunked.encode(text, false);
+                assert!(
+                    ids == whole.encode(text, false),
+                    "{file}: {:?}…",
+                    &text[..40]
+                );
+            }
+        }
     }
 
     #[test]

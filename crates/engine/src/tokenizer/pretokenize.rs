@@ -61,18 +61,20 @@ impl Splitter {
         Ok(Self { regex, give_back })
     }
 
-    /// The byte ranges the pattern matches in `text`, in order, never empty; gives up
-    /// ([`Cancelled`]) once `cancelled` is set, checked every [`MERGES_PER_CHECK`] matches
-    /// (a whole prompt is one text: megabytes of it take a while).
-    pub(super) fn matches(
+    /// Calls `found` with the byte range of each match of the pattern in `text`, in
+    /// order, never empty; gives up ([`Cancelled`]) once `cancelled` is set, checked every
+    /// [`MERGES_PER_CHECK`] matches (a whole prompt is one text: megabytes of it take a
+    /// while), or when `found` gives up.
+    pub(super) fn each_match(
         &self,
         text: &str,
         cancelled: &AtomicBool,
-    ) -> Result<Vec<(usize, usize)>, Cancelled> {
-        let mut out = Vec::new();
+        found: &mut dyn FnMut(usize, usize) -> Result<(), Cancelled>,
+    ) -> Result<(), Cancelled> {
         let mut at = 0;
+        let mut count = 0usize;
         while at < text.len() {
-            if out.len().is_multiple_of(MERGES_PER_CHECK) && cancelled.load(Ordering::Relaxed) {
+            if count.is_multiple_of(MERGES_PER_CHECK) && cancelled.load(Ordering::Relaxed) {
                 return Err(Cancelled);
             }
             let Some(m) = self.regex.find_at(text, at) else {
@@ -96,9 +98,25 @@ impl Splitter {
                     end -= last.len_utf8();
                 }
             }
-            out.push((start, end));
+            found(start, end)?;
+            count += 1;
             at = end;
         }
+        Ok(())
+    }
+
+    /// The byte ranges [`Self::each_match`] finds, collected.
+    #[cfg(test)]
+    pub(super) fn matches(
+        &self,
+        text: &str,
+        cancelled: &AtomicBool,
+    ) -> Result<Vec<(usize, usize)>, Cancelled> {
+        let mut out = Vec::new();
+        self.each_match(text, cancelled, &mut |start, end| {
+            out.push((start, end));
+            Ok(())
+        })?;
         Ok(out)
     }
 }

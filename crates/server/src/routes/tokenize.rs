@@ -10,19 +10,11 @@ use axum::extract::State;
 use axum::Json;
 use ferrite_engine::tokenizer::{TokenKind, Tokenizer};
 use ferrite_protocol::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse};
-use serde::de::DeserializeOwned;
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
-use crate::state::AppState;
-use crate::validate::{deserialize_naming_the_field, tool_definitions, ChatInput, PromptInput};
-
-/// Parses a JSON body, naming the field at fault.
-fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    let value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::invalid_body(format!("the body is not valid JSON: {e}")))?;
-    deserialize_naming_the_field(value)
-}
+use crate::state::{AppState, LONG_TEXT_BYTES};
+use crate::validate::{deserialize_body, tool_definitions, ChatInput, PromptInput};
 
 /// Tokenizes text as a prompt would be (or without special tokens).
 pub async fn tokenize(
@@ -30,7 +22,7 @@ pub async fn tokenize(
     RawBody(body): RawBody,
 ) -> Result<Json<TokenizeResponse>, ApiError> {
     let engine = state.engine()?.clone();
-    let request: TokenizeRequest = parse(&body)?;
+    let request: TokenizeRequest = deserialize_body(&body)?;
     if let Some(model) = &request.model {
         state.check_model(model)?;
     }
@@ -86,6 +78,12 @@ pub async fn tokenize(
             ))
         }
     };
+    // Long texts tokenize a few at a time (see `AppState::heavy_turn`).
+    let long_text = match &text {
+        PromptInput::Text(text) | PromptInput::Rendered(text) => text.len() > LONG_TEXT_BYTES,
+        PromptInput::Tokens(_) => false,
+    };
+    let _turn = state.heavy_turn(long_text).await?;
     // A client that leaves stops the tokenization of a long prompt.
     let (_guard, cancelled) = CancelOnDrop::new();
     let (tokens, strs) = tokio::task::spawn_blocking(move || {
@@ -126,24 +124,19 @@ pub async fn detokenize(
     RawBody(body): RawBody,
 ) -> Result<Json<DetokenizeResponse>, ApiError> {
     let engine = state.engine()?.clone();
-    let request: DetokenizeRequest = parse(&body)?;
+    let request: DetokenizeRequest = deserialize_body(&body)?;
     if let Some(model) = &request.model {
         state.check_model(model)?;
     }
     let vocab = engine.tokenizer().vocab_size();
-    let ids = request
-        .tokens
-        .iter()
-        .map(|&t| match u32::try_from(t) {
-            Ok(id) if (id as usize) < vocab => Ok(id),
-            _ => Err(ApiError::invalid(
-                "tokens",
-                format!("token id {t} is out of the vocabulary (0..{vocab})"),
-            )),
-        })
-        .collect::<Result<Vec<u32>, _>>()?;
+    if let Some(bad) = request.tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ApiError::invalid(
+            "tokens",
+            format!("token id {bad} is out of the vocabulary (0..{vocab})"),
+        ));
+    }
     Ok(Json(DetokenizeResponse {
-        prompt: engine.tokenizer().decode(&ids, true),
+        prompt: engine.tokenizer().decode(&request.tokens, true),
     }))
 }
 

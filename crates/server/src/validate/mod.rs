@@ -3,6 +3,7 @@
 //! (token ids against the vocabulary, lengths against the context) come later, in the
 //! route.
 
+mod body;
 mod chat;
 mod checks;
 mod constraint;
@@ -16,10 +17,12 @@ mod fuzz;
 use std::sync::Arc;
 
 use ferrite_engine::sampling::SamplingParams;
-use ferrite_protocol::{CompletionRequest, PredictionContent, Prompt, KNOWN_FIELDS};
-use serde_json::{Map, Value};
+use ferrite_protocol::{CompletionRequest, PredictionContent, Prompt};
+use serde_json::Value;
 
 use crate::error::ApiError;
+pub use body::{deserialize_body, deserialize_naming_the_field, parse_body};
+use body::{drop_unknown, json_object, require};
 pub use chat::{parse_chat_body, ChatInput, ChatParams, ToolChoice};
 use checks::{int_in_range, non_negative, token_ids};
 pub use constraint::{
@@ -123,93 +126,6 @@ pub struct GenerateParams {
     pub constraint: Option<OutputConstraint>,
     /// End user, for the logs.
     pub user: Option<String>,
-}
-
-/// Parses a request body: JSON syntax, unknown fields, then types, each error naming its
-/// field. With `ignore_unknown`, fields no vendor documents are dropped instead.
-pub fn parse_body(body: &[u8], ignore_unknown: bool) -> Result<CompletionRequest, ApiError> {
-    let mut map = json_object(body)?;
-    drop_unknown(&mut map, KNOWN_FIELDS, ignore_unknown)?;
-    require(&map, &["model", "prompt"])?;
-    deserialize_naming_the_field(Value::Object(map))
-}
-
-/// The body as a JSON object, or a 400 saying what it is instead.
-pub(crate) fn json_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::invalid_body(format!("the body is not valid JSON: {e}")))?;
-    match value {
-        Value::Object(map) => Ok(map),
-        _ => Err(ApiError::invalid_body("the body must be a JSON object")),
-    }
-}
-
-/// A 400 naming the first field not in `known`; with `ignore_unknown`, such fields are
-/// dropped instead.
-fn drop_unknown(
-    map: &mut Map<String, Value>,
-    known: &[&str],
-    ignore_unknown: bool,
-) -> Result<(), ApiError> {
-    let unknown: Vec<String> = map
-        .keys()
-        .filter(|k| !known.contains(&k.as_str()))
-        .cloned()
-        .collect();
-    if let Some(first) = unknown.first() {
-        if !ignore_unknown {
-            return Err(ApiError::invalid(
-                first.clone(),
-                format!("Unrecognized request argument supplied: {first}"),
-            ));
-        }
-        for key in &unknown {
-            map.remove(key);
-        }
-    }
-    Ok(())
-}
-
-/// A 400 naming the first of `fields` that is missing or null.
-fn require(map: &Map<String, Value>, fields: &[&str]) -> Result<(), ApiError> {
-    for &required in fields {
-        if map.get(required).is_none_or(Value::is_null) {
-            return Err(ApiError::invalid(
-                required,
-                format!("`{required}` is required"),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Deserializes a JSON value into `T`; a type error is a 400 whose `param` is the
-/// top-level field it sits in.
-pub fn deserialize_naming_the_field<T: serde::de::DeserializeOwned>(
-    value: Value,
-) -> Result<T, ApiError> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        let param = path
-            .split(['.', '['])
-            .next()
-            .unwrap_or_default()
-            .to_string();
-        let message = match param.as_str() {
-            "prompt" => "`prompt` must be a string, an array of strings, an array of token ids \
-                         or an array of arrays of token ids"
-                .to_string(),
-            "stop" | "stop_sequences" => {
-                format!("`{param}` must be a string or an array of strings")
-            }
-            _ => format!("invalid value for `{path}`: {}", e.into_inner()),
-        };
-        if param.is_empty() || param == "." {
-            ApiError::invalid_body(message)
-        } else {
-            ApiError::invalid(param, message)
-        }
-    })
 }
 
 /// The untyped known fields: gateway extras, accepted with no effect on the output once

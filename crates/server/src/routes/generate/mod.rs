@@ -23,8 +23,8 @@ use ferrite_engine::{EngineHandle, FinishReason};
 use serde_json::Value;
 
 use crate::error::ApiError;
-use crate::state::{unix_now, AppState};
-use crate::validate::{parse_body, GenerateParams};
+use crate::state::{unix_now, AppState, LONG_TEXT_BYTES};
+use crate::validate::{parse_body, GenerateParams, PromptInput};
 use prepare::{Echo, Prepared};
 use reply::Dialect;
 use timed::TimedEvents;
@@ -93,17 +93,20 @@ async fn run(
             ));
         }
     }
-    // Grammars compile a few at a time, whatever the number of clients sending them.
-    let compiling = match &params.constraint {
-        Some(_) => Some(
-            state
-                .grammar_compiles
-                .acquire()
-                .await
-                .map_err(|_| ApiError::Internal)?,
-        ),
-        None => None,
-    };
+    // Grammars compile, and long prompts tokenize, a few at a time, whatever the number
+    // of clients sending them.
+    let text_bytes: usize = params
+        .prompts
+        .iter()
+        .map(|p| match p {
+            PromptInput::Text(text) | PromptInput::Rendered(text) => text.len(),
+            PromptInput::Tokens(_) => 0,
+        })
+        .sum();
+    let long_text = text_bytes > LONG_TEXT_BYTES;
+    let heavy = state
+        .heavy_turn(params.constraint.is_some() || long_text)
+        .await?;
     let prepared = {
         let (params, engine, limits) = (Arc::clone(&params), engine.clone(), state.limits);
         tokio::task::spawn_blocking(move || {
@@ -135,7 +138,7 @@ async fn run(
         .await
         .map_err(|_| ApiError::Internal)??
     };
-    drop(compiling);
+    drop(heavy);
     let Prepared {
         prompts,
         appended_suffix,
