@@ -654,3 +654,24 @@ def test_detokenizing_millions_of_ids_takes_little_memory(gemma):
     # An id outside the vocabulary (or negative) names the field.
     for bad in [[-1], [1 << 40], [262144 * 4]]:
         assert error_param(post(gemma, {"tokens": bad}, "/detokenize")) == "tokens"
+
+
+# ---- 7. prompt log-probabilities over a large vocabulary -----------------------------------
+
+def test_scoring_a_prompt_over_a_large_vocabulary_is_bounded(gemma):
+    # Gemma 3's 262,144-token vocabulary: a row of logits is 1 MiB. Before, a prompt's
+    # chunk was scored in one step: +238-529 MiB, and others waited seconds.
+    prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 110)  # ~1,000 tokens
+    body = {"model": GEMMA, "prompt": prompt, "max_tokens": 1}
+    for extra in [{"prompt_logprobs": 0}, {"prompt_logprobs": 20, "n": 4}]:
+        with Canary(gemma) as canary:
+            r = post(gemma, {**body, **extra}, timeout=300)
+            assert r.status_code == 200, r.text[:300]
+            scores = r.json()["choices"][-1]["prompt_logprobs"]
+            assert scores[0] is None and len(scores) > 900
+            # The prompt's token and the k most likely (it may be one of them).
+            assert all(len(s) >= max(1, extra["prompt_logprobs"]) for s in scores[1:])
+        canary.check()
+    # Every choice repeats its prompt's scores: n × prompt × (2 + k) is bounded by default.
+    r = post(gemma, {**body, "prompt_logprobs": 20, "n": 16})
+    assert error_param(r) == "prompt_logprobs"

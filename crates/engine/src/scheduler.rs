@@ -23,6 +23,10 @@ pub struct RunningView {
     pub passed_over: usize,
     /// Its reader is too far behind: it gets no token until it catches up.
     pub blocked: bool,
+    /// Most prompt tokens it may feed in one step (`usize::MAX`: no limit of its own; a
+    /// prompt whose every position is scored takes a few, each a row of logits over the
+    /// whole vocabulary).
+    pub max_chunk: usize,
 }
 
 impl RunningView {
@@ -125,7 +129,10 @@ pub fn plan_step(config: &SchedulerConfig, running: &[RunningView]) -> Vec<usize
         (!starved, running[i].pending_prefill)
     });
     for i in prefilling {
-        let chunk = running[i].pending_prefill.min(budget);
+        let chunk = running[i]
+            .pending_prefill
+            .min(budget)
+            .min(running[i].max_chunk);
         budget -= chunk;
         plan[i] = chunk;
     }
@@ -147,6 +154,7 @@ mod tests {
             pending_prefill,
             passed_over: 0,
             blocked: false,
+            max_chunk: usize::MAX,
         }
     }
 
@@ -164,6 +172,7 @@ mod tests {
             pending_prefill: 8,
             passed_over: 0,
             blocked: false,
+            max_chunk: usize::MAX,
         };
         let mut steps = 0;
         while long.pending_prefill > 0 {

@@ -672,6 +672,7 @@ impl Worker {
         if self.running.is_empty() {
             return;
         }
+        let vocab = self.tokenizer.vocab_size();
         let views: Vec<RunningView> = self
             .running
             .iter()
@@ -679,6 +680,7 @@ impl Worker {
                 pending_prefill: s.pending_prefill(),
                 passed_over: s.passed_over,
                 blocked: s.blocked_since.is_some(),
+                max_chunk: s.max_prefill_chunk(vocab),
             })
             .collect();
         if views.iter().all(|v| v.blocked) {

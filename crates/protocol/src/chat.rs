@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::Usage;
+use crate::{RawJson, Usage};
 
 /// The fields only a chat request has.
 pub const CHAT_ONLY_FIELDS: &[&str] = &[
@@ -148,7 +148,7 @@ pub struct ChatCompletionResponse {
     pub usage: Usage,
     /// vLLM's `prompt_logprobs` of the rendered prompt, when asked for; `null` otherwise,
     /// as vLLM sends it.
-    pub prompt_logprobs: Option<Value>,
+    pub prompt_logprobs: Option<RawJson>,
     /// With `return_token_ids`: the rendered prompt's token ids; `null` otherwise, as vLLM
     /// sends it.
     pub prompt_token_ids: Option<Vec<u32>>,

@@ -1,7 +1,21 @@
 //! What the server sends back: completions, stream chunks, model lists, errors.
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::Value;
+
+/// JSON written already: a large part of an answer (`prompt_logprobs`), written as it is
+/// built rather than held as a tree of values (hundreds of bytes each) until the answer
+/// is sent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RawJson(pub Box<RawValue>);
+
+impl PartialEq for RawJson {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.get() == other.0.get()
+    }
+}
 
 /// Token counts of a request.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,7 +56,7 @@ pub struct Choice {
     /// vLLM's `prompt_logprobs`: per prompt token, `null` for the first, then a map from
     /// token id to `{"logprob", "rank", "decoded_token"}` (the prompt's token and the
     /// most likely ones); `null` when not asked for, as vLLM sends it.
-    pub prompt_logprobs: Option<Value>,
+    pub prompt_logprobs: Option<RawJson>,
     /// With `return_token_ids`: the prompt's token ids; `null` otherwise, as vLLM sends it.
     pub prompt_token_ids: Option<Vec<u32>>,
     /// With `return_token_ids`: the generated token ids; `null` otherwise, as vLLM sends it.

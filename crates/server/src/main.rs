@@ -152,8 +152,10 @@ struct ServeArgs {
     #[arg(long, default_value_t = 1 << 18, env = "FERRITE_MAX_REQUEST_TOKENS")]
     max_request_tokens: usize,
     /// Most log-probabilities one answer may carry: over every choice, (echoed prompt
-    /// tokens plus `max_tokens`) times (1 plus the alternatives asked for); past it, 400.
-    #[arg(long, default_value_t = 1 << 20, env = "FERRITE_MAX_LOGPROB_ENTRIES")]
+    /// tokens plus `max_tokens`) times (1 plus the alternatives asked for), and with
+    /// `prompt_logprobs` prompt tokens times (2 plus its alternatives) per choice; past it,
+    /// 400. An entry costs ~60 bytes of JSON and ~150 while the answer is built.
+    #[arg(long, default_value_t = 1 << 18, env = "FERRITE_MAX_LOGPROB_ENTRIES")]
     max_logprob_entries: usize,
     /// Most bytes of echoed prompt text one answer may carry, over every choice; past it,
     /// 400.

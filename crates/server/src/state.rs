@@ -53,7 +53,7 @@ impl Default for RequestLimits {
             max_prompt_tokens: 1 << 18,
             max_generated_tokens: 1 << 18,
             kv_budget: 131_072,
-            max_logprob_entries: 1 << 20,
+            max_logprob_entries: 1 << 18,
             max_echo_bytes: 16 << 20,
             chat_max_tokens: 4096,
             max_grammar_bytes: 256 << 10,

@@ -7,7 +7,7 @@ use ferrite_engine::tokenizer::Tokenizer;
 use ferrite_engine::SequenceEvent;
 use ferrite_protocol::{
     AssistantMessage, ChatChoice, ChatCompletionResponse, Choice, CompletionResponse,
-    PromptTokensDetails, Usage,
+    PromptTokensDetails, RawJson, Usage,
 };
 use serde_json::Value;
 
@@ -31,7 +31,7 @@ struct Finished {
     finish_reason: String,
     stop_reason: Option<Value>,
     /// vLLM's `prompt_logprobs`, when asked for.
-    prompt_logprobs: Option<Value>,
+    prompt_logprobs: Option<RawJson>,
     /// With `return_token_ids`: the prompt's ids and the generated ones.
     prompt_token_ids: Option<Vec<u32>>,
     token_ids: Option<Vec<u32>>,

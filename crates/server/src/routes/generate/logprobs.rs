@@ -17,6 +17,8 @@ use std::collections::VecDeque;
 
 use ferrite_engine::tokenizer::{TokenId, Tokenizer};
 use ferrite_engine::PromptLogprob;
+use ferrite_protocol::RawJson;
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 /// One token of a choice, as the ledger hands it out.
@@ -163,7 +165,7 @@ pub fn logprobs_object(
 /// token a map from token id to `{"logprob", "rank", "decoded_token"}` holding the prompt's
 /// own token first and the `k` most likely tokens (ranks 1..=k). A log-probability of
 /// -inf is written -9999.0, as vLLM writes it (JSON has no infinity).
-pub fn prompt_logprobs(tokenizer: &Tokenizer, scores: &[PromptLogprob], k: usize) -> Value {
+pub fn prompt_logprobs(tokenizer: &Tokenizer, scores: &[PromptLogprob], k: usize) -> RawJson {
     let entry = |id: TokenId, logprob: f32, rank: Option<u32>| {
         json!({
             "logprob": if logprob.is_finite() { logprob } else { -9999.0 },
@@ -171,22 +173,27 @@ pub fn prompt_logprobs(tokenizer: &Tokenizer, scores: &[PromptLogprob], k: usize
             "decoded_token": String::from_utf8_lossy(&tokenizer.token_bytes(id, true)),
         })
     };
-    let positions = scores
-        .iter()
-        .map(|s| {
-            let Some(logprob) = s.logprob else {
-                return Value::Null;
-            };
-            let mut map = Map::new();
-            map.insert(s.id.to_string(), entry(s.id, logprob, s.rank));
-            for (i, &(alt, lp)) in s.top.iter().take(k).enumerate() {
-                map.entry(alt.to_string())
-                    .or_insert_with(|| entry(alt, lp, Some(i as u32 + 1)));
-            }
-            Value::Object(map)
-        })
-        .collect();
-    Value::Array(positions)
+    // Each position is written as soon as it is built: the answer holds its JSON text
+    // (~60 bytes an entry), never a tree of all of them.
+    let mut out = String::from("[");
+    for (i, s) in scores.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let Some(logprob) = s.logprob else {
+            out.push_str("null");
+            continue;
+        };
+        let mut map = Map::new();
+        map.insert(s.id.to_string(), entry(s.id, logprob, s.rank));
+        for (i, &(alt, lp)) in s.top.iter().take(k).enumerate() {
+            map.entry(alt.to_string())
+                .or_insert_with(|| entry(alt, lp, Some(i as u32 + 1)));
+        }
+        out.push_str(&Value::Object(map).to_string());
+    }
+    out.push(']');
+    RawJson(RawValue::from_string(out).expect("serde_json writes valid JSON"))
 }
 
 #[cfg(test)]
