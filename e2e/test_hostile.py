@@ -675,3 +675,45 @@ def test_scoring_a_prompt_over_a_large_vocabulary_is_bounded(gemma):
     # Every choice repeats its prompt's scores: n × prompt × (2 + k) is bounded by default.
     r = post(gemma, {**body, "prompt_logprobs": 20, "n": 16})
     assert error_param(r) == "prompt_logprobs"
+
+
+# ---- 8. what a chat template writes, and long messages ------------------------------------
+
+def test_a_template_looping_on_a_client_number_is_stopped_at_its_output_limit(tmp_path):
+    # Fuel bounds the template's instructions; each turn of this loop writes a message.
+    # Before: +4.1 GiB, then the process aborted.
+    template = tmp_path / "loop.jinja"
+    template.write_text("{% for i in range(n) %}{% for j in range(n) %}{{ messages[0].content }}"
+                        "{% endfor %}{% endfor %}<|im_start|>assistant\n")
+    s = Server(MODEL, ["--chat-template", str(template)])
+    try:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "x" * (64 << 10)}],
+                "max_tokens": 1, "chat_template_kwargs": {"n": 1000}}  # 64 GB asked for
+        with Canary(s) as canary:
+            for path in ["/v1/chat/completions", "/tokenize"]:
+                if path == "/tokenize":
+                    body = {k: v for k, v in body.items() if k != "max_tokens"}
+                r = post(s, body, path)
+                assert error_param(r) == "messages"
+                assert "16777216 bytes" in r.json()["error"]["message"]
+        canary.check()
+        # Within the limit it renders.
+        r = post(s, {**body, "chat_template_kwargs": {"n": 2}}, "/tokenize")
+        assert r.status_code == 200 and r.json()["count"] > 4 * (64 << 10) / 8
+    finally:
+        s.stop()
+
+
+def test_a_message_of_megabytes_cut_to_the_context_keeps_others_moving(gemma):
+    # Before: 48 s of CPU and others delayed 5.5 s. Cut to Gemma 3's 32k context, the
+    # prompt's prefill takes minutes on two cores: others go on beside it, and the client
+    # that leaves ends it.
+    prose = megabyte_texts(5 << 20)[0]
+    body = {"model": GEMMA, "messages": [{"role": "user", "content": prose}], "max_tokens": 4,
+            "truncate_sequence": True, "stream": True}
+    with Canary(gemma) as canary:
+        with httpx.stream("POST", f"{gemma.base}/v1/chat/completions", json=body, timeout=60) as r:
+            assert r.status_code == 200
+            wait_for(lambda: len(canary.latencies) >= 12, 60)  # six seconds beside it
+    canary.check()
+    wait_for(lambda: gemma.metrics()["ferrite_requests_running"] == 0, 30)

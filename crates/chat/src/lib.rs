@@ -80,11 +80,16 @@ pub struct Conversation<'a> {
     pub extra: Option<&'a serde_json::Map<String, Json>>,
 }
 
+/// Bytes one rendering may write unless [`ChatTemplate::limit_output`] says otherwise.
+pub const DEFAULT_MAX_OUTPUT: usize = 16 << 20;
+
 /// A compiled chat template and the special tokens it renders with.
 #[derive(Debug)]
 pub struct ChatTemplate {
     env: Environment<'static>,
     tokens: SpecialTokens,
+    /// Most bytes one rendering may write.
+    max_output: usize,
 }
 
 impl ChatTemplate {
@@ -99,7 +104,18 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_template_owned(NAME, source.to_string())?;
-        Ok(Self { env, tokens })
+        Ok(Self {
+            env,
+            tokens,
+            max_output: DEFAULT_MAX_OUTPUT,
+        })
+    }
+
+    /// Makes a rendering that would write more than `bytes` an error: fuel bounds a
+    /// template's instructions, not what they write (a loop over a client's number, each
+    /// turn writing a message of megabytes).
+    pub fn limit_output(&mut self, bytes: usize) {
+        self.max_output = bytes;
     }
 
     /// The prompt text of `conversation`.
@@ -115,7 +131,22 @@ impl ChatTemplate {
             tools => tools.map(Value::from_serialize),
             ..Value::from_serialize(conversation.extra)
         };
-        let mut text = template.render(context)?;
+        let mut out = Bounded {
+            text: Vec::new(),
+            limit: self.max_output,
+            over: false,
+        };
+        if let Err(e) = template.render_captured_to(context, &mut out) {
+            if out.over {
+                return Err(TemplateError(format!(
+                    "the chat template's output would pass {} bytes, the most this server renders",
+                    self.max_output
+                )));
+            }
+            return Err(e.into());
+        }
+        let mut text = String::from_utf8(out.text)
+            .map_err(|_| TemplateError("the chat template wrote invalid UTF-8".into()))?;
         let (bos, eos) = (&self.tokens.bos, &self.tokens.eos);
         if self.tokens.add_bos && !bos.is_empty() && text.starts_with(bos.as_str()) {
             text.drain(..bos.len());
@@ -124,6 +155,30 @@ impl ChatTemplate {
             text.truncate(text.len() - eos.len());
         }
         Ok(text)
+    }
+}
+
+/// A rendering's output, refusing to grow past `limit` bytes.
+struct Bounded {
+    text: Vec<u8>,
+    limit: usize,
+    /// The limit was reached (the text is then dropped).
+    over: bool,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if self.text.len() + bytes.len() > self.limit {
+            self.text = Vec::new();
+            self.over = true;
+            return Err(std::io::Error::other("the output limit is reached"));
+        }
+        self.text.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

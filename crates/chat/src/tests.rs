@@ -196,3 +196,25 @@ fn extra_variables_reach_the_template_but_cannot_replace_its_own() {
     .unwrap();
     assert_eq!(got, "<s>no thinking");
 }
+
+#[test]
+fn a_template_that_writes_too_much_is_stopped_at_its_limit() {
+    // Fuel bounds the loop's turns, not what each writes.
+    let source = "{% for i in range(n) %}{% for j in range(n) %}{{ messages[0].content }}{% endfor %}{% endfor %}";
+    let mut template = ChatTemplate::new(source, tokens()).unwrap();
+    template.limit_output(1 << 20);
+    let messages = [json!({"role": "user", "content": "x".repeat(1 << 10)})];
+    let render = |n: u64| {
+        let extra = serde_json::Map::from_iter([("n".to_string(), json!(n))]);
+        template.render(&Conversation {
+            messages: &messages,
+            tools: None,
+            add_generation_prompt: false,
+            extra: Some(&extra),
+        })
+    };
+    assert_eq!(render(32).unwrap().len(), 1 << 20);
+    // A gigabyte asked for.
+    let err = render(1000).unwrap_err();
+    assert!(err.to_string().contains("1048576 bytes"), "{err}");
+}

@@ -87,6 +87,11 @@ impl ChatSetup {
         })
     }
 
+    /// Makes a rendering of more than `bytes` a 400 (`--max-rendered-bytes`).
+    pub fn limit_output(&mut self, bytes: usize) {
+        self.template.limit_output(bytes);
+    }
+
     /// The prompt of a conversation: the template's output, in which the client's text
     /// cannot spell control tokens ([`PromptInput::Rendered`]) unless the operator let it
     /// ([`PromptInput::Text`]). A template that refuses the conversation (its

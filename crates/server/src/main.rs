@@ -211,6 +211,11 @@ struct ServeArgs {
     /// default it stays text, and only the template's own markers are control tokens.
     #[arg(long, env = "FERRITE_SPECIAL_TOKENS_IN_MESSAGES")]
     special_tokens_in_messages: bool,
+    /// Most bytes the chat template may write for one request; past it, 400 naming
+    /// `messages`. The template's fuel bounds its instructions, this what they write (a
+    /// loop over a client's `chat_template_kwargs` number, each turn writing a message).
+    #[arg(long, default_value_t = 16 << 20, env = "FERRITE_MAX_RENDERED_BYTES")]
+    max_rendered_bytes: usize,
     /// Speculative decoding by prompt lookup: up to this many tokens per step are guessed
     /// from an earlier occurrence of the text's last tokens (in the prompt or the output)
     /// and verified in the same forward step. The output is unchanged; text that repeats
@@ -653,6 +658,7 @@ fn load_engine(
     let chat = match ChatSetup::new(&tokenizer, chat_template) {
         Ok(mut chat) => {
             chat.special_tokens_in_messages = args.special_tokens_in_messages;
+            chat.limit_output(args.max_rendered_bytes);
             chat
         }
         Err(e) => {

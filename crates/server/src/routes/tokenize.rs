@@ -68,6 +68,7 @@ pub async fn tokenize(
             tool_definitions(&tools)?;
             input.tools = tools;
             let tokenizer = Arc::clone(&tokenizer);
+            let _turn = state.heavy_turn(body.len() > LONG_TEXT_BYTES).await?;
             tokio::task::spawn_blocking(move || setup.render(&input, &tokenizer))
                 .await
                 .map_err(|_| ApiError::Internal)??
