@@ -2,7 +2,8 @@
 # The cargo-fuzz targets, built and run briefly from their seeds, so that they keep
 # compiling and a finding that the seeds reach at once fails the suite. Long runs are in
 # RELIABILITY.md. Installs cargo-fuzz when it is missing; needs the models in the cache
-# (the `constraint` target tokenizes with SmolLM2's vocabulary).
+# (the `constraint` target tokenizes with SmolLM2's vocabulary; `chat_request` renders
+# with both models' chat templates and tokenizers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${FERRITE_FUZZ_SMOKE_SECONDS:-10}"
