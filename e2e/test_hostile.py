@@ -733,3 +733,37 @@ def test_tool_call_arguments_of_megabytes_cost_little(srv):
                      "/v1/chat/completions", timeout=300)
             assert error_param(r) == "messages" and "maximum context length" in r.json()["error"]["message"]
         canary.check()
+
+
+# ---- 11. hyper's own answers to requests it cannot parse ----------------------------------
+
+HOST = b"Host: 127.0.0.1\r\n"
+UNPARSABLE = {
+    "headers past 64 KiB": b"GET /health HTTP/1.1\r\n" + HOST + b"X-Big: " + b"a" * (100 << 10) + b"\r\n\r\n",
+    "a URI past 64 KiB": b"GET /" + b"a" * (70 << 10) + b" HTTP/1.1\r\n" + HOST + b"\r\n",
+    "a header line without a colon": b"GET /health HTTP/1.1\r\n" + HOST + b"no colon here\r\n\r\n",
+    "a garbage request line": b"BLAH\r\n\r\n",
+    "a method with a bad character": b"G@T /health HTTP/1.1\r\n" + HOST + b"\r\n",
+    "an unknown version": b"GET /health HTTP/7.1\r\n" + HOST + b"\r\n",
+    "two content lengths": b"POST /v1/completions HTTP/1.1\r\n" + HOST
+    + b"Content-Length: 5\r\nContent-Length: 6\r\n\r\nhello",
+    "a content length that is not a number": b"POST /v1/completions HTTP/1.1\r\n" + HOST
+    + b"Content-Length: abc\r\n\r\n",
+    "a space before a header's colon": b"GET /health HTTP/1.1\r\n" + HOST + b"X-A : b\r\n\r\n",
+    "a control character in a header value": b"GET /health HTTP/1.1\r\n" + HOST + b"X-A: b\x01c\r\n\r\n",
+    "an unknown transfer coding": b"POST /v1/completions HTTP/1.1\r\n" + HOST
+    + b"Transfer-Encoding: gzip\r\n\r\n",
+    "a NUL in the request line": b"GET /he\x00alth HTTP/1.1\r\n" + HOST + b"\r\n",
+    "an obsolete folded header": b"GET /health HTTP/1.1\r\n" + HOST + b"X-A: b\r\n c\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("shape", UNPARSABLE)
+def test_a_request_hyper_cannot_parse_gets_a_json_error(srv, shape):
+    # Before: hyper's 400 and 431 had empty bodies (docs/API.md promises JSON).
+    answer = raw(srv, UNPARSABLE[shape])
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    assert 400 <= status < 500, answer[:300]
+    error = json.loads(body)["error"]
+    assert error["type"] == "invalid_request_error" and error["message"], error

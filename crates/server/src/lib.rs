@@ -13,6 +13,7 @@ pub mod hosts;
 pub mod listen;
 pub mod metrics;
 pub mod observe;
+pub mod parse_errors;
 pub mod probe;
 pub mod routes;
 pub mod state;

@@ -16,6 +16,7 @@ use std::time::Duration;
 use axum::Router;
 
 use crate::connection::{Activity, Counted, Watched};
+use crate::parse_errors::Explained;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -83,7 +84,7 @@ pub async fn serve(
         };
         let activity = Activity::new();
         let service = TowerToHyperService::new(Counted::new(app.clone(), Arc::clone(&activity)));
-        let socket = Watched::new(stream, Arc::clone(&activity));
+        let socket = Watched::new(Explained::new(stream), Arc::clone(&activity));
         let connection = builder
             .serve_connection(TokioIo::new(socket), service)
             .into_owned();
