@@ -97,9 +97,9 @@ pub struct AppState {
 /// Heavy preparations run at once ([`AppState::heavy_turn`]).
 pub const HEAVY_PREPARATIONS_AT_ONCE: usize = 2;
 
-/// Text longer than this is a heavy preparation to tokenize (a few milliseconds and a
-/// few MiB of merge state: shorter prompts never wait).
-pub const LONG_TEXT_BYTES: usize = 64 << 10;
+/// Text longer than this is a heavy preparation to tokenize or render (a few milliseconds
+/// and a few MiB of merge state: shorter prompts never wait).
+const LONG_TEXT_BYTES: usize = 64 << 10;
 
 impl AppState {
     /// New state for a model served under `names`; the engine comes later.
@@ -122,13 +122,15 @@ impl AppState {
         }
     }
 
-    /// A turn among the heavy preparations when `heavy` (held until the preparation is
-    /// done), nothing to wait for otherwise.
+    /// A turn among the heavy preparations (held until the preparation is done) for one
+    /// that compiles a grammar or goes over `text_bytes` of text, more than
+    /// [`LONG_TEXT_BYTES`]; nothing to wait for otherwise.
     pub async fn heavy_turn(
         &self,
-        heavy: bool,
+        text_bytes: usize,
+        compiles_grammar: bool,
     ) -> Result<Option<tokio::sync::SemaphorePermit<'_>>, ApiError> {
-        if !heavy {
+        if !compiles_grammar && text_bytes <= LONG_TEXT_BYTES {
             return Ok(None);
         }
         let permit = self.heavy_preparations.acquire().await;

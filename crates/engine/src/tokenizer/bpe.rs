@@ -5,7 +5,7 @@ use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::atomic::{self, AtomicBool};
 
-use super::chunks::{Joins, MAX_CHUNK};
+use super::chunks::{Joins, MAX_CHUNK, NONE};
 use super::pretokenize::{GiveBack, Splitter, GPT2, LLAMA3, QWEN2, TEKKEN};
 use super::{Cancelled, TokenId, MERGES_PER_CHECK};
 use crate::EngineError;
@@ -235,9 +235,6 @@ fn split(
     }
     Ok(())
 }
-
-/// No neighbour: the end of the list.
-const NONE: u32 = u32::MAX;
 
 /// A symbol of the word being merged and its neighbours in the linked list.
 #[derive(Debug, Clone, Copy)]

@@ -15,6 +15,10 @@ pub(super) const MIN_CHUNK: usize = 1 << 10;
 /// Bytes after which a chunk is cut even where a merge could join across the cut.
 pub(super) const MAX_CHUNK: usize = 256 << 10;
 
+/// No neighbour, in the linked list of a chunk's symbols that a merge walks: a chunk is at
+/// most [`MAX_CHUNK`] bytes, so a `u32` holds every index and this one is never one.
+pub(super) const NONE: u32 = u32::MAX;
+
 /// The pairs of characters that stand side by side in some vocabulary entry.
 #[derive(Debug)]
 pub(super) struct Joins {

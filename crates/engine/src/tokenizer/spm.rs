@@ -6,7 +6,7 @@ use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::atomic::{self, AtomicBool};
 
-use super::chunks::Joins;
+use super::chunks::{Joins, NONE};
 use super::{Cancelled, TokenId, MERGES_PER_CHECK};
 
 /// SentencePiece state: the score of every token.
@@ -17,9 +17,6 @@ pub(super) struct Spm {
     /// Where long texts may be cut without changing their tokens.
     joins: Joins,
 }
-
-/// No neighbour: the end of the list.
-const NONE: u32 = u32::MAX;
 
 /// A symbol of the chunk being merged: a byte range of the text and its neighbours
 /// (indices into the chunk's symbols, [`NONE`] at either end). A chunk is at most

@@ -13,7 +13,7 @@ use ferrite_protocol::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, T
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
-use crate::state::{AppState, LONG_TEXT_BYTES};
+use crate::state::AppState;
 use crate::validate::{deserialize_body, tool_definitions, ChatInput, PromptInput};
 
 /// Tokenizes text as a prompt would be (or without special tokens).
@@ -68,7 +68,7 @@ pub async fn tokenize(
             tool_definitions(&tools)?;
             input.tools = tools;
             let tokenizer = Arc::clone(&tokenizer);
-            let _turn = state.heavy_turn(body.len() > LONG_TEXT_BYTES).await?;
+            let _turn = state.heavy_turn(body.len(), false).await?;
             tokio::task::spawn_blocking(move || setup.render(&input, &tokenizer))
                 .await
                 .map_err(|_| ApiError::Internal)??
@@ -80,11 +80,7 @@ pub async fn tokenize(
         }
     };
     // Long texts tokenize a few at a time (see `AppState::heavy_turn`).
-    let long_text = match &text {
-        PromptInput::Text(text) | PromptInput::Rendered(text) => text.len() > LONG_TEXT_BYTES,
-        PromptInput::Tokens(_) => false,
-    };
-    let _turn = state.heavy_turn(long_text).await?;
+    let _turn = state.heavy_turn(text.text_bytes(), false).await?;
     // A client that leaves stops the tokenization of a long prompt.
     let (_guard, cancelled) = CancelOnDrop::new();
     let (tokens, strs) = tokio::task::spawn_blocking(move || {

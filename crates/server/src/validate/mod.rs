@@ -58,6 +58,16 @@ pub enum PromptInput {
     Tokens(Vec<u32>),
 }
 
+impl PromptInput {
+    /// Bytes of text to tokenize (none for token ids).
+    pub fn text_bytes(&self) -> usize {
+        match self {
+            PromptInput::Text(text) | PromptInput::Rendered(text) => text.len(),
+            PromptInput::Tokens(_) => 0,
+        }
+    }
+}
+
 /// What to do when prompt plus completion exceed the context.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Overflow {

@@ -16,7 +16,7 @@ use super::reply::{Dialect, ToolOutput};
 use super::run;
 use crate::error::ApiError;
 use crate::routes::body::RawBody;
-use crate::state::{AppState, LONG_TEXT_BYTES};
+use crate::state::AppState;
 use crate::validate::{
     any_call_schema, parse_chat_body, tool_schema, ChatParams, OutputConstraint, ToolChoice,
     ToolDefinition,
@@ -78,7 +78,7 @@ pub async fn chat_completions(
     // over long messages a few at a time (the turn ends before the prompt's own).
     let tokenizer = Arc::clone(engine.tokenizer());
     let prompt = {
-        let _turn = state.heavy_turn(body.len() > LONG_TEXT_BYTES).await?;
+        let _turn = state.heavy_turn(body.len(), false).await?;
         tokio::task::spawn_blocking(move || setup.render(&input, &tokenizer))
             .await
             .map_err(|_| ApiError::Internal)??

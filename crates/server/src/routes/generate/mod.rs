@@ -23,7 +23,7 @@ use ferrite_engine::{EngineHandle, FinishReason};
 use serde_json::Value;
 
 use crate::error::ApiError;
-use crate::state::{unix_now, AppState, LONG_TEXT_BYTES};
+use crate::state::{unix_now, AppState};
 use crate::validate::{parse_body, GenerateParams, PromptInput};
 use prepare::{Echo, Prepared};
 use reply::Dialect;
@@ -95,17 +95,9 @@ async fn run(
     }
     // Grammars compile, and long prompts tokenize, a few at a time, whatever the number
     // of clients sending them.
-    let text_bytes: usize = params
-        .prompts
-        .iter()
-        .map(|p| match p {
-            PromptInput::Text(text) | PromptInput::Rendered(text) => text.len(),
-            PromptInput::Tokens(_) => 0,
-        })
-        .sum();
-    let long_text = text_bytes > LONG_TEXT_BYTES;
+    let text_bytes = params.prompts.iter().map(PromptInput::text_bytes).sum();
     let heavy = state
-        .heavy_turn(params.constraint.is_some() || long_text)
+        .heavy_turn(text_bytes, params.constraint.is_some())
         .await?;
     let prepared = {
         let (params, engine, limits) = (Arc::clone(&params), engine.clone(), state.limits);
