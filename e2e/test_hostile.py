@@ -280,22 +280,29 @@ def settled(server):
     raise AssertionError("the engine kept generating for 30 s for a client that reads nothing")
 
 
-def test_an_http1_client_that_stops_reading_stops_its_generation(tight):
-    before = generated(tight)
+def stalled_stream(server, write_timeout, most_tokens):
+    """Streams a long completion to a client that reads nothing: the stream pauses after
+    fewer than `most_tokens` tokens (printed), stays running, and is freed once the
+    server's write timeout has passed."""
+    before = generated(server)
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(("127.0.0.1", tight.port))
+    sock.connect(("127.0.0.1", server.port))
     sock.sendall(completion_request({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4000,
                                      "ignore_eos": True, "stream": True}))
-    wait_for(lambda: tight.metrics()["ferrite_requests_running"] == 1, 10)
-    paused_at = settled(tight)
+    wait_for(lambda: server.metrics()["ferrite_requests_running"] == 1, 10)
+    paused_at = settled(server)
     print("generated before pausing:", paused_at - before)
-    assert tight.metrics()["ferrite_requests_running"] == 1, "it should be paused, not ended"
-    # A token's chunk is ~250 bytes: what waits for the client is a few hundred KiB.
-    assert paused_at - before < 1500, paused_at - before
-    # After the write timeout (6 s) the connection is closed and the sequence freed.
-    wait_for(lambda: tight.metrics()["ferrite_requests_running"] == 0, 6 + 5)
+    assert server.metrics()["ferrite_requests_running"] == 1, "it should be paused, not ended"
+    assert paused_at - before < most_tokens, paused_at - before
+    wait_for(lambda: server.metrics()["ferrite_requests_running"] == 0, write_timeout + 5)
     sock.close()
+
+
+def test_an_http1_client_that_stops_reading_stops_its_generation(tight):
+    # A token's chunk is ~250 bytes: what waits for the client is a few hundred KiB.
+    # After the write timeout (6 s) the connection is closed and the sequence freed.
+    stalled_stream(tight, 6, 1500)
 
 
 def test_http2_streams_with_no_window_stop_generating_and_are_freed(tight):
@@ -765,3 +772,73 @@ def test_a_request_hyper_cannot_parse_gets_a_json_error(srv, shape):
     assert 400 <= status < 500, answer[:300]
     error = json.loads(body)["error"]
     assert error["type"] == "invalid_request_error" and error["message"], error
+
+
+# ---- every size limit is a flag ------------------------------------------------------------
+# The bounds that were constants: each set low here, each shown to be the one in force.
+
+
+@pytest.fixture(scope="module")
+def small():
+    s = Server(MODEL, ["--max-regex-match-bytes", "100", "--max-tool-name-bytes", "8",
+                       "--max-scored-logits-bytes", "1", "--max-unread-events", "1",
+                       "--send-buffer-bytes", "4096", "--response-write-timeout", "6"])
+    yield s
+    s.stop()
+
+
+def test_the_regex_match_bound_is_a_flag(small, srv):
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 2}
+    for field, value in [("guided_regex", "a{101}"),
+                         ("guided_json", {"type": "string", "pattern": "^b{101}$"})]:
+        r = post(small, {**body, field: value})
+        assert error_param(r) == field
+        assert "at most 100" in r.json()["error"]["message"]
+        # The default allows it.
+        assert post(srv, {**body, field: value}).status_code == 200
+    assert post(small, {**body, "guided_regex": "a{100}"}).status_code == 200
+
+
+def test_the_tool_name_bound_is_a_flag(small):
+    def tools(name):
+        return [{"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}]
+    messages = [{"role": "user", "content": "Call it."}]
+    asks = [("/v1/chat/completions", {"messages": messages, "max_tokens": 2}),
+            ("/v1/completions", {"prompt": "x", "max_tokens": 2, "tool_choice": "required"}),
+            ("/tokenize", {"messages": messages})]
+    for path, body in asks:
+        r = post(small, {"model": MODEL, **body, "tools": tools("abcdefghi")}, path=path)
+        assert error_param(r) == "tools", path
+        assert "at most 8" in r.json()["error"]["message"], path
+        r = post(small, {"model": MODEL, **body, "tools": tools("abcdefgh")}, path=path)
+        assert r.status_code == 200, (path, r.text[:300])
+
+
+def forward_steps(server):
+    return server.metrics()["ferrite_forward_steps_total"]
+
+
+def test_the_scored_logits_bound_is_a_flag(small, srv):
+    """One row of logits a step: a scored prompt goes in a position a step, where the
+    default's 16 MiB hold 85 of SmolLM2's rows."""
+    prompt = "One, two, three, four, five, six, seven, eight, nine, ten"
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "prompt_logprobs": 0}
+    steps = {}
+    for name, server in [("small", small), ("default", srv)]:
+        before = forward_steps(server)
+        r = post(server, body)
+        assert r.status_code == 200, r.text[:300]
+        wait_for(lambda: server.metrics()["ferrite_requests_running"] == 0, 10)
+        steps[name] = forward_steps(server) - before
+        scored = r.json()["choices"][0]["prompt_logprobs"]
+    print("forward steps:", steps)
+    assert steps["small"] >= len(scored), (steps, len(scored))
+    assert steps["default"] <= 3, steps
+
+
+def test_the_unread_events_bound_is_a_flag(small):
+    """With one unread event allowed and small socket buffers, a stream whose client reads
+    nothing stops after the buffers' worth of tokens and one more: below what the default
+    64 let through. Measured: ~140 tokens with 1 unread event, ~198 with the default 64
+    (the rest is hyper's buffer and the two small socket buffers)."""
+    stalled_stream(small, 6, 170)

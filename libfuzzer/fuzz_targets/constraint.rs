@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use ferrite_engine::constrain::{ConstraintFactory, Grammar, GrammarKind};
+use ferrite_engine::constrain::{regexes, ConstraintFactory, Grammar, GrammarKind};
 use ferrite_engine::gguf::GgufFile;
 use ferrite_engine::tokenizer::Tokenizer;
 
@@ -55,7 +55,11 @@ fn factory() -> &'static (ConstraintFactory, usize) {
         let gguf = GgufFile::open(&path).expect("run `ferrite pull smollm2-135m` first");
         let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf.meta).expect("a tokenizer"));
         let vocab = tokenizer.vocab_size();
-        (ConstraintFactory::new(tokenizer).expect("a grammar factory"), vocab)
+        (
+            ConstraintFactory::new(tokenizer, regexes::DEFAULT_MAX_REGEX_MATCH_BYTES)
+                .expect("a grammar factory"),
+            vocab,
+        )
     })
 }
 

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ferrite_engine::constrain::{ConstraintFactory, Grammar, GrammarKind};
+use ferrite_engine::constrain::{regexes, ConstraintFactory, Grammar, GrammarKind};
 use ferrite_engine::gguf::GgufFile;
 use ferrite_engine::tokenizer::Tokenizer;
 
@@ -25,7 +25,11 @@ fn main() {
     let gguf = GgufFile::open(&model_path()).expect("run `ferrite pull smollm2-135m` first");
     let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf.meta).unwrap());
     let started = Instant::now();
-    let factory = ConstraintFactory::new(Arc::clone(&tokenizer)).unwrap();
+    let factory = ConstraintFactory::new(
+        Arc::clone(&tokenizer),
+        regexes::DEFAULT_MAX_REGEX_MATCH_BYTES,
+    )
+    .unwrap();
     println!(
         "vocabulary indexed for grammars in {:.0} ms",
         started.elapsed().as_secs_f64() * 1e3

@@ -25,4 +25,4 @@ pub use running::MAX_DRAFT;
 
 pub use error::EngineError;
 pub use sequence::{Events, FinishReason, PromptLogprob, SequenceEvent, SequenceRequest};
-pub use worker::{Engine, EngineConfig, EngineHandle, StatsSnapshot};
+pub use worker::{Engine, EngineConfig, EngineHandle, StatsSnapshot, DEFAULT_SCORED_LOGITS_BYTES};

@@ -29,10 +29,6 @@ pub(crate) const TOKEN_WORK_LIMIT: Duration = Duration::from_millis(1500);
 /// in, instead of computing the prompt again.
 pub(crate) type Followers = Vec<(SequenceRequest, EventSender)>;
 
-/// Logits one step computes for a prompt whose every position is scored: 16 rows of
-/// Gemma 3's vocabulary, 85 of SmolLM2's.
-const SCORED_ROWS_BYTES: usize = 16 << 20;
-
 /// A sequence's prompt lookup (see [`crate::lookup`]).
 struct LookupState {
     config: PromptLookup,
@@ -166,11 +162,11 @@ impl Sequence {
 
     /// Most prompt tokens one step may feed it, over a vocabulary of `vocab`: unlimited,
     /// but when every prompt position is scored (`prompt_logprobs`), as many as
-    /// [`SCORED_ROWS_BYTES`] of logits hold. A scored 2,048-token prompt over Gemma 3's
-    /// 262,144 tokens took 2 GiB of logits and seconds of one step at once before.
-    pub(crate) fn max_prefill_chunk(&self, vocab: usize) -> usize {
+    /// `scored_bytes` of logits hold (one at least). A scored 2,048-token prompt over
+    /// Gemma 3's 262,144 tokens took 2 GiB of logits and seconds of one step at once before.
+    pub(crate) fn max_prefill_chunk(&self, vocab: usize, scored_bytes: usize) -> usize {
         match self.prompt_logprobs {
-            Some(_) => (SCORED_ROWS_BYTES / (vocab.max(1) * 4)).max(1),
+            Some(_) => (scored_bytes / (vocab.max(1) * 4)).max(1),
             None => usize::MAX,
         }
     }

@@ -168,18 +168,21 @@ pub enum SequenceEvent {
     Aborted,
 }
 
-/// Events a reader may leave unread before its sequence stops generating (a token each,
-/// with its alternatives when asked for: some tens of KiB at most).
-pub const MAX_UNREAD_EVENTS: usize = 64;
+/// Events a reader may leave unread before its sequence stops generating, unless the
+/// engine is configured otherwise ([`crate::EngineConfig::max_unread_events`]): a token
+/// each, with its alternatives when asked for, so some tens of KiB at most.
+pub const DEFAULT_MAX_UNREAD_EVENTS: usize = 64;
 
-/// A new channel for one sequence's events.
-pub(crate) fn channel() -> (EventSender, Events) {
+/// A new channel for one sequence's events, whose sender counts as full once its reader
+/// is `max_unread` events behind (at least one).
+pub(crate) fn channel(max_unread: usize) -> (EventSender, Events) {
     let (tx, rx) = unbounded_channel();
     let unread = Arc::new(AtomicUsize::new(0));
     (
         EventSender {
             tx,
             unread: Arc::clone(&unread),
+            max_unread: max_unread.max(1),
         },
         Events { rx, unread },
     )
@@ -189,6 +192,7 @@ pub(crate) fn channel() -> (EventSender, Events) {
 pub(crate) struct EventSender {
     tx: UnboundedSender<SequenceEvent>,
     unread: Arc<AtomicUsize>,
+    max_unread: usize,
 }
 
 impl EventSender {
@@ -204,9 +208,9 @@ impl EventSender {
         self.tx.is_closed()
     }
 
-    /// Whether the reader is [`MAX_UNREAD_EVENTS`] or more behind.
+    /// Whether the reader is as far behind as the channel allows, or further.
     pub(crate) fn is_full(&self) -> bool {
-        self.unread.load(Ordering::Acquire) >= MAX_UNREAD_EVENTS
+        self.unread.load(Ordering::Acquire) >= self.max_unread
     }
 }
 
@@ -239,8 +243,9 @@ mod tests {
 
     #[test]
     fn the_sender_sees_how_far_behind_its_reader_is() {
-        let (tx, mut rx) = channel();
-        for _ in 0..MAX_UNREAD_EVENTS - 1 {
+        const MAX: usize = 5;
+        let (tx, mut rx) = channel(MAX);
+        for _ in 0..MAX - 1 {
             tx.send(SequenceEvent::Aborted);
         }
         assert!(!tx.is_full());

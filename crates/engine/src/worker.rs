@@ -35,11 +35,27 @@ pub struct EngineConfig {
     pub max_waiting: usize,
     /// Speculative decoding by prompt lookup, or `None` for off.
     pub prompt_lookup: Option<PromptLookup>,
-    /// Longest a sequence may wait for its reader to catch up
-    /// ([`crate::sequence::MAX_UNREAD_EVENTS`] behind); then it ends with
-    /// [`SequenceEvent::TimedOut`] and its KV cache and slot are freed.
+    /// Longest a sequence may wait for its reader to catch up (`max_unread_events`
+    /// behind); then it ends with [`SequenceEvent::TimedOut`] and its KV cache and slot
+    /// are freed.
     pub stalled_reader_timeout: Duration,
+    /// Events a sequence's reader may leave unread before the sequence stops generating
+    /// and waits for it (at least 1; [`crate::sequence::DEFAULT_MAX_UNREAD_EVENTS`]).
+    pub max_unread_events: usize,
+    /// Bytes of logits one step may compute for a prompt whose every position is scored
+    /// (`prompt_logprobs`): such a prompt goes in as many positions a step as they hold,
+    /// one at least ([`DEFAULT_SCORED_LOGITS_BYTES`]).
+    pub scored_logits_bytes: usize,
+    /// Longest shortest match a grammar's regex may have, in bytes; a grammar holding a
+    /// longer one is refused before it compiles
+    /// ([`crate::constrain::regexes::DEFAULT_MAX_REGEX_MATCH_BYTES`]).
+    pub max_regex_match_bytes: usize,
 }
+
+/// Bytes of logits one step computes for a prompt whose every position is scored, unless
+/// configured otherwise ([`EngineConfig::scored_logits_bytes`]): 16 rows of Gemma 3's
+/// vocabulary, 85 of SmolLM2's.
+pub const DEFAULT_SCORED_LOGITS_BYTES: usize = 16 << 20;
 
 /// Counters the engine keeps up to date, for metrics and tests.
 #[derive(Debug, Default)]
@@ -176,7 +192,11 @@ impl EngineHandle {
     /// grammar compiler's message. The vocabulary is indexed for grammars on first use.
     pub fn compile_grammar(&self, grammar: &Grammar) -> Result<Constraint, String> {
         let factory = self.constraints.get_or_init(|| {
-            ConstraintFactory::new(Arc::clone(&self.tokenizer)).map_err(|e| e.to_string())
+            ConstraintFactory::new(
+                Arc::clone(&self.tokenizer),
+                self.config.max_regex_match_bytes,
+            )
+            .map_err(|e| e.to_string())
         });
         match factory {
             Ok(factory) => factory.compile(grammar),
@@ -246,7 +266,7 @@ impl EngineHandle {
         for requests in groups {
             let mut receivers = Vec::with_capacity(requests.len());
             let mut members = requests.into_iter().map(|r| {
-                let (tx, rx) = sequence::channel();
+                let (tx, rx) = sequence::channel(self.config.max_unread_events);
                 receivers.push(rx);
                 (r, tx)
             });
@@ -680,7 +700,7 @@ impl Worker {
                 pending_prefill: s.pending_prefill(),
                 passed_over: s.passed_over,
                 blocked: s.blocked_since.is_some(),
-                max_chunk: s.max_prefill_chunk(vocab),
+                max_chunk: s.max_prefill_chunk(vocab, self.config.scored_logits_bytes),
             })
             .collect();
         if views.iter().all(|v| v.blocked) {

@@ -121,6 +121,27 @@ fn constrained_generation_on_smollm2() {
     engine.shutdown();
 }
 
+/// The regex bound is the engine's setting: a lower one refuses what the default allows.
+#[test]
+fn the_regex_bound_follows_the_configuration() {
+    let engine = common::start_engine(
+        "smollm2-135m",
+        ferrite_engine::EngineConfig {
+            max_regex_match_bytes: 1000,
+            ..common::config()
+        },
+    );
+    let h = engine.handle();
+    let err = h
+        .compile_grammar(&grammar(GrammarKind::Regex, "a{1001}"))
+        .unwrap_err();
+    assert!(err.contains("at most 1000"), "{err}");
+    assert!(h
+        .compile_grammar(&grammar(GrammarKind::Regex, "a{1000}"))
+        .is_ok());
+    engine.shutdown();
+}
+
 /// Grammars that cost too much or can match nothing never stall the engine: the
 /// unsatisfiable ones are refused when compiled, the expensive ones are bounded per token,
 /// and another sequence keeps running beside them.

@@ -274,3 +274,61 @@ fn a_full_queue_refuses_and_abort_ends_everything() {
     ));
     engine.shutdown();
 }
+
+/// The engine's two per-sequence bounds follow its configuration: a reader that reads
+/// nothing holds its sequence at `max_unread_events` tokens while another runs on, and a
+/// scored prompt goes in as many positions a step as `scored_logits_bytes` of logits hold
+/// (here one), scoring exactly as in one piece.
+#[test]
+fn unread_events_and_scored_logits_follow_the_configuration() {
+    let engine = common::start_engine(
+        "smollm2-135m",
+        EngineConfig {
+            max_unread_events: 3,
+            scored_logits_bytes: 1,
+            ..common::config()
+        },
+    );
+    let h = engine.handle();
+    // The stalled reader: 40 tokens asked for, nothing read while the other runs.
+    let stalled = h
+        .submit(greedy(prompt(&h, "Once upon a time"), 40))
+        .unwrap();
+    let before = h.stats().generated_tokens;
+    let clock = collect(h.submit(greedy(prompt(&h, "1, 2, 3,"), 30)).unwrap());
+    assert_eq!(clock.tokens.len(), 30);
+    settle_to(&h, 1);
+    let stalled_tokens = h.stats().generated_tokens - before - 30;
+    assert!(
+        stalled_tokens <= 4,
+        "{stalled_tokens} tokens generated for a reader 3 events may wait for"
+    );
+    let rest = collect(stalled);
+    assert_eq!(rest.tokens.len(), 40, "reading lets it finish");
+
+    let p = prompt(&h, "One, two, three, four, five, six, seven, eight");
+    let steps = h.stats().steps;
+    let mut scored = greedy(p.clone(), 0);
+    scored.prompt_logprobs = Some(1);
+    let out = collect(h.submit(scored).unwrap());
+    assert_eq!(out.prompt.map(|s| s.len()), Some(p.len()));
+    assert!(
+        h.stats().steps - steps >= p.len() as u64,
+        "{} positions went in {} steps",
+        p.len(),
+        h.stats().steps - steps
+    );
+    prompt_logprobs_score_what_generation_produced(&h);
+    engine.shutdown();
+}
+
+/// Waits until only `n` sequences run: the step that sent a finished sequence's last
+/// event has then added its counters too (they are added during the step, the running
+/// count published after it).
+fn settle_to(h: &EngineHandle, n: usize) {
+    let started = Instant::now();
+    while h.stats().running > n && started.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(h.stats().running, n);
+}

@@ -7,14 +7,13 @@
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 use ferrite_engine::gguf::GgufFile;
-use ferrite_engine::lookup::PromptLookup;
 use ferrite_engine::sampling::SamplingParams;
 use ferrite_engine::scheduler::SchedulerConfig;
 use ferrite_engine::tokenizer::Tokenizer;
@@ -28,6 +27,9 @@ use ferrite_server::cors::AllowedOrigins;
 use ferrite_server::probe::Probe;
 use ferrite_server::state::{AppState, RequestLimits};
 use ferrite_server::{auth, fetch, listen, routes};
+
+mod serve_args;
+use serve_args::{positive_seconds, LogFormat, ServeArgs};
 
 #[derive(Parser)]
 #[command(
@@ -74,211 +76,6 @@ enum Command {
         #[arg(long, default_value_t = 2.0, value_parser = positive_seconds)]
         timeout: f64,
     },
-}
-
-#[derive(Args)]
-struct ServeArgs {
-    /// A GGUF path, a known model name, or a Hugging Face repo id (owner/repo[:file.gguf]).
-    /// Default: smollm2-135m, fetched on first use.
-    #[arg(long, env = "FERRITE_MODEL")]
-    model: Option<String>,
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1", env = "FERRITE_HOST")]
-    host: String,
-    /// Port to listen on.
-    #[arg(long, default_value_t = 8080, env = "FERRITE_PORT")]
-    port: u16,
-    /// Names the model answers to in requests (repeatable); default: the model's name.
-    #[arg(
-        long = "served-model-name",
-        env = "FERRITE_SERVED_MODEL_NAME",
-        value_delimiter = ','
-    )]
-    served_model_names: Vec<String>,
-    /// Longest prompt plus completion, in tokens; default: the model's training context.
-    #[arg(long, env = "FERRITE_CTX_SIZE")]
-    ctx_size: Option<usize>,
-    /// Most sequences decoded together; a quarter more (rounded down) are kept for
-    /// requests that have nothing running yet, so that one request's choices cannot hold
-    /// every slot.
-    #[arg(long, default_value_t = 64, env = "FERRITE_MAX_RUNNING")]
-    max_running: usize,
-    /// Most tokens in one forward step (prefill chunk size plus decodes).
-    #[arg(long, default_value_t = 512, env = "FERRITE_MAX_STEP_TOKENS")]
-    max_step_tokens: usize,
-    /// KV cache positions that running sequences may reserve together.
-    #[arg(long, default_value_t = 131_072, env = "FERRITE_KV_BUDGET")]
-    kv_budget: usize,
-    /// KV cache positions kept from finished sequences for prompts that start the same
-    /// way (0 turns the prefix cache off).
-    #[arg(long, default_value_t = 8192, env = "FERRITE_PREFIX_CACHE_POSITIONS")]
-    prefix_cache_positions: usize,
-    /// Drop request fields that no supported API documents instead of answering 400.
-    #[arg(long, env = "FERRITE_IGNORE_UNKNOWN_FIELDS")]
-    ignore_unknown_fields: bool,
-    /// A key every route but /health, /ready and /metrics then needs, as `Authorization:
-    /// Bearer KEY` or `x-api-key: KEY` (repeatable; the variable takes one).
-    #[arg(long = "api-key", env = "FERRITE_API_KEY")]
-    api_keys: Vec<String>,
-    /// A file of API keys, one per line (`#` starts a comment line).
-    #[arg(long, env = "FERRITE_API_KEY_FILE")]
-    api_key_file: Option<std::path::PathBuf>,
-    /// Origins whose browser pages may call the API (CORS), as scheme://host[:port]
-    /// (repeatable or comma-separated; `*`: any). Default: none.
-    #[arg(long, env = "FERRITE_ALLOWED_ORIGINS", value_delimiter = ',')]
-    allowed_origins: Vec<String>,
-    /// Host names the server answers to besides loopback names (`Host` header;
-    /// repeatable or comma-separated; `*`: any). Default: only loopback names when bound
-    /// to a loopback address (a web page rebinding its DNS to 127.0.0.1 is refused), any
-    /// name otherwise.
-    #[arg(long, env = "FERRITE_ALLOWED_HOSTS", value_delimiter = ',')]
-    allowed_hosts: Vec<String>,
-    /// Compute threads for the forward passes. Default: the cores this process may use
-    /// (its CPU affinity mask and cgroup quota), not the host's.
-    #[arg(long, env = "FERRITE_THREADS", value_parser = clap::value_parser!(u16).range(1..))]
-    threads: Option<u16>,
-    /// Most requests waiting for the engine (one per request, whatever its prompts); past
-    /// it, requests get 429 with `Retry-After`.
-    #[arg(long, default_value_t = 512, env = "FERRITE_MAX_WAITING")]
-    max_waiting: usize,
-    /// Largest request body in bytes; past it, 413.
-    #[arg(long, default_value_t = 8 << 20, env = "FERRITE_MAX_BODY_SIZE")]
-    max_body_size: usize,
-    /// Most prompt tokens in one request, over all its prompts; past it, 400.
-    #[arg(long, default_value_t = 1 << 18, env = "FERRITE_MAX_PROMPT_TOKENS")]
-    max_prompt_tokens: usize,
-    /// Most tokens one request may ask to generate (`max_tokens` times `best_of` or `n`,
-    /// over all its prompts); past it, 400.
-    #[arg(long, default_value_t = 1 << 18, env = "FERRITE_MAX_REQUEST_TOKENS")]
-    max_request_tokens: usize,
-    /// Most log-probabilities one answer may carry: over every choice, (echoed prompt
-    /// tokens plus `max_tokens`) times (1 plus the alternatives asked for), and with
-    /// `prompt_logprobs` prompt tokens times (2 plus its alternatives) per choice; past it,
-    /// 400. An entry costs ~60 bytes of JSON and ~150 while the answer is built.
-    #[arg(long, default_value_t = 1 << 18, env = "FERRITE_MAX_LOGPROB_ENTRIES")]
-    max_logprob_entries: usize,
-    /// Most bytes of echoed prompt text one answer may carry, over every choice; past it,
-    /// 400.
-    #[arg(long, default_value_t = 16 << 20, env = "FERRITE_MAX_ECHO_BYTES")]
-    max_echo_bytes: usize,
-    /// Longest a completion request may run, in seconds (a request's `inference_timeout`
-    /// can only shorten it); past it, 504 or an error event. Default: no limit.
-    #[arg(long, env = "FERRITE_REQUEST_TIMEOUT", value_parser = positive_seconds)]
-    request_timeout: Option<f64>,
-    /// On SIGINT or SIGTERM: seconds running requests get to finish (new ones get 503)
-    /// before the rest are ended with an error and the server exits.
-    #[arg(long, default_value_t = 20.0, env = "FERRITE_SHUTDOWN_GRACE", value_parser = non_negative_seconds)]
-    shutdown_grace: f64,
-    /// Seconds a client has to send a request's headers, and then its body; also how long
-    /// an idle keep-alive connection is kept open.
-    #[arg(long, default_value_t = 30.0, env = "FERRITE_REQUEST_READ_TIMEOUT", value_parser = positive_seconds)]
-    request_read_timeout: f64,
-    /// Seconds a response may wait on a client that does not read it (a write blocked on
-    /// the client, or a stream whose buffer is full); then the connection is closed (or
-    /// the stream ended) and its sequences are freed.
-    #[arg(long, default_value_t = 30.0, env = "FERRITE_RESPONSE_WRITE_TIMEOUT", value_parser = positive_seconds)]
-    response_write_timeout: f64,
-    /// Kernel send buffer of each connection, in bytes (0: the kernel's default, which
-    /// grows to megabytes): with the server's own bounded buffers, it bounds what waits
-    /// for a client that stopped reading before its stream stops generating.
-    #[arg(long, default_value_t = 128 << 10, env = "FERRITE_SEND_BUFFER_BYTES")]
-    send_buffer_bytes: usize,
-    /// Most connections open at once; one more is answered 503 and closed.
-    #[arg(long, default_value_t = 512, env = "FERRITE_MAX_CONNECTIONS")]
-    max_connections: usize,
-    /// Serve `/metrics` on this port (same host) instead of the API's port.
-    #[arg(long, env = "FERRITE_METRICS_PORT")]
-    metrics_port: Option<u16>,
-    /// Log lines as text or as JSON objects (one per line).
-    #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "FERRITE_LOG_FORMAT")]
-    log_format: LogFormat,
-    /// `max_tokens` of a chat request that gives none (lowered to fit the context and
-    /// the per-request limits).
-    #[arg(long, default_value_t = 4096, env = "FERRITE_CHAT_MAX_TOKENS", value_parser = positive_count)]
-    chat_max_tokens: usize,
-    /// Largest grammar one request may have compiled, in bytes of its source (a JSON
-    /// schema's text, a regex, a Lark grammar, the alternatives of `guided_choice`, the
-    /// tools' call grammar); past it, 400.
-    #[arg(long, default_value_t = 256 << 10, env = "FERRITE_MAX_GRAMMAR_BYTES")]
-    max_grammar_bytes: usize,
-    /// A Jinja chat template for `/v1/chat/completions`, replacing the model's own (a
-    /// model without one gets ChatML).
-    #[arg(long, env = "FERRITE_CHAT_TEMPLATE")]
-    chat_template: Option<PathBuf>,
-    /// Let control-token text that clients write into chat messages, tool definitions
-    /// and `chat_template_kwargs` become control tokens, as it did before: a user could
-    /// then end its turn and open a system one (`<|im_end|><|im_start|>system`). By
-    /// default it stays text, and only the template's own markers are control tokens.
-    #[arg(long, env = "FERRITE_SPECIAL_TOKENS_IN_MESSAGES")]
-    special_tokens_in_messages: bool,
-    /// Most bytes the chat template may write for one request; past it, 400 naming
-    /// `messages`. The template's fuel bounds its instructions, this what they write (a
-    /// loop over a client's `chat_template_kwargs` number, each turn writing a message).
-    #[arg(long, default_value_t = 16 << 20, env = "FERRITE_MAX_RENDERED_BYTES")]
-    max_rendered_bytes: usize,
-    /// Speculative decoding by prompt lookup: up to this many tokens per step are guessed
-    /// from an earlier occurrence of the text's last tokens (in the prompt or the output)
-    /// and verified in the same forward step. The output is unchanged; text that repeats
-    /// its input (extraction, editing, quoting) comes faster. 0 (the default) turns it
-    /// off; at most 8.
-    #[arg(long, default_value_t = 0, env = "FERRITE_PROMPT_LOOKUP")]
-    prompt_lookup: usize,
-    /// Shortest run of tokens prompt lookup takes as a repetition.
-    #[arg(long, default_value_t = 2, env = "FERRITE_PROMPT_LOOKUP_MIN")]
-    prompt_lookup_min: usize,
-    /// Longest run of tokens prompt lookup matches (a longer match wins over a more
-    /// recent one).
-    #[arg(long, default_value_t = 4, env = "FERRITE_PROMPT_LOOKUP_MAX")]
-    prompt_lookup_max: usize,
-}
-
-impl ServeArgs {
-    /// The prompt lookup configured, if it is on.
-    fn prompt_lookup(&self) -> Result<Option<PromptLookup>> {
-        if self.prompt_lookup == 0 {
-            return Ok(None);
-        }
-        PromptLookup::new(
-            self.prompt_lookup_min,
-            self.prompt_lookup_max,
-            self.prompt_lookup,
-        )
-        .map(Some)
-        .map_err(|e| anyhow::anyhow!("--prompt-lookup: {e}"))
-    }
-}
-
-/// How log lines are written.
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line, with the request id of the span it belongs to.
-    Json,
-}
-
-fn positive_count(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(v) if v > 0 => Ok(v),
-        _ => Err(format!("`{s}` is not a positive whole number")),
-    }
-}
-
-fn non_negative_seconds(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        _ => Err(format!("`{s}` is not a number of seconds")),
-    }
-}
-
-fn positive_seconds(s: &str) -> Result<f64, String> {
-    non_negative_seconds(s).and_then(|v| {
-        if v > 0.0 {
-            Ok(v)
-        } else {
-            Err("the timeout must be more than 0 seconds".into())
-        }
-    })
 }
 
 fn main() -> Result<()> {
@@ -460,6 +257,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         max_echo_bytes: args.max_echo_bytes,
         chat_max_tokens: args.chat_max_tokens,
         max_grammar_bytes: args.max_grammar_bytes,
+        max_tool_name_bytes: args.max_tool_name_bytes,
     };
     state.request_timeout = args.request_timeout.map(Duration::from_secs_f64);
     state.allowed_origins = allowed_origins;
@@ -703,6 +501,9 @@ fn load_engine(
         max_waiting: args.max_waiting.max(1),
         prompt_lookup: args.prompt_lookup()?,
         stalled_reader_timeout: Duration::from_secs_f64(args.response_write_timeout),
+        max_unread_events: args.max_unread_events,
+        scored_logits_bytes: args.max_scored_logits_bytes,
+        max_regex_match_bytes: args.max_regex_match_bytes,
     };
     if let Some(lookup) = config.prompt_lookup {
         tracing::info!(

@@ -43,6 +43,9 @@ pub struct RequestLimits {
     /// call grammar); 400 past it. Compiling costs some hundreds of bytes per source
     /// byte (a 1 MiB `guided_choice` list took 175 MiB).
     pub max_grammar_bytes: usize,
+    /// Longest tool name, in bytes (400 naming `tools` past it, before the tools are
+    /// rendered or compiled).
+    pub max_tool_name_bytes: usize,
 }
 
 impl Default for RequestLimits {
@@ -57,6 +60,7 @@ impl Default for RequestLimits {
             max_echo_bytes: 16 << 20,
             chat_max_tokens: 4096,
             max_grammar_bytes: 256 << 10,
+            max_tool_name_bytes: crate::validate::DEFAULT_MAX_TOOL_NAME_BYTES,
         }
     }
 }

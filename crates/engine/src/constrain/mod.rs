@@ -88,17 +88,22 @@ pub enum MaskError {
 /// Compiles grammars for one tokenizer. Building it indexes the vocabulary once.
 pub struct ConstraintFactory {
     factory: ParserFactory,
+    max_regex_match: usize,
 }
 
 impl ConstraintFactory {
-    /// A factory for `tokenizer`'s vocabulary.
-    pub fn new(tokenizer: Arc<Tokenizer>) -> Result<Self, EngineError> {
+    /// A factory for `tokenizer`'s vocabulary, refusing grammars with a regex whose every
+    /// match is longer than `max_regex_match` bytes (see [`regexes`]).
+    pub fn new(tokenizer: Arc<Tokenizer>, max_regex_match: usize) -> Result<Self, EngineError> {
         let env: TokEnv = Arc::new(tokenizer_env::TokenizerEnvAdapter::new(tokenizer));
         let mut factory = ParserFactory::new_simple(&env)
             .map_err(|e| EngineError::InvalidModel(format!("grammar support: {e}")))?;
         factory.quiet();
         *factory.limits_mut() = GRAMMAR_LIMITS.clone();
-        Ok(Self { factory })
+        Ok(Self {
+            factory,
+            max_regex_match,
+        })
     }
 
     /// Compiles `grammar` into a constraint ready for a fresh sequence; the error is
@@ -106,7 +111,7 @@ impl ConstraintFactory {
     /// that exceeds the limits at once, or allows no output at all, is refused here
     /// rather than in a generation step.
     pub fn compile(&self, grammar: &Grammar) -> Result<Constraint, String> {
-        parts::check_before_compiling(grammar)?;
+        parts::check_before_compiling(grammar, self.max_regex_match)?;
         // Compiling recurses as deep as the grammar goes: on a stack that holds the
         // deepest one `depth::check` lets through, many times over.
         std::thread::scope(|scope| {

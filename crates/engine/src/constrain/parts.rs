@@ -75,17 +75,21 @@ where
     }
 }
 
-/// Every check a grammar must pass before it compiles: the regexes it holds
-/// ([`super::regexes`]) and how deep compiling it would recurse ([`super::depth`]).
-pub(super) fn check_before_compiling(grammar: &Grammar) -> Result<(), String> {
+/// Every check a grammar must pass before it compiles: the regexes it holds, whose
+/// shortest matches may be `max_regex_match` bytes at most ([`super::regexes`]), and how
+/// deep compiling it would recurse ([`super::depth`]).
+pub(super) fn check_before_compiling(
+    grammar: &Grammar,
+    max_regex_match: usize,
+) -> Result<(), String> {
     PartChecks {
-        regex: regexes::check_regex,
+        regex: |regex: &str| regexes::check_regex(regex, max_regex_match),
         schema: |schema: &Value| {
-            regexes::check_schema(schema)?;
+            regexes::check_schema(schema, max_regex_match)?;
             depth::check_schema(schema)
         },
         lark: |lark: &str| {
-            regexes::check_lark(lark)?;
+            regexes::check_lark(lark, max_regex_match)?;
             depth::check_lark(lark)
         },
     }

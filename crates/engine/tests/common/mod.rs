@@ -60,7 +60,8 @@ pub const MODELS: [(&str, &str); 2] = [
 
 /// The engine settings the tests start from (each changes what it is about): 16
 /// sequences, 512-token steps, 65,536 KV positions, a 2048-token context, no prefix cache,
-/// 1024 waiting requests, no prompt lookup, 30 s for a stalled reader.
+/// 1024 waiting requests, no prompt lookup, 30 s for a stalled reader, and the default
+/// bounds on unread events, scored logits and grammar regexes.
 pub fn config() -> EngineConfig {
     EngineConfig {
         scheduler: SchedulerConfig {
@@ -73,6 +74,9 @@ pub fn config() -> EngineConfig {
         max_waiting: 1024,
         prompt_lookup: None,
         stalled_reader_timeout: std::time::Duration::from_secs(30),
+        max_unread_events: ferrite_engine::sequence::DEFAULT_MAX_UNREAD_EVENTS,
+        scored_logits_bytes: ferrite_engine::DEFAULT_SCORED_LOGITS_BYTES,
+        max_regex_match_bytes: ferrite_engine::constrain::regexes::DEFAULT_MAX_REGEX_MATCH_BYTES,
     }
 }
 

@@ -14,7 +14,9 @@ use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::validate::{deserialize_body, tool_definitions, ChatInput, PromptInput};
+use crate::validate::{
+    check_tool_names, deserialize_body, sent_tool_names, tool_definitions, ChatInput, PromptInput,
+};
 
 /// Tokenizes text as a prompt would be (or without special tokens).
 pub async fn tokenize(
@@ -65,6 +67,7 @@ pub async fn tokenize(
                 request.chat_template_kwargs.unwrap_or_default(),
             )?;
             let tools = request.tools.unwrap_or_default();
+            check_tool_names(sent_tool_names(&tools), state.limits.max_tool_name_bytes)?;
             tool_definitions(&tools)?;
             input.tools = tools;
             let tokenizer = Arc::clone(&tokenizer);

@@ -349,12 +349,38 @@ pub struct ToolDefinition {
     pub parameters: Value,
 }
 
-/// Longest tool name, in bytes (OpenAI's limit is 64 characters; a megabyte-long name
-/// took 255 MiB to render and tokenize before its 400).
-pub const MAX_TOOL_NAME_BYTES: usize = 256;
+/// Longest tool name by default, in bytes (`--max-tool-name-bytes`; OpenAI's limit is 64
+/// characters; a megabyte-long name took 255 MiB to render and tokenize before its 400).
+pub const DEFAULT_MAX_TOOL_NAME_BYTES: usize = 256;
+
+/// Refuses a tool name longer than `max` bytes (400 naming `tools`): checked before the
+/// tools are rendered into a prompt or a grammar.
+pub fn check_tool_names<'a>(
+    names: impl IntoIterator<Item = &'a str>,
+    max: usize,
+) -> Result<(), ApiError> {
+    match names.into_iter().map(str::len).find(|&len| len > max) {
+        Some(len) => Err(ApiError::invalid(
+            "tools",
+            format!(
+                "a tool's name is {len} bytes long; at most {max} are allowed (`--max-tool-name-bytes`)"
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The function names a `tools` list gives, as sent (what is not a name is left to
+/// [`tool_definitions`]).
+pub fn sent_tool_names(tools: &[Value]) -> impl Iterator<Item = &str> {
+    tools
+        .iter()
+        .filter_map(|tool| tool.get("function")?.get("name")?.as_str())
+}
 
 /// Checks `tools`: each `{"type": "function", "function": {"name": …, "parameters": {…}}}`,
-/// no two with one name (a call could not say which it is).
+/// no two with one name (a call could not say which it is). Names' lengths are the
+/// routes' to check ([`check_tool_names`]), against the server's limit.
 pub fn tool_definitions(tools: &[Value]) -> Result<Vec<ToolDefinition>, ApiError> {
     let definitions = tools
         .iter()
@@ -385,15 +411,6 @@ pub fn tool_definitions(tools: &[Value]) -> Result<Vec<ToolDefinition>, ApiError
                     ))
                 }
             };
-            if name.len() > MAX_TOOL_NAME_BYTES {
-                return Err(ApiError::invalid(
-                    "tools",
-                    format!(
-                        "a tool's name is {} bytes long; at most {MAX_TOOL_NAME_BYTES} are allowed",
-                        name.len()
-                    ),
-                ));
-            }
             Ok(ToolDefinition {
                 name: name.to_string(),
                 parameters: super::tool_refs::rooted(name, parameters)

@@ -26,7 +26,8 @@ use body::{drop_unknown, json_object, require};
 pub use chat::{parse_chat_body, ChatInput, ChatParams, ToolChoice};
 use checks::{int_in_range, non_negative, token_ids};
 pub use constraint::{
-    any_call_schema, json_layout, tool_definitions, tool_schema, OutputConstraint, ToolDefinition,
+    any_call_schema, check_tool_names, json_layout, sent_tool_names, tool_definitions, tool_schema,
+    OutputConstraint, ToolDefinition, DEFAULT_MAX_TOOL_NAME_BYTES,
 };
 pub use output::OutputOptions;
 
