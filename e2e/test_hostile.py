@@ -788,7 +788,10 @@ def test_a_request_hyper_cannot_parse_gets_a_json_error(srv, shape):
 def small():
     s = Server(MODEL, ["--max-regex-match-bytes", "100", "--max-tool-name-bytes", "8",
                        "--max-scored-logits-bytes", "1", "--max-unread-events", "1",
-                       "--send-buffer-bytes", "4096", "--response-write-timeout", "6"])
+                       "--send-buffer-bytes", "4096", "--response-write-timeout", "6",
+                       "--max-stop-bytes", "3", "--max-stop-token-ids", "2",
+                       "--max-logit-bias", "1", "--max-allowed-token-ids", "2",
+                       "--max-dry-breakers", "1", "--max-header-bytes", "16384"])
     yield s
     s.stop()
 
@@ -818,6 +821,29 @@ def test_the_tool_name_bound_is_a_flag(small):
         assert "at most 8" in r.json()["error"]["message"], path
         r = post(small, {"model": MODEL, **body, "tools": tools("abcdefgh")}, path=path)
         assert r.status_code == 200, (path, r.text[:300])
+
+
+@pytest.mark.parametrize("field,fits,over", [
+    ("stop", "abc", "abcd"),
+    ("stop_token_ids", [1, 2], [1, 2, 3]),
+    ("logit_bias", {"1": 1}, {"1": 1, "2": 1}),
+    ("allowed_token_ids", [1, 2], [1, 2, 3]),
+    ("dry_sequence_breakers", ["a"], ["a", "b"]),
+])
+def test_the_field_bounds_are_flags(small, srv, field, fits, over):
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 2}
+    assert post(small, {**body, field: fits}).status_code == 200
+    r = post(small, {**body, field: over})
+    assert error_param(r) == field
+    assert "--max-" in r.json()["error"]["message"], r.text
+    assert post(srv, {**body, field: over}).status_code == 200
+
+
+def test_the_header_bound_is_a_flag(small, srv):
+    request = (b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * (20 << 10)
+               + b"\r\nConnection: close\r\n\r\n")
+    assert raw(small, request).startswith(b"HTTP/1.1 431"), raw(small, request)[:200]
+    assert raw(srv, request).startswith(b"HTTP/1.1 200"), raw(srv, request)[:200]
 
 
 def forward_steps(server):

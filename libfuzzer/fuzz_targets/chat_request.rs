@@ -22,7 +22,7 @@ use ferrite_engine::gguf::GgufFile;
 use ferrite_engine::tokenizer::Tokenizer;
 use ferrite_server::chat::ChatSetup;
 use ferrite_server::error::ApiError;
-use ferrite_server::validate::{parse_chat_body, PromptInput};
+use ferrite_server::validate::{parse_chat_body, FieldLimits, PromptInput};
 
 /// Each model's tokenizer with its chat setup as the server builds it, and one that lets
 /// messages spell control tokens.
@@ -56,7 +56,7 @@ fn client_error(e: &ApiError) {
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     for ignore_unknown in [false, true] {
-        let params = match parse_chat_body(data, ignore_unknown) {
+        let params = match parse_chat_body(data, ignore_unknown, &FieldLimits::DEFAULT) {
             Ok(params) => params,
             Err(e) => {
                 client_error(&e);

@@ -7,11 +7,12 @@
 
 #![no_main]
 
-use ferrite_server::validate::{parse_body, GenerateParams};
+use ferrite_server::validate::{parse_body, FieldLimits, GenerateParams};
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     for ignore_unknown in [false, true] {
-        if let Err(e) = parse_body(data, ignore_unknown).and_then(GenerateParams::try_from) {
+        if let Err(e) = parse_body(data, ignore_unknown)
+            .and_then(|r| GenerateParams::new(r, &FieldLimits::DEFAULT)) {
             let body = serde_json::to_string(&e.body()).expect("error bodies serialize");
             assert!(body.contains("\"message\""));
             assert!(e.status().is_client_error(), "{e:?}");

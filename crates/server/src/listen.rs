@@ -25,9 +25,12 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
-/// Most bytes hyper buffers per HTTP/1 connection, each way: the answer waiting to be
-/// written, and a request's headers (past it, 431).
-pub const MAX_BUFFER_BYTES: usize = 64 << 10;
+/// Most bytes of a request's headers by default (`--max-header-bytes`), which is also
+/// what hyper buffers of an HTTP/1 connection's answer.
+pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 << 10;
+
+/// The least `--max-header-bytes` may be: hyper's HTTP/1 buffer starts at 8 KiB.
+pub const MIN_MAX_HEADER_BYTES: usize = 8 << 10;
 
 /// Connection limits.
 #[derive(Debug, Clone, Copy)]
@@ -39,6 +42,10 @@ pub struct ConnectionLimits {
     pub write_timeout: Duration,
     /// Most connections open at once.
     pub max_connections: usize,
+    /// Most bytes of a request's headers (HTTP/1: 431 past it; HTTP/2: the header list
+    /// is refused), and what hyper buffers of an HTTP/1 answer; at least
+    /// [`MIN_MAX_HEADER_BYTES`].
+    pub max_header_bytes: usize,
 }
 
 /// Serves `app` on `listener` until `stop` completes, then waits for the open
@@ -56,10 +63,11 @@ pub async fn serve(
         .header_read_timeout(limits.read_timeout)
         // What hyper buffers of a connection's answer (and at most a request's headers):
         // a client that stops reading stops its stream once this is full.
-        .max_buf_size(MAX_BUFFER_BYTES);
+        .max_buf_size(limits.max_header_bytes.max(MIN_MAX_HEADER_BYTES));
     builder
         .http2()
         .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
         .keep_alive_interval(Some(limits.read_timeout));
     let builder = Arc::new(builder);
     let graceful = GracefulShutdown::new();

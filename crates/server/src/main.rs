@@ -257,7 +257,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         max_echo_bytes: args.max_echo_bytes,
         chat_max_tokens: args.chat_max_tokens,
         max_grammar_bytes: args.max_grammar_bytes,
-        max_tool_name_bytes: args.max_tool_name_bytes,
+        fields: args.field_limits(),
     };
     state.request_timeout = args.request_timeout.map(Duration::from_secs_f64);
     state.allowed_origins = allowed_origins;
@@ -283,6 +283,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         read_timeout: Duration::from_secs_f64(args.request_read_timeout),
         write_timeout: Duration::from_secs_f64(args.response_write_timeout),
         max_connections: args.max_connections,
+        max_header_bytes: args.max_header_bytes,
     };
     runtime.block_on(async move {
         let listener = bind(&args.host, args.port, args.send_buffer_bytes).await?;

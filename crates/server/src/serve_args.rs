@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Args;
 use ferrite_engine::lookup::PromptLookup;
+use ferrite_server::validate::FieldLimits;
 
 /// The options of `ferrite serve`.
 #[derive(Args)]
@@ -114,6 +115,10 @@ pub struct ServeArgs {
     /// for a client that stopped reading before its stream stops generating.
     #[arg(long, default_value_t = 128 << 10, env = "FERRITE_SEND_BUFFER_BYTES")]
     pub send_buffer_bytes: usize,
+    /// Most bytes of a request's headers (HTTP/1: 431 past it; HTTP/2: the header list is
+    /// refused), also what is buffered of an HTTP/1 answer; at least 8192.
+    #[arg(long, default_value_t = ferrite_server::listen::DEFAULT_MAX_HEADER_BYTES, env = "FERRITE_MAX_HEADER_BYTES", value_parser = header_bytes)]
+    pub max_header_bytes: usize,
     /// Most connections open at once; one more is answered 503 and closed.
     #[arg(long, default_value_t = 512, env = "FERRITE_MAX_CONNECTIONS")]
     pub max_connections: usize,
@@ -139,8 +144,24 @@ pub struct ServeArgs {
     pub max_regex_match_bytes: usize,
     /// Longest tool name, in bytes; past it, 400 naming `tools` (OpenAI allows 64
     /// characters).
-    #[arg(long, default_value_t = ferrite_server::validate::DEFAULT_MAX_TOOL_NAME_BYTES, env = "FERRITE_MAX_TOOL_NAME_BYTES")]
+    #[arg(long, default_value_t = FieldLimits::DEFAULT.max_tool_name_bytes, env = "FERRITE_MAX_TOOL_NAME_BYTES")]
     pub max_tool_name_bytes: usize,
+    /// Longest stop string, in bytes (every choice matches its stop strings at every
+    /// token); past it, 400 naming `stop`.
+    #[arg(long, default_value_t = FieldLimits::DEFAULT.max_stop_bytes, env = "FERRITE_MAX_STOP_BYTES")]
+    pub max_stop_bytes: usize,
+    /// Most `stop_token_ids` in one request; past it, 400.
+    #[arg(long, default_value_t = FieldLimits::DEFAULT.max_stop_token_ids, env = "FERRITE_MAX_STOP_TOKEN_IDS")]
+    pub max_stop_token_ids: usize,
+    /// Most `logit_bias` entries in one request; past it, 400.
+    #[arg(long, default_value_t = FieldLimits::DEFAULT.max_logit_bias, env = "FERRITE_MAX_LOGIT_BIAS")]
+    pub max_logit_bias: usize,
+    /// Most `allowed_token_ids` in one request; past it, 400.
+    #[arg(long, default_value_t = FieldLimits::DEFAULT.max_allowed_token_ids, env = "FERRITE_MAX_ALLOWED_TOKEN_IDS")]
+    pub max_allowed_token_ids: usize,
+    /// Most `dry_sequence_breakers` in one request (each at most 64 bytes); past it, 400.
+    #[arg(long, default_value_t = FieldLimits::DEFAULT.max_dry_breakers, env = "FERRITE_MAX_DRY_BREAKERS")]
+    pub max_dry_breakers: usize,
     /// Tokens a stream may have generated ahead of what its client has read (its events
     /// waiting in the server); then it stops generating until the client reads, and ends
     /// after `--response-write-timeout`.
@@ -183,6 +204,18 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
+    /// The sizes a request's fields may have.
+    pub fn field_limits(&self) -> FieldLimits {
+        FieldLimits {
+            max_stop_bytes: self.max_stop_bytes,
+            max_stop_token_ids: self.max_stop_token_ids,
+            max_logit_bias: self.max_logit_bias,
+            max_allowed_token_ids: self.max_allowed_token_ids,
+            max_dry_breakers: self.max_dry_breakers,
+            max_tool_name_bytes: self.max_tool_name_bytes,
+        }
+    }
+
     /// The prompt lookup configured, if it is on.
     pub fn prompt_lookup(&self) -> Result<Option<PromptLookup>> {
         if self.prompt_lookup == 0 {
@@ -205,6 +238,15 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line, with the request id of the span it belongs to.
     Json,
+}
+
+/// A number of header bytes hyper can take (8192 or more).
+pub fn header_bytes(s: &str) -> Result<usize, String> {
+    let least = ferrite_server::listen::MIN_MAX_HEADER_BYTES;
+    match s.parse::<usize>() {
+        Ok(v) if v >= least => Ok(v),
+        _ => Err(format!("`{s}` is not a whole number of at least {least}")),
+    }
 }
 
 /// A whole number above 0.

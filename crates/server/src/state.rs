@@ -13,6 +13,7 @@ use crate::cors::AllowedOrigins;
 use crate::error::ApiError;
 use crate::hosts::AllowedHosts;
 use crate::metrics::Metrics;
+use crate::validate::FieldLimits;
 
 /// How much one request may ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,9 +44,8 @@ pub struct RequestLimits {
     /// call grammar); 400 past it. Compiling costs some hundreds of bytes per source
     /// byte (a 1 MiB `guided_choice` list took 175 MiB).
     pub max_grammar_bytes: usize,
-    /// Longest tool name, in bytes (400 naming `tools` past it, before the tools are
-    /// rendered or compiled).
-    pub max_tool_name_bytes: usize,
+    /// The sizes of the request's fields (`stop`, `logit_bias`, tool names, …).
+    pub fields: FieldLimits,
 }
 
 impl Default for RequestLimits {
@@ -60,7 +60,7 @@ impl Default for RequestLimits {
             max_echo_bytes: 16 << 20,
             chat_max_tokens: 4096,
             max_grammar_bytes: 256 << 10,
-            max_tool_name_bytes: crate::validate::DEFAULT_MAX_TOOL_NAME_BYTES,
+            fields: FieldLimits::DEFAULT,
         }
     }
 }

@@ -14,9 +14,7 @@ use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::validate::{
-    check_tool_names, deserialize_body, sent_tool_names, tool_definitions, ChatInput, PromptInput,
-};
+use crate::validate::{deserialize_body, tool_definitions, ChatInput, PromptInput};
 
 /// Tokenizes text as a prompt would be (or without special tokens).
 pub async fn tokenize(
@@ -67,8 +65,7 @@ pub async fn tokenize(
                 request.chat_template_kwargs.unwrap_or_default(),
             )?;
             let tools = request.tools.unwrap_or_default();
-            check_tool_names(sent_tool_names(&tools), state.limits.max_tool_name_bytes)?;
-            tool_definitions(&tools)?;
+            tool_definitions(&tools, state.limits.fields.max_tool_name_bytes)?;
             input.tools = tools;
             let tokenizer = Arc::clone(&tokenizer);
             let _turn = state.heavy_turn(body.len(), false).await?;

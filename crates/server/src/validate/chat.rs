@@ -11,7 +11,9 @@ use super::constraint::{
     any_call_schema, both_constrain, chosen_tools, tool_choice, tool_constraint, tool_definitions,
     tool_schema, ToolDefinition,
 };
-use super::{deserialize_naming_the_field, drop_unknown, json_object, require, GenerateParams};
+use super::{
+    deserialize_naming_the_field, drop_unknown, json_object, require, FieldLimits, GenerateParams,
+};
 use crate::error::ApiError;
 
 /// The roles a message may have. `developer` is OpenAI's newer name for `system`.
@@ -85,8 +87,13 @@ pub struct ChatParams {
     pub parallel_tool_calls: bool,
 }
 
-/// Parses and validates a chat request body.
-pub fn parse_chat_body(body: &[u8], ignore_unknown: bool) -> Result<ChatParams, ApiError> {
+/// Parses and validates a chat request body against the API's rules and the operator's
+/// `limits`.
+pub fn parse_chat_body(
+    body: &[u8],
+    ignore_unknown: bool,
+    limits: &FieldLimits,
+) -> Result<ChatParams, ApiError> {
     let mut map = json_object(body)?;
     for (field, why) in NOT_FOR_CHAT {
         let asks = |v: &Value| {
@@ -147,7 +154,7 @@ pub fn parse_chat_body(body: &[u8], ignore_unknown: bool) -> Result<ChatParams, 
         Some(Value::Array(tools)) => tools,
         Some(_) => return Err(ApiError::invalid("tools", "`tools` must be an array")),
     };
-    let tools = tool_definitions(&tools_json)?;
+    let tools = tool_definitions(&tools_json, limits.max_tool_name_bytes)?;
     let tool_choice = tool_choice(choice_value.as_ref(), !tools.is_empty())?;
     // Chat's `logprobs` is a switch; the number of alternatives is `top_logprobs`.
     if map
@@ -161,7 +168,7 @@ pub fn parse_chat_body(body: &[u8], ignore_unknown: bool) -> Result<ChatParams, 
     }
     map.insert("prompt".into(), Value::String(String::new()));
     let request: CompletionRequest = deserialize_naming_the_field(Value::Object(map))?;
-    let mut generate = GenerateParams::try_from(request)?;
+    let mut generate = GenerateParams::new(request, limits)?;
     let forced = match &tool_choice {
         ToolChoice::None | ToolChoice::Auto => None,
         ToolChoice::Required => {
@@ -414,7 +421,7 @@ mod tests {
     use crate::validate::tests::param_of;
 
     fn parse(body: &str) -> Result<ChatParams, ApiError> {
-        parse_chat_body(body.as_bytes(), false)
+        parse_chat_body(body.as_bytes(), false, &FieldLimits::DEFAULT)
     }
 
     fn with(extra: &str) -> String {

@@ -349,39 +349,13 @@ pub struct ToolDefinition {
     pub parameters: Value,
 }
 
-/// Longest tool name by default, in bytes (`--max-tool-name-bytes`; OpenAI's limit is 64
-/// characters; a megabyte-long name took 255 MiB to render and tokenize before its 400).
-pub const DEFAULT_MAX_TOOL_NAME_BYTES: usize = 256;
-
-/// Refuses a tool name longer than `max` bytes (400 naming `tools`): checked before the
-/// tools are rendered into a prompt or a grammar.
-pub fn check_tool_names<'a>(
-    names: impl IntoIterator<Item = &'a str>,
-    max: usize,
-) -> Result<(), ApiError> {
-    match names.into_iter().map(str::len).find(|&len| len > max) {
-        Some(len) => Err(ApiError::invalid(
-            "tools",
-            format!(
-                "a tool's name is {len} bytes long; at most {max} are allowed (`--max-tool-name-bytes`)"
-            ),
-        )),
-        None => Ok(()),
-    }
-}
-
-/// The function names a `tools` list gives, as sent (what is not a name is left to
-/// [`tool_definitions`]).
-pub fn sent_tool_names(tools: &[Value]) -> impl Iterator<Item = &str> {
-    tools
-        .iter()
-        .filter_map(|tool| tool.get("function")?.get("name")?.as_str())
-}
-
 /// Checks `tools`: each `{"type": "function", "function": {"name": …, "parameters": {…}}}`,
-/// no two with one name (a call could not say which it is). Names' lengths are the
-/// routes' to check ([`check_tool_names`]), against the server's limit.
-pub fn tool_definitions(tools: &[Value]) -> Result<Vec<ToolDefinition>, ApiError> {
+/// a name of at most `max_name_bytes`, no two with one name (a call could not say which
+/// it is).
+pub fn tool_definitions(
+    tools: &[Value],
+    max_name_bytes: usize,
+) -> Result<Vec<ToolDefinition>, ApiError> {
     let definitions = tools
         .iter()
         .map(|tool| {
@@ -399,6 +373,15 @@ pub fn tool_definitions(tools: &[Value]) -> Result<Vec<ToolDefinition>, ApiError
                 .and_then(Value::as_str)
                 .filter(|n| !n.is_empty())
                 .ok_or_else(|| ApiError::invalid("tools", "each tool's function needs a `name`"))?;
+            if name.len() > max_name_bytes {
+                return Err(ApiError::invalid(
+                    "tools",
+                    format!(
+                        "a tool's name is {} bytes long; at most {max_name_bytes} are allowed (`--max-tool-name-bytes`)",
+                        name.len()
+                    ),
+                ));
+            }
             let parameters = match function.get("parameters") {
                 None | Some(Value::Null) => json!({"type": "object"}),
                 Some(p @ Value::Object(_)) => p.clone(),
@@ -533,18 +516,23 @@ pub fn tool_constraint(schema: &Value) -> Result<OutputConstraint, ApiError> {
 fn tool_call(
     tools: &[Value],
     tool_choice_value: Option<&Value>,
+    max_name_bytes: usize,
 ) -> Result<Option<OutputConstraint>, ApiError> {
     let choice = tool_choice(tool_choice_value, !tools.is_empty())?;
     if matches!(choice, ToolChoice::None | ToolChoice::Auto) {
         return Ok(None);
     }
-    let tools = tool_definitions(tools)?;
+    let tools = tool_definitions(tools, max_name_bytes)?;
     let chosen = chosen_tools(&tools, &choice)?;
     tool_constraint(&tool_schema(any_call_schema(&chosen), &chosen)?).map(Some)
 }
 
 /// The request's constraint, if any: a 400 naming both fields when two constrain it.
-pub fn output_constraint(r: &CompletionRequest) -> Result<Option<OutputConstraint>, ApiError> {
+/// Tool names may be `max_tool_name_bytes` long.
+pub fn output_constraint(
+    r: &CompletionRequest,
+    max_tool_name_bytes: usize,
+) -> Result<Option<OutputConstraint>, ApiError> {
     let mut found: Vec<OutputConstraint> = Vec::new();
     if let Some(v) = r.response_format.as_ref().filter(|v| !v.is_null()) {
         found.extend(response_format(v)?);
@@ -567,6 +555,7 @@ pub fn output_constraint(r: &CompletionRequest) -> Result<Option<OutputConstrain
     if let Some(c) = tool_call(
         r.tools.as_deref().unwrap_or_default(),
         r.tool_choice.as_ref(),
+        max_tool_name_bytes,
     )? {
         found.push(c);
     }

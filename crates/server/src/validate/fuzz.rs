@@ -10,7 +10,7 @@ use ferrite_protocol::{CHAT_ONLY_FIELDS, KNOWN_FIELDS};
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
-use super::{parse_body, parse_chat_body, GenerateParams};
+use super::{parse_body, parse_chat_body, FieldLimits, GenerateParams};
 
 /// Any JSON value, numbers and strings biased toward edge cases.
 fn json_value() -> impl Strategy<Value = Value> {
@@ -149,13 +149,14 @@ fn chat_request_bytes() -> impl Strategy<Value = (Vec<u8>, bool)> {
 
 /// Parses and validates one body; only a panic is a failure.
 fn exercise(body: &[u8], ignore_unknown: bool) {
-    let result = parse_body(body, ignore_unknown).and_then(GenerateParams::try_from);
+    let result = parse_body(body, ignore_unknown)
+        .and_then(|r| GenerateParams::new(r, &FieldLimits::DEFAULT));
     check_error(result.err());
 }
 
 /// Parses and validates one chat body; only a panic is a failure.
 fn exercise_chat(body: &[u8], ignore_unknown: bool) {
-    check_error(parse_chat_body(body, ignore_unknown).err());
+    check_error(parse_chat_body(body, ignore_unknown, &FieldLimits::DEFAULT).err());
 }
 
 /// An error must be a client error whose body serializes.

@@ -7,6 +7,7 @@ mod body;
 mod chat;
 mod checks;
 mod constraint;
+mod limits;
 mod output;
 mod sampling;
 mod tool_refs;
@@ -26,9 +27,9 @@ use body::{drop_unknown, json_object, require};
 pub use chat::{parse_chat_body, ChatInput, ChatParams, ToolChoice};
 use checks::{int_in_range, non_negative, token_ids};
 pub use constraint::{
-    any_call_schema, check_tool_names, json_layout, sent_tool_names, tool_definitions, tool_schema,
-    OutputConstraint, ToolDefinition, DEFAULT_MAX_TOOL_NAME_BYTES,
+    any_call_schema, json_layout, tool_definitions, tool_schema, OutputConstraint, ToolDefinition,
 };
+pub use limits::FieldLimits;
 pub use output::OutputOptions;
 
 /// Default `max_tokens`, as in OpenAI's legacy completions API.
@@ -37,13 +38,8 @@ pub const DEFAULT_MAX_TOKENS: usize = 16;
 pub const MAX_N: usize = 128;
 /// Most candidates per prompt for `best_of`.
 pub const MAX_BEST_OF: usize = 20;
-/// Most stop strings.
+/// Most stop strings (OpenAI's rule).
 pub const MAX_STOP: usize = 4;
-/// Longest stop string, in bytes of UTF-8: every choice matches its stop strings at
-/// every token, so their size is bounded like every other per-request cost.
-pub const MAX_STOP_BYTES: usize = 512;
-/// Most stop token ids.
-pub const MAX_STOP_TOKEN_IDS: usize = 64;
 /// Longest `inference_timeout`, in seconds (a day).
 pub const MAX_INFERENCE_TIMEOUT: f64 = 86_400.0;
 
@@ -228,7 +224,7 @@ fn max_tokens(r: &CompletionRequest, echo: bool) -> Result<Option<usize>, ApiErr
 }
 
 /// `stop` and its alias `stop_sequences`.
-fn stop_strings(r: &CompletionRequest) -> Result<Vec<String>, ApiError> {
+fn stop_strings(r: &CompletionRequest, max_bytes: usize) -> Result<Vec<String>, ApiError> {
     if r.stop.is_some() && r.stop_sequences.is_some() && r.stop != r.stop_sequences {
         return Err(ApiError::invalid(
             "stop_sequences",
@@ -247,11 +243,11 @@ fn stop_strings(r: &CompletionRequest) -> Result<Vec<String>, ApiError> {
             format!("at most {MAX_STOP} stop strings are allowed"),
         ));
     }
-    if let Some(long) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+    if let Some(long) = stop.iter().find(|s| s.len() > max_bytes) {
         return Err(ApiError::invalid(
             "stop",
             format!(
-                "a stop string may be at most {MAX_STOP_BYTES} bytes long; one has {}",
+                "a stop string may be at most {max_bytes} bytes long (`--max-stop-bytes`); one has {}",
                 long.len()
             ),
         ));
@@ -331,10 +327,10 @@ fn prediction(r: &CompletionRequest) -> Result<Option<String>, ApiError> {
     }
 }
 
-impl TryFrom<CompletionRequest> for GenerateParams {
-    type Error = ApiError;
-
-    fn try_from(r: CompletionRequest) -> Result<Self, ApiError> {
+impl GenerateParams {
+    /// Validates a parsed request against the API's rules and the operator's `limits`;
+    /// the error names the field.
+    pub fn new(r: CompletionRequest, limits: &FieldLimits) -> Result<Self, ApiError> {
         for (field, value) in &r.other {
             check_extras(field, value)?;
         }
@@ -371,17 +367,20 @@ impl TryFrom<CompletionRequest> for GenerateParams {
                 ))
             }
         };
-        let (sampling, dry_breakers) = sampling::sampling_options(&r)?;
-        let allowed_token_ids = sampling::allowed_token_ids(&r)?;
-        let stop = stop_strings(&r)?;
+        let (sampling, dry_breakers) = sampling::sampling_options(&r, limits)?;
+        let allowed_token_ids = sampling::allowed_token_ids(&r, limits.max_allowed_token_ids)?;
+        let stop = stop_strings(&r, limits.max_stop_bytes)?;
         let stop_token_ids = token_ids(
             "stop_token_ids",
             r.stop_token_ids.clone().unwrap_or_default(),
         )?;
-        if stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
+        if stop_token_ids.len() > limits.max_stop_token_ids {
             return Err(ApiError::invalid(
                 "stop_token_ids",
-                format!("at most {MAX_STOP_TOKEN_IDS} stop token ids are allowed"),
+                format!(
+                    "at most {} stop token ids are allowed (`--max-stop-token-ids`)",
+                    limits.max_stop_token_ids
+                ),
             ));
         }
         let min_tokens = non_negative("min_tokens", r.min_tokens)?.unwrap_or(0);
@@ -414,7 +413,7 @@ impl TryFrom<CompletionRequest> for GenerateParams {
         };
         check_modalities(&r)?;
         let prediction = prediction(&r)?;
-        let constraint = constraint::output_constraint(&r)?;
+        let constraint = constraint::output_constraint(&r, limits.max_tool_name_bytes)?;
         let prompts = prompts(r.prompt.clone())?;
         check_images(&r, &prompts)?;
         Ok(Self {
@@ -451,296 +450,4 @@ impl TryFrom<CompletionRequest> for GenerateParams {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(body: &str) -> Result<GenerateParams, ApiError> {
-        GenerateParams::try_from(parse_body(body.as_bytes(), false)?)
-    }
-
-    /// The field a 400 names.
-    pub(super) fn param_of(e: ApiError) -> Option<String> {
-        match e {
-            ApiError::InvalidRequest { param, .. } => param,
-            _ => None,
-        }
-    }
-
-    fn with(extra: &str) -> String {
-        format!(r#"{{"model":"m","prompt":"x",{extra}}}"#)
-    }
-
-    #[test]
-    fn defaults_resolve() {
-        let p = parse(r#"{"model":"m","prompt":"hi"}"#).unwrap();
-        assert_eq!((p.n, p.best_of), (1, 1));
-        assert_eq!(p.sampling.temperature, 1.0);
-        assert_eq!(p.sampling.repetition_penalty, 1.0);
-        assert_eq!(p.max_tokens, None);
-        assert_eq!(p.overflow, Overflow::Truncate);
-        assert!(p.output.skip_special_tokens && !p.output.echo);
-        assert_eq!(p.output.logprobs, None);
-        assert_eq!(p.prompts, vec![PromptInput::Text("hi".into())]);
-    }
-
-    #[test]
-    fn all_prompt_shapes_parse() {
-        assert_eq!(
-            parse(r#"{"model":"m","prompt":["a","b"]}"#)
-                .unwrap()
-                .prompts
-                .len(),
-            2
-        );
-        assert_eq!(
-            parse(r#"{"model":"m","prompt":[1,2]}"#).unwrap().prompts,
-            vec![PromptInput::Tokens(vec![1, 2])]
-        );
-        assert_eq!(
-            parse(r#"{"model":"m","prompt":[[1],[2,3]]}"#)
-                .unwrap()
-                .prompts
-                .len(),
-            2
-        );
-    }
-
-    /// Every field gives a 400 naming itself for a wrong type or a value out of range.
-    #[test]
-    fn errors_name_their_field() {
-        let cases = [
-            (r#""temperature":5"#, "temperature"),
-            (r#""temperature":"hot""#, "temperature"),
-            (r#""top_p":0"#, "top_p"),
-            (r#""top_k":-2"#, "top_k"),
-            (r#""top_k":1.5"#, "top_k"),
-            (r#""min_p":1.5"#, "min_p"),
-            (r#""typical_p":0"#, "typical_p"),
-            (r#""frequency_penalty":2.5"#, "frequency_penalty"),
-            (r#""presence_penalty":-3"#, "presence_penalty"),
-            (r#""repetition_penalty":0"#, "repetition_penalty"),
-            (r#""repetition_penalty":"x""#, "repetition_penalty"),
-            (r#""logit_bias":{"abc":1}"#, "logit_bias"),
-            (r#""logit_bias":{"5":101}"#, "logit_bias"),
-            (r#""logit_bias":[1]"#, "logit_bias"),
-            (r#""seed":"s""#, "seed"),
-            (r#""n":0"#, "n"),
-            (r#""n":129"#, "n"),
-            (r#""best_of":21"#, "best_of"),
-            (r#""n":3,"best_of":2"#, "best_of"),
-            (r#""best_of":3,"stream":true"#, "best_of"),
-            (r#""stop":["a","b","c","d","e"]"#, "stop"),
-            (&format!(r#""stop":["{}"]"#, "x".repeat(513)), "stop"),
-            (r#""stop":5"#, "stop"),
-            (r#""stop":"a","stop_sequences":"b""#, "stop_sequences"),
-            (
-                r#""include_stop_str_in_output":1"#,
-                "include_stop_str_in_output",
-            ),
-            (r#""stop_token_ids":[-1]"#, "stop_token_ids"),
-            (r#""stop_token_ids":"x""#, "stop_token_ids"),
-            (r#""ignore_eos":"yes""#, "ignore_eos"),
-            (r#""min_tokens":-1"#, "min_tokens"),
-            (r#""min_tokens":5,"max_tokens":2"#, "min_tokens"),
-            (r#""echo":3"#, "echo"),
-            (r#""logprobs":21"#, "logprobs"),
-            (r#""logprobs":"x""#, "logprobs"),
-            (r#""logprobs":true,"top_logprobs":21"#, "top_logprobs"),
-            (r#""top_logprobs":2"#, "top_logprobs"),
-            (r#""logprobs":2,"top_logprobs":2"#, "top_logprobs"),
-            (r#""return_token_log_probs":"x""#, "return_token_log_probs"),
-            (
-                r#""return_tokens_as_token_ids":2"#,
-                "return_tokens_as_token_ids",
-            ),
-            (r#""skip_special_tokens":"no""#, "skip_special_tokens"),
-            (r#""mirostat_target":0"#, "mirostat_target"),
-            (r#""mirostat_lr":2"#, "mirostat_lr"),
-            (r#""dry_multiplier":-1"#, "dry_multiplier"),
-            (r#""dry_base":0.5"#, "dry_base"),
-            (r#""dry_allowed_length":-1"#, "dry_allowed_length"),
-            (r#""dry_sequence_breakers":[""]"#, "dry_sequence_breakers"),
-            (r#""dry_sequence_breakers":"x""#, "dry_sequence_breakers"),
-            (r#""max_tokens":0"#, "max_tokens"),
-            (r#""max_tokens":-1"#, "max_tokens"),
-            (r#""max_tokens":5,"max_new_tokens":6"#, "max_new_tokens"),
-            (r#""max_completion_tokens":"x""#, "max_completion_tokens"),
-            (
-                r#""context_length_exceeded_behavior":"drop""#,
-                "context_length_exceeded_behavior",
-            ),
-            (r#""truncate_sequence":"x""#, "truncate_sequence"),
-            (r#""suffix":5"#, "suffix"),
-            (r#""stream":"x""#, "stream"),
-            (
-                r#""stream_options":{"include_usage":true}"#,
-                "stream_options",
-            ),
-            (r#""stream_options":{}"#, "stream_options"),
-            (
-                r#""stream":false,"stream_options":{"include_usage":false}"#,
-                "stream_options",
-            ),
-            (
-                r#""stream":true,"stream_options":{"bogus":true}"#,
-                "stream_options",
-            ),
-            (r#""inference_timeout":0"#, "inference_timeout"),
-            (r#""inference_timeout":"x""#, "inference_timeout"),
-            (r#""prediction":{"type":"x","content":"a"}"#, "prediction"),
-            (r#""prediction":"a""#, "prediction"),
-            (r#""images":["data:image/png;base64,AAAA"]"#, "images"),
-            (r#""modalities":["audio"]"#, "modalities"),
-            (r#""audio":{"voice":"x"}"#, "audio"),
-            (r#""user":5"#, "user"),
-            (
-                r#""response_format":{"type":"json_schema"}"#,
-                "response_format",
-            ),
-            (r#""response_format":{"type":"xml"}"#, "response_format"),
-            (r#""guided_json":"{not json""#, "guided_json"),
-            (r#""guided_regex":5"#, "guided_regex"),
-            (r#""guided_choice":[]"#, "guided_choice"),
-            (r#""guided_grammar":[1]"#, "guided_grammar"),
-            (r#""grammar":{"type":"ebnf","value":"x"}"#, "grammar"),
-            (
-                r#""guided_regex":"a","guided_choice":["b"]"#,
-                "guided_choice",
-            ),
-            (r#""tool_choice":"required""#, "tool_choice"),
-            (
-                r#""tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}"#,
-                "tool_choice",
-            ),
-            (r#""tools":[5],"tool_choice":"required""#, "tools"),
-            (r#""tools":5"#, "tools"),
-            (r#""parallel_tool_calls":"x""#, "parallel_tool_calls"),
-            (r#""metadata":"x""#, "metadata"),
-            (r#""priority":"high""#, "priority"),
-            (r#""inference_extra_params":[1]"#, "inference_extra_params"),
-            (r#""inference_extra_headers":5"#, "inference_extra_headers"),
-            (r#""bogus":1"#, "bogus"),
-            (r#""prompt2":1"#, "prompt2"),
-        ];
-        for (extra, field) in cases {
-            let body = with(extra);
-            let err = parse(&body).expect_err(&body);
-            assert_eq!(param_of(err), Some(field.to_string()), "{body}");
-        }
-        for (body, field) in [
-            (r#"{"model":"m"}"#, "prompt"),
-            (r#"{"model":"m","prompt":[-1]}"#, "prompt"),
-            (r#"{"prompt":"x"}"#, "model"),
-        ] {
-            let err = parse(body).expect_err(body);
-            assert_eq!(param_of(err), Some(field.to_string()), "{body}");
-        }
-    }
-
-    #[test]
-    fn logprobs_spellings_resolve() {
-        let lp = |extra: &str| parse(&with(extra)).unwrap().output.logprobs;
-        assert_eq!(lp(r#""logprobs":3"#), Some(3));
-        assert_eq!(lp(r#""logprobs":0"#), Some(0));
-        assert_eq!(lp(r#""logprobs":true"#), Some(0));
-        assert_eq!(lp(r#""logprobs":true,"top_logprobs":5"#), Some(5));
-        assert_eq!(lp(r#""logprobs":false"#), None);
-        assert_eq!(lp(r#""return_token_log_probs":true"#), Some(0));
-    }
-
-    #[test]
-    fn fields_with_meaning_resolve() {
-        let p = parse(&with(
-            r#""logit_bias":{"7":100},"repetition_penalty":1.3,"dry_multiplier":0.8,"mirostat_target":4,"min_tokens":2,"stop_token_ids":[5],"echo":true,"max_tokens":5,"best_of":3,"n":2,"context_length_exceeded_behavior":"error","prediction":{"type":"content","content":[{"type":"text","text":"ab"},{"type":"text","text":"c"}]}"#,
-        ))
-        .unwrap();
-        assert_eq!(p.sampling.logit_bias, vec![(7, 100.0)]);
-        assert!(p.sampling.dry.is_some());
-        assert_eq!(p.dry_breakers.len(), 4);
-        assert_eq!(p.sampling.mirostat.unwrap().learning_rate, 0.1);
-        assert_eq!((p.min_tokens, p.max_tokens), (2, Some(5)));
-        let scoring = parse(&with(r#""echo":true,"max_tokens":0,"logprobs":1"#)).unwrap();
-        assert_eq!(scoring.max_tokens, Some(0));
-        assert_eq!((p.n, p.best_of), (2, 3));
-        assert_eq!(p.overflow, Overflow::Error);
-        assert_eq!(p.prediction.as_deref(), Some("abc"));
-        // DRY settings with a zero multiplier leave DRY off.
-        let p = parse(&with(r#""dry_multiplier":0,"dry_base":2"#)).unwrap();
-        assert_eq!(p.sampling.dry, None);
-    }
-
-    #[test]
-    fn neutral_structured_output_fields_constrain_nothing() {
-        let p = parse(&with(
-            r#""response_format":{"type":"text"},"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"auto","metadata":{"a":1},"priority":3,"modalities":["text"],"images":[]"#,
-        ))
-        .unwrap();
-        assert_eq!(p.constraint, None);
-    }
-
-    #[test]
-    fn each_structured_output_field_becomes_a_grammar() {
-        use ferrite_engine::constrain::GrammarKind::*;
-        let cases = [
-            (
-                r#""response_format":{"type":"json_object"}"#,
-                "response_format",
-                JsonSchema,
-            ),
-            (
-                r#""response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"integer"},"strict":true}}"#,
-                "response_format",
-                JsonSchema,
-            ),
-            (
-                r#""response_format":{"type":"grammar","grammar":"start: \"a\""}"#,
-                "response_format",
-                Llguidance,
-            ),
-            (
-                r#""guided_json":"{\"type\":\"string\"}""#,
-                "guided_json",
-                JsonSchema,
-            ),
-            (r#""guided_regex":"\\d+""#, "guided_regex", Regex),
-            (r#""guided_choice":["a.b","c"]"#, "guided_choice", Regex),
-            (r#""guided_grammar":"start: \"x\"""#, "guided_grammar", Lark),
-            (
-                r#""grammar":{"type":"json_schema","value":{"type":"object"}}"#,
-                "grammar",
-                JsonSchema,
-            ),
-            (
-                r#""tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"tool_choice":"required""#,
-                "tool_choice",
-                JsonSchema,
-            ),
-        ];
-        for (extra, field, kind) in cases {
-            let c = parse(&with(extra)).unwrap().constraint.expect(extra);
-            assert_eq!((c.field, c.grammar.kind), (field, kind), "{extra}");
-        }
-        let choice = parse(&with(r#""guided_choice":["a.b","c"]"#))
-            .unwrap()
-            .constraint
-            .unwrap();
-        assert_eq!(choice.grammar.source, r"(a\.b)|(c)");
-    }
-
-    #[test]
-    fn shape_errors_say_what_shapes_are_allowed() {
-        let err = parse(r#"{"model":"m","prompt":{"a":1}}"#).unwrap_err();
-        assert!(
-            err.to_string()
-                .contains("must be a string, an array of strings"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn bad_json_is_a_400_without_param() {
-        let err = parse_body(b"{not json", false).unwrap_err();
-        assert_eq!(err.status(), axum::http::StatusCode::BAD_REQUEST);
-        assert_eq!(param_of(err), None);
-    }
-}
+mod tests;

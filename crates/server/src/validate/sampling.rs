@@ -6,20 +6,18 @@ use ferrite_engine::sampling::{DryParams, MirostatParams, SamplingParams};
 use ferrite_protocol::CompletionRequest;
 
 use super::checks::{in_half_open, in_range, int_in_range, token_ids};
+use super::FieldLimits;
 use crate::error::ApiError;
 
-/// Most `logit_bias` entries.
-pub const MAX_LOGIT_BIAS: usize = 1024;
-/// Most `allowed_token_ids` entries (the largest vocabularies served have 262,144 tokens).
-pub const MAX_ALLOWED_TOKEN_IDS: usize = 1 << 18;
-/// Most DRY sequence breakers.
-pub const MAX_DRY_BREAKERS: usize = 32;
 /// DRY's default sequence breakers.
 pub const DEFAULT_DRY_BREAKERS: [&str; 4] = ["\n", ":", "\"", "*"];
 
 /// Validates the sampling fields of a request: the engine's parameters (seed 0, DRY
 /// breaker tokens not yet known) and the DRY breakers as text.
-pub fn sampling_options(r: &CompletionRequest) -> Result<(SamplingParams, Vec<String>), ApiError> {
+pub fn sampling_options(
+    r: &CompletionRequest,
+    limits: &FieldLimits,
+) -> Result<(SamplingParams, Vec<String>), ApiError> {
     let temperature = in_range("temperature", r.temperature, 0.0, 2.0, 1.0)?;
     let top_p = in_half_open("top_p", r.top_p, 0.0, 1.0, 1.0)?;
     let top_k = match r.top_k {
@@ -32,7 +30,7 @@ pub fn sampling_options(r: &CompletionRequest) -> Result<(SamplingParams, Vec<St
             ))
         }
     };
-    let (dry, dry_breakers) = dry(r)?;
+    let (dry, dry_breakers) = dry(r, limits.max_dry_breakers)?;
     let params = SamplingParams {
         temperature,
         top_p,
@@ -48,7 +46,7 @@ pub fn sampling_options(r: &CompletionRequest) -> Result<(SamplingParams, Vec<St
         )?,
         frequency_penalty: in_range("frequency_penalty", r.frequency_penalty, -2.0, 2.0, 0.0)?,
         presence_penalty: in_range("presence_penalty", r.presence_penalty, -2.0, 2.0, 0.0)?,
-        logit_bias: logit_bias(r)?,
+        logit_bias: logit_bias(r, limits.max_logit_bias)?,
         dry,
         mirostat: mirostat(r)?,
         seed: 0,
@@ -58,7 +56,10 @@ pub fn sampling_options(r: &CompletionRequest) -> Result<(SamplingParams, Vec<St
 
 /// vLLM's `allowed_token_ids`: a non-empty list of token ids (checked against the
 /// vocabulary once the model is known); only they may be sampled.
-pub fn allowed_token_ids(r: &CompletionRequest) -> Result<Option<Arc<[u32]>>, ApiError> {
+pub fn allowed_token_ids(
+    r: &CompletionRequest,
+    max: usize,
+) -> Result<Option<Arc<[u32]>>, ApiError> {
     let Some(ids) = &r.allowed_token_ids else {
         return Ok(None);
     };
@@ -68,10 +69,10 @@ pub fn allowed_token_ids(r: &CompletionRequest) -> Result<Option<Arc<[u32]>>, Ap
             "`allowed_token_ids` is empty: it would allow no token at all",
         ));
     }
-    if ids.len() > MAX_ALLOWED_TOKEN_IDS {
+    if ids.len() > max {
         return Err(ApiError::invalid(
             "allowed_token_ids",
-            format!("`allowed_token_ids` may hold at most {MAX_ALLOWED_TOKEN_IDS} ids"),
+            format!("`allowed_token_ids` may hold at most {max} ids (`--max-allowed-token-ids`)"),
         ));
     }
     let mut ids = token_ids("allowed_token_ids", ids.clone())?;
@@ -80,14 +81,14 @@ pub fn allowed_token_ids(r: &CompletionRequest) -> Result<Option<Arc<[u32]>>, Ap
     Ok(Some(ids.into()))
 }
 
-fn logit_bias(r: &CompletionRequest) -> Result<Vec<(u32, f32)>, ApiError> {
+fn logit_bias(r: &CompletionRequest, max: usize) -> Result<Vec<(u32, f32)>, ApiError> {
     let Some(map) = &r.logit_bias else {
         return Ok(Vec::new());
     };
-    if map.len() > MAX_LOGIT_BIAS {
+    if map.len() > max {
         return Err(ApiError::invalid(
             "logit_bias",
-            format!("`logit_bias` may hold at most {MAX_LOGIT_BIAS} entries"),
+            format!("`logit_bias` may hold at most {max} entries (`--max-logit-bias`)"),
         ));
     }
     map.iter()
@@ -111,7 +112,10 @@ fn logit_bias(r: &CompletionRequest) -> Result<Vec<(u32, f32)>, ApiError> {
 
 /// DRY, when its multiplier is above 0 (breaker tokens left for the caller to find), and
 /// its breakers as text.
-fn dry(r: &CompletionRequest) -> Result<(Option<DryParams>, Vec<String>), ApiError> {
+fn dry(
+    r: &CompletionRequest,
+    max_breakers: usize,
+) -> Result<(Option<DryParams>, Vec<String>), ApiError> {
     let multiplier = in_range("dry_multiplier", r.dry_multiplier, 0.0, 100.0, 0.0)?;
     let base = in_range("dry_base", r.dry_base, 1.0, 16.0, 1.75)?;
     let allowed_length =
@@ -119,10 +123,10 @@ fn dry(r: &CompletionRequest) -> Result<(Option<DryParams>, Vec<String>), ApiErr
     let breakers = match &r.dry_sequence_breakers {
         None => DEFAULT_DRY_BREAKERS.iter().map(|s| s.to_string()).collect(),
         Some(list) => {
-            if list.len() > MAX_DRY_BREAKERS || list.iter().any(|s| s.is_empty() || s.len() > 64) {
+            if list.len() > max_breakers || list.iter().any(|s| s.is_empty() || s.len() > 64) {
                 return Err(ApiError::invalid(
                     "dry_sequence_breakers",
-                    format!("`dry_sequence_breakers` must be at most {MAX_DRY_BREAKERS} non-empty strings of at most 64 bytes"),
+                    format!("`dry_sequence_breakers` must be at most {max_breakers} non-empty strings of at most 64 bytes (`--max-dry-breakers`)"),
                 ));
             }
             list.clone()

@@ -18,8 +18,8 @@ use crate::error::ApiError;
 use crate::routes::body::RawBody;
 use crate::state::AppState;
 use crate::validate::{
-    any_call_schema, check_tool_names, parse_chat_body, tool_schema, ChatParams, OutputConstraint,
-    ToolChoice, ToolDefinition,
+    any_call_schema, parse_chat_body, tool_schema, ChatParams, OutputConstraint, ToolChoice,
+    ToolDefinition,
 };
 
 /// Whether `piece` is one control token of the vocabulary.
@@ -43,11 +43,7 @@ pub async fn chat_completions(
         tool_choice,
         tools,
         parallel_tool_calls,
-    } = parse_chat_body(&body, state.ignore_unknown_fields)?;
-    check_tool_names(
-        tools.iter().map(|t| t.name.as_str()),
-        state.limits.max_tool_name_bytes,
-    )?;
+    } = parse_chat_body(&body, state.ignore_unknown_fields, &state.limits.fields)?;
     let output = match tool_choice {
         ToolChoice::None => ToolOutput::None,
         ToolChoice::Auto if tools.is_empty() => ToolOutput::None,

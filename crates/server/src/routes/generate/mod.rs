@@ -24,7 +24,7 @@ use serde_json::Value;
 
 use crate::error::ApiError;
 use crate::state::{unix_now, AppState};
-use crate::validate::{check_tool_names, parse_body, sent_tool_names, GenerateParams, PromptInput};
+use crate::validate::{parse_body, GenerateParams, PromptInput};
 use prepare::{Echo, Prepared};
 use reply::Dialect;
 use timed::TimedEvents;
@@ -59,10 +59,7 @@ pub async fn completions(
     let arrived = Instant::now();
     let engine = state.engine()?.clone();
     let request = parse_body(&body, state.ignore_unknown_fields)?;
-    if let Some(tools) = &request.tools {
-        check_tool_names(sent_tool_names(tools), state.limits.max_tool_name_bytes)?;
-    }
-    let params = GenerateParams::try_from(request)?;
+    let params = GenerateParams::new(request, &state.limits.fields)?;
     run(&state, engine, params, arrived, Dialect::Text, "cmpl").await
 }
 

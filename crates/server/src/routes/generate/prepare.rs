@@ -400,10 +400,14 @@ fn choice_seed(base: u64, index: usize) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::validate::parse_body;
+    use crate::validate::{parse_body, FieldLimits};
 
     fn params(body: &str) -> GenerateParams {
-        GenerateParams::try_from(parse_body(body.as_bytes(), false).unwrap()).unwrap()
+        GenerateParams::new(
+            parse_body(body.as_bytes(), false).unwrap(),
+            &FieldLimits::DEFAULT,
+        )
+        .unwrap()
     }
 
     #[test]
