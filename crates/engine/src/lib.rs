@@ -2,7 +2,6 @@
 //! worker thread. It knows nothing of HTTP or JSON.
 
 pub mod constrain;
-pub mod cpu;
 pub mod error;
 pub mod gguf;
 mod gguf_header;
@@ -16,6 +15,7 @@ mod running;
 pub mod sampling;
 pub mod scheduler;
 pub mod sequence;
+pub mod simd;
 pub mod stop;
 pub mod threads;
 pub mod tokenizer;

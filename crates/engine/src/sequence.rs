@@ -2,10 +2,10 @@
 //! [`SequenceRequest`] per choice in, a stream of [`SequenceEvent`]s out ([`Events`]).
 //!
 //! The stream counts the events not yet read. The engine stops generating for a sequence
-//! whose reader has fallen [`MAX_UNREAD_EVENTS`] behind (a streaming client that stopped
-//! reading: its server stops taking events once its own buffers are full), so that what
-//! a client does not read is bounded, not queued for ever; it goes on once the reader
-//! catches up.
+//! whose reader has fallen the engine's `max_unread_events` behind
+//! ([`DEFAULT_MAX_UNREAD_EVENTS`] unless set; a streaming client that stopped reading:
+//! its server stops taking events once its own buffers are full), so that what a client
+//! does not read is bounded, not queued for ever; it goes on once the reader catches up.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -18,7 +18,7 @@ use ferrite_engine::sampling::SamplingParams;
 use ferrite_engine::scheduler::SchedulerConfig;
 use ferrite_engine::tokenizer::Tokenizer;
 use ferrite_engine::{
-    cpu, model, threads, Engine, EngineConfig, EngineHandle, SequenceEvent, SequenceRequest,
+    model, simd::cpu, threads, Engine, EngineConfig, EngineHandle, SequenceEvent, SequenceRequest,
 };
 use tracing_subscriber::EnvFilter;
 

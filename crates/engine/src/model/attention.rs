@@ -21,6 +21,7 @@ use half::f16;
 
 use super::attention_tiled::{self, Query, TiledKernel};
 use crate::kv_cache::LayerView;
+use crate::simd::reduce::reduce_add_16;
 
 /// The geometry of one attention layer.
 #[derive(Debug, Clone, Copy)]
@@ -244,7 +245,7 @@ const TILED_TASK_ROWS: usize = 64;
 /// in input order. Query rows are independent and all run in one parallel pass.
 pub fn attend_many(shape: &AttentionShape, inputs: &[AttentionInput<'_>]) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
-    if shape.head_dim.is_multiple_of(64) && crate::quant::simd::available() {
+    if shape.head_dim.is_multiple_of(64) && crate::simd::avx2() {
         let kernels = Kernels {
             row: super::attention_simd::attend_rows,
             tiled: super::attention_tiled_simd::attend_tiled,
@@ -528,17 +529,6 @@ fn dot_f16(a: &[f16], b: &[f16]) -> f32 {
     sum as f32
 }
 
-/// `_mm512_reduce_add_ps`: halves added, then quarters, then pairs, then neighbours.
-pub(crate) fn reduce_add_16(v: &[f32; 16]) -> f32 {
-    let mut h = [0f32; 8];
-    for i in 0..8 {
-        h[i] = v[i] + v[i + 8];
-    }
-    let q = [h[0] + h[4], h[1] + h[5], h[2] + h[6], h[3] + h[7]];
-    let p = [q[0] + q[2], q[1] + q[3]];
-    p[0] + p[1]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -732,7 +722,7 @@ mod tests {
         {
             use super::super::{attention_simd as row, attention_tiled_simd as tiled};
             // What the CPU can run, whatever FERRITE_CPU says.
-            let cpu = crate::cpu::detected();
+            let cpu = crate::simd::cpu::detected();
             let avx2 = Kernels {
                 row: row::attend_avx2,
                 tiled: tiled::attend_avx2,
@@ -784,7 +774,7 @@ mod tests {
             let kernels: Vec<AttentionKernel> = (0..n).map(|t| kinds[t * t / 50 % 5]).collect();
             let slow = attend_portable(&shape, input(&c, &q, &kernels));
             for (name, kernels_simd, usable) in simd_kernels() {
-                if crate::cpu::lacks(usable, name) {
+                if crate::simd::cpu::lacks(usable, name) {
                     continue;
                 }
                 // SAFETY: the kernels' CPU features are present; head sizes are multiples

@@ -32,11 +32,6 @@ const ROW_TILE: usize = 4;
 /// Keys whose dot products are finished together ([`dots8`]).
 const KEY_GROUP: usize = 8;
 
-/// Whether [`attend_rows`] may use AVX-512 (the CPU has it, `FERRITE_CPU` allows it).
-pub(super) fn avx512_available() -> bool {
-    crate::cpu::features().avx512
-}
-
 /// The row kernel ([`super::attention::GroupKernel`]) for the query rows of one group of
 /// heads sharing a KV head, each bit-identical to [`super::attention`]'s portable row
 /// code, with AVX-512 where the CPU has it.
@@ -51,7 +46,7 @@ pub unsafe fn attend_rows(
     acc: &mut [f32],
     partials: &mut [Partial],
 ) {
-    if avx512_available() {
+    if crate::simd::avx512() {
         attend_avx512(q, kv, head_dim, scale, acc, partials)
     } else {
         attend_avx2(q, kv, head_dim, scale, acc, partials)
@@ -481,7 +476,7 @@ mod tests {
 
     #[test]
     fn vector_softmax_steps_match_the_scalar_ones() {
-        let cpu = crate::cpu::detected();
+        let cpu = crate::simd::cpu::detected();
         let widths: [(&str, bool, Fill); 2] = [
             ("AVX2", cpu.avx2, fill_avx2),
             ("AVX-512", cpu.avx512, fill_avx512),
@@ -500,7 +495,7 @@ mod tests {
         };
         let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
         for (name, usable, fill) in widths {
-            if crate::cpu::lacks(usable, name) {
+            if crate::simd::cpu::lacks(usable, name) {
                 continue;
             }
             for scale in [plain.score_scale(), capped.score_scale()] {

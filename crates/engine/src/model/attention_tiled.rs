@@ -13,7 +13,8 @@
 
 use crate::kv_cache::LayerView;
 
-use super::attention::{normalise, reduce_add_16, ScoreScale};
+use super::attention::{normalise, ScoreScale};
+use crate::simd::reduce::reduce_add_16;
 
 /// Cells per tile (`GGML_FA_TILE_KV`).
 pub(super) const TILE: usize = 64;
@@ -210,10 +211,10 @@ mod tests {
             }
             out
         }
-        let cpu = crate::cpu::detected();
+        let cpu = crate::simd::cpu::detected();
         let (wide, narrow) = (
-            !crate::cpu::lacks(cpu.avx512, "AVX-512"),
-            !crate::cpu::lacks(cpu.avx2, "AVX2"),
+            !crate::simd::cpu::lacks(cpu.avx512, "AVX-512"),
+            !crate::simd::cpu::lacks(cpu.avx2, "AVX2"),
         );
         let mut rng = crate::quant::sample::Xorshift::new(11);
         for round in 0..20_000 {

@@ -27,7 +27,7 @@ pub unsafe fn attend_tiled(
     scale: ScoreScale,
     out: &mut [f32],
 ) {
-    if super::attention_simd::avx512_available() {
+    if crate::simd::avx512() {
         attend_avx512(queries, view, offset, scale, out)
     } else {
         attend_avx2(queries, view, offset, scale, out)

@@ -432,7 +432,7 @@ mod tests {
 
     #[test]
     fn hsum8_each_is_eight_hsum8() {
-        if crate::cpu::lacks(is_x86_feature_detected!("avx2"), "AVX2") {
+        if crate::simd::cpu::lacks(is_x86_feature_detected!("avx2"), "AVX2") {
             return;
         }
         let mut rng = Xorshift::new(3);

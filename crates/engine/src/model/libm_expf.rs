@@ -238,8 +238,8 @@ mod tests {
     fn check(values: impl Iterator<Item = f32>) -> usize {
         let narrow = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
         let wide = narrow && is_x86_feature_detected!("avx512f");
-        let wide = !crate::cpu::lacks(wide, "AVX-512");
-        if crate::cpu::lacks(narrow, "AVX2") {
+        let wide = !crate::simd::cpu::lacks(wide, "AVX-512");
+        if crate::simd::cpu::lacks(narrow, "AVX2") {
             return 0;
         }
         let mut checked = 0;

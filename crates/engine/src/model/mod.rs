@@ -37,7 +37,7 @@ use crate::EngineError;
 /// the scalar call was most of their time (Gemma 3's 262,144 logits: 1.1 ms).
 pub(crate) fn exp_in_place(values: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu::features().avx2 {
+    if crate::simd::avx2() {
         // SAFETY: the AVX2 kernels' feature set includes AVX2 and FMA.
         unsafe { libm_expf::exp_in_place_avx2(values) };
         return;

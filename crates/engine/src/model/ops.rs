@@ -143,7 +143,7 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     let len = gate.len().min(up.len());
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if crate::quant::simd::available() {
+    if crate::simd::avx2() {
         done = len / 8 * 8;
         // SAFETY: AVX2 and FMA are available, and both slices hold `done` values.
         unsafe { avx2::silu_mul(&mut gate[..done], &up[..done]) };

@@ -20,18 +20,13 @@ use half::bf16;
 
 use super::float_simd::lanes;
 use super::simd::prefetch_span;
-use crate::model::attention::reduce_add_16;
+use crate::simd::reduce::reduce_add_16;
 
 /// Values one `vdpbf16ps` takes from each operand.
 const BLOCK: usize = 32;
 pub use super::float_simd::TILE_W;
 #[cfg(test)]
 use super::float_simd::TILE_X;
-
-/// Whether these kernels run ([`crate::cpu::features`]).
-pub fn available() -> bool {
-    crate::cpu::features().bf16
-}
 
 /// Word indices picking the upper halves of 32 f32 lanes (two vectors), in order.
 ///
@@ -72,7 +67,7 @@ unsafe fn load(p: *const bf16) -> __m512bh {
 /// AVX-512F, BW and BF16 must be available ([`available`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 pub unsafe fn lone(w: &[bf16], x: &[f32]) -> f32 {
-    let ahead = crate::cpu::prefetch_ahead();
+    let ahead = crate::simd::cpu::prefetch_ahead();
     assert_eq!(w.len(), x.len());
     let idx = upper_halves();
     let whole = w.len() / (2 * BLOCK) * (2 * BLOCK);
@@ -122,8 +117,9 @@ pub unsafe fn tile<const C: usize>(w: [&[bf16]; TILE_W], x: [&[bf16]; C]) -> [[f
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::float::{dot_bf16, narrow_to_bf16, round_to_bf16};
+    use crate::quant::float::dot_bf16;
     use crate::quant::sample::Xorshift;
+    use crate::simd::convert::{narrow_to_bf16, round_to_bf16};
 
     fn row(n: usize, scale: f32, rng: &mut Xorshift) -> Vec<f32> {
         (0..n).map(|_| rng.next_f32() * scale).collect()
@@ -133,7 +129,7 @@ mod tests {
     /// ragged tail) and batched tiles of every height give the portable twin's bits.
     #[test]
     fn bf16_kernels_are_bit_identical_to_the_portable_ones() {
-        if crate::cpu::lacks(crate::cpu::detected().bf16, "AVX512-BF16") {
+        if crate::simd::cpu::lacks(crate::simd::cpu::detected().bf16, "AVX512-BF16") {
             return;
         }
         let mut rng = Xorshift::new(7);

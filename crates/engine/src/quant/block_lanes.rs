@@ -94,8 +94,8 @@ use super::output::Columns;
 use super::q8::Q8Row;
 use super::{Activations, RowKernel};
 
-/// Weight rows per group (one per 32-bit lane of a 512-bit vector).
-pub const ROWS: usize = 16;
+/// Weight rows per group: one per 32-bit lane of a 512-bit vector.
+pub use crate::simd::LANES_512 as ROWS;
 /// Groups of four values per block: the kernel's lanes.
 const QUADS: usize = 8;
 
@@ -189,7 +189,7 @@ impl Kernel {
     /// The kernel this CPU runs (each takes every format).
     fn for_this_cpu() -> Self {
         #[cfg(target_arch = "x86_64")]
-        let vnni = super::simd::vnni_available();
+        let vnni = crate::simd::vnni();
         #[cfg(not(target_arch = "x86_64"))]
         let vnni = false;
         match vnni {
@@ -442,7 +442,7 @@ mod simd {
     ///
     /// # Safety
     /// AVX2, FMA, F16C and AVX-512 (F, VL, BW, VNNI) must be available
-    /// ([`crate::quant::simd::vnni_available`]).
+    /// ([`crate::simd::vnni`]).
     pub unsafe fn dot_group<const T: usize>(
         m: &BlockLanes,
         g: usize,
@@ -570,7 +570,7 @@ mod simd {
         starts: [&[i32]; T],
         mut soon: Upcoming,
     ) -> [[f32; ROWS]; T] {
-        let ahead = crate::cpu::prefetch_ahead();
+        let ahead = crate::simd::cpu::prefetch_ahead();
         let format = kernel_format::of(F);
         let (per_unit, value_lines) = unit(format);
         assert!(group.len() >= blocks.div_ceil(per_unit) * (1 + per_unit * value_lines));
@@ -864,7 +864,7 @@ mod tests {
     #[test]
     fn vnni_kernels_are_bit_identical_to_the_portable_ones() {
         // Whatever FERRITE_CPU says: this compares the kernel the CPU can run.
-        if crate::cpu::lacks(crate::cpu::detected().vnni, "vnni") {
+        if crate::simd::cpu::lacks(crate::simd::cpu::detected().vnni, "vnni") {
             return;
         }
         // Upcoming lines from the group itself: asking for them changes nothing.
@@ -896,7 +896,7 @@ mod tests {
     /// The AVX2 kernels.
     #[test]
     fn avx2_kernels_are_bit_identical_to_the_portable_ones() {
-        if crate::cpu::lacks(crate::cpu::detected().avx2, "avx2") {
+        if crate::simd::cpu::lacks(crate::simd::cpu::detected().avx2, "avx2") {
             return;
         }
         // SAFETY (both): AVX2 was checked; the activations are in -127..=127.

@@ -2,11 +2,11 @@
 //! arithmetic: eight lanes of four products per block, a fused multiply-add of the block
 //! scale into each lane, then the lanes summed as `hsum_float_8` does.
 
-use half::f16;
-
 #[cfg(test)]
 use super::q8::quantize_row;
 use super::q8::Q8Row;
+use crate::simd::convert::f16_at;
+use crate::simd::reduce::hsum8;
 
 /// The block formats with kernels of our own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,21 +29,6 @@ pub const Q4_1: usize = 20;
 pub const Q5_0: usize = 22;
 /// Q8_0 block size in bytes.
 pub const Q8_0: usize = 34;
-
-fn f16_at(bytes: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
-}
-
-/// `hsum_float_8`: (l0+l4 + l2+l6) + (l1+l5 + l3+l7).
-pub(super) fn hsum8(acc: &[f32; 8]) -> f32 {
-    let r = [
-        acc[0] + acc[4],
-        acc[1] + acc[5],
-        acc[2] + acc[6],
-        acc[3] + acc[7],
-    ];
-    (r[0] + r[2]) + (r[1] + r[3])
-}
 
 impl BlockFormat {
     /// Bytes per block of 32 values.
@@ -171,6 +156,7 @@ pub fn dot_q4_0_repacked(w: &[u8], a: &Q8Row) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use half::f16;
 
     fn q8_0_block(d: f32, qs: &[i8; 32]) -> Vec<u8> {
         let mut b = f16::from_f32(d).to_le_bytes().to_vec();

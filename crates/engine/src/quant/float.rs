@@ -14,7 +14,7 @@
 
 use half::{bf16, f16};
 
-use crate::model::attention::reduce_add_16;
+use crate::simd::reduce::reduce_add_16;
 
 /// Lanes of one accumulator (an AVX-512 register of f32).
 const LANES: usize = 16;
@@ -169,28 +169,10 @@ fn flush(v: f32) -> f32 {
     }
 }
 
-/// Activations rounded to BF16 and back, as llama.cpp converts them for BF16 weights
-/// (round to nearest even).
-pub fn round_to_bf16(x: &[f32]) -> Vec<f32> {
-    x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect()
-}
-
-/// Values already rounded to BF16 (by [`round_to_bf16`]) as BF16: each one's upper 16
-/// bits, exactly.
-pub fn narrow_to_bf16(x: &[f32]) -> Vec<bf16> {
-    x.iter()
-        .map(|v| bf16::from_bits((v.to_bits() >> 16) as u16))
-        .collect()
-}
-
-/// Activations rounded to F16, as llama.cpp converts them for F16 weights.
-pub fn round_to_f16(x: &[f32]) -> Vec<f16> {
-    x.iter().map(|&v| f16::from_f32(v)).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::simd::convert::{round_to_bf16, round_to_f16};
 
     /// An f64 dot product.
     fn exact(w: &[f32], x: &[f32]) -> f64 {

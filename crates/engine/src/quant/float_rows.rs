@@ -160,7 +160,7 @@ impl Layout for FloatRows<bf16> {
         let (x, narrowed) = brain_activations(acts);
         let cols = self.cols;
         #[cfg(target_arch = "x86_64")]
-        if super::bf16_simd::available() {
+        if crate::simd::bf16() {
             // SAFETY: the CPU has AVX512-BF16 (checked just above).
             return unsafe {
                 bf16_rows_simd(&self.values, (x, narrowed), cols, range, kernels, out)
@@ -183,7 +183,7 @@ impl Layout for FloatRows<bf16> {
 /// (rows past the last whole four through the portable kernel).
 ///
 /// # Safety
-/// The CPU must have AVX512-BF16 ([`super::bf16_simd::available`]).
+/// The CPU must have AVX512-BF16 ([`crate::simd::bf16`]).
 #[cfg(target_arch = "x86_64")]
 unsafe fn bf16_rows_simd(
     w: &[bf16],

@@ -21,7 +21,7 @@ use std::arch::x86_64::*;
 use half::f16;
 
 use super::simd::prefetch_span;
-use crate::model::attention::reduce_add_16;
+use crate::simd::reduce::reduce_add_16;
 
 /// The instruction set the kernels run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,9 +33,9 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// The best this process may use ([`crate::cpu::features`]), if any.
+    /// The best this process may use ([`crate::simd::cpu::features`]), if any.
     pub fn detected() -> Option<Self> {
-        let cpu = crate::cpu::features();
+        let cpu = crate::simd::cpu::features();
         match (cpu.avx512, cpu.avx2) {
             (true, _) => Some(Self::Avx512),
             (false, true) => Some(Self::Avx2),
@@ -174,7 +174,7 @@ unsafe fn tile_avx2<W: Widen, X: Widen, const C: usize>(
 /// [`lone_avx512`] of one row with AVX2.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn lone_avx2<W: Widen, X: Widen>(w: &[W], x: &[X]) -> f32 {
-    let ahead = crate::cpu::prefetch_ahead();
+    let ahead = crate::simd::cpu::prefetch_ahead();
     assert_eq!(w.len(), x.len());
     let whole = x.len() / 64 * 64;
     let mut acc = [(_mm256_setzero_ps(), _mm256_setzero_ps()); 4];
@@ -296,7 +296,7 @@ unsafe fn reduce_add_16_many(v: [__m512; 16]) -> [f32; 16] {
 /// AVX-512F, FMA and F16C must be available; every row of `w` has the length of `x`.
 #[target_feature(enable = "avx512f,fma,f16c")]
 unsafe fn lone_avx512<W: Widen, X: Widen, const R: usize>(w: [&[W]; R], x: &[X]) -> [f32; R] {
-    let ahead = crate::cpu::prefetch_ahead();
+    let ahead = crate::simd::cpu::prefetch_ahead();
     assert!(w.iter().all(|w| w.len() == x.len()));
     let whole = x.len() / 64 * 64;
     let mut acc = [[_mm512_setzero_ps(); 4]; R];
@@ -364,7 +364,7 @@ mod tests {
     /// differently in another order.
     #[test]
     fn sixteen_reductions_at_once_follow_the_scalar_tree() {
-        if crate::cpu::lacks(crate::cpu::detected().avx512, "AVX-512") {
+        if crate::simd::cpu::lacks(crate::simd::cpu::detected().avx512, "AVX-512") {
             return;
         }
         let mut rng = Xorshift::new(11);
@@ -394,7 +394,7 @@ mod tests {
     /// sets the CPU has.
     #[test]
     fn float_kernels_are_bit_identical_to_the_portable_ones() {
-        let cpu = crate::cpu::detected();
+        let cpu = crate::simd::cpu::detected();
         let isas = [(Isa::Avx512, cpu.avx512), (Isa::Avx2, cpu.avx2)];
         let mut rng = Xorshift::new(5);
         // 13 blocks of 16: past the last block of 64 too.
@@ -408,14 +408,16 @@ mod tests {
             .collect();
         let x16: Vec<Vec<f16>> = (0..TILE_X)
             .map(|_| {
-                float::round_to_f16(&(0..cols).map(|_| rng.next_f32() * 3.0).collect::<Vec<_>>())
+                crate::simd::convert::round_to_f16(
+                    &(0..cols).map(|_| rng.next_f32() * 3.0).collect::<Vec<_>>(),
+                )
             })
             .collect();
         let x32: Vec<Vec<f32>> = (0..TILE_X)
             .map(|_| (0..cols).map(|_| rng.next_f32() * 3.0).collect())
             .collect();
         for (isa, available) in isas {
-            if crate::cpu::lacks(available, &format!("{isa:?}")) {
+            if crate::simd::cpu::lacks(available, &format!("{isa:?}")) {
                 continue;
             }
             check::<f32, f32, 1>(isa, &w32, &x32, float::dot_f32);

@@ -6,11 +6,10 @@
 //! repacked eight-row kernel (one fused multiply-add per block), which it uses wherever
 //! the rows are a multiple of eight.
 
-use half::f16;
-
-use super::dot::hsum8;
 use super::kquant::{Q8KRow, QK_K};
 use super::q8::Q8Row;
+use crate::simd::convert::f16_at;
+use crate::simd::reduce::hsum8;
 
 /// The sixteen values an index stands for (`kvalues_iq4nl`).
 pub const VALUES: [i8; 16] = [
@@ -20,10 +19,6 @@ pub const VALUES: [i8; 16] = [
 pub const IQ4_NL: usize = 18;
 /// Bytes per IQ4_XS super-block of 256 values.
 pub const IQ4_XS: usize = 136;
-
-fn f16_at(bytes: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
-}
 
 /// The 32 table values of 16 bytes of indices: low nibbles first, then high ones.
 fn values_of(qs: &[u8]) -> [i32; 32] {
@@ -144,6 +139,7 @@ mod tests {
     use super::*;
     use crate::quant::kquant::quantize_row_q8k;
     use crate::quant::RowKernel;
+    use half::f16;
 
     #[test]
     fn dots_equal_the_dequantized_products() {

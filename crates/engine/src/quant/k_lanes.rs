@@ -65,8 +65,8 @@ use super::layout::{lane_groups, lane_groups_by_plan, LANE_ROWS};
 use super::output::Columns;
 use super::{Activations, RowKernel};
 
-/// Weight rows per group.
-pub const ROWS: usize = 16;
+/// Weight rows per group: one per 32-bit lane of a 512-bit vector.
+pub use crate::simd::LANES_512 as ROWS;
 /// Where a super-block's lines of scales and (Q5_K's) minimums start.
 const SCALES: usize = 1;
 const MINS: usize = 3;
@@ -263,7 +263,7 @@ impl Layout for KLanes {
             let groups = (|g| m.group(g), m.blocks);
             // Q2_K and Q3_K have VNNI kernels; Q5_K and IQ4_XS take this layout only
             // without VNNI.
-            let vnni = super::simd::vnni_available();
+            let vnni = crate::simd::vnni();
             if m.format == KLaneFormat::Q2K {
                 // Q2_K follows llama.cpp's repacked kernels, whose rounding each row's
                 // kernel names: every row, four a pass.
@@ -425,7 +425,7 @@ mod tests {
     /// Both plans of the AVX2 kernel, for Q3_K, Q5_K and IQ4_XS.
     #[test]
     fn avx2_kernels_are_bit_identical_to_the_portable_ones() {
-        if crate::cpu::lacks(crate::cpu::detected().avx2, "avx2") {
+        if crate::simd::cpu::lacks(crate::simd::cpu::detected().avx2, "avx2") {
             return;
         }
         let cases: [(KLaneFormat, OwnFormat, Dot, Dot); 3] = [
@@ -456,7 +456,7 @@ mod tests {
     /// Both plans of the AVX-512 VNNI Q3_K kernel.
     #[test]
     fn q3k_vnni_kernel_is_bit_identical_to_the_portable_ones() {
-        if crate::cpu::lacks(crate::cpu::detected().vnni, "vnni") {
+        if crate::simd::cpu::lacks(crate::simd::cpu::detected().vnni, "vnni") {
             return;
         }
         let cases: [(KLaneFormat, OwnFormat, Dot, Dot); 1] = [(
@@ -528,7 +528,7 @@ mod tests {
     /// The AVX2 Q2_K kernel.
     #[test]
     fn q2k_avx2_kernel_is_bit_identical_to_the_portable_one() {
-        if crate::cpu::lacks(crate::cpu::detected().avx2, "avx2") {
+        if crate::simd::cpu::lacks(crate::simd::cpu::detected().avx2, "avx2") {
             return;
         }
         assert_q2k_kernel_matches_the_portable_one(|m, g, a, k| unsafe {
@@ -545,7 +545,7 @@ mod tests {
     /// The AVX-512 VNNI Q2_K kernel.
     #[test]
     fn q2k_vnni_kernel_is_bit_identical_to_the_portable_one() {
-        if crate::cpu::lacks(crate::cpu::detected().vnni, "vnni") {
+        if crate::simd::cpu::lacks(crate::simd::cpu::detected().vnni, "vnni") {
             return;
         }
         assert_q2k_kernel_matches_the_portable_one(|m, g, a, k| unsafe {

@@ -5,10 +5,9 @@
 //! follow its AVX2 dot product (eight lanes, summed as `hsum_float_8`) for rows of
 //! micro-batches under 8, and its tiled matmul (`dot_*_tiled`) for wider ones.
 
-use half::f16;
-
-use super::dot::hsum8;
 use super::RowKernel;
+use crate::simd::convert::f16_at;
+use crate::simd::reduce::hsum8;
 
 /// Values per K-quant super-block.
 pub const QK_K: usize = 256;
@@ -46,7 +45,7 @@ impl Q8KRow {
 /// `quantize_mat_q8_K_4x8` (GEMM) the positive one.
 pub fn quantize_row_q8k(x: &[f32], kernel: RowKernel) -> Q8KRow {
     #[cfg(target_arch = "x86_64")]
-    if super::simd::available() {
+    if crate::simd::avx2() {
         // SAFETY: AVX2, FMA and F16C are available.
         return unsafe { super::simd::quantize_row_q8k(x, kernel) };
     }
@@ -87,10 +86,6 @@ pub fn quantize_row_q8k_portable(x: &[f32], kernel: RowKernel) -> Q8KRow {
         row.d.push(1.0 / iscale);
     }
     row
-}
-
-fn f16_at(bytes: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
 }
 
 /// The 6-bit scale and minimum of sub-block `j` (0..8) of a Q4_K super-block.
@@ -568,6 +563,7 @@ pub fn dot_q5k_tiled(w: &[u8], a: &Q8KRow) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use half::f16;
 
     /// Dequantizes a Q4_K block the reference way.
     fn dequant_q4k(block: &[u8]) -> Vec<f32> {

@@ -39,7 +39,7 @@ use super::q6k_lanes::Q6kLanes;
 use super::rows::RowMajor;
 #[cfg(target_arch = "x86_64")]
 use super::simd::Upcoming;
-use super::{kquant, simd_avx2, simd_wide_tiles, Activations, OwnFormat, RowKernel};
+use super::{kquant, Activations, OwnFormat, RowKernel};
 
 /// A weight matrix laid out for its kernels, and those kernels.
 pub(super) trait Layout: Send + Sync {
@@ -74,38 +74,38 @@ fn choose(format: OwnFormat, data: &[u8], rows: usize, cols: usize) -> Box<dyn L
     let blocks = cols / kquant::QK_K;
     match format {
         OwnFormat::Blocks(f @ (BlockFormat::Q8_0 | BlockFormat::Q4_1 | BlockFormat::Q5_0))
-            if simd_avx2() =>
+            if crate::simd::avx2() =>
         {
             Box::new(BlockLanes::new(f.into(), data, rows, cols))
         }
         OwnFormat::Blocks(f) => Box::new(PackedRows::new(f, data, rows, cols)),
-        OwnFormat::Q4_0Repacked if simd_avx2() => {
+        OwnFormat::Q4_0Repacked if crate::simd::avx2() => {
             Box::new(BlockLanes::new(LaneFormat::Q4_0, data, rows, cols))
         }
-        OwnFormat::Q5_1 if simd_avx2() => {
+        OwnFormat::Q5_1 if crate::simd::avx2() => {
             Box::new(BlockLanes::new(LaneFormat::Q5_1, data, rows, cols))
         }
-        OwnFormat::Iq4NlRepacked if simd_avx2() => {
+        OwnFormat::Iq4NlRepacked if crate::simd::avx2() => {
             Box::new(BlockLanes::new(LaneFormat::Iq4Nl, data, rows, cols))
         }
-        OwnFormat::Q4K if simd_avx2() => Box::new(Q4kLanes::new(data, rows, blocks)),
-        OwnFormat::Q6K if simd_avx2() => Box::new(Q6kLanes::new(data, rows, blocks)),
-        OwnFormat::Q5K if simd_wide_tiles() => {
+        OwnFormat::Q4K if crate::simd::avx2() => Box::new(Q4kLanes::new(data, rows, blocks)),
+        OwnFormat::Q6K if crate::simd::avx2() => Box::new(Q6kLanes::new(data, rows, blocks)),
+        OwnFormat::Q5K if crate::simd::vnni() => {
             Box::new(PairLanes::new(PairFormat::Q5K, data, rows, blocks))
         }
-        OwnFormat::Iq4Xs if simd_wide_tiles() => {
+        OwnFormat::Iq4Xs if crate::simd::vnni() => {
             Box::new(PairLanes::new(PairFormat::Iq4Xs, data, rows, blocks))
         }
-        OwnFormat::Q2KRepacked if simd_avx2() => {
+        OwnFormat::Q2KRepacked if crate::simd::avx2() => {
             Box::new(KLanes::new(KLaneFormat::Q2K, data, rows, blocks))
         }
-        OwnFormat::Q3K if simd_avx2() => {
+        OwnFormat::Q3K if crate::simd::avx2() => {
             Box::new(KLanes::new(KLaneFormat::Q3K, data, rows, blocks))
         }
-        OwnFormat::Q5K if simd_avx2() => {
+        OwnFormat::Q5K if crate::simd::avx2() => {
             Box::new(KLanes::new(KLaneFormat::Q5K, data, rows, blocks))
         }
-        OwnFormat::Iq4Xs if simd_avx2() => {
+        OwnFormat::Iq4Xs if crate::simd::avx2() => {
             Box::new(KLanes::new(KLaneFormat::Iq4Xs, data, rows, blocks))
         }
         OwnFormat::F32 => Box::new(FloatRows::<f32>::new(data, cols)),
@@ -124,7 +124,7 @@ fn choose(format: OwnFormat, data: &[u8], rows: usize, cols: usize) -> Box<dyn L
 }
 
 /// Weight rows per group of the interleaved K-quant layouts (one per 512-bit lane).
-pub(super) const LANE_ROWS: usize = super::q4k_lanes::ROWS;
+pub(super) const LANE_ROWS: usize = crate::simd::LANES_512;
 
 /// Runs `dot(g, pass, soon)` (the sixteen weight rows of interleaved group `g` by the
 /// activation rows `pass`, at most `per_pass` (≤ 4) of them, results `[k][lane]`) over the

@@ -250,7 +250,7 @@ impl Activations {
         match kind {
             ActivationKind::Q8 => {
                 let rows: Vec<q8::Q8Row> = rows.map(|(r, _)| q8::quantize_row(r)).collect();
-                let tiles = if tiles && kernels.len() >= 4 && simd_wide_tiles() {
+                let tiles = if tiles && kernels.len() >= 4 && crate::simd::vnni() {
                     let refs: Vec<&q8::Q8Row> = rows.iter().collect();
                     refs.par_chunks(TILE_ROWS)
                         .map(|tile| ActTile::new(tile, cols / 32))
@@ -267,15 +267,14 @@ impl Activations {
                 Default::default(),
             ),
             ActivationKind::F32 => Self::Float(x.to_vec()),
-            ActivationKind::F16 => Self::Half(float::round_to_f16(x)),
+            ActivationKind::F16 => Self::Half(crate::simd::convert::round_to_f16(x)),
             ActivationKind::Bf16 => {
-                let rounded = float::round_to_bf16(x);
+                let rounded = crate::simd::convert::round_to_bf16(x);
                 // Only the AVX512-BF16 tiles read them narrowed.
-                let narrowed =
-                    match kernels.iter().any(|k| k.batched()) && crate::cpu::features().bf16 {
-                        true => float::narrow_to_bf16(&rounded),
-                        false => Vec::new(),
-                    };
+                let narrowed = match kernels.iter().any(|k| k.batched()) && crate::simd::bf16() {
+                    true => crate::simd::convert::narrow_to_bf16(&rounded),
+                    false => Vec::new(),
+                };
                 Self::Brain(rounded, narrowed)
             }
             ActivationKind::Q8KGemv => Self::Q8K(
@@ -667,33 +666,6 @@ impl Embedding {
     }
 }
 
-/// Whether prompts' products take wide tiles of activation rows (with AVX-512 VNNI, and so
-/// AVX-512VL's 32 vector registers): whole [`ActTile`]s for the block-of-32 formats, and
-/// the interleaved layouts for the K-quants.
-fn simd_wide_tiles() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        simd::vnni_available()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// Whether the CPU has AVX2 (with FMA and F16C), for layouts whose kernels need no more:
-/// the sixteen-row ones ([`block_lanes`], [`q4k_lanes`], [`q6k_lanes`]).
-fn simd_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        simd::available()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// Output features per parallel task. Each task is a run of weights read in one stream
 /// and a unit of work stealing: 32 made a 1B model's decode step some two thousand tasks,
 /// and 128 decodes it 10–15% faster (alternating A/B of the two builds, both orders;
@@ -774,7 +746,11 @@ mod tests {
                                     .chunks_exact(2)
                                     .map(|b| half::f16::from_le_bytes(b.try_into().unwrap()))
                                     .collect();
-                                float::dot_f16(&w, &float::round_to_f16(xt), kernels[t].batched())
+                                float::dot_f16(
+                                    &w,
+                                    &crate::simd::convert::round_to_f16(xt),
+                                    kernels[t].batched(),
+                                )
                             }
                             OwnFormat::Q5_1 => dot::dot_q5_1(w, &q8::quantize_row_portable(xt)),
                             OwnFormat::Q4_0Repacked => {
@@ -785,7 +761,11 @@ mod tests {
                                     .chunks_exact(2)
                                     .map(|b| half::bf16::from_le_bytes(b.try_into().unwrap()))
                                     .collect();
-                                float::dot_bf16(&w, &float::round_to_bf16(xt), kernels[t].batched())
+                                float::dot_bf16(
+                                    &w,
+                                    &crate::simd::convert::round_to_bf16(xt),
+                                    kernels[t].batched(),
+                                )
                             }
                             OwnFormat::Iq4Xs => {
                                 iq4::dot_iq4_xs(w, &kquant::quantize_row_q8k(xt, RowKernel::Gemv))

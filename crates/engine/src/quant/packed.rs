@@ -114,7 +114,7 @@ impl PackedRows {
         }
         let mut out = [[0f32; 4]; GROUP];
         #[cfg(target_arch = "x86_64")]
-        if super::simd::available() {
+        if crate::simd::avx2() {
             let group = self.group(g);
             macro_rules! rows {
                 ($n:literal, $r:literal) => {
@@ -165,7 +165,7 @@ impl PackedRows {
         }
         let mut out = [[0f32; 4]; 2];
         #[cfg(target_arch = "x86_64")]
-        if super::simd::available() {
+        if crate::simd::avx2() {
             let group = self.group(g);
             macro_rules! rows {
                 ($n:literal) => {{
@@ -202,7 +202,7 @@ impl PackedRows {
     pub fn dot_pair_tile(&self, g: usize, first: usize, tile: &ActTile) -> [[f32; TILE_ROWS]; 2] {
         assert!(first + 2 <= GROUP && tile.blocks() == self.blocks);
         #[cfg(target_arch = "x86_64")]
-        if super::simd::vnni_available() {
+        if crate::simd::vnni() {
             // SAFETY: the CPU features were checked; the group holds `blocks` columns, as
             // many as the tile's rows.
             return unsafe {

@@ -14,7 +14,7 @@ use super::act_tile::{ActTile, TILE_ROWS};
 use super::dot::BlockFormat;
 use super::packed::GROUP;
 use super::q8::Q8Row;
-use super::simd::{bit_bytes, f16_at, hsum, lanes_avx2, nibbles, prefetch_span, vnni_available};
+use super::simd::{bit_bytes, f16_at, hsum, lanes_avx2, nibbles, prefetch_span};
 
 /// Products of `R` of one group's rows, from row `first` on (`blocks` block columns at
 /// `group`), with `N` activation rows, with VNNI where the CPU has it.
@@ -30,7 +30,7 @@ pub unsafe fn dot_group<const N: usize, const R: usize>(
     a: [&Q8Row; N],
 ) -> [[f32; N]; R] {
     assert!(group.len() >= blocks * GROUP * format.block_bytes() && first + R <= GROUP);
-    if vnni_available() {
+    if crate::simd::vnni() {
         match format {
             BlockFormat::Q4_0 => group_vnni_format::<N, R, Q4_0>(group, blocks, first, a),
             BlockFormat::Q4_1 => group_vnni_format::<N, R, Q4_1>(group, blocks, first, a),
@@ -62,7 +62,7 @@ unsafe fn group_avx2<const N: usize, const R: usize>(
     first: usize,
     a: [&Q8Row; N],
 ) -> [[f32; N]; R] {
-    let ahead = crate::cpu::prefetch_ahead();
+    let ahead = crate::simd::cpu::prefetch_ahead();
     let stride = GROUP * format.block_bytes();
     let minimums = format == BlockFormat::Q4_1;
     let mut acc = [[_mm256_setzero_ps(); N]; R];
@@ -201,7 +201,7 @@ unsafe fn signed_values(format: BlockFormat, column: *const u8, i: usize) -> __m
 /// rows (`out[i][k]`, rows past the tile zero), for prompts, with AVX-512 VNNI.
 ///
 /// # Safety
-/// AVX2, FMA, F16C and AVX-512 (F, VL, VNNI) must be available ([`vnni_available`]);
+/// AVX2, FMA, F16C and AVX-512 (F, VL, VNNI) must be available ([`crate::simd::vnni`]);
 /// `group` holds `tile.blocks()` columns and `first + 2 <= GROUP`.
 pub unsafe fn dot_pair_tile(
     format: BlockFormat,
@@ -332,7 +332,7 @@ unsafe fn group_vnni_format<const N: usize, const R: usize, const F: u8>(
     first: usize,
     a: [&Q8Row; N],
 ) -> [[f32; N]; R] {
-    let ahead = crate::cpu::prefetch_ahead();
+    let ahead = crate::simd::cpu::prefetch_ahead();
     assert!(R.is_multiple_of(2) && R <= GROUP && N <= 4);
     let format = format_of::<F>();
     let signed = F != Q4_1;

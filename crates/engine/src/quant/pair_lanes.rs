@@ -37,6 +37,7 @@ use super::kquant::{scale_min_k4, Q8KRow, Q5_K, QK_K};
 use super::layout::Layout;
 use super::output::Columns;
 use super::{Activations, RowKernel, ACT_TILE};
+use crate::simd::convert::f16_at;
 
 /// The formats this layout takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,10 +113,6 @@ impl PairLanes {
         let len = self.blocks * self.format.lines();
         &self.lines[p * len..(p + 1) * len]
     }
-}
-
-fn f16_at(bytes: &[u8], at: usize) -> f32 {
-    half::f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
 }
 
 /// Writes one Q5_K super-block as row `half` (0 or 1) of its pair's lines.
@@ -237,7 +234,7 @@ impl SumsOnce {
 
 /// The sum of a row's eight float lanes, in `hsum_float_8`'s order.
 fn hsum8(lanes: &[f32]) -> f32 {
-    super::dot::hsum8(lanes.try_into().expect("eight lanes"))
+    crate::simd::reduce::hsum8(lanes.try_into().expect("eight lanes"))
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -256,7 +253,7 @@ mod simd {
     ///
     /// # Safety
     /// AVX2, FMA, F16C and AVX-512 (F, VL, BW, VNNI) must be available
-    /// ([`crate::quant::simd::vnni_available`]).
+    /// ([`crate::simd::vnni`]).
     pub unsafe fn dot_pair<const T: usize>(
         m: &PairLanes,
         p: usize,
@@ -305,7 +302,7 @@ mod simd {
         a: [&Q8KRow; T],
         sums: [&LaneSums; T],
     ) -> [[f32; 2]; T] {
-        let ahead = crate::cpu::prefetch_ahead();
+        let ahead = crate::simd::cpu::prefetch_ahead();
         const LINES: usize = 6;
         assert!(lines.len() >= blocks * LINES);
         let low = _mm512_set1_epi8(0x0F);
@@ -385,7 +382,7 @@ mod simd {
         a: [&Q8KRow; T],
         sums: [&LaneSums; T],
     ) -> [[f32; 2]; T] {
-        let ahead = crate::cpu::prefetch_ahead();
+        let ahead = crate::simd::cpu::prefetch_ahead();
         const LINES: usize = 5;
         assert!(lines.len() >= blocks * LINES);
         let low = _mm512_set1_epi8(0x0F);
@@ -494,7 +491,7 @@ mod tests {
     #[test]
     fn pair_kernel_is_bit_identical_to_the_portable_one() {
         // Whatever FERRITE_CPU says: this compares the kernel the CPU can run.
-        if crate::cpu::lacks(crate::cpu::detected().vnni, "vnni") {
+        if crate::simd::cpu::lacks(crate::simd::cpu::detected().vnni, "vnni") {
             return;
         }
         let mut rng = Xorshift::new(17);

@@ -30,8 +30,8 @@ use super::layout::{lane_groups, LANE_ROWS};
 use super::output::Columns;
 use super::{Activations, RowKernel};
 
-/// Weight rows per group (one per 32-bit lane of a 512-bit vector).
-pub const ROWS: usize = 16;
+/// Weight rows per group: one per 32-bit lane of a 512-bit vector.
+pub use crate::simd::LANES_512 as ROWS;
 /// Lines per group and super-block.
 pub const LINES: usize = 37;
 /// Where a super-block's lines of minimums and of values start.
@@ -108,7 +108,7 @@ mod simd {
     ///
     /// # Safety
     /// AVX2, FMA, F16C and AVX-512 (F, VL, BW, VNNI) must be available
-    /// ([`crate::quant::simd::vnni_available`]).
+    /// ([`crate::simd::vnni`]).
     pub unsafe fn dot_group<const T: usize>(
         m: &Q4kLanes,
         g: usize,
@@ -133,7 +133,7 @@ mod simd {
         kernels: [RowKernel; T],
         mut soon: Upcoming,
     ) -> [[f32; ROWS]; T] {
-        let ahead = crate::cpu::prefetch_ahead();
+        let ahead = crate::simd::cpu::prefetch_ahead();
         assert!(lines.len() >= blocks * LINES);
         let per_pair = kernels.map(RowKernel::in_group_of_four);
         let low = _mm512_set1_epi8(0x0F);
@@ -219,7 +219,7 @@ impl Layout for Q4kLanes {
         #[cfg(target_arch = "x86_64")]
         {
             let (m, n, start, end) = (self, kernels.len(), range.start, range.end);
-            let vnni = super::simd::vnni_available();
+            let vnni = crate::simd::vnni();
             // Sixteen weight rows (one per lane) by up to four activation rows.
             let all: Vec<usize> = (0..n).collect();
             lane_groups(
@@ -309,7 +309,7 @@ mod tests {
     fn vnni_kernel_is_bit_identical_to_the_portable_one() {
         // Whatever FERRITE_CPU says: this compares the kernel the CPU can run. A CPU
         // without it cannot run it; the end-to-end tests under FERRITE_CPU cover the rest.
-        if crate::cpu::lacks(crate::cpu::detected().vnni, "vnni") {
+        if crate::simd::cpu::lacks(crate::simd::cpu::detected().vnni, "vnni") {
             return;
         }
         // Upcoming lines from the group itself: asking for them changes nothing.
@@ -322,7 +322,7 @@ mod tests {
     /// The AVX2 kernel.
     #[test]
     fn avx2_kernel_is_bit_identical_to_the_portable_one() {
-        if crate::cpu::lacks(crate::cpu::detected().avx2, "avx2") {
+        if crate::simd::cpu::lacks(crate::simd::cpu::detected().avx2, "avx2") {
             return;
         }
         // SAFETY: AVX2 was checked.

@@ -41,8 +41,8 @@ use super::layout::{lane_groups, lane_groups_by_plan, LANE_ROWS};
 use super::output::Columns;
 use super::{Activations, RowKernel};
 
-/// Weight rows per group (one per 32-bit lane of a 512-bit vector).
-pub const ROWS: usize = 16;
+/// Weight rows per group: one per 32-bit lane of a 512-bit vector.
+pub use crate::simd::LANES_512 as ROWS;
 /// Lines per group and super-block.
 pub const LINES: usize = 53;
 /// Where a super-block's lines of scales and of values start.
@@ -114,7 +114,7 @@ mod simd {
     ///
     /// # Safety
     /// AVX2, FMA, F16C and AVX-512 (F, VL, BW, VNNI) must be available
-    /// ([`crate::quant::simd::vnni_available`]).
+    /// ([`crate::simd::vnni`]).
     pub unsafe fn dot_group<const T: usize>(
         m: &Q6kLanes,
         g: usize,
@@ -178,7 +178,7 @@ mod simd {
         a: [&Q8KRow; T],
         mut soon: Upcoming,
     ) -> [[f32; ROWS]; T] {
-        let ahead = crate::cpu::prefetch_ahead();
+        let ahead = crate::simd::cpu::prefetch_ahead();
         assert!(lines.len() >= blocks * LINES);
         let zero = _mm512_setzero_si512();
         let mut acc = [[_mm512_setzero_ps(); 8]; T];
@@ -253,7 +253,7 @@ impl Layout for Q6kLanes {
             // the one-row arithmetic.
             let (wide, alone): (Vec<usize>, Vec<usize>) =
                 (0..kernels.len()).partition(|&t| kernels[t].in_wide_batch());
-            if !super::simd::vnni_available() {
+            if !crate::simd::vnni() {
                 // AVX2: the tiled plan four activation rows a pass, the dot product's
                 // (eight lanes of eight rows in registers) one.
                 let tiled = |g, four: &[usize], soon| {
@@ -335,7 +335,7 @@ mod tests {
     /// bit for bit.
     #[test]
     fn avx2_kernels_are_bit_identical_to_the_portable_ones() {
-        if crate::cpu::lacks(crate::cpu::detected().avx2, "avx2") {
+        if crate::simd::cpu::lacks(crate::simd::cpu::detected().avx2, "avx2") {
             return;
         }
         let (rows, cols) = (37, 3 * QK_K);
@@ -403,7 +403,7 @@ mod tests {
     fn lanes_kernel_is_bit_identical_to_the_portable_one() {
         // Whatever FERRITE_CPU says: this compares the kernel the CPU can run. A CPU
         // without it cannot run it; the end-to-end tests under FERRITE_CPU cover the rest.
-        if crate::cpu::lacks(crate::cpu::detected().vnni, "vnni") {
+        if crate::simd::cpu::lacks(crate::simd::cpu::detected().vnni, "vnni") {
             return;
         }
         let (rows, cols) = (37, 3 * QK_K);

@@ -16,7 +16,7 @@ pub struct Q8Row {
 /// `round_half_even(x · 127/amax)`, and `s = f16(d · Σq)` for Q8_1 dot products.
 pub fn quantize_row(x: &[f32]) -> Q8Row {
     #[cfg(target_arch = "x86_64")]
-    if super::simd::available() {
+    if crate::simd::avx2() {
         // SAFETY: AVX2, FMA and F16C are available.
         return unsafe { super::simd::quantize_row(x) };
     }

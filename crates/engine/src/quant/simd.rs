@@ -9,16 +9,10 @@ use std::arch::x86_64::*;
 #[cfg(test)]
 use std::ops::Range;
 
-use super::dot::hsum8;
 use super::kquant::{Q8KRow, QK_K};
 use super::q8::Q8Row;
 use super::RowKernel;
-
-/// Whether the AVX2 kernels run (this CPU has AVX2, FMA and F16C, and `FERRITE_CPU`
-/// allows them).
-pub fn available() -> bool {
-    crate::cpu::features().avx2
-}
+use crate::simd::reduce::hsum8;
 
 /// Low nibbles of 16 bytes, then their high nibbles: 32 values 0..=15.
 #[target_feature(enable = "avx2")]
@@ -57,12 +51,6 @@ pub(super) unsafe fn hsum(acc: __m256) -> f32 {
     let mut lanes = [0f32; 8];
     _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
     hsum8(&lanes)
-}
-
-/// Whether the AVX-512 (F, VL, BW) VNNI kernels run: one instruction for the
-/// four-product integer lanes that AVX2 computes in two, on 256- or 512-bit vectors.
-pub fn vnni_available() -> bool {
-    crate::cpu::features().vnni
 }
 
 /// [`super::q8::quantize_row`] eight values at a time: the same block maximum, scale and
@@ -194,7 +182,7 @@ pub(super) unsafe fn lanes_avx2(x: __m256i, y: __m256i) -> __m256i {
 /// into the first-level cache (nothing where that is 0). Any address will do: a prefetch
 /// never faults, so running past the end of a matrix is harmless.
 ///
-/// `distance` is [`crate::cpu::prefetch_ahead`], which each kernel reads once, before its
+/// `distance` is [`crate::simd::cpu::prefetch_ahead`], which each kernel reads once, before its
 /// loop: a plain local the compiler can test outside the loop (read inside it, from the
 /// static, it cost 1B Q4_K_M prefill two fifths of its speed on a CPU without prefetch).
 #[inline(always)]

@@ -49,7 +49,7 @@ const HALF: usize = ROWS / 2;
 /// meanwhile ([`Upcoming`]).
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be available ([`crate::quant::simd::available`]). For Q8_0 and
+/// AVX2, FMA and F16C must be available ([`crate::simd::avx2`]). For Q8_0 and
 /// IQ4_NL the activations must lie in -127..=127 to be exact, as [`crate::quant::q8::quantize_row`]
 /// makes them of finite values.
 pub unsafe fn dot_group<const T: usize>(
@@ -193,7 +193,7 @@ unsafe fn group_avx2<const T: usize, const F: u8>(
     starts: [&[i32]; T],
     mut soon: Upcoming,
 ) -> [[f32; ROWS]; T] {
-    let ahead = crate::cpu::prefetch_ahead();
+    let ahead = crate::simd::cpu::prefetch_ahead();
     let format = kernel_format::of(F);
     let (per_unit, value_lines) = unit(format);
     let unit_lines = 1 + per_unit * value_lines;

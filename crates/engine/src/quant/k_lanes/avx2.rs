@@ -35,7 +35,7 @@ const HALF: usize = ROWS / 2;
 /// for meanwhile ([`Upcoming`]).
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be available ([`crate::quant::simd::available`]).
+/// AVX2, FMA and F16C must be available ([`crate::simd::avx2`]).
 pub unsafe fn dot_group<const T: usize, const TILED: bool>(
     m: &KLanes,
     g: usize,
@@ -87,7 +87,7 @@ unsafe fn group_avx2<const T: usize, const TILED: bool, const F: u8>(
         _ => KLaneFormat::Iq4Xs,
     };
     let per = format.lines();
-    let ahead = crate::cpu::prefetch_ahead();
+    let ahead = crate::simd::cpu::prefetch_ahead();
     assert!(lines.len() >= blocks * per);
     let zero = _mm256_setzero_si256();
     let low = _mm256_set1_epi8(0x0F);
@@ -241,7 +241,7 @@ unsafe fn group_avx2<const T: usize, const TILED: bool, const F: u8>(
 /// meanwhile ([`Upcoming`]).
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be available ([`crate::quant::simd::available`]).
+/// AVX2, FMA and F16C must be available ([`crate::simd::avx2`]).
 pub unsafe fn dot_group_q2k<const T: usize>(
     m: &KLanes,
     g: usize,
@@ -271,7 +271,7 @@ unsafe fn group_q2k_avx2<const T: usize>(
 ) -> [[f32; ROWS]; T] {
     let format = KLaneFormat::Q2K;
     let per = format.lines();
-    let ahead = crate::cpu::prefetch_ahead();
+    let ahead = crate::simd::cpu::prefetch_ahead();
     assert!(lines.len() >= blocks * per);
     let per_half = kernels.map(RowKernel::in_group_of_four);
     let zero = _mm256_setzero_si256();

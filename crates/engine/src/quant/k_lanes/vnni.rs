@@ -28,7 +28,7 @@ use crate::quant::RowKernel;
 ///
 /// # Safety
 /// AVX2, FMA, F16C and AVX-512 (F, VL, BW, VNNI) must be available
-/// ([`crate::quant::simd::vnni_available`]).
+/// ([`crate::simd::vnni`]).
 pub unsafe fn dot_group_q2k<const T: usize>(
     m: &KLanes,
     g: usize,
@@ -58,7 +58,7 @@ unsafe fn group_q2k_vnni<const T: usize>(
 ) -> [[f32; ROWS]; T] {
     let format = KLaneFormat::Q2K;
     let per = format.lines();
-    let ahead = crate::cpu::prefetch_ahead();
+    let ahead = crate::simd::cpu::prefetch_ahead();
     assert!(lines.len() >= blocks * per);
     let per_half = kernels.map(RowKernel::in_group_of_four);
     let zero = _mm512_setzero_si512();
@@ -153,7 +153,7 @@ unsafe fn group_q2k_vnni<const T: usize>(
 ///
 /// # Safety
 /// AVX2, FMA, F16C and AVX-512 (F, VL, BW, VNNI) must be available
-/// ([`crate::quant::simd::vnni_available`]).
+/// ([`crate::simd::vnni`]).
 pub unsafe fn dot_group_q3k<const T: usize, const TILED: bool>(
     m: &KLanes,
     g: usize,
@@ -185,7 +185,7 @@ unsafe fn group_q3k_vnni<const T: usize, const TILED: bool>(
 ) -> [[f32; ROWS]; T] {
     let format = KLaneFormat::Q3K;
     let per = format.lines();
-    let ahead = crate::cpu::prefetch_ahead();
+    let ahead = crate::simd::cpu::prefetch_ahead();
     assert!(lines.len() >= blocks * per);
     let zero = _mm512_setzero_si512();
     let (three, four, ones) = (

@@ -19,8 +19,8 @@ use crate::quant::iq4;
 use crate::quant::kquant::{Q8KRow, QK_K};
 use crate::quant::output::Columns;
 
-/// Weight rows per tile: the lanes of a 512-bit vector.
-const ROWS: usize = 16;
+/// Weight rows per group: one per 32-bit lane of a 512-bit vector.
+use crate::simd::LANES_512 as ROWS;
 /// Activation rows per pass over a tile's super-block.
 const PASS: usize = 8;
 
@@ -98,7 +98,7 @@ impl Tile {
             }
         }
         #[cfg(target_arch = "x86_64")]
-        if crate::cpu::detected().vnni {
+        if crate::simd::vnni() {
             // SAFETY: AVX-512 VNNI was checked.
             unsafe { simd::decode_codes(m, r0, b, &mut self.codes) };
             return;
@@ -330,7 +330,7 @@ mod tests {
     /// for the ragged last one.
     #[test]
     fn codes_decode_alike_in_both_ways() {
-        if crate::cpu::lacks(crate::cpu::detected().vnni, "vnni") {
+        if crate::simd::cpu::lacks(crate::simd::cpu::detected().vnni, "vnni") {
             return;
         }
         let mut rng = Xorshift::new(5);
@@ -373,7 +373,7 @@ mod tests {
     #[test]
     fn tiled_kernel_is_bit_identical_to_the_portable_one() {
         // Whatever FERRITE_CPU says: this compares the kernel the CPU can run.
-        if crate::cpu::lacks(crate::cpu::detected().vnni, "vnni") {
+        if crate::simd::cpu::lacks(crate::simd::cpu::detected().vnni, "vnni") {
             return;
         }
         let mut rng = Xorshift::new(23);

@@ -30,7 +30,7 @@ const HALF: usize = ROWS / 2;
 /// memory for meanwhile ([`Upcoming`]).
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be available ([`crate::quant::simd::available`]).
+/// AVX2, FMA and F16C must be available ([`crate::simd::avx2`]).
 pub unsafe fn dot_group<const T: usize>(
     m: &Q4kLanes,
     g: usize,
@@ -54,7 +54,7 @@ unsafe fn group_avx2<const T: usize>(
     kernels: [RowKernel; T],
     mut soon: Upcoming,
 ) -> [[f32; ROWS]; T] {
-    let ahead = crate::cpu::prefetch_ahead();
+    let ahead = crate::simd::cpu::prefetch_ahead();
     assert!(lines.len() >= blocks * LINES);
     let per_pair = kernels.map(RowKernel::in_group_of_four);
     let low = _mm256_set1_epi8(0x0F);

@@ -33,7 +33,7 @@ const HALF: usize = ROWS / 2;
 /// for meanwhile ([`Upcoming`]).
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be available ([`crate::quant::simd::available`]).
+/// AVX2, FMA and F16C must be available ([`crate::simd::avx2`]).
 pub unsafe fn dot_group<const T: usize, const TILED: bool>(
     m: &Q6kLanes,
     g: usize,
@@ -92,7 +92,7 @@ unsafe fn group_avx2<const T: usize, const TILED: bool>(
     a: [&Q8KRow; T],
     mut soon: Upcoming,
 ) -> [[f32; ROWS]; T] {
-    let ahead = crate::cpu::prefetch_ahead();
+    let ahead = crate::simd::cpu::prefetch_ahead();
     assert!(lines.len() >= blocks * LINES);
     let zero = _mm256_setzero_si256();
     // Per half: the tiled plan's sums per activation row, the dot product's per lane.

@@ -177,7 +177,7 @@ mod tests {
     #[test]
     fn tiled_kernel_is_bit_identical_to_the_portable_one() {
         // Whatever FERRITE_CPU says: this compares the kernel the CPU can run.
-        if crate::cpu::lacks(crate::cpu::detected().vnni, "vnni") {
+        if crate::simd::cpu::lacks(crate::simd::cpu::detected().vnni, "vnni") {
             return;
         }
         let mut rng = Xorshift::new(29);
