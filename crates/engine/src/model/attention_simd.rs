@@ -18,7 +18,7 @@ use std::arch::x86_64::*;
 
 use super::attention::{KvRows, Partial, ScoreScale};
 use super::lanes::{hsum8_each, Avx2, Avx512, Lanes};
-use crate::quant::simd::ask_for_lines;
+use crate::simd::prefetch::ask_for_lines;
 
 /// Keys scored before their values are added: one KV cache block's positions.
 const KEYS: usize = crate::kv_cache::BLOCK_POSITIONS;

@@ -19,7 +19,7 @@ use std::arch::x86_64::*;
 use half::bf16;
 
 use super::float_simd::lanes;
-use super::simd::prefetch_span;
+use crate::simd::prefetch::prefetch_span;
 use crate::simd::reduce::reduce_add_16;
 
 /// Values one `vdpbf16ps` takes from each operand.

@@ -433,7 +433,7 @@ mod simd {
     use super::kernel_format::{self, IQ4_NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
     use super::{place, starts_per_block, unit, BlockLanes, Kernel, LaneFormat, Line, QUADS, ROWS};
     use crate::quant::q8::Q8Row;
-    use crate::quant::simd::{prefetch_span, Upcoming};
+    use crate::simd::prefetch::{prefetch_span, Upcoming};
 
     /// Group `g`'s sixteen rows against `T` activation rows (`starts`: each one's
     /// [`super::lane_starts`] for the matrix's format, none for Q4_1 and Q5_1): `out[t][r]`
@@ -754,8 +754,8 @@ mod tests {
     use super::*;
     use crate::quant::q8::quantize_row;
     use crate::quant::sample::{self, Xorshift};
-    use crate::quant::simd::Upcoming;
     use crate::quant::OwnFormat;
+    use crate::simd::prefetch::Upcoming;
 
     /// A kernel's group of sixteen rows against one to four activation rows, given their
     /// lane starts for the matrix's format.

@@ -20,7 +20,7 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-use super::simd::prefetch_span;
+use crate::simd::prefetch::prefetch_span;
 use crate::simd::reduce::reduce_add_16;
 
 /// The instruction set the kernels run on.

@@ -324,8 +324,8 @@ mod tests {
         quantize_row_q8k, Q8KRow, QK_K,
     };
     use crate::quant::sample::{self, Xorshift};
-    use crate::quant::simd::Upcoming;
     use crate::quant::OwnFormat;
+    use crate::simd::prefetch::Upcoming;
 
     /// A kernel's results on one group for the activation rows `acts` (four of them):
     /// row 2 by the dot product's plan, then by the tiled plan rows 0, 1, 2, 3; 3, 1, 0;

@@ -5,6 +5,9 @@
 //! follow its AVX2 dot product (eight lanes, summed as `hsum_float_8`) for rows of
 //! micro-batches under 8, and its tiled matmul (`dot_*_tiled`) for wider ones.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
 use super::RowKernel;
 use crate::simd::convert::f16_at;
 use crate::simd::reduce::hsum8;
@@ -47,7 +50,7 @@ pub fn quantize_row_q8k(x: &[f32], kernel: RowKernel) -> Q8KRow {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::avx2() {
         // SAFETY: AVX2, FMA and F16C are available.
-        return unsafe { super::simd::quantize_row_q8k(x, kernel) };
+        return unsafe { avx2::quantize_row_q8k(x, kernel) };
     }
     quantize_row_q8k_portable(x, kernel)
 }

@@ -37,9 +37,9 @@ use super::pair_lanes::{PairFormat, PairLanes};
 use super::q4k_lanes::Q4kLanes;
 use super::q6k_lanes::Q6kLanes;
 use super::rows::RowMajor;
-#[cfg(target_arch = "x86_64")]
-use super::simd::Upcoming;
 use super::{kquant, Activations, OwnFormat, RowKernel};
+#[cfg(target_arch = "x86_64")]
+use crate::simd::prefetch::Upcoming;
 
 /// A weight matrix laid out for its kernels, and those kernels.
 pub(super) trait Layout: Send + Sync {
@@ -205,7 +205,7 @@ pub(super) fn lane_groups_by_plan<'m>(
 mod tests {
     use super::*;
     use crate::quant::output::Output;
-    use crate::quant::simd::Upcoming;
+    use crate::simd::prefetch::Upcoming;
 
     /// Every group's passes come in order; the first asks for nothing and the later ones
     /// for consecutive parts that together are the next group's lines, exactly, and that

@@ -49,7 +49,6 @@ mod q6k_lanes;
 mod q8;
 mod rows;
 pub mod sample;
-pub(crate) mod simd;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use rayon::prelude::*;

@@ -14,7 +14,10 @@ use super::act_tile::{ActTile, TILE_ROWS};
 use super::dot::BlockFormat;
 use super::packed::GROUP;
 use super::q8::Q8Row;
-use super::simd::{bit_bytes, f16_at, hsum, lanes_avx2, nibbles, prefetch_span};
+use crate::simd::convert::f16_at_ptr;
+use crate::simd::int_lanes::{bit_bytes, lanes_avx2, nibbles};
+use crate::simd::prefetch::prefetch_span;
+use crate::simd::reduce::hsum_m256;
 
 /// Products of `R` of one group's rows, from row `first` on (`blocks` block columns at
 /// `group`), with `N` activation rows, with VNNI where the CPU has it.
@@ -105,7 +108,7 @@ unsafe fn group_avx2<const N: usize, const R: usize>(
         let mut minimum = [0f32; GROUP];
         _mm256_storeu_ps(minimum.as_mut_ptr(), extra[r]);
         for i in 0..R {
-            out[i][r] = hsum(acc[i][r]) + minimum[first + i];
+            out[i][r] = hsum_m256(acc[i][r]) + minimum[first + i];
         }
     }
     out
@@ -145,10 +148,10 @@ unsafe fn rows_avx2<const M: usize, const N: usize>(
         let column = group.as_ptr().add(b * stride);
         let x: [(__m256i, Option<__m256i>); M] =
             std::array::from_fn(|i| values(format, column, first + i));
-        let d: [f32; M] = std::array::from_fn(|i| f16_at(column.add((first + i) * 2)));
+        let d: [f32; M] = std::array::from_fn(|i| f16_at_ptr(column.add((first + i) * 2)));
         let m: [f32; M] = std::array::from_fn(|i| {
             if minimums {
-                f16_at(column.add(GROUP * 2 + (first + i) * 2))
+                f16_at_ptr(column.add(GROUP * 2 + (first + i) * 2))
             } else {
                 0.0
             }
@@ -173,7 +176,7 @@ unsafe fn rows_avx2<const M: usize, const N: usize>(
     let mut out = [[0f32; N]; M];
     for i in 0..M {
         for r in 0..N {
-            out[i][r] = hsum(acc[i][r]) + extra[i][r];
+            out[i][r] = hsum_m256(acc[i][r]) + extra[i][r];
         }
     }
     out
@@ -265,11 +268,11 @@ unsafe fn tile_vnni_format<const P: usize, const F: u8>(
             std::array::from_fn(|i| _mm512_broadcast_i64x4(vnni_values(format, column, first + i)));
         let start = x.map(|x| vnni_start(true, x));
         let d: [__m512; 2] =
-            std::array::from_fn(|i| _mm512_set1_ps(f16_at(column.add((first + i) * 2))));
+            std::array::from_fn(|i| _mm512_set1_ps(f16_at_ptr(column.add((first + i) * 2))));
         if minimums {
             let s = _mm512_load_ps(line(2 * P) as *const f32);
             for (i, extra) in extra.iter_mut().enumerate() {
-                let m = _mm512_set1_ps(f16_at(column.add(GROUP * 2 + (first + i) * 2)));
+                let m = _mm512_set1_ps(f16_at_ptr(column.add(GROUP * 2 + (first + i) * 2)));
                 *extra = _mm512_fmadd_ps(m, s, *extra);
             }
         }
@@ -442,5 +445,5 @@ unsafe fn vnni_lanes(signed: bool, start: __m512i, y: __m512i, x: __m512i) -> __
 #[inline(always)]
 unsafe fn hsum_halves(v: __m512) -> (f32, f32) {
     let upper = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-    (hsum(_mm512_castps512_ps256(v)), hsum(upper))
+    (hsum_m256(_mm512_castps512_ps256(v)), hsum_m256(upper))
 }

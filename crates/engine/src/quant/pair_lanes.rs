@@ -246,7 +246,7 @@ mod simd {
 
     use super::{hsum8, LaneSums, Line, PairFormat, PairLanes};
     use crate::quant::kquant::{Q8KRow, QK_K};
-    use crate::quant::simd::prefetch_span;
+    use crate::simd::prefetch::prefetch_span;
 
     /// Pair `p`'s two rows against `T` activation rows (with their [`LaneSums`] for the
     /// matrix's format): `out[t][h]` is row `2p + h` · `a[t]` (zero past the matrix).

@@ -99,8 +99,9 @@ mod simd {
 
     use super::{Line, Q4kLanes, LINES, MINS, ROWS, VALUES};
     use crate::quant::kquant::{Q8KRow, QK_K};
-    use crate::quant::simd::{pair16, prefetch_span, Upcoming};
     use crate::quant::RowKernel;
+    use crate::simd::int_lanes::pair16;
+    use crate::simd::prefetch::{prefetch_span, Upcoming};
 
     /// Group `g`'s sixteen rows against `T` activation rows, each rounded as its kernel
     /// says: `out[t][r]` is row `16g + r` · `a[t]` (zero past the matrix). `soon`: lines
@@ -257,8 +258,8 @@ mod tests {
     use super::*;
     use crate::quant::kquant::{dot_q4k_portable, quantize_row_q8k, Q8KRow};
     use crate::quant::sample::{self, Xorshift};
-    use crate::quant::simd::Upcoming;
     use crate::quant::{OwnFormat, RowKernel};
+    use crate::simd::prefetch::Upcoming;
 
     /// A kernel's group of sixteen rows against one to four activation rows.
     type GroupKernel = fn(&Q4kLanes, usize, &[&Q8KRow], &[RowKernel]) -> Vec<[f32; ROWS]>;

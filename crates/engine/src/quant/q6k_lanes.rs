@@ -106,7 +106,8 @@ mod simd {
 
     use super::{Line, Q6kLanes, LINES, ROWS, SCALES, VALUES};
     use crate::quant::kquant::{Q8KRow, QK_K};
-    use crate::quant::simd::{pair16, prefetch_span, Upcoming};
+    use crate::simd::int_lanes::pair16;
+    use crate::simd::prefetch::{prefetch_span, Upcoming};
 
     /// Group `g`'s sixteen rows against `T` activation rows: `out[t][r]` is row
     /// `16g + r` · `a[t]` (zero past the matrix). `soon`: lines to ask the memory for
@@ -308,8 +309,8 @@ mod tests {
     use super::*;
     use crate::quant::kquant::{dot_q6k_portable, dot_q6k_tiled, quantize_row_q8k, Q8KRow, QK_K};
     use crate::quant::sample::{self, Xorshift};
-    use crate::quant::simd::Upcoming;
     use crate::quant::{OwnFormat, RowKernel};
+    use crate::simd::prefetch::Upcoming;
 
     /// A random `rows × cols` Q6_K matrix (raw and laid out) and `n` activation rows.
     fn sample_matrix(

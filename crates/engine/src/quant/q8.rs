@@ -2,6 +2,9 @@
 
 use half::f16;
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
 /// One row of activations quantized to Q8 blocks of 32.
 pub struct Q8Row {
     /// Per block: the scale `d` (as stored, f16, widened back to f32).
@@ -18,7 +21,7 @@ pub fn quantize_row(x: &[f32]) -> Q8Row {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::avx2() {
         // SAFETY: AVX2, FMA and F16C are available.
-        return unsafe { super::simd::quantize_row(x) };
+        return unsafe { avx2::quantize_row(x) };
     }
     quantize_row_portable(x)
 }

@@ -5,6 +5,8 @@
 
 pub mod convert;
 pub mod cpu;
+pub mod int_lanes;
+pub mod prefetch;
 pub mod reduce;
 
 /// f32 lanes of a 512-bit vector: the rows of one lane group of the weight layouts.

@@ -23,6 +23,18 @@ pub fn reduce_add_16(v: &[f32; 16]) -> f32 {
     p[0] + p[1]
 }
 
+#[cfg(target_arch = "x86_64")]
+/// Sums the eight lanes of a 256-bit vector in `hsum_float_8` order.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[target_feature(enable = "avx2")]
+pub unsafe fn hsum_m256(acc: std::arch::x86_64::__m256) -> f32 {
+    let mut lanes = [0f32; 8];
+    std::arch::x86_64::_mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+    hsum8(&lanes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

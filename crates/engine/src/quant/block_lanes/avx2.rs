@@ -38,7 +38,8 @@ use super::kernel_format::{self, EXPANDED, IQ4_NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0}
 use super::{place, unit, BlockLanes, Kernel, LaneFormat, Line, QUADS, ROWS};
 use crate::quant::iq4;
 use crate::quant::q8::Q8Row;
-use crate::quant::simd::{lanes_avx2, prefetch_span, Upcoming};
+use crate::simd::int_lanes::lanes_avx2;
+use crate::simd::prefetch::{prefetch_span, Upcoming};
 
 /// Rows per half line (one per 32-bit lane of a 256-bit vector).
 const HALF: usize = ROWS / 2;

@@ -18,8 +18,9 @@ use std::arch::x86_64::*;
 
 use super::{KLaneFormat, KLanes, Line, ROWS, SCALES};
 use crate::quant::kquant::{Q8KRow, QK_K};
-use crate::quant::simd::{pair16, prefetch_span, Upcoming};
 use crate::quant::RowKernel;
+use crate::simd::int_lanes::pair16;
+use crate::simd::prefetch::{prefetch_span, Upcoming};
 
 /// Group `g`'s sixteen Q2_K rows against `T` activation rows, each rounded as its kernel
 /// says (llama.cpp's repacked Q2_K kernels, `kquant::dot_q2k_repacked`): `out[t][r]` is

@@ -19,8 +19,9 @@ use std::arch::x86_64::*;
 
 use super::{Line, Q4kLanes, LINES, MINS, ROWS, VALUES};
 use crate::quant::kquant::{Q8KRow, QK_K};
-use crate::quant::simd::{pair16, prefetch_span, Upcoming};
 use crate::quant::RowKernel;
+use crate::simd::int_lanes::pair16;
+use crate::simd::prefetch::{prefetch_span, Upcoming};
 
 /// Rows per half line (one per 32-bit lane of a 256-bit vector).
 const HALF: usize = ROWS / 2;
