@@ -17,7 +17,7 @@ use half::f16;
 use std::arch::x86_64::*;
 
 use super::attention::{KvRows, Partial, ScoreScale};
-use super::lanes::{hsum8_each, Avx2, Avx512, Lanes};
+use crate::simd::lanes::{hsum8_each, Avx2, Avx512, Lanes};
 use crate::simd::prefetch::ask_for_lines;
 
 /// Keys scored before their values are added: one KV cache block's positions.

@@ -13,7 +13,7 @@ use crate::kv_cache::LayerView;
 
 use super::attention::{normalise, Partial, ScoreScale};
 use super::attention_tiled::{Query, TILE};
-use super::lanes::{Avx2, Avx512, Lanes};
+use crate::simd::lanes::{Avx2, Avx512, Lanes};
 
 /// [`super::attention_tiled::TiledKernel`] with AVX-512 where the CPU has it (and
 /// `FERRITE_CPU` allows it), AVX2 otherwise.

@@ -11,8 +11,6 @@ mod attention_tiled_simd;
 mod decoder;
 mod gemma2;
 mod gemma3;
-mod lanes;
-mod libm_expf;
 mod llama;
 pub mod ops;
 mod phi3;
@@ -29,23 +27,6 @@ use crate::kv_cache::SequenceCache;
 use crate::quant::RowKernel;
 use crate::tokenizer::TokenId;
 use crate::EngineError;
-
-/// `f32::exp` of every value, in place: eight lanes at a time with glibc's algorithm
-/// ([`libm_expf`]; bit for bit `f32::exp` where that is glibc's `expf`, as on Linux
-/// x86-64) where the AVX2 kernels run, else one by one.
-/// The sampler's softmax and log-probabilities take it over whole vocabularies, where
-/// the scalar call was most of their time (Gemma 3's 262,144 logits: 1.1 ms).
-pub(crate) fn exp_in_place(values: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::simd::avx2() {
-        // SAFETY: the AVX2 kernels' feature set includes AVX2 and FMA.
-        unsafe { libm_expf::exp_in_place_avx2(values) };
-        return;
-    }
-    for v in values {
-        *v = v.exp();
-    }
-}
 
 /// What the engine needs to know about a loaded model.
 #[derive(Debug, Clone)]

@@ -115,7 +115,7 @@ pub fn softmax_in_place(candidates: &mut [Candidate]) {
         for (e, c) in e.iter_mut().zip(stretch.iter()) {
             *e = c.value - max;
         }
-        crate::model::exp_in_place(e);
+        crate::simd::exp_in_place(e);
         sums.add(e);
         for (c, &e) in stretch.iter_mut().zip(e.iter()) {
             c.value = e;

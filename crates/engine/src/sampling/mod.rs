@@ -155,7 +155,7 @@ impl LaneSums {
 }
 
 /// `Σ exp(v - max)` over `values`, each `exp` that of `f32::exp` bit for bit
-/// ([`crate::model::exp_in_place`]), summed in [`LaneSums`].
+/// ([`crate::simd::exp_in_place`]), summed in [`LaneSums`].
 ///
 /// A stretch of values at a time goes through a buffer on the stack: a vocabulary-sized
 /// allocation (a megabyte for Gemma 3's) cost more than the exponentials, its pages
@@ -168,7 +168,7 @@ fn sum_exp(values: &[f32], max: f32) -> f32 {
         for (e, &v) in e.iter_mut().zip(stretch) {
             *e = v - max;
         }
-        crate::model::exp_in_place(e);
+        crate::simd::exp_in_place(e);
         sums.add(e);
     }
     sums.total()

@@ -1,11 +1,16 @@
 //! The floor of shared vector math, beneath every kernel: the CPU's features decided once
 //! ([`cpu`]) and asked through the tier functions here, horizontal reductions in the
-//! orders llama.cpp's kernels add in ([`reduce`]), and number conversions ([`convert`]).
+//! orders llama.cpp's kernels add in ([`reduce`]), number conversions ([`convert`]),
+//! `expf` as ggml and glibc compute it ([`ggml_expf`], [`exp_in_place`]), the vector
+//! lanes attention is written in, integer lanes and prefetches.
 //! Nothing here knows of models, attention or weight formats; everything above may use it.
 
 pub mod convert;
 pub mod cpu;
+pub mod ggml_expf;
 pub mod int_lanes;
+pub(crate) mod lanes;
+mod libm_expf;
 pub mod prefetch;
 pub mod reduce;
 
@@ -34,4 +39,21 @@ pub fn vnni() -> bool {
 #[inline]
 pub fn bf16() -> bool {
     cpu::features().bf16
+}
+
+/// `f32::exp` of every value, in place: eight lanes at a time with glibc's algorithm
+/// ([`libm_expf`]; bit for bit `f32::exp` where that is glibc's `expf`, as on Linux
+/// x86-64) where the AVX2 kernels run, else one by one.
+/// The sampler's softmax and log-probabilities take it over whole vocabularies, where
+/// the scalar call was most of their time (Gemma 3's 262,144 logits: 1.1 ms).
+pub fn exp_in_place(values: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::avx2() {
+        // SAFETY: the AVX2 kernels' feature set includes AVX2 and FMA.
+        unsafe { libm_expf::exp_in_place_avx2(values) };
+        return;
+    }
+    for v in values {
+        *v = v.exp();
+    }
 }

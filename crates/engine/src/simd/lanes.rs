@@ -12,7 +12,7 @@ use half::f16;
 
 /// The vector operations the kernels need, at one width. Every method is always inlined
 /// into a function that enables the width's instructions.
-pub(super) trait Lanes {
+pub(crate) trait Lanes {
     /// A vector of `WIDTH` f32 lanes.
     type V: Copy;
     /// Lanes per vector.
@@ -45,7 +45,7 @@ pub(super) trait Lanes {
     /// The largest lane (of lanes that are not NaN).
     unsafe fn hmax(v: Self::V) -> f32;
     /// ggml's AVX-512 `ggml_v_expf` on every lane (bit for bit, at either width; see
-    /// [`super::attention_tiled::expf`]).
+    /// [`super::ggml_expf::expf`]).
     unsafe fn expf(x: Self::V) -> Self::V;
     /// `_mm512_reduce_add_ps` of sixteen lanes held in `16 / WIDTH` vectors: halves,
     /// quarters, pairs, neighbours.
@@ -59,15 +59,15 @@ pub(super) trait Lanes {
 }
 
 /// [`Lanes::softmax_steps`]' result.
-pub(super) struct SoftmaxSteps<V> {
+pub(crate) struct SoftmaxSteps<V> {
     /// Each key's factor for the accumulator and the sum (1 unless it raised the maximum).
-    pub(super) rescale: V,
+    pub(crate) rescale: V,
     /// Each key's weight (1 where it raised the maximum).
-    pub(super) weight: V,
+    pub(crate) weight: V,
     /// Bit i set where key i raised the maximum.
-    pub(super) raised: u32,
+    pub(crate) raised: u32,
     /// The running maximum after the last key.
-    pub(super) max: f32,
+    pub(crate) max: f32,
 }
 
 /// A vector of the constant whose f32 bit pattern is `bits`.
@@ -109,7 +109,7 @@ unsafe fn hsum8(v: __m256) -> f32 {
 /// # Safety
 /// AVX2 must be available.
 #[inline(always)]
-pub(super) unsafe fn hsum8_each(t: &[__m256; 8]) -> __m256 {
+pub(crate) unsafe fn hsum8_each(t: &[__m256; 8]) -> __m256 {
     /// `hsum8`'s halves of vectors a and b: a's in the low 128 bits, b's in the high.
     #[inline(always)]
     unsafe fn halves(a: __m256, b: __m256) -> __m256 {
@@ -146,7 +146,7 @@ pub(super) unsafe fn hsum8_each(t: &[__m256; 8]) -> __m256 {
 const F16_ROUNDING: i32 = _MM_FROUND_TO_NEAREST_INT;
 
 /// AVX2, FMA and F16C.
-pub(super) struct Avx2;
+pub(crate) struct Avx2;
 
 impl Lanes for Avx2 {
     type V = __m256;
@@ -207,7 +207,7 @@ impl Lanes for Avx2 {
     }
     #[inline(always)]
     unsafe fn expf(x: __m256) -> __m256 {
-        use super::attention_tiled::expf_consts::*;
+        use super::ggml_expf::consts::*;
         let r = c256(ROUND);
         let z = _mm256_fmadd_ps(x, c256(LOG2E), r);
         let n = _mm256_sub_ps(z, r);
@@ -290,7 +290,7 @@ impl Lanes for Avx2 {
 }
 
 /// AVX-512F (with F16C and FMA).
-pub(super) struct Avx512;
+pub(crate) struct Avx512;
 
 impl Lanes for Avx512 {
     type V = __m512;
@@ -349,7 +349,7 @@ impl Lanes for Avx512 {
     }
     #[inline(always)]
     unsafe fn expf(x: __m512) -> __m512 {
-        use super::attention_tiled::expf_consts::*;
+        use super::ggml_expf::consts::*;
         let r = c512(ROUND);
         let z = _mm512_fmadd_ps(x, c512(LOG2E), r);
         let n = _mm512_sub_ps(z, r);

@@ -134,7 +134,7 @@ unsafe fn main_path512(x: __m256) -> __m256 {
 /// # Safety
 /// AVX-512F must be available.
 #[inline(always)]
-pub(super) unsafe fn expf16(x: __m512) -> __m512 {
+pub(crate) unsafe fn expf16(x: __m512) -> __m512 {
     let lo = _mm512_castps512_ps256(x);
     let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)));
     let out = _mm512_insertf64x4::<1>(
@@ -177,7 +177,7 @@ unsafe fn main_path256(x: __m128) -> __m128 {
 /// # Safety
 /// AVX2 and FMA must be available.
 #[inline(always)]
-pub(super) unsafe fn expf8(x: __m256) -> __m256 {
+pub(crate) unsafe fn expf8(x: __m256) -> __m256 {
     let lo = main_path256(_mm256_castps256_ps128(x));
     let hi = main_path256(_mm256_extractf128_ps::<1>(x));
     let out = _mm256_insertf128_ps::<1>(_mm256_castps128_ps256(lo), hi);
@@ -204,7 +204,7 @@ pub(super) unsafe fn expf8(x: __m256) -> __m256 {
 /// # Safety
 /// AVX2 and FMA must be available.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn exp_in_place_avx2(values: &mut [f32]) {
+pub(crate) unsafe fn exp_in_place_avx2(values: &mut [f32]) {
     let mut chunks = values.chunks_exact_mut(8);
     for chunk in &mut chunks {
         let p = chunk.as_mut_ptr();
