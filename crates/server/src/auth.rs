@@ -3,16 +3,11 @@
 //! `Authorization: Bearer KEY` or `x-api-key: KEY`, and compared in constant time.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use axum::extract::{Request, State};
 use axum::http::HeaderMap;
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 
 use crate::error::ApiError;
-use crate::state::AppState;
 
 /// The keys that open the protected routes; none means the server is open.
 #[derive(Default)]
@@ -98,18 +93,6 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         diff |= std::hint::black_box(usize::from(x ^ y));
     }
     diff == 0
-}
-
-/// Middleware for the protected routes: 401 unless the request presents a key.
-pub async fn require_key(
-    State(state): State<Arc<AppState>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    match state.api_keys.check(request.headers()) {
-        Ok(()) => next.run(request).await,
-        Err(e) => e.into_response(),
-    }
 }
 
 #[cfg(test)]

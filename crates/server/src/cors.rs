@@ -3,9 +3,8 @@
 //! `Access-Control-Allow-Origin` on the answers to listed origins. None by default: a page
 //! served from elsewhere cannot read the API's answers unless the operator says so.
 
-use std::sync::Arc;
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::header::{
     ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS, ACCESS_CONTROL_ALLOW_ORIGIN,
     ACCESS_CONTROL_EXPOSE_HEADERS, ACCESS_CONTROL_MAX_AGE, ACCESS_CONTROL_REQUEST_HEADERS,
@@ -16,7 +15,6 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::error::ApiError;
-use crate::state::AppState;
 
 /// The origins whose pages may call the API.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -111,10 +109,10 @@ const MAX_AGE: &str = "600";
 
 /// Answers preflights and marks the answers to allowed origins. Outside the key check:
 /// a preflight carries no key.
-pub async fn cors(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+pub async fn apply(origins: &AllowedOrigins, request: Request, next: Next) -> Response {
     // With a list of origins the answer depends on `Origin`, present or not: a cache
     // must not give one origin's answer to another.
-    let varies = matches!(state.allowed_origins, AllowedOrigins::List(_));
+    let varies = matches!(origins, AllowedOrigins::List(_));
     let Some(origin) = request.headers().get(ORIGIN).cloned() else {
         let mut response = next.run(request).await;
         if varies {
@@ -124,7 +122,7 @@ pub async fn cors(State(state): State<Arc<AppState>>, request: Request, next: Ne
         }
         return response;
     };
-    let allowed = state.allowed_origins.allow(&origin);
+    let allowed = origins.allow(&origin);
     let preflight = request.method() == Method::OPTIONS
         && request
             .headers()

@@ -1,8 +1,6 @@
 //! The small numeric kernels the forward passes share: norms, rotary embeddings,
 //! activations, attention over a sequence's cache, and matrix products.
 
-use candle_core::quantized::QMatMul;
-use candle_core::{Device, Module, Tensor};
 use half::f16;
 
 use crate::EngineError;
@@ -33,13 +31,6 @@ pub fn matmul_many<const N: usize>(
 ) -> Result<[Vec<f32>; N], EngineError> {
     let outs = crate::quant::QMatrix::matmul_many(&ws, x, kernels)?;
     Ok(outs.try_into().expect("one product per matrix"))
-}
-
-/// Multiplies each of the `rows` rows of `x` (row-major, `x.len() / rows` wide) by `w`ᵀ.
-pub fn linear(w: &QMatMul, x: &[f32], rows: usize) -> Result<Vec<f32>, EngineError> {
-    let cols = x.len() / rows;
-    let t = Tensor::from_slice(x, (rows, cols), &Device::Cpu)?;
-    Ok(w.forward(&t)?.flatten_all()?.to_vec1::<f32>()?)
 }
 
 /// RMS normalisation of every `weight.len()`-wide row of `x`, in place.

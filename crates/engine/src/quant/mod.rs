@@ -53,9 +53,9 @@ pub mod sample;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use rayon::prelude::*;
 
-use crate::model::ops;
 use crate::EngineError;
 use act_tile::{ActTile, TILE_ROWS};
+use candle_core::{Device, Module, Tensor};
 use layout::Layout;
 use output::{Columns, Output};
 
@@ -442,7 +442,7 @@ impl QMatrix {
             Self::Candle(c) => match self.rows() {
                 0 => Ok(vec![Vec::new(); kernels.len()]),
                 rows => {
-                    let out = ops::linear(c, x, kernels.len())?;
+                    let out = candle_linear(c, x, kernels.len())?;
                     Ok(out.chunks_exact(rows).map(<[f32]>::to_vec).collect())
                 }
             },
@@ -519,7 +519,7 @@ impl QMatrix {
             Results::Matrices => {
                 for m in matrices {
                     outs.push(match m {
-                        Self::Candle(c) => ops::linear(c, x, n)?,
+                        Self::Candle(c) => candle_linear(c, x, n)?,
                         Self::Own { rows, .. } => Vec::with_capacity(n * rows),
                     });
                 }
@@ -663,6 +663,14 @@ impl Embedding {
             }
         }
     }
+}
+
+/// Multiplies each of the `rows` rows of `x` (row-major, `x.len() / rows` wide) by `w`ᵀ
+/// with candle: the formats this engine has no kernel of its own for.
+fn candle_linear(w: &QMatMul, x: &[f32], rows: usize) -> Result<Vec<f32>, EngineError> {
+    let cols = x.len() / rows;
+    let t = Tensor::from_slice(x, (rows, cols), &Device::Cpu)?;
+    Ok(w.forward(&t)?.flatten_all()?.to_vec1::<f32>()?)
 }
 
 /// Output features per parallel task. Each task is a run of weights read in one stream

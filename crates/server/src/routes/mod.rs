@@ -62,7 +62,7 @@ pub fn router(state: Arc<AppState>, with_metrics: bool) -> Router {
         .fold(Router::new(), |r, (path, route)| r.route(path, route))
         .route_layer(middleware::from_fn_with_state(
             Arc::clone(&state),
-            crate::auth::require_key,
+            require_key,
         ));
     let router = open_routes(with_metrics)
         .into_iter()
@@ -72,10 +72,7 @@ pub fn router(state: Arc<AppState>, with_metrics: bool) -> Router {
     router
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(state.limits.max_body_bytes))
-        .layer(middleware::from_fn_with_state(
-            Arc::clone(&state),
-            crate::cors::cors,
-        ))
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), cors))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state),
             check_host,
@@ -101,6 +98,20 @@ async fn not_found(uri: axum::http::Uri) -> ApiError {
 
 /// Refuses requests whose `Host` (or HTTP/2 `:authority`) the server does not answer to
 /// (`--allowed-hosts`, [`crate::hosts`]), with a 403 in the OpenAI shape.
+/// Middleware for the protected routes: 401 unless the request presents a key.
+async fn require_key(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    match state.api_keys.check(request.headers()) {
+        Ok(()) => next.run(request).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Middleware answering preflights and marking answers to allowed origins
+/// ([`crate::cors`]); outside the key check: a preflight carries no key.
+async fn cors(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    crate::cors::apply(&state.allowed_origins, request, next).await
+}
+
 async fn check_host(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     let authority = request
         .headers()
