@@ -3,7 +3,6 @@
 //! `Access-Control-Allow-Origin` on the answers to listed origins. None by default: a page
 //! served from elsewhere cannot read the API's answers unless the operator says so.
 
-
 use axum::extract::Request;
 use axum::http::header::{
     ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS, ACCESS_CONTROL_ALLOW_ORIGIN,

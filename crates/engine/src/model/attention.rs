@@ -19,6 +19,8 @@
 
 use half::f16;
 
+pub use super::attention_parts::ScoreScale;
+use super::attention_parts::{normalise, KvRows, Partial};
 use super::attention_tiled::{self, Query, TiledKernel};
 use crate::kv_cache::LayerView;
 use crate::simd::reduce::reduce_add_16;
@@ -53,43 +55,6 @@ impl AttentionShape {
                 factor: self.scale,
                 cap: 0.0,
             },
-        }
-    }
-}
-
-/// How a query·key dot product becomes a score, as ggml's flash attention computes it:
-/// `dot · factor`, then, with a soft cap, `cap · tanhf(that)` (libm's `tanhf`, as ggml).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ScoreScale {
-    factor: f32,
-    /// Zero for no cap.
-    cap: f32,
-}
-
-impl ScoreScale {
-    /// The factor the dot product is multiplied by.
-    pub fn factor(self) -> f32 {
-        self.factor
-    }
-
-    /// The score of a dot product.
-    #[inline]
-    pub fn apply(self, dot: f32) -> f32 {
-        self.cap(dot * self.factor)
-    }
-
-    /// Whether scores are soft-capped.
-    pub fn is_capped(self) -> bool {
-        self.cap != 0.0
-    }
-
-    /// A scaled score, soft-capped if the shape says so.
-    #[inline]
-    pub fn cap(self, scaled: f32) -> f32 {
-        if self.cap != 0.0 {
-            self.cap * scaled.tanh()
-        } else {
-            scaled
         }
     }
 }
@@ -146,54 +111,6 @@ pub struct AttentionInput<'a> {
     pub n: usize,
     /// The kernel of each new row.
     pub kernels: &'a [AttentionKernel],
-}
-
-/// The keys and values one query row attends to: positions `first..=last` of one KV head.
-#[derive(Clone, Copy)]
-pub(super) struct KvRows<'a> {
-    pub(super) view: LayerView<'a>,
-    /// Where this KV head starts within a position.
-    pub(super) offset: usize,
-    first: usize,
-    last: usize,
-}
-
-impl<'a> KvRows<'a> {
-    /// The attended positions in block-contiguous runs: the run's keys and values (every
-    /// KV head, `kv_width` per position) and its length.
-    pub(super) fn runs(&self) -> impl Iterator<Item = (&'a [f16], &'a [f16], usize)> + '_ {
-        self.view.runs(self.first..self.last + 1).map(|r| {
-            (
-                self.view.key_run(r.clone()),
-                self.view.value_run(r.clone()),
-                r.len(),
-            )
-        })
-    }
-}
-
-/// A query row's attention before normalisation: the largest score seen and the sum of
-/// the weights (relative to it). The weighted values are kept beside it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct Partial {
-    pub(super) max: f32,
-    pub(super) sum: f32,
-}
-
-impl Partial {
-    /// Nothing attended yet.
-    pub(super) const EMPTY: Self = Self {
-        max: f32::NEG_INFINITY,
-        sum: 0.0,
-    };
-}
-
-/// Divides the weighted values by the sum of the weights (nothing when it is zero).
-pub(super) fn normalise(acc: &mut [f32], sum: f32) {
-    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-    for a in acc {
-        *a *= inv;
-    }
 }
 
 /// Combines the halves of a split row as ggml's `reduce_partials` does (each half's

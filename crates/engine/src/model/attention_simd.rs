@@ -16,7 +16,7 @@ use half::f16;
 
 use std::arch::x86_64::*;
 
-use super::attention::{KvRows, Partial, ScoreScale};
+use super::attention_parts::{KvRows, Partial, ScoreScale};
 use crate::simd::lanes::{hsum8_each, Avx2, Avx512, Lanes};
 use crate::simd::prefetch::ask_for_lines;
 

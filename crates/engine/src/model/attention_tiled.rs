@@ -13,7 +13,7 @@
 
 use crate::kv_cache::LayerView;
 
-use super::attention::{normalise, ScoreScale};
+use super::attention_parts::{normalise, ScoreScale};
 use crate::simd::reduce::reduce_add_16;
 
 /// Cells per tile (`GGML_FA_TILE_KV`).

@@ -11,7 +11,7 @@
 
 use crate::kv_cache::LayerView;
 
-use super::attention::{normalise, Partial, ScoreScale};
+use super::attention_parts::{normalise, Partial, ScoreScale};
 use super::attention_tiled::{Query, TILE};
 use crate::simd::lanes::{Avx2, Avx512, Lanes};
 

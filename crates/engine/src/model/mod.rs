@@ -5,6 +5,7 @@
 //! the weight matrices together, attention runs per sequence against its own cache.
 
 pub mod attention;
+mod attention_parts;
 mod attention_simd;
 mod attention_tiled;
 mod attention_tiled_simd;

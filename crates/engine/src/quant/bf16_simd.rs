@@ -60,11 +60,11 @@ unsafe fn load(p: *const bf16) -> __m512bh {
 }
 
 /// [`super::float::dot_bf16`] of one lone (not batched) row: `w · x`, where `x` holds
-/// values already rounded to BF16 ([`super::float::round_to_bf16`]): they are narrowed by
+/// values already rounded to BF16 ([`crate::simd::convert::round_to_bf16`]): they are narrowed by
 /// dropping their lower 16 bits, so any other value would be truncated, not rounded.
 ///
 /// # Safety
-/// AVX-512F, BW and BF16 must be available ([`available`]).
+/// AVX-512F, BW and BF16 must be available ([`crate::simd::bf16`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 pub unsafe fn lone(w: &[bf16], x: &[f32]) -> f32 {
     let ahead = crate::simd::cpu::prefetch_ahead();
@@ -91,10 +91,10 @@ pub unsafe fn lone(w: &[bf16], x: &[f32]) -> f32 {
 }
 
 /// The batched products of [`TILE_W`] weight rows with `C` activation rows (narrowed by
-/// [`super::float::narrow_to_bf16`]), each [`super::float::dot_bf16`] batched: `out[c][r]` is `w[r] · x[c]`.
+/// [`crate::simd::convert::narrow_to_bf16`]), each [`super::float::dot_bf16`] batched: `out[c][r]` is `w[r] · x[c]`.
 ///
 /// # Safety
-/// AVX-512F, BW and BF16 must be available ([`available`]); every row holds the same
+/// AVX-512F, BW and BF16 must be available ([`crate::simd::bf16`]); every row holds the same
 /// number of values, a multiple of 32.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 pub unsafe fn tile<const C: usize>(w: [&[bf16]; TILE_W], x: [&[bf16]; C]) -> [[f32; TILE_W]; C] {

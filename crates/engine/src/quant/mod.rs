@@ -30,6 +30,7 @@
 
 mod act_tile;
 mod bf16_simd;
+mod choose;
 mod dot;
 mod float;
 mod float_rows;
@@ -42,7 +43,6 @@ mod k_lanes;
 mod layout;
 mod output;
 pub mod packed;
-mod packed_simd;
 mod pair_lanes;
 mod q4k_lanes;
 mod q6k_lanes;
@@ -388,7 +388,7 @@ impl QMatrix {
                 "quantized tensor has the wrong size".into(),
             ));
         }
-        let data = LaidOut(layout::lay_out(format, data, rows, cols));
+        let data = LaidOut(choose::lay_out(format, data, rows, cols));
         Ok(Self::Own {
             format,
             data,
@@ -605,7 +605,7 @@ impl QMatrix {
     }
 }
 
-/// A matrix's weights in the layout `layout::lay_out` chose for them (opaque outside
+/// A matrix's weights in the layout `choose::lay_out` chose for them (opaque outside
 /// this module).
 pub struct LaidOut(Box<dyn Layout>);
 

@@ -8,6 +8,9 @@
 //! fused multiply-add per block in eight lanes, then `hsum_float_8`, exactly as
 //! [`BlockFormat::dot_portable`] does, so results are bit-identical to it.
 
+#[cfg(target_arch = "x86_64")]
+mod simd;
+
 use std::ops::Range;
 
 use super::act_tile::{ActTile, TILE_ROWS};
@@ -122,7 +125,7 @@ impl PackedRows {
                         // SAFETY: the CPU features were checked; the group holds `blocks`
                         // columns and every activation row as many blocks.
                         let got = unsafe {
-                            super::packed_simd::dot_group::<$n, $r>(
+                            simd::dot_group::<$n, $r>(
                                 self.format,
                                 group,
                                 self.blocks,
@@ -172,7 +175,7 @@ impl PackedRows {
                     // SAFETY: the CPU features were checked; the group holds `blocks`
                     // columns and every activation row as many blocks.
                     let got = unsafe {
-                        super::packed_simd::dot_rows::<2, $n>(
+                        simd::dot_rows::<2, $n>(
                             self.format,
                             group,
                             self.blocks,
@@ -205,9 +208,7 @@ impl PackedRows {
         if crate::simd::vnni() {
             // SAFETY: the CPU features were checked; the group holds `blocks` columns, as
             // many as the tile's rows.
-            return unsafe {
-                super::packed_simd::dot_pair_tile(self.format, self.group(g), first, tile)
-            };
+            return unsafe { simd::dot_pair_tile(self.format, self.group(g), first, tile) };
         }
         let rows: Vec<Q8Row> = (0..tile.rows()).map(|k| tile.row(k)).collect();
         let rows: Vec<&Q8Row> = rows.iter().collect();
