@@ -20,7 +20,7 @@ use candle_core::Device;
 use crate::gguf_header::{self, Header, TensorInfo};
 use crate::quant::{Embedding, QMatrix};
 
-use crate::EngineError;
+use crate::error::EngineError;
 
 /// Panics inside candle caught so far while building tensors, in this process. A malformed
 /// file must give an error, and it does either way; but each caught panic is a case that

@@ -21,7 +21,7 @@ pub mod threads;
 pub mod tokenizer;
 pub mod worker;
 
-pub use running::MAX_DRAFT;
+pub use lookup::MAX_DRAFT;
 
 pub use error::EngineError;
 pub use sequence::{Events, FinishReason, PromptLogprob, SequenceEvent, SequenceRequest};

@@ -8,7 +8,9 @@
 //! all of a step's rows, so each accepted draft token saves most of a step.
 
 use crate::tokenizer::TokenId;
-use crate::MAX_DRAFT;
+/// Most draft tokens verified in one step, whatever drafted them (a prompt lookup, a
+/// prediction or a grammar's forced tokens).
+pub const MAX_DRAFT: usize = 8;
 
 /// The configuration: how long a repeated run of tokens must be before it is trusted, and
 /// how many tokens may be guessed in one step.

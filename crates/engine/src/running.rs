@@ -14,8 +14,7 @@ use crate::sequence::{EventSender, FinishReason, PromptLogprob, SequenceEvent, S
 use crate::stop::{StopCheck, StopMatcher};
 use crate::tokenizer::{IncrementalDecoder, TokenId, Tokenizer};
 
-/// Most draft tokens verified in one step, whatever drafted them.
-pub const MAX_DRAFT: usize = 8;
+use crate::lookup::MAX_DRAFT;
 
 /// Most forced tokens kept as drafts at once (a long forced run is taken in pieces).
 const MAX_FORCED_DRAFT: usize = 256;

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use rayon::prelude::*;
 
 use crate::constrain::{Constraint, ConstraintFactory, Grammar};
+use crate::error::EngineError;
 use crate::lookup::PromptLookup;
 use crate::model::{BatchEntry, Logits, Model, ModelInfo};
 use crate::prefix_cache::PrefixCache;
@@ -19,7 +20,6 @@ use crate::running::{Followers, Sequence};
 use crate::scheduler::{self, RunningView, SchedulerConfig, WaitingView};
 use crate::sequence::{self, EventSender, Events, SequenceEvent, SequenceRequest};
 use crate::tokenizer::Tokenizer;
-use crate::EngineError;
 
 /// How the engine runs.
 #[derive(Debug, Clone, Copy)]

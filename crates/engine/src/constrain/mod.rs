@@ -24,8 +24,8 @@ use llguidance::api::{ParserLimits, StopReason, TopLevelGrammar};
 use llguidance::{Matcher, ParserFactory};
 use toktrie::{SimpleVob, TokEnv};
 
+use crate::error::EngineError;
 use crate::tokenizer::{TokenId, Tokenizer};
-use crate::EngineError;
 
 /// What a grammar's source text is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

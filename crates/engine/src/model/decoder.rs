@@ -8,9 +8,9 @@ use super::ops::{self, Rope, RopeStyle};
 use super::{
     attend_batch, gather_rows, BatchEntry, Dimensions, Model, ModelInfo, PromptBatching, StepLayout,
 };
+use crate::error::EngineError;
 use crate::gguf::GgufFile;
 use crate::quant::{Embedding, QMatrix, RowKernel};
-use crate::EngineError;
 
 /// The hyper-parameters every architecture has, read from `<arch>.*` metadata keys.
 #[derive(Debug, Clone, Copy)]

@@ -7,8 +7,8 @@
 use super::attention::AttentionShape;
 use super::decoder::{plain_block, Activation, Decoder, Hyper};
 use super::ops::{Rope, RopeStyle};
+use crate::error::EngineError;
 use crate::gguf::GgufFile;
-use crate::EngineError;
 
 /// Layer `i` attends within the window when `i % SLIDING_WINDOW_PATTERN` is not the last.
 const SLIDING_WINDOW_PATTERN: usize = 2;

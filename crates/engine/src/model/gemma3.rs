@@ -7,8 +7,8 @@
 use super::attention::AttentionShape;
 use super::decoder::{plain_block, Activation, Decoder, Hyper};
 use super::ops::{Rope, RopeStyle};
+use crate::error::EngineError;
 use crate::gguf::GgufFile;
-use crate::EngineError;
 
 /// Every `SLIDING_WINDOW_PATTERN`-th layer attends globally; the others use the window.
 const SLIDING_WINDOW_PATTERN: usize = 6;

@@ -5,8 +5,8 @@
 
 use super::decoder::{plain_block, Activation, Decoder, Hyper};
 use super::ops::RopeStyle;
+use crate::error::EngineError;
 use crate::gguf::GgufFile;
-use crate::EngineError;
 
 /// Loads a `llama` model.
 pub(super) fn load(gguf: &mut GgufFile) -> Result<Decoder, EngineError> {

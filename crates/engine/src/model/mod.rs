@@ -23,11 +23,11 @@ pub use prompt_batching::{PromptBatching, RowPlan};
 
 use std::path::Path;
 
+use crate::error::EngineError;
 use crate::gguf::GgufFile;
 use crate::kv_cache::SequenceCache;
 use crate::quant::RowKernel;
 use crate::tokenizer::TokenId;
-use crate::EngineError;
 
 /// What the engine needs to know about a loaded model.
 #[derive(Debug, Clone)]

@@ -3,7 +3,7 @@
 
 use half::f16;
 
-use crate::EngineError;
+use crate::error::EngineError;
 
 /// Multiplies each row of `x` (one per entry of `kernels`, rounded as it says) by `w`ᵀ.
 pub fn matmul(

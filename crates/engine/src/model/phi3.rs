@@ -11,8 +11,8 @@ use super::decoder::{
     QkvProjection,
 };
 use super::ops::{Rope, RopeStyle};
+use crate::error::EngineError;
 use crate::gguf::GgufFile;
-use crate::EngineError;
 
 /// Loads a `phi3` model.
 pub(super) fn load(gguf: &mut GgufFile) -> Result<Decoder, EngineError> {

@@ -3,8 +3,8 @@
 
 use super::decoder::{plain_block, Activation, Decoder, Hyper};
 use super::ops::RopeStyle;
+use crate::error::EngineError;
 use crate::gguf::GgufFile;
-use crate::EngineError;
 
 /// Loads a `qwen3` model.
 pub(super) fn load(gguf: &mut GgufFile) -> Result<Decoder, EngineError> {

@@ -53,7 +53,7 @@ pub mod sample;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use rayon::prelude::*;
 
-use crate::EngineError;
+use crate::error::EngineError;
 use act_tile::{ActTile, TILE_ROWS};
 use candle_core::{Device, Module, Tensor};
 use layout::Layout;

@@ -8,7 +8,7 @@ use std::sync::atomic::{self, AtomicBool};
 use super::chunks::{Joins, MAX_CHUNK, NONE};
 use super::pretokenize::{GiveBack, Splitter, GPT2, LLAMA3, QWEN2, TEKKEN};
 use super::{Cancelled, TokenId, MERGES_PER_CHECK};
-use crate::EngineError;
+use crate::error::EngineError;
 
 /// Byte-level BPE state: merge ranks and the pre-tokenizer pipeline.
 #[derive(Debug)]

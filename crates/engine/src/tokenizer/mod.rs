@@ -19,8 +19,8 @@ pub use detok::IncrementalDecoder;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::error::EngineError;
 use crate::gguf::GgufMetadata;
-use crate::EngineError;
 use specials::{Fragment, SpecialSplitter};
 
 /// A token id.

@@ -15,7 +15,7 @@ use regex::Regex;
 
 use super::{Cancelled, MERGES_PER_CHECK};
 
-use crate::EngineError;
+use crate::error::EngineError;
 
 /// How a pattern's `\s+(?!\S)` look-ahead is applied to its matches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -26,7 +26,7 @@ use aho_corasick::{Anchored, MatchKind};
 use memchr::memmem::Finder;
 
 use super::TokenId;
-use crate::EngineError;
+use crate::error::EngineError;
 
 /// Marks, in escaped text, a place where no control token may start (doubled, itself).
 /// A private-use character: no template writes it.
