@@ -882,9 +882,11 @@ mod tests {
             Kernel::Vnni,
             -128,
             |format| starts_taken(format) > 0,
+            // SAFETY: the kernel's CPU features were checked above; the activations are in range.
             |m, g, a, s| unsafe {
                 by_row_count!(dot_group, (m, g), Upcoming::new(m.group(0), 3), a, s)
             },
+            // SAFETY: the kernel's CPU features were checked above; the activations are in range.
             |m, g, a, s| unsafe {
                 let mut lines = Vec::new();
                 expand_q5_0(m, g, &mut lines);
@@ -912,9 +914,11 @@ mod tests {
             Kernel::Avx2,
             -127,
             |format| avx2::starts_taken(format) > 0,
+            // SAFETY: the kernel's CPU features were checked above; the activations are in range.
             |m, g, a, s| unsafe {
                 by_row_count!(avx2::dot_group, (m, g), Upcoming::new(m.group(0), 3), a, s)
             },
+            // SAFETY: the kernel's CPU features were checked above; the activations are in range.
             |m, g, a, s| unsafe {
                 let mut lines = Vec::new();
                 avx2::expand_q5_0(m, g, &mut lines);

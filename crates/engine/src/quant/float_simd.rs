@@ -351,6 +351,7 @@ mod tests {
             // SAFETY: as above.
             let rows =
                 unsafe { lone::<W, X, TILE_W>(isa, std::array::from_fn(|r| &w[r][..]), &x[c]) };
+            // SAFETY: as above: the CPU has the ISA, and the rows are as wide as the activations.
             let one = unsafe { lone::<W, X, 1>(isa, [&w[1]], &x[c]) };
             for (r, got) in rows.iter().enumerate() {
                 let want = portable(&w[r], &x[c], false);

@@ -448,6 +448,7 @@ mod tests {
                 dot_iq4_xs_tiled,
             ),
         ];
+        // SAFETY: the kernel's CPU features were checked above.
         assert_plans_match_the_portable_ones(&cases, |m, g, acts| unsafe {
             plans!(avx2::dot_group, m, g, acts)
         });
@@ -465,6 +466,7 @@ mod tests {
             dot_q3k_portable,
             dot_q3k_tiled,
         )];
+        // SAFETY: the kernel's CPU features were checked above.
         assert_plans_match_the_portable_ones(&cases, |m, g, acts| unsafe {
             plans!(vnni::dot_group_q3k, m, g, acts)
         });
@@ -531,6 +533,7 @@ mod tests {
         if crate::simd::cpu::lacks(crate::simd::cpu::detected().avx2, "avx2") {
             return;
         }
+        // SAFETY: the kernel's CPU features were checked above.
         assert_q2k_kernel_matches_the_portable_one(|m, g, a, k| unsafe {
             by_row_count!(
                 avx2::dot_group_q2k,
@@ -548,6 +551,7 @@ mod tests {
         if crate::simd::cpu::lacks(crate::simd::cpu::detected().vnni, "vnni") {
             return;
         }
+        // SAFETY: the kernel's CPU features were checked above.
         assert_q2k_kernel_matches_the_portable_one(|m, g, a, k| unsafe {
             by_row_count!(
                 vnni::dot_group_q2k,

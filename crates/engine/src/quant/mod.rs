@@ -562,6 +562,7 @@ impl QMatrix {
             Results::Matrices => {
                 for (out, m) in outs.iter_mut().zip(matrices) {
                     if let Self::Own { rows, .. } = m {
+                        // SAFETY: every element was written and every task has run (see above).
                         unsafe { output::fill(out, n * rows) };
                     }
                 }
@@ -569,6 +570,7 @@ impl QMatrix {
             Results::Rows => {
                 let rows = matrices[0].rows();
                 for out in &mut outs {
+                    // SAFETY: every element was written and every task has run (see above).
                     unsafe { output::fill(out, rows) };
                 }
             }

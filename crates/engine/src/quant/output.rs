@@ -18,6 +18,7 @@ pub struct Output<'a> {
 
 // SAFETY: tasks only write through `Columns`, whose ranges never overlap (see `columns`).
 unsafe impl Send for Output<'_> {}
+// SAFETY: tasks only write through `Columns`, whose ranges never overlap (see `columns`).
 unsafe impl Sync for Output<'_> {}
 
 impl<'a> Output<'a> {

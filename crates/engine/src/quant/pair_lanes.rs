@@ -528,6 +528,7 @@ mod tests {
                         std::array::from_fn(|t| &sums[t]),
                     )
                 };
+                // SAFETY: as above: VNNI was checked.
                 let one = unsafe { dot_pair::<1>(&m, p, [&acts[2]], [&sums[2]]) };
                 for h in 0..2 {
                     let r = 2 * p + h;

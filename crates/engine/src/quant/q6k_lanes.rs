@@ -354,6 +354,7 @@ mod tests {
                 )
             };
             // A pass's last one or two rows of a wide batch.
+            // SAFETY: the kernel's CPU features were checked above.
             let (alone, two) = unsafe {
                 (
                     avx2::dot_group::<1, true>(&m, g, [&acts[1]], soon()),
@@ -413,6 +414,7 @@ mod tests {
         for g in 0..rows.div_ceil(ROWS) {
             // SAFETY: VNNI was checked.
             let two = unsafe { dot_group::<2>(&m, g, [&acts[0], &acts[1]], Upcoming::NONE) };
+            // SAFETY: the kernel's CPU features were checked above.
             let one = unsafe { dot_group::<1>(&m, g, [&acts[1]], Upcoming::new(m.group(0), 3)) };
             for lane in 0..ROWS {
                 let r = g * ROWS + lane;

@@ -254,11 +254,13 @@ mod tests {
                 }
             };
             if wide {
+                // SAFETY: each version runs only where the CPU has its features (checked above).
                 same(&unsafe { run16(group) });
             }
             if narrow {
                 let lo: [f32; 8] = group[..8].try_into().unwrap();
                 let hi: [f32; 8] = group[8..].try_into().unwrap();
+                // SAFETY: each version runs only where the CPU has its features (checked above).
                 let both = [unsafe { run8(&lo) }, unsafe { run8(&hi) }];
                 same(both.as_flattened());
             }
