@@ -206,7 +206,7 @@ pub fn default_prefetch_ahead() -> usize {
     0
 }
 
-/// The variable naming a file that [`lacks`] appends its verdicts to, for the test
+/// The variable naming a file that `lacks` appends its verdicts to, for the test
 /// suite's summary (`scripts/test.sh` prints which kernel tiers ran and which were
 /// skipped, since a passing test's own output is not shown).
 pub const TIERS_ENV: &str = "FERRITE_KERNEL_TIERS";

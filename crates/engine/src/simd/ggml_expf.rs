@@ -1,5 +1,5 @@
 //! ggml's `expf` (its AVX-512 `ggml_v_expf`, which attention's softmax uses), for one
-//! value; [`super::lanes`] has the vector versions, checked against it bit for bit.
+//! value; `simd::lanes` has the vector versions, checked against it bit for bit.
 
 /// Constants of ggml's AVX-512 `ggml_v_expf`, as f32 bit patterns.
 pub mod consts {

@@ -12,6 +12,11 @@ use half::f16;
 
 /// The vector operations the kernels need, at one width. Every method is always inlined
 /// into a function that enables the width's instructions.
+///
+/// # Safety
+/// Every method may run only where the CPU has the width's instructions: AVX2, FMA and
+/// F16C for [`Avx2`], AVX-512F besides for [`Avx512`]. A method taking a pointer needs a
+/// whole vector of valid values there.
 pub(crate) trait Lanes {
     /// A vector of `WIDTH` f32 lanes.
     type V: Copy;
@@ -19,42 +24,85 @@ pub(crate) trait Lanes {
     const WIDTH: usize;
     /// Vectors per row updated together while adding values (bounded by the registers).
     const VALUE_VECTORS: usize;
+    /// # Safety
+    /// The CPU must have the width's instructions ([`Lanes`]).
     unsafe fn zero() -> Self::V;
+    /// # Safety
+    /// The CPU must have the width's instructions ([`Lanes`]).
     unsafe fn splat(x: f32) -> Self::V;
+    /// # Safety
+    /// The CPU must have the width's instructions ([`Lanes`]), and `p` must reach a whole
+    /// vector of readable values.
     unsafe fn load(p: *const f32) -> Self::V;
+    /// # Safety
+    /// The CPU must have the width's instructions ([`Lanes`]), and `p` must reach a whole
+    /// vector of writable values.
     unsafe fn store(p: *mut f32, v: Self::V);
+    /// # Safety
+    /// The CPU must have the width's instructions ([`Lanes`]), and `p` must reach a whole
+    /// vector of readable values.
     unsafe fn load_f16(p: *const f16) -> Self::V;
     /// Rounds every lane to f16 (nearest, ties to even) and back.
+    ///
+    /// # Safety
+    /// The CPU must have the width's instructions ([`Lanes`]).
     unsafe fn round16(v: Self::V) -> Self::V;
+    /// # Safety
+    /// The CPU must have the width's instructions ([`Lanes`]).
     unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
+    /// # Safety
+    /// The CPU must have the width's instructions ([`Lanes`]).
     unsafe fn fmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     /// ggml's four 16-lane dot product accumulators (`64 / WIDTH` vectors each, one
     /// after another) summed down to eight lanes in `ggml_vec_dot_f16`'s order:
     /// accumulators 0 + 2 and 1 + 3, those two, then the first step of
     /// `_mm512_reduce_add_ps` (the sixteen lanes' halves). [`hsum8`] finishes the sum.
+    ///
+    /// # Safety
+    /// The CPU must have the width's instructions ([`Lanes`]).
     unsafe fn halves64(acc: &[Self::V]) -> __m256;
     /// The sum of ggml's four 16-lane dot product accumulators in `ggml_vec_dot_f16`'s
     /// order: [`Lanes::halves64`], then quarters, pairs, neighbours.
+    ///
+    /// # Safety
+    /// The CPU must have the width's instructions ([`Lanes`]).
     #[inline(always)]
     unsafe fn reduce64(acc: &[Self::V]) -> f32 {
         hsum8(Self::halves64(acc))
     }
+    /// # Safety
+    /// The CPU must have the width's instructions ([`Lanes`]).
     unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
     /// The lanes' larger values (for lanes that are not NaN).
+    ///
+    /// # Safety
+    /// The CPU must have the width's instructions ([`Lanes`]).
     unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
     /// The largest lane (of lanes that are not NaN).
+    ///
+    /// # Safety
+    /// The CPU must have the width's instructions ([`Lanes`]).
     unsafe fn hmax(v: Self::V) -> f32;
     /// ggml's AVX-512 `ggml_v_expf` on every lane (bit for bit, at either width; see
     /// [`super::ggml_expf::expf`]).
+    ///
+    /// # Safety
+    /// The CPU must have the width's instructions ([`Lanes`]).
     unsafe fn expf(x: Self::V) -> Self::V;
     /// `_mm512_reduce_add_ps` of sixteen lanes held in `16 / WIDTH` vectors: halves,
     /// quarters, pairs, neighbours.
+    ///
+    /// # Safety
+    /// The CPU must have the width's instructions ([`Lanes`]).
     unsafe fn sum16(v: &[Self::V]) -> f32;
     /// `WIDTH` keys' steps of a query row's online softmax, given their scaled scores
     /// and the running maximum before them (see [`SoftmaxSteps`]): each key in turn
     /// raises the maximum if its score is greater (a NaN never does), and then weighs 1
     /// and rescales by the C library's `expf(old maximum − score)`; otherwise it weighs
     /// `expf(score − maximum)` and rescales by 1.
+    ///
+    /// # Safety
+    /// The CPU must have the width's instructions ([`Lanes`]).
     unsafe fn softmax_steps(scores: Self::V, max: f32) -> SoftmaxSteps<Self::V>;
 }
 
@@ -71,12 +119,18 @@ pub(crate) struct SoftmaxSteps<V> {
 }
 
 /// A vector of the constant whose f32 bit pattern is `bits`.
+///
+/// # Safety
+/// The CPU must have AVX2: register work only.
 #[inline(always)]
 unsafe fn c256(bits: u32) -> __m256 {
     _mm256_set1_ps(f32::from_bits(bits))
 }
 
 /// A vector of the constant whose f32 bit pattern is `bits`.
+///
+/// # Safety
+/// The CPU must have AVX-512F: register work only.
 #[inline(always)]
 unsafe fn c512(bits: u32) -> __m512 {
     _mm512_set1_ps(f32::from_bits(bits))
@@ -84,6 +138,9 @@ unsafe fn c512(bits: u32) -> __m512 {
 
 /// Four lanes of `j × 2^n` (`n` integral, held as i32), exact in f64 and rounded once to
 /// f32: what `_mm512_scalef_ps` gives for exponents within ±192.
+///
+/// # Safety
+/// The CPU must have AVX2: register work only.
 #[inline(always)]
 unsafe fn scalef4(j: __m128, n: __m128i) -> __m128 {
     let wide = _mm256_cvtps_pd(j);
@@ -93,6 +150,9 @@ unsafe fn scalef4(j: __m128, n: __m128i) -> __m128 {
 }
 
 /// `hsum_float_8` order: halves, pairs, neighbours.
+///
+/// # Safety
+/// The CPU must have AVX2: register work only.
 #[inline(always)]
 unsafe fn hsum8(v: __m256) -> f32 {
     let r = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
@@ -111,6 +171,9 @@ unsafe fn hsum8(v: __m256) -> f32 {
 #[inline(always)]
 pub(crate) unsafe fn hsum8_each(t: &[__m256; 8]) -> __m256 {
     /// `hsum8`'s halves of vectors a and b: a's in the low 128 bits, b's in the high.
+    ///
+    /// # Safety
+    /// The CPU must have the width's instructions ([`Lanes`]).
     #[inline(always)]
     unsafe fn halves(a: __m256, b: __m256) -> __m256 {
         _mm256_add_ps(
@@ -119,6 +182,9 @@ pub(crate) unsafe fn hsum8_each(t: &[__m256; 8]) -> __m256 {
         )
     }
     /// Pairs: in each 128 bits, elements 0 + 2 and 1 + 3 of x's, then of y's.
+    ///
+    /// # Safety
+    /// The CPU must have the width's instructions ([`Lanes`]).
     #[inline(always)]
     unsafe fn pairs(x: __m256, y: __m256) -> __m256 {
         _mm256_add_ps(
@@ -422,6 +488,8 @@ mod tests {
     use super::*;
     use crate::quant::sample::Xorshift;
 
+    /// # Safety
+    /// The CPU must have the width's instructions ([`Lanes`]).
     #[target_feature(enable = "avx2")]
     unsafe fn both(t: &[[f32; 8]; 8]) -> ([f32; 8], [f32; 8]) {
         let v = t.map(|t| _mm256_loadu_ps(t.as_ptr()));

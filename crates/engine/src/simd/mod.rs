@@ -42,7 +42,7 @@ pub fn bf16() -> bool {
 }
 
 /// `f32::exp` of every value, in place: eight lanes at a time with glibc's algorithm
-/// ([`libm_expf`]; bit for bit `f32::exp` where that is glibc's `expf`, as on Linux
+/// (`simd::libm_expf`; bit for bit `f32::exp` where that is glibc's `expf`, as on Linux
 /// x86-64) where the AVX2 kernels run, else one by one.
 /// The sampler's softmax and log-probabilities take it over whole vocabularies, where
 /// the scalar call was most of their time (Gemma 3's 262,144 logits: 1.1 ms).
