@@ -89,6 +89,10 @@ pub(super) unsafe fn attend_avx2(
 /// narrowest width) of `R` query rows (f32 holding f16 values, `head_dim` apart) with one
 /// f16 key, as ggml's AVX-512 `ggml_vec_dot_f16` builds them over steps of 64. The key is
 /// converted once for the `R` rows.
+///
+/// # Safety
+/// As under [`attend_rows`]: the CPU has `L`'s instructions ([`Lanes`]) and the head size is a
+/// multiple of 64; `q` reaches `R` rows of `head_dim` values, `key` `head_dim` values.
 #[inline(always)]
 unsafe fn dot_accumulators<L: Lanes, const R: usize>(
     q: *const f32,
@@ -109,6 +113,9 @@ unsafe fn dot_accumulators<L: Lanes, const R: usize>(
 
 /// The dot products of `R` query rows with one f16 key, each summed as ggml's
 /// `ggml_vec_dot_f16` does ([`dot_accumulators`], then [`Lanes::reduce64`]).
+///
+/// # Safety
+/// As for [`dot_accumulators`].
 #[inline(always)]
 unsafe fn dots<L: Lanes, const R: usize>(
     q: *const f32,
@@ -141,6 +148,11 @@ unsafe fn dots8<L: Lanes, const R: usize>(
 /// Scores `R` query rows (`head_dim` apart from `q`) against the `len` keys from `key`
 /// (`stride` apart) into `scores` (one row's per entry): eight keys at a time
 /// ([`dots8`]), the rest one at a time.
+///
+/// # Safety
+/// As under [`attend_rows`]: the CPU has `L`'s instructions ([`Lanes`]) and the head size is a
+/// multiple of 64; `q` reaches `R` rows of `head_dim` values, `key` `len` keys `stride` apart,
+/// and `scores` holds `R` rows.
 #[inline(always)]
 unsafe fn score_rows<L: Lanes, const R: usize>(
     q: *const f32,
@@ -189,6 +201,9 @@ impl Steps {
     /// Fills the steps of the block's `len` keys from their dot products with the query
     /// (`scores`), a vector of keys at a time ([`Lanes::softmax_steps`]), and moves the
     /// row's running maximum past them.
+    ///
+    /// # Safety
+    /// The CPU has `L`'s instructions ([`Lanes`]); `len` is at most `KEYS`.
     #[inline(always)]
     unsafe fn fill<L: Lanes>(
         &mut self,
@@ -235,6 +250,11 @@ fn add_to_sums<const R: usize>(sums: &mut [f32], steps: &[Steps], len: usize) {
 /// Adds `len` keys' values (`stride` apart from `values`) into `R` rows' accumulators
 /// (`head_dim` apart from `acc`), in key order with an f16 rounding after every step.
 /// Each value is converted once for the `R` rows.
+///
+/// # Safety
+/// As under [`attend_rows`]: the CPU has `L`'s instructions ([`Lanes`]) and the head size is a
+/// multiple of 64; `acc` reaches `R` rows of `head_dim` writable values, `values` `len` values
+/// `stride` apart, and `steps` holds `R` rows.
 // The key index addresses the cache as well as the steps.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
@@ -312,6 +332,8 @@ fn ask_for_head(
     }
 }
 
+/// # Safety
+/// As for [`attend_rows`], with `L`'s instructions ([`Lanes`]).
 #[inline(always)]
 unsafe fn attend_body<L: Lanes>(
     q: &[f32],
@@ -425,6 +447,8 @@ mod tests {
     /// [`Steps::fill`] at one width.
     type Fill = unsafe fn(&mut Steps, &[f32; KEYS], usize, ScoreScale, &mut f32);
 
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; as for [`Steps::fill`].
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn fill_avx2(
         steps: &mut Steps,

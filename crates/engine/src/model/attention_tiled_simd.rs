@@ -81,6 +81,8 @@ fn group_size<L: Lanes>() -> usize {
     }
 }
 
+/// # Safety
+/// As for [`attend_tiled`], with `L`'s instructions ([`Lanes`]).
 #[inline(always)]
 unsafe fn tiled_body<L: Lanes>(
     queries: &[Query<'_>],
@@ -171,6 +173,10 @@ unsafe fn tiled_body<L: Lanes>(
 /// `N` queries (indices into `queries`, `N` of them in `group`) that see the same `cells`
 /// of the tile, through it together (sixteen lanes only): their scores, each one's softmax
 /// step, their weighted values; `acc(i)` is query `i`'s accumulator.
+///
+/// # Safety
+/// As under [`attend_tiled`]: the CPU has `L`'s instructions ([`Lanes`]) and the head size is a
+/// multiple of 64; `acc(i)` points at `head_dim` writable values for each query `i` of `group`.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn through_tile<L: Lanes, const N: usize>(
@@ -197,6 +203,10 @@ unsafe fn through_tile<L: Lanes, const N: usize>(
 /// far and the sum of the weights): rescales the accumulator (`head_dim` values at `acc`)
 /// and the sum when the maximum rises, adds the tile's weights to the sum (sixteen at a
 /// time into an f64), and returns the weights.
+///
+/// # Safety
+/// As under [`attend_tiled`]: the CPU has `L`'s instructions ([`Lanes`]) and the head size is a
+/// multiple of 64; `acc` points at `head_dim` writable values.
 #[inline(always)]
 unsafe fn softmax_step<L: Lanes>(
     state: &mut Partial,
@@ -251,6 +261,10 @@ fn finish_scores(scores: &mut [f32; TILE], scale: ScoreScale, cells: &std::ops::
 }
 
 /// The query's scores with the tile's keys, scaled; cells outside `cells` -∞.
+///
+/// # Safety
+/// As under [`attend_tiled`]: the CPU has `L`'s instructions ([`Lanes`]) and the head size is a
+/// multiple of 64.
 #[inline(always)]
 unsafe fn scores<L: Lanes>(
     q: &[f32],
@@ -278,6 +292,10 @@ unsafe fn scores<L: Lanes>(
 }
 
 /// [`scores`] of `N` queries, each key vector loaded once for all (sixteen lanes only).
+///
+/// # Safety
+/// As under [`attend_tiled`]: the CPU has `L`'s instructions ([`Lanes`]) and the head size is a
+/// multiple of 64.
 // Indexed loops: each loaded vector goes to every query's accumulator in turn.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
@@ -313,6 +331,10 @@ unsafe fn scores_group<L: Lanes, const N: usize>(
 
 /// Adds the weighted values of the tile's keys `seen` (indices within the tile) to the
 /// accumulator, one fused multiply-add per key in order.
+///
+/// # Safety
+/// As under [`attend_tiled`]: the CPU has `L`'s instructions ([`Lanes`]) and the head size is a
+/// multiple of 64; `acc` points at `head_dim` writable values.
 #[inline(always)]
 unsafe fn add_values<L: Lanes>(
     acc: *mut f32,
@@ -346,6 +368,10 @@ unsafe fn add_values<L: Lanes>(
 /// [`add_values`] for `N` queries that see the same keys, each value vector loaded once
 /// for all (sixteen lanes only: the head size is a multiple of 64, so every step is
 /// [`VALUE_VECTORS`] vectors).
+///
+/// # Safety
+/// As under [`attend_tiled`]: the CPU has `L`'s instructions ([`Lanes`]) and the head size is a
+/// multiple of 64; each of `acc` points at `head_dim` writable values.
 // Indexed loops: each loaded vector goes to every query's accumulator in turn.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
@@ -383,6 +409,10 @@ unsafe fn add_values_group<L: Lanes, const N: usize>(
 }
 
 /// `n` f16 values converted to f32 into `dst`, a vector at a time.
+///
+/// # Safety
+/// The CPU has `L`'s instructions ([`Lanes`]); `src` reaches `n` readable values and `dst` `n`
+/// writable ones, `n` a multiple of the width.
 #[inline(always)]
 unsafe fn convert_into<L: Lanes>(src: *const half::f16, dst: *mut f32, n: usize) {
     for i in (0..n).step_by(L::WIDTH) {

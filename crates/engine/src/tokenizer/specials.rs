@@ -197,7 +197,7 @@ impl SpecialSplitter {
         self.split_barred(text, parse_special, &[])
     }
 
-    /// [`Self::split`] where no control token may start at the byte offsets
+    /// `SpecialSplitter::split` where no control token may start at the byte offsets
     /// `barred` (ascending).
     pub(super) fn split_barred<'a>(
         &self,
