@@ -47,6 +47,10 @@ pub unsafe fn dot_group<const N: usize, const R: usize>(
 
 /// Row `i`'s 32 values of one block column: as unsigned bytes (absolute values for a
 /// signed format) and, for a signed format, the values themselves.
+///
+/// # Safety
+/// The CPU must have AVX2; `column` is a block column of the group's layout and `i` is
+/// below `GROUP`.
 #[inline(always)]
 unsafe fn values(format: BlockFormat, column: *const u8, i: usize) -> (__m256i, Option<__m256i>) {
     if format == BlockFormat::Q4_1 {
@@ -57,6 +61,9 @@ unsafe fn values(format: BlockFormat, column: *const u8, i: usize) -> (__m256i, 
 }
 
 /// [`dot_group`] with AVX2 alone.
+///
+/// # Safety
+/// As for [`dot_group`].
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn group_avx2<const N: usize, const R: usize>(
     format: BlockFormat,
@@ -132,6 +139,9 @@ pub unsafe fn dot_rows<const M: usize, const N: usize>(
 }
 
 /// [`dot_rows`] with AVX2 alone.
+///
+/// # Safety
+/// As for [`dot_rows`].
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows_avx2<const M: usize, const N: usize>(
     format: BlockFormat,
@@ -183,6 +193,10 @@ unsafe fn rows_avx2<const M: usize, const N: usize>(
 }
 
 /// Row `i`'s 32 values of one block column as signed bytes.
+///
+/// # Safety
+/// The CPU must have AVX2; `column` is a block column of the group's layout and `i` is
+/// below `GROUP`.
 #[inline(always)]
 unsafe fn signed_values(format: BlockFormat, column: *const u8, i: usize) -> __m256i {
     match format {
@@ -245,6 +259,9 @@ const Q4_1: u8 = 3;
 /// one multiply-add of integers, one product of scales, one conversion and one fused
 /// multiply-add; Q4_1's minimum terms take one fused multiply-add per weight row for all
 /// the tile's rows (one lane each).
+///
+/// # Safety
+/// As for [`dot_pair_tile`], with `F` the code of the tile's format.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
 unsafe fn tile_vnni_format<const P: usize, const F: u8>(
     group: &[u8],
@@ -310,6 +327,9 @@ unsafe fn tile_vnni_format<const P: usize, const F: u8>(
 /// The `hsum_float_8` sums of the four eight-lane halves of `a` and `b` (`a`'s low and
 /// high, then `b`'s), computed side by side: each half's lanes `i` and `i + 4` added,
 /// then those four sums as `(r0 + r2) + (r1 + r3)`.
+///
+/// # Safety
+/// The CPU must have AVX-512F: register work only.
 #[inline(always)]
 unsafe fn hsum_quads(a: __m512, b: __m512) -> [f32; 4] {
     // Per 128-bit chunk k: the first four lanes of half k, and its last four.
@@ -328,6 +348,10 @@ unsafe fn hsum_quads(a: __m512, b: __m512) -> [f32; 4] {
 /// so each instruction serves two (weight row, activation row) pairs' eight lanes, with
 /// the lanes' steps of [`group_avx2`]. Signed formats use the activations as `y + 128`
 /// from a start of `-128 · Σ x` ([`vnni_start`]).
+///
+/// # Safety
+/// As for [`dot_group`], and AVX-512 (F, VL, VNNI) besides, with `F` the code of the
+/// group's format.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
 unsafe fn group_vnni_format<const N: usize, const R: usize, const F: u8>(
     group: &[u8],
@@ -409,6 +433,10 @@ fn format_of<const F: u8>() -> BlockFormat {
 
 /// Row `i`'s 32 values of one block column as the VNNI kernels take them: Q4_1's
 /// unsigned nibbles, or a signed format's values.
+///
+/// # Safety
+/// The CPU must have AVX2; `column` is a block column of the group's layout and `i` is
+/// below `GROUP`.
 #[inline(always)]
 unsafe fn vnni_values(format: BlockFormat, column: *const u8, i: usize) -> __m256i {
     if format == BlockFormat::Q4_1 {
@@ -420,6 +448,9 @@ unsafe fn vnni_values(format: BlockFormat, column: *const u8, i: usize) -> __m25
 
 /// Where a weight vector's lanes start: `-128 · Σ x` of each lane's four signed values
 /// (the activations go in as `y + 128`), zero for Q4_1.
+///
+/// # Safety
+/// The CPU must have AVX-512 (F, VL, VNNI): register work only.
 #[inline(always)]
 unsafe fn vnni_start(signed: bool, x: __m512i) -> __m512i {
     let zero = _mm512_setzero_si512();
@@ -432,6 +463,9 @@ unsafe fn vnni_start(signed: bool, x: __m512i) -> __m512i {
 
 /// `start` plus each lane's four products of weights `x` and activations `y` (taken as
 /// `y + 128` for a signed format, so that the unsigned operand is the activations).
+///
+/// # Safety
+/// The CPU must have AVX-512 (F, VL, VNNI): register work only.
 #[inline(always)]
 unsafe fn vnni_lanes(signed: bool, start: __m512i, y: __m512i, x: __m512i) -> __m512i {
     if signed {
@@ -442,6 +476,9 @@ unsafe fn vnni_lanes(signed: bool, start: __m512i, y: __m512i, x: __m512i) -> __
 }
 
 /// The `hsum_float_8` sums of a 512-bit vector's two halves (low, high).
+///
+/// # Safety
+/// The CPU must have AVX-512F: register work only.
 #[inline(always)]
 unsafe fn hsum_halves(v: __m512) -> (f32, f32) {
     let upper = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
