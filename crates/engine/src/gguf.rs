@@ -18,6 +18,7 @@ use candle_core::quantized::{GgmlDType, QStorage, QTensor};
 use candle_core::Device;
 
 use crate::gguf_header::{self, Header, TensorInfo};
+use crate::quant::formats::{self, MatrixReader};
 use crate::quant::{Embedding, QMatrix};
 
 use crate::error::EngineError;
@@ -105,6 +106,12 @@ impl GgufFile {
             .ok_or_else(|| EngineError::InvalidModel(format!("missing tensor `{name}`")))
     }
 
+    /// A tensor's ggml type and its bytes as stored (the tests cut matrices from them).
+    pub fn raw(&mut self, name: &str) -> Result<(u32, Vec<u8>), EngineError> {
+        let info = self.info(name)?;
+        Ok((info.ggml_type, self.bytes(name, &info)?))
+    }
+
     /// A tensor's bytes as stored (its size was checked against the file when opened).
     fn bytes(&mut self, name: &str, info: &TensorInfo) -> Result<Vec<u8>, EngineError> {
         let (block_len, block_bytes) = type_geometry(info.ggml_type).expect("checked at open");
@@ -167,7 +174,7 @@ impl GgufFile {
             let bytes = self.bytes(name, &info)?;
             return QMatrix::from_raw(info.ggml_type, &bytes, rows, cols).unwrap_or_else(|| {
                 Err(EngineError::Unsupported(format!(
-                    "{}: matrix `{name}` is {} with {rows} rows, which ferrite multiplies only with a multiple of 8 rows",
+                    "{}: matrix `{name}` is {} with {rows} rows, a shape ferrite has no kernel for",
                     self.path.display(),
                     type_name(info.ggml_type)
                 )))
@@ -184,10 +191,19 @@ impl GgufFile {
         if candle_type(info.ggml_type).is_some() {
             return Ok(Embedding::Candle(self.qtensor(name)?));
         }
+        let format = formats::find(info.ggml_type)
+            .filter(|f| f.reads_rows())
+            .ok_or_else(|| {
+                EngineError::InvalidModel(format!(
+                    "{}: embedding `{name}` is {}, which ferrite does not read as rows",
+                    self.path.display(),
+                    type_name(info.ggml_type)
+                ))
+            })?;
         let width = info.dims.last().copied().unwrap_or(0);
         let data = self.bytes(name, &info)?;
-        Ok(Embedding::Iq4 {
-            ggml_type: info.ggml_type,
+        Ok(Embedding::Rows {
+            format,
             data,
             width,
         })
@@ -253,7 +269,7 @@ fn check_tensors(
     for (name, info) in tensors {
         let dims = &info.dims;
         let Some((block, block_bytes)) = type_geometry(info.ggml_type) else {
-            let readable: Vec<String> = READ_TYPES.iter().map(|&(t, _, _)| type_name(t)).collect();
+            let readable: Vec<String> = formats::FORMATS.iter().map(|f| f.name.to_string()).collect();
             return Err(format!(
                 "tensor `{name}` is of type {} (ggml type {}), which ferrite does not read yet \
                  (it reads {})",
@@ -286,51 +302,17 @@ fn check_tensors(
     Ok(())
 }
 
-/// The types ferrite reads: ggml type id, values per block and bytes per block.
-const READ_TYPES: [(u32, usize, usize); 15] = [
-    (0, 1, 4),      // F32
-    (1, 1, 2),      // F16
-    (30, 1, 2),     // BF16
-    (2, 32, 18),    // Q4_0
-    (3, 32, 20),    // Q4_1
-    (6, 32, 22),    // Q5_0
-    (7, 32, 24),    // Q5_1
-    (8, 32, 34),    // Q8_0
-    (10, 256, 84),  // Q2_K
-    (11, 256, 110), // Q3_K
-    (12, 256, 144), // Q4_K
-    (13, 256, 176), // Q5_K
-    (14, 256, 210), // Q6_K
-    (20, 32, 18),   // IQ4_NL
-    (23, 256, 136), // IQ4_XS
-];
-
 /// Values per block and bytes per block of a type ferrite reads.
 fn type_geometry(id: u32) -> Option<(usize, usize)> {
-    READ_TYPES
-        .iter()
-        .find(|(t, _, _)| *t == id)
-        .map(|&(_, block, bytes)| (block, bytes))
+    formats::find(id).map(|f| (f.block_values, f.block_bytes))
 }
 
 /// candle's type for a ggml type id, for the types candle reads.
 fn candle_type(id: u32) -> Option<GgmlDType> {
-    Some(match id {
-        0 => GgmlDType::F32,
-        1 => GgmlDType::F16,
-        2 => GgmlDType::Q4_0,
-        3 => GgmlDType::Q4_1,
-        6 => GgmlDType::Q5_0,
-        7 => GgmlDType::Q5_1,
-        8 => GgmlDType::Q8_0,
-        10 => GgmlDType::Q2K,
-        11 => GgmlDType::Q3K,
-        12 => GgmlDType::Q4K,
-        13 => GgmlDType::Q5K,
-        14 => GgmlDType::Q6K,
-        30 => GgmlDType::BF16,
-        _ => return None,
-    })
+    match formats::find(id)?.matrix {
+        MatrixReader::Candle(dtype) => Some(dtype),
+        MatrixReader::Raw(_) => None,
+    }
 }
 
 /// A type's name for messages.
@@ -347,8 +329,11 @@ fn candle_message(e: candle_core::Error) -> String {
     }
 }
 
-/// ggml's name of a tensor type id.
+/// ggml's name of a tensor type id: the registry's for the types ferrite reads.
 fn ggml_type_name(id: u32) -> Option<&'static str> {
+    if let Some(f) = formats::find(id) {
+        return Some(f.name);
+    }
     const NAMES: [&str; 31] = [
         "F32", "F16", "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K",
         "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL",

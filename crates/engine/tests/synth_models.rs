@@ -5,25 +5,18 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use ferrite_engine::model::{self, BatchEntry, Logits};
 use ferrite_engine::sampling::{argmax, log_softmax};
 use ferrite_synth::{write_model, Arch, Spec, WeightType};
 
 const LOGPROB_TOLERANCE: f32 = 1e-3;
-
-/// The fixture files, sorted.
-fn fixtures() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/synth");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .collect();
-    files.sort();
-    files
-}
+/// The tolerance of a file recorded on a CPU without AVX-512 (its `recorded_on`): llama.cpp
+/// sums attention and norms in other orders there, which ferrite does not follow
+/// (`fixtures/README.md`). Such a file checks a format end to end, not to the bit; its
+/// kernels are checked bit for bit by `fixtures/formats/`.
+const CROSS_CPU_TOLERANCE: f32 = 0.1;
 
 /// A fixture's data and the architecture and weight type it is for.
 fn read(fixture: &Path) -> (serde_json::Value, Arch, WeightType) {
@@ -52,6 +45,10 @@ fn check(
     // recorded before.
     let context = data["context"].as_u64().map_or(4096, |c| c as usize);
     model.set_context_length(context);
+    let tolerance = match data["recorded_on"].as_str() {
+        Some(_) => CROSS_CPU_TOLERANCE,
+        None => LOGPROB_TOLERANCE,
+    };
     let mut worst = 0f32;
     for (c, case) in data["cases"].as_array().unwrap().iter().enumerate() {
         let prompt = common::ids(&case["prompt_ids"]);
@@ -81,7 +78,7 @@ fn check(
                 continue;
             };
             let diff = (logprobs[best as usize] - want as f32).abs();
-            if diff > LOGPROB_TOLERANCE {
+            if diff > tolerance {
                 return Err(format!("prompt {c}, token {s}: logprob off by {diff}"));
             }
             worst = worst.max(diff);
@@ -95,7 +92,7 @@ fn check(
 fn every_architecture_and_weight_type_matches_llama_cpp() {
     let scratch = std::env::temp_dir().join(format!("ferrite-synth-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).unwrap();
-    let files = fixtures();
+    let files = common::fixture_files("synth");
     assert!(files.len() >= 2, "no fixtures in fixtures/synth");
     let mut failures = Vec::new();
     let mut kinds = Vec::with_capacity(files.len());

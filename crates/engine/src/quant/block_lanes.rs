@@ -839,7 +839,7 @@ mod tests {
                                         crate::quant::dot::dot_q4_0_repacked(w(), &acts[t])
                                     }
                                     (true, OwnFormat::Iq4NlRepacked) => {
-                                        crate::quant::iq4::dot_iq4_nl_repacked(w(), &acts[t])
+                                        crate::quant::formats::table4::dot::<crate::quant::formats::iq4_nl::Iq4Nl>(w(), &acts[t])
                                     }
                                     (true, OwnFormat::Q5_1) => {
                                         crate::quant::dot::dot_q5_1(w(), &acts[t])

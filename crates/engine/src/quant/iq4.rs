@@ -2,12 +2,11 @@
 //! f16 scale per block of 32 (IQ4_NL) or one per super-block of 256 and a 6-bit scale per
 //! block of 32 (IQ4_XS). Products follow llama.cpp on x86: IQ4_XS its `vec_dot` (eight
 //! integer lanes, one fused multiply-add per super-block, `hsum_float_8`) for rows of
-//! micro-batches under 8 and its tiled matmul ([`dot_iq4_xs_tiled`]) for wider ones, IQ4_NL its
-//! repacked eight-row kernel (one fused multiply-add per block), which it uses wherever
-//! the rows are a multiple of eight.
+//! micro-batches under 8 and its tiled matmul ([`dot_iq4_xs_tiled`]) for wider ones. IQ4_NL
+//! is a format of the table family (`formats/iq4_nl.rs`); its table and block size are here
+//! because the lane layouts share them.
 
 use super::kquant::{Q8KRow, QK_K};
-use super::q8::Q8Row;
 use crate::simd::convert::f16_at;
 use crate::simd::reduce::hsum8;
 
@@ -100,27 +99,6 @@ pub fn dot_iq4_xs_tile(w: &[u8], a: &[&Q8KRow], tiled: bool) -> [f32; 4] {
     out
 }
 
-/// The dot product of an IQ4_NL weight row with a Q8 activation row, as llama.cpp's
-/// repacked kernel computes it.
-pub fn dot_iq4_nl_repacked(w: &[u8], a: &Q8Row) -> f32 {
-    let mut acc = 0f32;
-    for (b, block) in w.chunks_exact(IQ4_NL).enumerate() {
-        let values = values_of(&block[2..18]);
-        let q = &a.qs[b * 32..(b + 1) * 32];
-        let sum: i32 = values.iter().zip(q).map(|(&v, &q)| v * q as i32).sum();
-        acc = (sum as f32).mul_add(f16_at(block, 0) * a.d[b], acc);
-    }
-    acc
-}
-
-/// One row of IQ4_NL values as f32, as llama.cpp's `dequantize_row_iq4_nl`.
-pub fn dequantize_iq4_nl(row: &[u8], out: &mut Vec<f32>) {
-    for block in row.chunks_exact(IQ4_NL) {
-        let d = f16_at(block, 0);
-        out.extend(values_of(&block[2..18]).iter().map(|&v| d * v as f32));
-    }
-}
-
 /// One row of IQ4_XS values as f32, as llama.cpp's `dequantize_row_iq4_xs`: the block's
 /// scale `d · (ls − 32)` first, then times the table value.
 pub fn dequantize_iq4_xs(row: &[u8], out: &mut Vec<f32>) {
@@ -157,19 +135,6 @@ mod tests {
             "{got} vs {exact}"
         );
 
-        let mut nl: Vec<u8> = (0..8 * IQ4_NL).map(|_| rng.next_u64() as u8).collect();
-        for block in nl.chunks_exact_mut(IQ4_NL) {
-            block[0..2].copy_from_slice(&f16::from_f32(0.01).to_le_bytes());
-        }
-        let a = crate::quant::q8::quantize_row_portable(&x);
-        let mut w = Vec::new();
-        dequantize_iq4_nl(&nl, &mut w);
-        let exact: f32 = (0..QK_K).map(|i| w[i] * a.d[i / 32] * a.qs[i] as f32).sum();
-        let got = dot_iq4_nl_repacked(&nl, &a);
-        assert!(
-            (got - exact).abs() < 1e-3 * exact.abs().max(1.0),
-            "{got} vs {exact}"
-        );
     }
 
     #[test]

@@ -35,6 +35,7 @@ mod dot;
 mod float;
 mod float_rows;
 mod float_simd;
+pub mod formats;
 #[macro_use]
 mod kquant;
 mod block_lanes;
@@ -148,6 +149,8 @@ pub enum OwnFormat {
     /// IQ4_NL in a matrix llama.cpp repacks (rows a multiple of eight), against Q8
     /// activations.
     Iq4NlRepacked,
+    /// A format of a generic family of the registry ([`formats`]), laid out by it.
+    Listed(&'static formats::FormatInfo),
 }
 
 impl OwnFormat {
@@ -166,6 +169,7 @@ impl OwnFormat {
             Self::F32 => cols * 4,
             Self::F16 | Self::Bf16 => cols * 2,
             Self::Q6K => cols / kquant::QK_K * kquant::Q6_K,
+            Self::Listed(f) => f.row_bytes(cols),
         }
     }
 
@@ -178,6 +182,7 @@ impl OwnFormat {
             }
             Self::F32 | Self::F16 => 16,
             Self::Bf16 => 32,
+            Self::Listed(f) => f.block_values,
         }
     }
 }
@@ -205,7 +210,8 @@ impl ActivationKind {
             OwnFormat::Blocks(_)
             | OwnFormat::Q4_0Repacked
             | OwnFormat::Q5_1
-            | OwnFormat::Iq4NlRepacked => Self::Q8,
+            | OwnFormat::Iq4NlRepacked
+            | OwnFormat::Listed(_) => Self::Q8,
             OwnFormat::Q4K | OwnFormat::Q2KRepacked => Self::Q8KByKernel,
             OwnFormat::Q3K | OwnFormat::Q5K | OwnFormat::Q6K | OwnFormat::Iq4Xs => Self::Q8KGemv,
             OwnFormat::F32 => Self::F32,
@@ -343,20 +349,19 @@ impl QMatrix {
         }
     }
 
-    /// A matrix of a type candle does not read, from the file's bytes: IQ4_XS, and IQ4_NL
-    /// where llama.cpp repacks it (rows a multiple of eight); `None` for another type.
+    /// A matrix of a type candle does not read, from the file's bytes, by the registry's
+    /// reader for it ([`formats::MatrixReader::Raw`]); `None` for a type ferrite does not
+    /// read this way or a shape it has no kernel for.
     pub fn from_raw(
         ggml_type: u32,
         data: &[u8],
         rows: usize,
         cols: usize,
     ) -> Option<Result<Self, EngineError>> {
-        let format = match ggml_type {
-            IQ4_XS_TYPE => OwnFormat::Iq4Xs,
-            IQ4_NL_TYPE if rows.is_multiple_of(8) => OwnFormat::Iq4NlRepacked,
-            _ => return None,
-        };
-        Some(Self::from_slice(format, data, rows, cols))
+        match formats::find(ggml_type)?.matrix {
+            formats::MatrixReader::Raw(read) => read(data, rows, cols),
+            formats::MatrixReader::Candle(_) => None,
+        }
     }
 
     /// A `rows × cols` matrix of `format` from its raw blocks, row after row.
@@ -611,22 +616,14 @@ impl QMatrix {
 /// this module).
 pub struct LaidOut(Box<dyn Layout>);
 
-/// ggml's type id of IQ4_NL.
-pub const IQ4_NL_TYPE: u32 = 20;
-/// ggml's type id of IQ4_XS.
-pub const IQ4_XS_TYPE: u32 = 23;
-
-/// Dequantizes one row of a format, appending its values.
-type Dequantize = fn(&[u8], &mut Vec<f32>);
-
 /// A token embedding: rows looked up by token id, as f32.
 pub enum Embedding {
     /// A type candle reads (it dequantizes the rows).
     Candle(QTensor),
-    /// IQ4_NL or IQ4_XS rows, dequantized here.
-    Iq4 {
-        /// ggml's type id.
-        ggml_type: u32,
+    /// Rows of a format candle does not read, dequantized by the registry's code for it.
+    Rows {
+        /// The rows' format (one with [`formats::FormatInfo::dequantize`]).
+        format: &'static formats::FormatInfo,
         /// The rows' bytes.
         data: Vec<u8>,
         /// Values per row.
@@ -642,16 +639,15 @@ impl Embedding {
                 let ids = candle_core::Tensor::new(ids, &candle_core::Device::Cpu)?;
                 Ok(t.embedding(&ids)?.flatten_all()?.to_vec1::<f32>()?)
             }
-            Self::Iq4 {
-                ggml_type,
+            Self::Rows {
+                format,
                 data,
                 width,
             } => {
-                let (row_bytes, dequantize): (usize, Dequantize) = if *ggml_type == IQ4_XS_TYPE {
-                    (width / kquant::QK_K * iq4::IQ4_XS, iq4::dequantize_iq4_xs)
-                } else {
-                    (width / 32 * iq4::IQ4_NL, iq4::dequantize_iq4_nl)
-                };
+                let dequantize = format.dequantize.ok_or_else(|| {
+                    EngineError::InvalidModel(format!("{format:?} embeddings are not read"))
+                })?;
+                let row_bytes = format.row_bytes(*width);
                 let mut out = Vec::with_capacity(ids.len() * width);
                 for &id in ids {
                     let row = data
@@ -779,9 +775,11 @@ mod tests {
                             OwnFormat::Iq4Xs => {
                                 iq4::dot_iq4_xs(w, &kquant::quantize_row_q8k(xt, RowKernel::Gemv))
                             }
-                            OwnFormat::Iq4NlRepacked => {
-                                iq4::dot_iq4_nl_repacked(w, &q8::quantize_row_portable(xt))
-                            }
+                            OwnFormat::Iq4NlRepacked => formats::table4::dot::<formats::iq4_nl::Iq4Nl>(
+                                w,
+                                &q8::quantize_row_portable(xt),
+                            ),
+                            OwnFormat::Listed(_) => unreachable!("not among the formats tried"),
                             OwnFormat::Q2KRepacked => kquant::dot_q2k_repacked(
                                 w,
                                 &kquant::quantize_row_q8k(xt, kernels[t]),

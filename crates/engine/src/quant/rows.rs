@@ -9,6 +9,8 @@ use std::ops::Range;
 
 use super::layout::Layout;
 use super::output::Columns;
+use super::formats::iq4_nl::Iq4Nl;
+use super::formats::table4;
 use super::{dot, iq4, kquant, Activations, OwnFormat, RowKernel, ACT_TILE};
 
 /// A matrix of `format` row after row.
@@ -44,7 +46,7 @@ impl Layout for RowMajor {
                     for (t, a) in a.iter().enumerate() {
                         let v = match format {
                             OwnFormat::Q5_1 => dot::dot_q5_1(w, a),
-                            OwnFormat::Iq4NlRepacked => iq4::dot_iq4_nl_repacked(w, a),
+                            OwnFormat::Iq4NlRepacked => table4::dot::<Iq4Nl>(w, a),
                             // Repacked Q4_0 on CPUs without AVX2 (`block_lanes` elsewhere).
                             _ => dot::dot_q4_0_repacked(w, a),
                         };

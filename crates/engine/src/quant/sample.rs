@@ -46,6 +46,7 @@ fn scale_offsets(format: OwnFormat) -> (&'static [usize], usize) {
         OwnFormat::Iq4Xs => (&[0], super::iq4::IQ4_XS),
         OwnFormat::Iq4NlRepacked => (&[0], super::iq4::IQ4_NL),
         OwnFormat::Q6K => (&[208], Q6_K),
+        OwnFormat::Listed(f) => unreachable!("{f:?}'s tests make their own blocks"),
         OwnFormat::F32 | OwnFormat::F16 | OwnFormat::Bf16 => {
             unreachable!("float formats have no scales")
         }

@@ -42,6 +42,20 @@ pub fn fixture(file: &str) -> serde_json::Value {
     serde_json::from_str(&text).expect("fixture is JSON")
 }
 
+/// The JSON files of a folder of `fixtures/` (`synth`, `formats`), sorted.
+pub fn fixture_files(folder: &str) -> Vec<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures")
+        .join(folder);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    files.sort();
+    files
+}
+
 /// A JSON array of token ids.
 pub fn ids(value: &serde_json::Value) -> Vec<u32> {
     value

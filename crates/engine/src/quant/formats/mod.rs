@@ -1,0 +1,156 @@
+//! The weight formats ferrite reads, one row each ([`FORMATS`], as ggml's type-traits
+//! table): ggml's id and name, the block's geometry, and how a matrix and an embedding of
+//! the format are read. Everything that asks "which types does ferrite read, how large is
+//! a block, what is type 39 called" asks here.
+//!
+//! Formats of a family with a generic reader are a type in a file of their own, implementing
+//! the family's trait: [`table4::Table4`] (32 four-bit indices into a table of sixteen
+//! values, one scale per block: IQ4_NL). A new format of such a family is that
+//! file and its line below. The other formats still go through candle's tensors, whose
+//! matrices `QMatrix::new` gives the kernels of their own modules (`choose.rs`), or
+//! through the raw readers named in their rows.
+
+use candle_core::quantized::GgmlDType;
+
+use super::layout::Layout;
+use super::{iq4, kquant, OwnFormat, QMatrix};
+use crate::error::EngineError;
+
+pub(super) mod iq4_nl;
+pub(super) mod table4;
+
+/// Dequantizes one row of a format, appending its values.
+pub(super) type Dequantize = fn(&[u8], &mut Vec<f32>);
+/// Reads a `rows × cols` matrix from the file's bytes; `None` where there is no kernel
+/// for that shape.
+pub type ReadRaw = fn(&[u8], usize, usize) -> Option<Result<QMatrix, EngineError>>;
+/// Lays a `rows × cols` matrix's raw rows out for this CPU's kernels.
+pub(super) type LayOut = fn(&[u8], usize, usize) -> Box<dyn Layout>;
+
+/// How a format's matrices are read.
+pub enum MatrixReader {
+    /// Through candle's tensor of this type (`QMatrix::new` then picks kernels of our own
+    /// where it has them).
+    Candle(GgmlDType),
+    /// From the file's bytes by ferrite (`rows`, `cols`); `None` where it has no kernel for
+    /// that shape.
+    Raw(ReadRaw),
+}
+
+/// One weight format: a row of the registry.
+pub struct FormatInfo {
+    /// ggml's name (`Q4_K`, `IQ4_XS`).
+    pub name: &'static str,
+    /// ggml's type id.
+    pub ggml_type: u32,
+    /// Values per block.
+    pub block_values: usize,
+    /// Bytes per block.
+    pub block_bytes: usize,
+    /// How its matrices are read.
+    pub matrix: MatrixReader,
+    /// How an embedding's rows are dequantized where candle does not read the format.
+    pub(super) dequantize: Option<Dequantize>,
+    /// The layout of a matrix of a format of a generic family (the matrix's rows and
+    /// columns), chosen for this CPU.
+    pub(super) lay_out: Option<LayOut>,
+}
+
+impl FormatInfo {
+    /// Bytes per row of `cols` values (a multiple of the block).
+    pub fn row_bytes(&self, cols: usize) -> usize {
+        cols / self.block_values * self.block_bytes
+    }
+
+    /// Whether ferrite dequantizes rows of it itself (an embedding candle does not read).
+    pub fn reads_rows(&self) -> bool {
+        self.dequantize.is_some()
+    }
+}
+
+/// A format is its ggml type.
+impl PartialEq for FormatInfo {
+    fn eq(&self, other: &Self) -> bool {
+        self.ggml_type == other.ggml_type
+    }
+}
+
+impl Eq for FormatInfo {}
+
+impl std::fmt::Debug for FormatInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+/// A row for a format candle reads.
+const fn candle(name: &'static str, ggml_type: u32, block: (usize, usize), dtype: GgmlDType) -> FormatInfo {
+    FormatInfo {
+        name,
+        ggml_type,
+        block_values: block.0,
+        block_bytes: block.1,
+        matrix: MatrixReader::Candle(dtype),
+        dequantize: None,
+        lay_out: None,
+    }
+}
+
+/// Every format ferrite reads, in ggml's order of ids.
+pub static FORMATS: &[FormatInfo] = &[
+    candle("F32", 0, (1, 4), GgmlDType::F32),
+    candle("F16", 1, (1, 2), GgmlDType::F16),
+    candle("Q4_0", 2, (32, 18), GgmlDType::Q4_0),
+    candle("Q4_1", 3, (32, 20), GgmlDType::Q4_1),
+    candle("Q5_0", 6, (32, 22), GgmlDType::Q5_0),
+    candle("Q5_1", 7, (32, 24), GgmlDType::Q5_1),
+    candle("Q8_0", 8, (32, 34), GgmlDType::Q8_0),
+    candle("Q2_K", 10, (256, 84), GgmlDType::Q2K),
+    candle("Q3_K", 11, (256, 110), GgmlDType::Q3K),
+    candle("Q4_K", 12, (256, 144), GgmlDType::Q4K),
+    candle("Q5_K", 13, (256, 176), GgmlDType::Q5K),
+    candle("Q6_K", 14, (256, 210), GgmlDType::Q6K),
+    iq4_nl::INFO,
+    FormatInfo {
+        name: "IQ4_XS",
+        ggml_type: 23,
+        block_values: kquant::QK_K,
+        block_bytes: iq4::IQ4_XS,
+        matrix: MatrixReader::Raw(|data, rows, cols| {
+            Some(QMatrix::from_slice(OwnFormat::Iq4Xs, data, rows, cols))
+        }),
+        dequantize: Some(iq4::dequantize_iq4_xs),
+        lay_out: None,
+    },
+    candle("BF16", 30, (1, 2), GgmlDType::BF16),
+];
+
+/// The format of ggml type `id`, if ferrite reads it.
+pub fn find(id: u32) -> Option<&'static FormatInfo> {
+    FORMATS.iter().find(|f| f.ggml_type == id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ids and names are unique, and candle agrees with the geometry of the formats it reads.
+    #[test]
+    fn the_table_is_consistent() {
+        for (i, f) in FORMATS.iter().enumerate() {
+            for g in &FORMATS[i + 1..] {
+                assert!(f.ggml_type < g.ggml_type, "{f:?} before {g:?}, ids in order");
+                assert_ne!(f.name, g.name);
+            }
+            match &f.matrix {
+                MatrixReader::Candle(dtype) => {
+                    assert_eq!(dtype.block_size(), f.block_values, "{f:?}");
+                    assert_eq!(dtype.type_size(), f.block_bytes, "{f:?}");
+                }
+                MatrixReader::Raw(_) => assert!(f.dequantize.is_some(), "{f:?} has no embedding"),
+            }
+        }
+        assert_eq!(find(23).map(|f| f.name), Some("IQ4_XS"));
+        assert!(find(19).is_none());
+    }
+}
