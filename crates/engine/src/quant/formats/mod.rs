@@ -5,7 +5,7 @@
 //!
 //! Formats of a family with a generic reader are a type in a file of their own, implementing
 //! the family's trait: [`table4::Table4`] (32 four-bit indices into a table of sixteen
-//! values, one scale per block: IQ4_NL). A new format of such a family is that
+//! values, one scale per block: IQ4_NL, MXFP4). A new format of such a family is that
 //! file and its line below. The other formats still go through candle's tensors, whose
 //! matrices `QMatrix::new` gives the kernels of their own modules (`choose.rs`), or
 //! through the raw readers named in their rows.
@@ -17,6 +17,7 @@ use super::{iq4, kquant, OwnFormat, QMatrix};
 use crate::error::EngineError;
 
 pub(super) mod iq4_nl;
+mod mxfp4;
 pub(super) mod table4;
 
 /// Dequantizes one row of a format, appending its values.
@@ -123,6 +124,7 @@ pub static FORMATS: &[FormatInfo] = &[
         lay_out: None,
     },
     candle("BF16", 30, (1, 2), GgmlDType::BF16),
+    mxfp4::INFO,
 ];
 
 /// The format of ggml type `id`, if ferrite reads it.
