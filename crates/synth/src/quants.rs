@@ -26,11 +26,12 @@ pub enum WeightType {
     Q6K,
     Iq4Nl,
     Iq4Xs,
+    Mxfp4,
 }
 
 impl WeightType {
     /// Every type, in ggml's order.
-    pub const ALL: [WeightType; 15] = [
+    pub const ALL: [WeightType; 16] = [
         Self::F32,
         Self::F16,
         Self::Bf16,
@@ -46,6 +47,7 @@ impl WeightType {
         Self::Q6K,
         Self::Iq4Nl,
         Self::Iq4Xs,
+        Self::Mxfp4,
     ];
 
     /// The name llama.cpp's tools use (`q4_k`, `f16`, …).
@@ -66,6 +68,7 @@ impl WeightType {
             Self::Q6K => "q6_k",
             Self::Iq4Nl => "iq4_nl",
             Self::Iq4Xs => "iq4_xs",
+            Self::Mxfp4 => "mxfp4",
         }
     }
 
@@ -94,6 +97,7 @@ impl WeightType {
             Self::Iq4Nl => 20,
             Self::Iq4Xs => 23,
             Self::Bf16 => 30,
+            Self::Mxfp4 => 39,
         }
     }
 
@@ -115,6 +119,7 @@ impl WeightType {
             Self::Iq4Nl => 25,
             Self::Iq4Xs => 30,
             Self::Bf16 => 32,
+            Self::Mxfp4 => 38, // MXFP4_MOE, llama-quantize's name for it
         }
     }
 
@@ -122,7 +127,7 @@ impl WeightType {
     pub fn block_len(self) -> usize {
         match self {
             Self::F32 | Self::F16 | Self::Bf16 => 1,
-            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::Iq4Nl => 32,
+            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::Iq4Nl | Self::Mxfp4 => 32,
             _ => 256,
         }
     }
@@ -143,6 +148,7 @@ impl WeightType {
             Self::Q5K => 176,
             Self::Q6K => 210,
             Self::Iq4Xs => 136,
+            Self::Mxfp4 => 17,
         }
     }
 
@@ -237,6 +243,12 @@ impl WeightType {
             Self::Iq4Nl => put(block, 0, d(70.0)),
             // w = d·(s − 32)·kvalues[q], s a 6-bit scale.
             Self::Iq4Xs => put(block, 0, d(1300.0)),
+            // w = 2^(e − 128)·kvalues[q], kvalues twice FP4 (E2M1)'s values, spanning
+            // −12..12 (spread 5.85): a power-of-two scale, its sign left to the table's.
+            Self::Mxfp4 => {
+                let exponent = (scale_of(5.85).abs().log2().round() + 128.0).clamp(2.0, 254.0);
+                block[0] = exponent as u8;
+            }
             Self::F32 | Self::F16 | Self::Bf16 => unreachable!("not a block type"),
         }
     }
@@ -263,7 +275,7 @@ mod tests {
             WeightType::Q4K => GgmlDType::Q4K,
             WeightType::Q5K => GgmlDType::Q5K,
             WeightType::Q6K => GgmlDType::Q6K,
-            WeightType::Iq4Nl | WeightType::Iq4Xs => return None,
+            WeightType::Iq4Nl | WeightType::Iq4Xs | WeightType::Mxfp4 => return None,
         })
     }
 
@@ -301,5 +313,30 @@ mod tests {
             assert!((0.01..0.04).contains(&std), "{t:?}: std {std}");
             assert!(mean.abs() < 0.01, "{t:?}: mean {mean}");
         }
+    }
+
+    /// MXFP4's random values (candle does not read it), decoded as ggml does, spread as
+    /// asked around a mean near zero.
+    #[test]
+    fn random_mxfp4_values_have_the_spread_asked_for() {
+        const VALUES: [f32; 16] = [
+            0., 1., 2., 3., 4., 6., 8., 12., 0., -1., -2., -3., -4., -6., -8., -12.,
+        ];
+        let n = 256 * 64;
+        let bytes = WeightType::Mxfp4.random(&mut Rng::new(1), n, 0.02);
+        let mut v = Vec::with_capacity(n);
+        for block in bytes.chunks_exact(17) {
+            let scale = 2f32.powi(block[0] as i32 - 128);
+            let (lo, hi): (Vec<f32>, Vec<f32>) = block[1..]
+                .iter()
+                .map(|q| (scale * VALUES[(q & 15) as usize], scale * VALUES[(q >> 4) as usize]))
+                .unzip();
+            v.extend(lo);
+            v.extend(hi);
+        }
+        let mean = v.iter().sum::<f32>() / n as f32;
+        let std = (v.iter().map(|x| (x - mean) * (x - mean)).sum::<f32>() / n as f32).sqrt();
+        assert!((0.01..0.04).contains(&std), "std {std}");
+        assert!(mean.abs() < 0.01, "mean {mean}");
     }
 }
