@@ -1,428 +1,26 @@
-//! The engine thread: takes sequences over a channel and runs one batched forward step
-//! at a time over every running sequence (continuous batching).
+//! The engine thread's loop: it takes commands, drops what was abandoned, is late or has
+//! a stalled reader, admits waiting groups within the scheduler's limits (prefix cache
+//! first), runs one batched forward step and hands each sequence its rows.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
-use std::sync::{Arc, OnceLock};
-use std::thread::JoinHandle;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 
-use crate::constrain::{Constraint, ConstraintFactory, Grammar};
+use super::handle::{Command, EngineStats};
+use super::queue::WaitQueue;
+use super::EngineConfig;
 use crate::error::EngineError;
-use crate::lookup::PromptLookup;
-use crate::model::{BatchEntry, Logits, Model, ModelInfo};
+use crate::model::{BatchEntry, Logits, Model};
 use crate::prefix_cache::PrefixCache;
-use crate::running::{Followers, Sequence};
-use crate::scheduler::{self, RunningView, SchedulerConfig, WaitingView};
-use crate::sequence::{self, EventSender, Events, SequenceEvent, SequenceRequest};
+use crate::running::Sequence;
+use crate::scheduler::{self, RunningView};
+use crate::sequence::SequenceEvent;
 use crate::tokenizer::Tokenizer;
-
-/// How the engine runs.
-#[derive(Debug, Clone, Copy)]
-pub struct EngineConfig {
-    /// Admission and batching limits.
-    pub scheduler: SchedulerConfig,
-    /// Longest sequence (prompt plus completion) in tokens.
-    pub context_length: usize,
-    /// KV positions the prefix cache may keep from finished sequences (0: off).
-    pub prefix_cache_positions: usize,
-    /// Most requests (groups of sequences sharing a prompt) waiting for admission; past
-    /// it, submissions fail with [`EngineError::Overloaded`].
-    pub max_waiting: usize,
-    /// Speculative decoding by prompt lookup, or `None` for off.
-    pub prompt_lookup: Option<PromptLookup>,
-    /// Longest a sequence may wait for its reader to catch up (`max_unread_events`
-    /// behind); then it ends with [`SequenceEvent::TimedOut`] and its KV cache and slot
-    /// are freed.
-    pub stalled_reader_timeout: Duration,
-    /// Events a sequence's reader may leave unread before the sequence stops generating
-    /// and waits for it (at least 1; [`crate::sequence::DEFAULT_MAX_UNREAD_EVENTS`]).
-    pub max_unread_events: usize,
-    /// Bytes of logits one step may compute for a prompt whose every position is scored
-    /// (`prompt_logprobs`): such a prompt goes in as many positions a step as they hold,
-    /// one at least ([`DEFAULT_SCORED_LOGITS_BYTES`]).
-    pub scored_logits_bytes: usize,
-    /// Longest shortest match a grammar's regex may have, in bytes; a grammar holding a
-    /// longer one is refused before it compiles
-    /// ([`crate::constrain::regexes::DEFAULT_MAX_REGEX_MATCH_BYTES`]).
-    pub max_regex_match_bytes: usize,
-}
-
-/// Bytes of logits one step computes for a prompt whose every position is scored, unless
-/// configured otherwise ([`EngineConfig::scored_logits_bytes`]): 16 rows of Gemma 3's
-/// vocabulary, 85 of SmolLM2's.
-pub const DEFAULT_SCORED_LOGITS_BYTES: usize = 16 << 20;
-
-/// Counters the engine keeps up to date, for metrics and tests.
-#[derive(Debug, Default)]
-pub struct EngineStats {
-    running: AtomicUsize,
-    /// Requests submitted with a group not yet admitted or dropped (in the channel or
-    /// waiting); one request counts once however many prompt groups it has.
-    queued: AtomicUsize,
-    kv_reserved: AtomicUsize,
-    steps: AtomicU64,
-    prompt_tokens: AtomicU64,
-    generated_tokens: AtomicU64,
-    finished: AtomicU64,
-    abandoned: AtomicU64,
-    timed_out: AtomicU64,
-    draft_tokens_accepted: AtomicU64,
-    draft_tokens_fed: AtomicU64,
-    prefix_cache_hit_tokens: AtomicU64,
-}
-
-/// A copy of the engine's counters at one moment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StatsSnapshot {
-    /// Sequences in the running batch.
-    pub running: usize,
-    /// Requests submitted with a prompt group not yet admitted (one count per request,
-    /// however many prompts it has).
-    pub queued: usize,
-    /// KV cache positions the running sequences reserve.
-    pub kv_reserved: usize,
-    /// KV cache positions they may reserve together.
-    pub kv_budget: usize,
-    /// Forward steps run.
-    pub steps: u64,
-    /// Prompt tokens run through the model.
-    pub prompt_tokens: u64,
-    /// Tokens generated.
-    pub generated_tokens: u64,
-    /// Sequences that finished normally.
-    pub finished: u64,
-    /// Sequences dropped because their receiver went away.
-    pub abandoned: u64,
-    /// Sequences ended by their deadline.
-    pub timed_out: u64,
-    /// Draft tokens (predicted, forced by a grammar, or found by prompt lookup) accepted:
-    /// generated without a forward step of their own.
-    pub draft_tokens_accepted: u64,
-    /// Draft tokens fed to forward steps for verification, accepted or not.
-    pub draft_tokens_fed: u64,
-    /// Prompt tokens whose keys and values came from the prefix cache.
-    pub prefix_cache_hit_tokens: u64,
-}
-
-/// A request waiting for admission: its first sequence and the choices that share its
-/// prompt.
-struct Pending {
-    request: Box<SequenceRequest>,
-    events: EventSender,
-    followers: Followers,
-    /// The submission this group belongs to, shared by its groups: it counts once in
-    /// the waiting queue's bound, until its last group leaves the queue.
-    slot: Arc<QueueSlot>,
-}
-
-/// One submission's place in the waiting queue's count: dropped with the last of its
-/// groups to leave the queue (admitted, abandoned, late, aborted, or never delivered).
-struct QueueSlot {
-    stats: Arc<EngineStats>,
-    /// The submission's number, which its sequences carry while they run.
-    request: u64,
-}
-
-/// Numbers submissions ([`QueueSlot::request`]).
-static NEXT_REQUEST: AtomicU64 = AtomicU64::new(0);
-
-impl Drop for QueueSlot {
-    fn drop(&mut self) {
-        self.stats.queued.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-impl Pending {
-    fn view(&self) -> WaitingView {
-        WaitingView {
-            need: self.request.kv_need()
-                + self
-                    .followers
-                    .iter()
-                    .map(|(r, _)| r.kv_need())
-                    .sum::<usize>(),
-            sequences: 1 + self.followers.len(),
-            request: self.slot.request,
-        }
-    }
-
-    fn is_abandoned(&self) -> bool {
-        self.events.is_closed() && self.followers.iter().all(|(_, e)| e.is_closed())
-    }
-
-    fn is_late(&self, now: Instant) -> bool {
-        self.request.deadline.is_some_and(|d| now >= d)
-    }
-
-    /// Sends `event` to every sequence of the request.
-    fn end(self, event: SequenceEvent) {
-        for (_, events) in &self.followers {
-            events.send(event.clone());
-        }
-        self.events.send(event);
-    }
-}
-
-enum Command {
-    Submit(Pending),
-    /// End everything queued or running with [`SequenceEvent::Aborted`]; keep running.
-    Abort,
-    Shutdown,
-}
-
-/// A cheap, cloneable way to submit work to the engine.
-#[derive(Clone)]
-pub struct EngineHandle {
-    commands: Sender<Command>,
-    tokenizer: Arc<Tokenizer>,
-    info: ModelInfo,
-    config: EngineConfig,
-    stats: Arc<EngineStats>,
-    constraints: Arc<OnceLock<Result<ConstraintFactory, String>>>,
-    closed: Arc<AtomicBool>,
-}
-
-impl EngineHandle {
-    /// Compiles a grammar for one sequence (clone the result for more). The error is the
-    /// grammar compiler's message. The vocabulary is indexed for grammars on first use.
-    pub fn compile_grammar(&self, grammar: &Grammar) -> Result<Constraint, String> {
-        let factory = self.constraints.get_or_init(|| {
-            ConstraintFactory::new(
-                Arc::clone(&self.tokenizer),
-                self.config.max_regex_match_bytes,
-            )
-            .map_err(|e| e.to_string())
-        });
-        match factory {
-            Ok(factory) => factory.compile(grammar),
-            Err(e) => Err(format!(
-                "structured output is unavailable for this model: {e}"
-            )),
-        }
-    }
-
-    /// Queues one sequence; its events arrive on the returned receiver. Dropping the
-    /// receiver cancels the sequence at the next step.
-    pub fn submit(&self, request: SequenceRequest) -> Result<Events, EngineError> {
-        Ok(self.submit_group(vec![request])?.remove(0))
-    }
-
-    /// Queues sequences that share one prompt (the choices of one prompt): the prompt is
-    /// computed once and every sequence starts from its cache. One receiver per request,
-    /// in order.
-    pub fn submit_group(&self, requests: Vec<SequenceRequest>) -> Result<Vec<Events>, EngineError> {
-        Ok(self.submit_groups(vec![requests])?.remove(0))
-    }
-
-    /// Queues several groups (one request's prompts) at once: all of them, or none when
-    /// the waiting queue is full ([`EngineError::Overloaded`]). The queue's bound counts
-    /// requests, not prompts: a request with many prompts takes one place, and admission
-    /// takes the groups of the waiting requests in turn, so it cannot starve the others.
-    pub fn submit_groups(
-        &self,
-        groups: Vec<Vec<SequenceRequest>>,
-    ) -> Result<Vec<Vec<Events>>, EngineError> {
-        if self.closed.load(Ordering::Acquire) {
-            return Err(EngineError::Stopped);
-        }
-        for requests in &groups {
-            let Some(first) = requests.first() else {
-                return Err(EngineError::InvalidRequest("no sequences to run".into()));
-            };
-            if requests.iter().any(|r| r.prompt != first.prompt) {
-                return Err(EngineError::InvalidRequest(
-                    "the sequences of a group must share their prompt".into(),
-                ));
-            }
-            for request in requests {
-                self.check(request)?;
-            }
-            let need: usize = requests.iter().map(SequenceRequest::kv_need).sum();
-            if need > self.config.scheduler.kv_budget {
-                return Err(EngineError::InvalidRequest(format!(
-                    "the sequences need {need} KV cache positions together; the budget is {}",
-                    self.config.scheduler.kv_budget
-                )));
-            }
-        }
-        let count = groups.len();
-        let max = self.config.max_waiting;
-        self.stats
-            .queued
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
-                (q < max.max(1)).then_some(q + 1)
-            })
-            .map_err(EngineError::Overloaded)?;
-        let slot = Arc::new(QueueSlot {
-            stats: Arc::clone(&self.stats),
-            request: NEXT_REQUEST.fetch_add(1, Ordering::Relaxed),
-        });
-        let mut all = Vec::with_capacity(count);
-        for requests in groups {
-            let mut receivers = Vec::with_capacity(requests.len());
-            let mut members = requests.into_iter().map(|r| {
-                let (tx, rx) = sequence::channel(self.config.max_unread_events);
-                receivers.push(rx);
-                (r, tx)
-            });
-            let (request, events) = members.next().expect("one request at least");
-            let pending = Pending {
-                request: Box::new(request),
-                events,
-                followers: members.collect(),
-                slot: Arc::clone(&slot),
-            };
-            if self.commands.send(Command::Submit(pending)).is_err() {
-                // The engine thread is gone: the groups never reach its queue, and the
-                // slot is given back with them.
-                return Err(EngineError::Stopped);
-            }
-            all.push(receivers);
-        }
-        Ok(all)
-    }
-
-    /// Refuses every later submission ([`EngineError::Stopped`]); what is queued or
-    /// running goes on.
-    pub fn close(&self) {
-        self.closed.store(true, Ordering::Release);
-    }
-
-    /// Ends everything queued or running now with [`SequenceEvent::Aborted`]; the engine
-    /// keeps running.
-    pub fn abort_all(&self) {
-        let _ = self.commands.send(Command::Abort);
-    }
-
-    fn check(&self, request: &SequenceRequest) -> Result<(), EngineError> {
-        if request.prompt.is_empty() {
-            return Err(EngineError::InvalidRequest("the prompt is empty".into()));
-        }
-        let vocab = self.info.vocab_size as u32;
-        if let Some(bad) = request.prompt.iter().find(|&&t| t >= vocab) {
-            return Err(EngineError::InvalidRequest(format!(
-                "token id {bad} is out of the vocabulary (0..{vocab})"
-            )));
-        }
-        if request.prompt.len() >= self.config.context_length {
-            return Err(EngineError::InvalidRequest(format!(
-                "the prompt has {} tokens; this model's context is {}",
-                request.prompt.len(),
-                self.config.context_length
-            )));
-        }
-        if let Some(bad) = request
-            .stop_token_ids
-            .iter()
-            .chain(request.prediction.iter())
-            .chain(request.sampling.logit_bias.iter().map(|(id, _)| id))
-            .find(|&&t| t >= vocab)
-        {
-            return Err(EngineError::InvalidRequest(format!(
-                "token id {bad} is out of the vocabulary (0..{vocab})"
-            )));
-        }
-        Ok(())
-    }
-
-    /// The model's tokenizer.
-    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
-        &self.tokenizer
-    }
-
-    /// Facts about the loaded model.
-    pub fn info(&self) -> &ModelInfo {
-        &self.info
-    }
-
-    /// Longest sequence (prompt plus completion) the engine runs.
-    pub fn context_length(&self) -> usize {
-        self.config.context_length
-    }
-
-    /// The engine's counters now.
-    pub fn stats(&self) -> StatsSnapshot {
-        let s = &self.stats;
-        StatsSnapshot {
-            running: s.running.load(Ordering::Relaxed),
-            queued: s.queued.load(Ordering::Relaxed),
-            kv_reserved: s.kv_reserved.load(Ordering::Relaxed),
-            kv_budget: self.config.scheduler.kv_budget,
-            steps: s.steps.load(Ordering::Relaxed),
-            prompt_tokens: s.prompt_tokens.load(Ordering::Relaxed),
-            generated_tokens: s.generated_tokens.load(Ordering::Relaxed),
-            finished: s.finished.load(Ordering::Relaxed),
-            abandoned: s.abandoned.load(Ordering::Relaxed),
-            timed_out: s.timed_out.load(Ordering::Relaxed),
-            draft_tokens_accepted: s.draft_tokens_accepted.load(Ordering::Relaxed),
-            draft_tokens_fed: s.draft_tokens_fed.load(Ordering::Relaxed),
-            prefix_cache_hit_tokens: s.prefix_cache_hit_tokens.load(Ordering::Relaxed),
-        }
-    }
-}
-
-/// The running engine: its thread and a handle to it.
-pub struct Engine {
-    handle: EngineHandle,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Engine {
-    /// Starts the engine thread for `model`.
-    pub fn start(mut model: Box<dyn Model>, tokenizer: Tokenizer, config: EngineConfig) -> Self {
-        model.set_context_length(config.context_length);
-        let (tx, rx) = mpsc::channel();
-        let tokenizer = Arc::new(tokenizer);
-        let stats = Arc::new(EngineStats::default());
-        let info = model.info().clone();
-        let worker = Worker {
-            prefill_token_seconds: 0.0,
-            model,
-            tokenizer: Arc::clone(&tokenizer),
-            config,
-            stats: Arc::clone(&stats),
-            waiting: VecDeque::new(),
-            running: Vec::new(),
-            prefix_cache: PrefixCache::new(config.prefix_cache_positions),
-        };
-        let thread = std::thread::Builder::new()
-            .name("ferrite-engine".into())
-            .spawn(move || worker.run(rx))
-            .expect("spawning the engine thread");
-        let handle = EngineHandle {
-            commands: tx,
-            tokenizer,
-            info,
-            config,
-            stats,
-            constraints: Arc::new(OnceLock::new()),
-            closed: Arc::new(AtomicBool::new(false)),
-        };
-        Self {
-            handle,
-            thread: Some(thread),
-        }
-    }
-
-    /// A handle for submitting work.
-    pub fn handle(&self) -> EngineHandle {
-        self.handle.clone()
-    }
-
-    /// Aborts whatever is still queued or running and stops the thread.
-    pub fn shutdown(mut self) {
-        self.handle.close();
-        let _ = self.handle.commands.send(Command::Shutdown);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
 
 /// How long a step that carries a prefill chunk may take while other sequences run:
 /// each of them waits that long for its next token. The chunk is sized from
@@ -448,7 +46,8 @@ const MIN_PREFILL_CHUNK: usize = 16;
 /// every sequence in it.
 const LOOKUP_MAX_DECODING: usize = 4;
 
-struct Worker {
+/// The engine thread's state.
+pub(super) struct Worker {
     /// Seconds per prompt token of the last step that carried a prefill chunk (none
     /// yet: 0), which sizes the next chunk to [`PREFILL_STEP_TARGET`] or
     /// [`PREFILL_ALONE_TARGET`].
@@ -457,13 +56,33 @@ struct Worker {
     tokenizer: Arc<Tokenizer>,
     config: EngineConfig,
     stats: Arc<EngineStats>,
-    waiting: VecDeque<Pending>,
+    waiting: WaitQueue,
     running: Vec<Sequence>,
     prefix_cache: PrefixCache,
 }
 
 impl Worker {
-    fn run(mut self, commands: Receiver<Command>) {
+    /// The state of a new engine thread for `model`.
+    pub fn new(
+        model: Box<dyn Model>,
+        tokenizer: Arc<Tokenizer>,
+        config: EngineConfig,
+        stats: Arc<EngineStats>,
+    ) -> Self {
+        Self {
+            prefill_token_seconds: 0.0,
+            model,
+            tokenizer,
+            config,
+            stats,
+            waiting: WaitQueue::default(),
+            running: Vec::new(),
+            prefix_cache: PrefixCache::new(config.prefix_cache_positions),
+        }
+    }
+
+    /// Runs until told to stop, or until the handles are gone and nothing is left to run.
+    pub fn run(mut self, commands: Receiver<Command>) {
         loop {
             if self.running.is_empty() && self.waiting.is_empty() {
                 match commands.recv() {
@@ -504,7 +123,7 @@ impl Worker {
     fn handle(&mut self, cmd: Command) -> bool {
         match cmd {
             Command::Submit(pending) => {
-                self.waiting.push_back(pending);
+                self.waiting.push(pending);
                 true
             }
             Command::Abort => {
@@ -527,9 +146,7 @@ impl Worker {
                 "aborting what is still queued or running"
             );
         }
-        for pending in self.waiting.drain(..) {
-            pending.end(SequenceEvent::Aborted);
-        }
+        self.waiting.end_all(SequenceEvent::Aborted);
         for seq in &mut self.running {
             seq.end(SequenceEvent::Aborted);
         }
@@ -537,11 +154,11 @@ impl Worker {
         self.publish_counts();
     }
 
+    /// Drops the sequences, running or waiting, whose clients went away.
     fn drop_abandoned(&mut self) {
-        let before = self.running.len() + self.waiting.len();
+        let before = self.running.len();
         self.running.retain(|s| !s.is_abandoned());
-        self.waiting.retain(|p| !p.is_abandoned());
-        let dropped = before - self.running.len() - self.waiting.len();
+        let dropped = before - self.running.len() + self.waiting.drop_abandoned();
         if dropped > 0 {
             self.stats
                 .abandoned
@@ -562,13 +179,7 @@ impl Worker {
             }
             !is_late
         });
-        let (keep, gone): (VecDeque<Pending>, VecDeque<Pending>) =
-            self.waiting.drain(..).partition(|p| !p.is_late(now));
-        self.waiting = keep;
-        for pending in gone {
-            late += 1;
-            pending.end(SequenceEvent::TimedOut);
-        }
+        late += self.waiting.end_late(now);
         if late > 0 {
             self.stats.timed_out.fetch_add(late, Ordering::Relaxed);
         }
@@ -604,8 +215,8 @@ impl Worker {
     fn admit(&mut self) {
         let reserved: usize = self.running.iter().map(Sequence::reservation).sum();
         let running_requests: HashSet<u64> = self.running.iter().map(|s| s.request).collect();
-        let order = self.admission_order();
-        let views: Vec<WaitingView> = order.iter().map(|&i| self.waiting[i].view()).collect();
+        let order = self.waiting.admission_order();
+        let views = self.waiting.views(&order);
         let chosen = scheduler::admit(
             &self.config.scheduler,
             self.running.len(),
@@ -617,12 +228,7 @@ impl Worker {
             return;
         }
         let n = chosen.len();
-        let mut queue: Vec<Option<Pending>> = self.waiting.drain(..).map(Some).collect();
-        let admitted: Vec<Pending> = chosen
-            .iter()
-            .map(|&c| queue[order[c]].take().expect("each group is chosen once"))
-            .collect();
-        self.waiting = queue.into_iter().flatten().collect();
+        let admitted = self.waiting.take(chosen.iter().map(|&c| order[c]));
         let mut slots = Vec::with_capacity(n);
         for pending in admitted {
             let prompt = &pending.request.prompt;
@@ -667,27 +273,7 @@ impl Worker {
         drop(slots);
     }
 
-    /// Indices into the waiting queue in admission order: the first group of every
-    /// waiting request (oldest first), then the second of each, and so on.
-    fn admission_order(&self) -> Vec<usize> {
-        let mut requests: Vec<Vec<usize>> = Vec::new();
-        let mut index: HashMap<*const QueueSlot, usize> = HashMap::new();
-        for (i, pending) in self.waiting.iter().enumerate() {
-            let r = *index.entry(Arc::as_ptr(&pending.slot)).or_insert_with(|| {
-                requests.push(Vec::new());
-                requests.len() - 1
-            });
-            requests[r].push(i);
-        }
-        let mut order = Vec::with_capacity(self.waiting.len());
-        let mut round = 0;
-        while order.len() < self.waiting.len() {
-            order.extend(requests.iter().filter_map(|groups| groups.get(round)));
-            round += 1;
-        }
-        order
-    }
-
+    /// Runs one forward step over the running sequences, as the scheduler plans it.
     fn step(&mut self) {
         if self.running.is_empty() {
             return;
@@ -849,6 +435,7 @@ impl Worker {
         Ok(finished)
     }
 
+    /// Ends every running sequence with an error.
     fn fail_all(&mut self, message: &str) {
         tracing::error!(
             message,
@@ -861,6 +448,7 @@ impl Worker {
         self.running.clear();
     }
 
+    /// Stores the running count and the KV reserved in the counters.
     fn publish_counts(&self) {
         self.stats
             .running

@@ -1,0 +1,295 @@
+//! The engine's API: a cheap, cloneable [`EngineHandle`] that checks a request once (the
+//! prompt, its token ids against the vocabulary, the context and the KV budget) and
+//! queues it, and the counters the engine keeps for metrics and tests.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, OnceLock};
+
+use super::queue::{Pending, QueueSlot};
+use super::EngineConfig;
+use crate::constrain::{Constraint, ConstraintFactory, Grammar};
+use crate::error::EngineError;
+use crate::model::ModelInfo;
+use crate::sequence::{self, Events, SequenceRequest};
+use crate::tokenizer::Tokenizer;
+
+/// Counters the engine keeps up to date, for metrics and tests.
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    pub(super) running: AtomicUsize,
+    /// Requests submitted with a group not yet admitted or dropped (in the channel or
+    /// waiting); one request counts once however many prompt groups it has.
+    pub(super) queued: AtomicUsize,
+    pub(super) kv_reserved: AtomicUsize,
+    pub(super) steps: AtomicU64,
+    pub(super) prompt_tokens: AtomicU64,
+    pub(super) generated_tokens: AtomicU64,
+    pub(super) finished: AtomicU64,
+    pub(super) abandoned: AtomicU64,
+    pub(super) timed_out: AtomicU64,
+    pub(super) draft_tokens_accepted: AtomicU64,
+    pub(super) draft_tokens_fed: AtomicU64,
+    pub(super) prefix_cache_hit_tokens: AtomicU64,
+}
+
+impl EngineStats {
+    /// A submission left the waiting queue (its last group was admitted or dropped).
+    pub(super) fn leave_queue(&self) {
+        self.queued.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A copy of the engine's counters at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Sequences in the running batch.
+    pub running: usize,
+    /// Requests submitted with a prompt group not yet admitted (one count per request,
+    /// however many prompts it has).
+    pub queued: usize,
+    /// KV cache positions the running sequences reserve.
+    pub kv_reserved: usize,
+    /// KV cache positions they may reserve together.
+    pub kv_budget: usize,
+    /// Forward steps run.
+    pub steps: u64,
+    /// Prompt tokens run through the model.
+    pub prompt_tokens: u64,
+    /// Tokens generated.
+    pub generated_tokens: u64,
+    /// Sequences that finished normally.
+    pub finished: u64,
+    /// Sequences dropped because their receiver went away.
+    pub abandoned: u64,
+    /// Sequences ended by their deadline.
+    pub timed_out: u64,
+    /// Draft tokens (predicted, forced by a grammar, or found by prompt lookup) accepted:
+    /// generated without a forward step of their own.
+    pub draft_tokens_accepted: u64,
+    /// Draft tokens fed to forward steps for verification, accepted or not.
+    pub draft_tokens_fed: u64,
+    /// Prompt tokens whose keys and values came from the prefix cache.
+    pub prefix_cache_hit_tokens: u64,
+}
+
+/// What the handle sends the engine thread.
+pub(super) enum Command {
+    Submit(Pending),
+    /// End everything queued or running with [`SequenceEvent::Aborted`]; keep running.
+    Abort,
+    Shutdown,
+}
+
+/// A cheap, cloneable way to submit work to the engine.
+#[derive(Clone)]
+pub struct EngineHandle {
+    commands: Sender<Command>,
+    tokenizer: Arc<Tokenizer>,
+    info: ModelInfo,
+    config: EngineConfig,
+    stats: Arc<EngineStats>,
+    constraints: Arc<OnceLock<Result<ConstraintFactory, String>>>,
+    closed: Arc<AtomicBool>,
+}
+
+impl EngineHandle {
+    /// A handle that sends `commands` to the engine thread.
+    pub(super) fn new(
+        commands: Sender<Command>,
+        tokenizer: Arc<Tokenizer>,
+        info: ModelInfo,
+        config: EngineConfig,
+        stats: Arc<EngineStats>,
+    ) -> Self {
+        Self {
+            commands,
+            tokenizer,
+            info,
+            config,
+            stats,
+            constraints: Arc::new(OnceLock::new()),
+            closed: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Sends the engine thread a command (it may be gone: nothing to tell then).
+    pub(super) fn send(&self, command: Command) {
+        let _ = self.commands.send(command);
+    }
+
+    /// Compiles a grammar for one sequence (clone the result for more). The error is the
+    /// grammar compiler's message. The vocabulary is indexed for grammars on first use.
+    pub fn compile_grammar(&self, grammar: &Grammar) -> Result<Constraint, String> {
+        let factory = self.constraints.get_or_init(|| {
+            ConstraintFactory::new(
+                Arc::clone(&self.tokenizer),
+                self.config.max_regex_match_bytes,
+            )
+            .map_err(|e| e.to_string())
+        });
+        match factory {
+            Ok(factory) => factory.compile(grammar),
+            Err(e) => Err(format!(
+                "structured output is unavailable for this model: {e}"
+            )),
+        }
+    }
+
+    /// Queues one sequence; its events arrive on the returned receiver. Dropping the
+    /// receiver cancels the sequence at the next step.
+    pub fn submit(&self, request: SequenceRequest) -> Result<Events, EngineError> {
+        Ok(self.submit_group(vec![request])?.remove(0))
+    }
+
+    /// Queues sequences that share one prompt (the choices of one prompt): the prompt is
+    /// computed once and every sequence starts from its cache. One receiver per request,
+    /// in order.
+    pub fn submit_group(&self, requests: Vec<SequenceRequest>) -> Result<Vec<Events>, EngineError> {
+        Ok(self.submit_groups(vec![requests])?.remove(0))
+    }
+
+    /// Queues several groups (one request's prompts) at once: all of them, or none when
+    /// the waiting queue is full ([`EngineError::Overloaded`]). The queue's bound counts
+    /// requests, not prompts: a request with many prompts takes one place, and admission
+    /// takes the groups of the waiting requests in turn, so it cannot starve the others.
+    pub fn submit_groups(
+        &self,
+        groups: Vec<Vec<SequenceRequest>>,
+    ) -> Result<Vec<Vec<Events>>, EngineError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(EngineError::Stopped);
+        }
+        for requests in &groups {
+            let Some(first) = requests.first() else {
+                return Err(EngineError::InvalidRequest("no sequences to run".into()));
+            };
+            if requests.iter().any(|r| r.prompt != first.prompt) {
+                return Err(EngineError::InvalidRequest(
+                    "the sequences of a group must share their prompt".into(),
+                ));
+            }
+            for request in requests {
+                self.check(request)?;
+            }
+            let need: usize = requests.iter().map(SequenceRequest::kv_need).sum();
+            if need > self.config.scheduler.kv_budget {
+                return Err(EngineError::InvalidRequest(format!(
+                    "the sequences need {need} KV cache positions together; the budget is {}",
+                    self.config.scheduler.kv_budget
+                )));
+            }
+        }
+        let count = groups.len();
+        let max = self.config.max_waiting;
+        self.stats
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                (q < max.max(1)).then_some(q + 1)
+            })
+            .map_err(EngineError::Overloaded)?;
+        let slot = QueueSlot::new(Arc::clone(&self.stats));
+        let mut all = Vec::with_capacity(count);
+        for requests in groups {
+            let mut receivers = Vec::with_capacity(requests.len());
+            let mut members = requests.into_iter().map(|r| {
+                let (tx, rx) = sequence::channel(self.config.max_unread_events);
+                receivers.push(rx);
+                (r, tx)
+            });
+            let (request, events) = members.next().expect("one request at least");
+            let pending = Pending {
+                request: Box::new(request),
+                events,
+                followers: members.collect(),
+                slot: Arc::clone(&slot),
+            };
+            if self.commands.send(Command::Submit(pending)).is_err() {
+                // The engine thread is gone: the groups never reach its queue, and the
+                // slot is given back with them.
+                return Err(EngineError::Stopped);
+            }
+            all.push(receivers);
+        }
+        Ok(all)
+    }
+
+    /// Refuses every later submission ([`EngineError::Stopped`]); what is queued or
+    /// running goes on.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
+    /// Ends everything queued or running now with [`SequenceEvent::Aborted`]; the engine
+    /// keeps running.
+    pub fn abort_all(&self) {
+        self.send(Command::Abort);
+    }
+
+    fn check(&self, request: &SequenceRequest) -> Result<(), EngineError> {
+        if request.prompt.is_empty() {
+            return Err(EngineError::InvalidRequest("the prompt is empty".into()));
+        }
+        let vocab = self.info.vocab_size as u32;
+        if let Some(bad) = request.prompt.iter().find(|&&t| t >= vocab) {
+            return Err(EngineError::InvalidRequest(format!(
+                "token id {bad} is out of the vocabulary (0..{vocab})"
+            )));
+        }
+        if request.prompt.len() >= self.config.context_length {
+            return Err(EngineError::InvalidRequest(format!(
+                "the prompt has {} tokens; this model's context is {}",
+                request.prompt.len(),
+                self.config.context_length
+            )));
+        }
+        if let Some(bad) = request
+            .stop_token_ids
+            .iter()
+            .chain(request.prediction.iter())
+            .chain(request.sampling.logit_bias.iter().map(|(id, _)| id))
+            .find(|&&t| t >= vocab)
+        {
+            return Err(EngineError::InvalidRequest(format!(
+                "token id {bad} is out of the vocabulary (0..{vocab})"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The model's tokenizer.
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
+    /// Facts about the loaded model.
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    /// Longest sequence (prompt plus completion) the engine runs.
+    pub fn context_length(&self) -> usize {
+        self.config.context_length
+    }
+
+    /// The engine's counters now.
+    pub fn stats(&self) -> StatsSnapshot {
+        let s = &self.stats;
+        StatsSnapshot {
+            running: s.running.load(Ordering::Relaxed),
+            queued: s.queued.load(Ordering::Relaxed),
+            kv_reserved: s.kv_reserved.load(Ordering::Relaxed),
+            kv_budget: self.config.scheduler.kv_budget,
+            steps: s.steps.load(Ordering::Relaxed),
+            prompt_tokens: s.prompt_tokens.load(Ordering::Relaxed),
+            generated_tokens: s.generated_tokens.load(Ordering::Relaxed),
+            finished: s.finished.load(Ordering::Relaxed),
+            abandoned: s.abandoned.load(Ordering::Relaxed),
+            timed_out: s.timed_out.load(Ordering::Relaxed),
+            draft_tokens_accepted: s.draft_tokens_accepted.load(Ordering::Relaxed),
+            draft_tokens_fed: s.draft_tokens_fed.load(Ordering::Relaxed),
+            prefix_cache_hit_tokens: s.prefix_cache_hit_tokens.load(Ordering::Relaxed),
+        }
+    }
+}
+
