@@ -1,7 +1,8 @@
 //! The engine: a thread that takes sequences over a channel and runs one batched forward
 //! step at a time over every running sequence (continuous batching). Three parts:
 //!
-//! - [`handle`]: the engine's API ([`EngineHandle`]), which checks a request once and queues it;
+//! - [`handle`]: the engine's API ([`EngineHandle`]), which checks a request once and queues it,
+//!   and reads the engine's counters (`stats`);
 //! - [`queue`]: the requests waiting for admission, their order (round robin over requests)
 //!   and what leaves the queue before it runs (abandoned, late, aborted);
 //! - [`step_loop`]: the thread's loop: commands in, admission within the scheduler's
@@ -19,12 +20,14 @@ use crate::tokenizer::Tokenizer;
 
 pub mod handle;
 mod queue;
+mod stats;
 mod step_loop;
 #[cfg(test)]
 mod tests;
 
 pub use handle::{EngineHandle, StatsSnapshot};
-use handle::{Command, EngineStats};
+use handle::Command;
+use stats::EngineStats;
 
 /// How the engine runs.
 #[derive(Debug, Clone, Copy)]

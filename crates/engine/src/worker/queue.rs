@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::handle::EngineStats;
+use super::stats::EngineStats;
 use crate::running::Followers;
 use crate::scheduler::WaitingView;
 use crate::sequence::{EventSender, SequenceEvent, SequenceRequest};

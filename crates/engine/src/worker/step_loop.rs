@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 
-use super::handle::{Command, EngineStats};
+use super::handle::Command;
+use super::stats::EngineStats;
 use super::queue::WaitQueue;
 use super::EngineConfig;
 use crate::error::EngineError;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use ferrite_synth::{write_model, Arch, Shape, Spec, WeightType};
 
-use super::handle::EngineStats;
+use super::stats::EngineStats;
 use super::queue::{Pending, QueueSlot, WaitQueue};
 use super::{Engine, EngineConfig, EngineHandle};
 use crate::sampling::SamplingParams;
