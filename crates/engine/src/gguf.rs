@@ -269,7 +269,10 @@ fn check_tensors(
     for (name, info) in tensors {
         let dims = &info.dims;
         let Some((block, block_bytes)) = type_geometry(info.ggml_type) else {
-            let readable: Vec<String> = formats::FORMATS.iter().map(|f| f.name.to_string()).collect();
+            let readable: Vec<String> = formats::FORMATS
+                .iter()
+                .map(|f| f.name.to_string())
+                .collect();
             return Err(format!(
                 "tensor `{name}` is of type {} (ggml type {}), which ferrite does not read yet \
                  (it reads {})",

@@ -6,7 +6,6 @@
 
 mod common;
 
-
 use ferrite_engine::gguf::GgufFile;
 use ferrite_engine::quant::{QMatrix, RowKernel};
 use ferrite_synth::{write_model, Arch, Spec, WeightType};
@@ -101,7 +100,10 @@ fn every_format_multiplies_and_dequantizes_as_llama_cpp() {
                 .collect();
             let got = matrix.matmul(&x, &kernels).unwrap();
             if let Some(d) = first_difference(&got, &floats(&product["result"])) {
-                failures.push(format!("{}: product {i} ({name}, {rows}x{cols}): {d}", ty.name()));
+                failures.push(format!(
+                    "{}: product {i} ({name}, {rows}x{cols}): {d}",
+                    ty.name()
+                ));
             }
         }
         let embedding = &data["embedding"];

@@ -127,7 +127,13 @@ impl WeightType {
     pub fn block_len(self) -> usize {
         match self {
             Self::F32 | Self::F16 | Self::Bf16 => 1,
-            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::Iq4Nl | Self::Mxfp4 => 32,
+            Self::Q4_0
+            | Self::Q4_1
+            | Self::Q5_0
+            | Self::Q5_1
+            | Self::Q8_0
+            | Self::Iq4Nl
+            | Self::Mxfp4 => 32,
             _ => 256,
         }
     }
@@ -329,7 +335,12 @@ mod tests {
             let scale = 2f32.powi(block[0] as i32 - 128);
             let (lo, hi): (Vec<f32>, Vec<f32>) = block[1..]
                 .iter()
-                .map(|q| (scale * VALUES[(q & 15) as usize], scale * VALUES[(q >> 4) as usize]))
+                .map(|q| {
+                    (
+                        scale * VALUES[(q & 15) as usize],
+                        scale * VALUES[(q >> 4) as usize],
+                    )
+                })
                 .unzip();
             v.extend(lo);
             v.extend(hi);

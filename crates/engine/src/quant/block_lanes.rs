@@ -606,7 +606,9 @@ mod tests {
                                         crate::quant::dot::dot_q4_0_repacked(w(), &acts[t])
                                     }
                                     (true, OwnFormat::Iq4NlRepacked) => {
-                                        crate::quant::formats::table4::dot::<crate::quant::formats::iq4_nl::Iq4Nl>(w(), &acts[t])
+                                        crate::quant::formats::table4::dot::<
+                                            crate::quant::formats::iq4_nl::Iq4Nl,
+                                        >(w(), &acts[t])
                                     }
                                     (true, OwnFormat::Q5_1) => {
                                         crate::quant::dot::dot_q5_1(w(), &acts[t])

@@ -82,7 +82,9 @@ fn choose(format: OwnFormat, data: &[u8], rows: usize, cols: usize) -> Box<dyn L
         OwnFormat::Iq4Xs if crate::simd::avx2() => {
             Box::new(KLanes::new(KLaneFormat::Iq4Xs, data, rows, blocks))
         }
-        OwnFormat::Listed(f) => (f.lay_out.expect("the registry lays out its own formats"))(data, rows, cols),
+        OwnFormat::Listed(f) => {
+            (f.lay_out.expect("the registry lays out its own formats"))(data, rows, cols)
+        }
         OwnFormat::F32 => Box::new(FloatRows::<f32>::new(data, cols)),
         OwnFormat::F16 => Box::new(FloatRows::<half::f16>::new(data, cols)),
         OwnFormat::Bf16 => Box::new(FloatRows::<half::bf16>::new(data, cols)),

@@ -134,7 +134,6 @@ mod tests {
             (got - exact).abs() < 1e-3 * exact.abs().max(1.0),
             "{got} vs {exact}"
         );
-
     }
 
     #[test]

@@ -775,9 +775,10 @@ mod tests {
                             OwnFormat::Iq4Xs => {
                                 iq4::dot_iq4_xs(w, &kquant::quantize_row_q8k(xt, RowKernel::Gemv))
                             }
-                            OwnFormat::Iq4NlRepacked => formats::table4::dot::<formats::iq4_nl::Iq4Nl>(
-                                w,
-                                &q8::quantize_row_portable(xt),
+                            OwnFormat::Iq4NlRepacked => formats::table4::dot::<
+                                formats::iq4_nl::Iq4Nl,
+                            >(
+                                w, &q8::quantize_row_portable(xt)
                             ),
                             OwnFormat::Listed(_) => unreachable!("not among the formats tried"),
                             OwnFormat::Q2KRepacked => kquant::dot_q2k_repacked(

@@ -7,10 +7,10 @@
 
 use std::ops::Range;
 
-use super::layout::Layout;
-use super::output::Columns;
 use super::formats::iq4_nl::Iq4Nl;
 use super::formats::table4;
+use super::layout::Layout;
+use super::output::Columns;
 use super::{dot, iq4, kquant, Activations, OwnFormat, RowKernel, ACT_TILE};
 
 /// A matrix of `format` row after row.

@@ -7,8 +7,8 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, OnceLock};
 
 use super::queue::{Pending, QueueSlot};
-pub use super::stats::StatsSnapshot;
 use super::stats::EngineStats;
+pub use super::stats::StatsSnapshot;
 use super::EngineConfig;
 use crate::constrain::{Constraint, ConstraintFactory, Grammar};
 use crate::error::EngineError;
@@ -235,4 +235,3 @@ impl EngineHandle {
         }
     }
 }
-

@@ -25,8 +25,8 @@ mod step_loop;
 #[cfg(test)]
 mod tests;
 
-pub use handle::{EngineHandle, StatsSnapshot};
 use handle::Command;
+pub use handle::{EngineHandle, StatsSnapshot};
 use stats::EngineStats;
 
 /// How the engine runs.
@@ -79,7 +79,8 @@ impl Engine {
         let tokenizer = Arc::new(tokenizer);
         let stats = Arc::new(EngineStats::default());
         let info = model.info().clone();
-        let worker = step_loop::Worker::new(model, Arc::clone(&tokenizer), config, Arc::clone(&stats));
+        let worker =
+            step_loop::Worker::new(model, Arc::clone(&tokenizer), config, Arc::clone(&stats));
         let thread = std::thread::Builder::new()
             .name("ferrite-engine".into())
             .spawn(move || worker.run(rx))
@@ -105,4 +106,3 @@ impl Engine {
         }
     }
 }
-

@@ -85,7 +85,6 @@ impl Pending {
     }
 }
 
-
 /// The waiting queue, oldest group first.
 #[derive(Default)]
 pub(super) struct WaitQueue(VecDeque<Pending>);

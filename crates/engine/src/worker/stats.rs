@@ -60,4 +60,3 @@ pub struct StatsSnapshot {
     /// Prompt tokens whose keys and values came from the prefix cache.
     pub prefix_cache_hit_tokens: u64,
 }
-

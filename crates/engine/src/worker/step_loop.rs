@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use rayon::prelude::*;
 
 use super::handle::Command;
-use super::stats::EngineStats;
 use super::queue::WaitQueue;
+use super::stats::EngineStats;
 use super::EngineConfig;
 use crate::error::EngineError;
 use crate::model::{BatchEntry, Logits, Model};

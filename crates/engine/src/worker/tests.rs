@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use ferrite_synth::{write_model, Arch, Shape, Spec, WeightType};
 
-use super::stats::EngineStats;
 use super::queue::{Pending, QueueSlot, WaitQueue};
+use super::stats::EngineStats;
 use super::{Engine, EngineConfig, EngineHandle};
 use crate::sampling::SamplingParams;
 use crate::scheduler::SchedulerConfig;
@@ -23,7 +23,10 @@ fn group(slot: &Arc<QueueSlot>, sequences: usize) -> (Pending, Vec<Events>) {
         .map(|_| {
             let (tx, rx) = sequence::channel(8);
             receivers.push(rx);
-            (SequenceRequest::new(vec![1, 2, 3], SamplingParams::default(), 4), tx)
+            (
+                SequenceRequest::new(vec![1, 2, 3], SamplingParams::default(), 4),
+                tx,
+            )
         })
         .collect();
     let (request, events) = members.remove(0);
@@ -79,10 +82,18 @@ fn the_queue_drops_groups_whose_clients_left_and_counts_a_request_until_its_last
     assert_eq!(queue.drop_abandoned(), 0);
     drop(two);
     assert_eq!(queue.drop_abandoned(), 1);
-    assert_eq!(stats.queued.load(Ordering::Acquire), 2, "a still has a group waiting");
+    assert_eq!(
+        stats.queued.load(Ordering::Acquire),
+        2,
+        "a still has a group waiting"
+    );
     drop(rx_second);
     assert_eq!(queue.drop_abandoned(), 1);
-    assert_eq!(stats.queued.load(Ordering::Acquire), 1, "a left the queue's count");
+    assert_eq!(
+        stats.queued.load(Ordering::Acquire),
+        1,
+        "a left the queue's count"
+    );
     assert_eq!(queue.len(), 1);
 }
 
@@ -171,7 +182,10 @@ fn sequences_that_do_not_fit_the_kv_budget_together_run_one_after_the_other() {
             other => panic!("{other:?}"),
         }
         let s = h.stats();
-        assert!(s.running <= 1 && s.kv_reserved <= 100, "token {tokens}: {s:?}");
+        assert!(
+            s.running <= 1 && s.kv_reserved <= 100,
+            "token {tokens}: {s:?}"
+        );
         // From its second token on the other request has long been submitted, and until
         // its last few this one is still running: the other waits.
         if (2..=56).contains(&tokens) {
@@ -193,18 +207,28 @@ fn a_sequence_whose_client_leaves_is_dropped_at_the_next_step() {
     let engine = start(config(500));
     let h = engine.handle();
     let mut events = h.submit(request(400)).unwrap();
-    assert!(matches!(events.blocking_recv(), Some(SequenceEvent::Token { .. })));
+    assert!(matches!(
+        events.blocking_recv(),
+        Some(SequenceEvent::Token { .. })
+    ));
     drop(events);
     wait_for(&h, "the sequence is dropped", |s| {
         s.abandoned == 1 && s.running == 0
     });
-    assert!(h.stats().generated_tokens < 400, "it did not run to its end");
+    assert!(
+        h.stats().generated_tokens < 400,
+        "it did not run to its end"
+    );
     // A group still waiting goes the same way.
     let running = h.submit(request(400)).unwrap();
     let waiting = h.submit(request(400)).unwrap();
-    wait_for(&h, "one runs, one waits", |s| s.running == 1 && s.queued == 1);
+    wait_for(&h, "one runs, one waits", |s| {
+        s.running == 1 && s.queued == 1
+    });
     drop(waiting);
-    wait_for(&h, "the waiting one is dropped", |s| s.abandoned == 2 && s.queued == 0);
+    wait_for(&h, "the waiting one is dropped", |s| {
+        s.abandoned == 2 && s.queued == 0
+    });
     drop(running);
     engine.shutdown();
 }

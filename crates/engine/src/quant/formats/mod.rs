@@ -85,7 +85,12 @@ impl std::fmt::Debug for FormatInfo {
 }
 
 /// A row for a format candle reads.
-const fn candle(name: &'static str, ggml_type: u32, block: (usize, usize), dtype: GgmlDType) -> FormatInfo {
+const fn candle(
+    name: &'static str,
+    ggml_type: u32,
+    block: (usize, usize),
+    dtype: GgmlDType,
+) -> FormatInfo {
     FormatInfo {
         name,
         ggml_type,
@@ -141,7 +146,10 @@ mod tests {
     fn the_table_is_consistent() {
         for (i, f) in FORMATS.iter().enumerate() {
             for g in &FORMATS[i + 1..] {
-                assert!(f.ggml_type < g.ggml_type, "{f:?} before {g:?}, ids in order");
+                assert!(
+                    f.ggml_type < g.ggml_type,
+                    "{f:?} before {g:?}, ids in order"
+                );
                 assert_ne!(f.name, g.name);
             }
             match &f.matrix {

@@ -19,7 +19,11 @@ impl Table4 for Mxfp4 {
     /// `2^(e − 128)`, the f32 of that bit pattern (a subnormal for `e` below 2).
     fn scale(block: &[u8]) -> f32 {
         let e = block[0] as u32;
-        f32::from_bits(if e < 2 { 0x0020_0000 << e } else { (e - 1) << 23 })
+        f32::from_bits(if e < 2 {
+            0x0020_0000 << e
+        } else {
+            (e - 1) << 23
+        })
     }
 }
 

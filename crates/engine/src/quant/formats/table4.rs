@@ -80,7 +80,11 @@ pub(in crate::quant) fn dot<F: Table4>(w: &[u8], a: &Q8Row) -> f32 {
     let mut acc = 0f32;
     for (b, block) in w.chunks_exact(F::BLOCK_BYTES).enumerate() {
         let q = &a.qs[b * 32..(b + 1) * 32];
-        let sum: i32 = values::<F>(block).iter().zip(q).map(|(&v, &q)| v * q as i32).sum();
+        let sum: i32 = values::<F>(block)
+            .iter()
+            .zip(q)
+            .map(|(&v, &q)| v * q as i32)
+            .sum();
         acc = (sum as f32).mul_add(F::scale(block) * a.d[b], acc);
     }
     acc
@@ -136,9 +140,18 @@ pub(in crate::quant) const fn info<F: Table4>() -> FormatInfo {
 }
 
 /// A matrix of `F` from the file's bytes, in the family's layout.
-fn matrix<F: Table4>(data: &[u8], rows: usize, cols: usize) -> Option<Result<QMatrix, EngineError>> {
+fn matrix<F: Table4>(
+    data: &[u8],
+    rows: usize,
+    cols: usize,
+) -> Option<Result<QMatrix, EngineError>> {
     let info = find(F::GGML_TYPE).expect("the family's formats are registered");
-    Some(QMatrix::from_slice(OwnFormat::Listed(info), data, rows, cols))
+    Some(QMatrix::from_slice(
+        OwnFormat::Listed(info),
+        data,
+        rows,
+        cols,
+    ))
 }
 
 /// [`Rows8`] of the raw rows, as a layout.
@@ -347,7 +360,11 @@ pub(in crate::quant) mod tests {
                 let a = quantize_row_portable(xt);
                 for r in 0..rows {
                     let want = reference::<F>(rows)(&data[r * row_bytes..(r + 1) * row_bytes], &a);
-                    assert_eq!(got[t * rows + r].to_bits(), want.to_bits(), "{n} rows: {t}, {r}");
+                    assert_eq!(
+                        got[t * rows + r].to_bits(),
+                        want.to_bits(),
+                        "{n} rows: {t}, {r}"
+                    );
                 }
             }
         }
@@ -373,8 +390,13 @@ pub(in crate::quant) mod tests {
                 for g in 0..rows.div_ceil(8) {
                     let got = m.group(g, a);
                     for r in g * 8..(g * 8 + 8).min(rows) {
-                        let want = reference::<F>(rows)(&data[r * row_bytes..(r + 1) * row_bytes], a);
-                        assert_eq!(got[r - g * 8].to_bits(), want.to_bits(), "{kernel:?}, row {r}");
+                        let want =
+                            reference::<F>(rows)(&data[r * row_bytes..(r + 1) * row_bytes], a);
+                        assert_eq!(
+                            got[r - g * 8].to_bits(),
+                            want.to_bits(),
+                            "{kernel:?}, row {r}"
+                        );
                     }
                 }
             }

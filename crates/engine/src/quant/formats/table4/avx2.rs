@@ -30,10 +30,7 @@ pub fn group<F: Table4>(blocks: &[Block8], a: &Q8Row) -> [f32; 8] {
             // SAFETY: `qs[r]` is 16 bytes.
             let bytes = unsafe { _mm_loadu_si128(block.qs[r].as_ptr().cast()) };
             // Low nibbles are values 0..16, high ones 16..32.
-            let idx = _mm256_and_si256(
-                _mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes),
-                low,
-            );
+            let idx = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes), low);
             let w = _mm256_shuffle_epi8(table, idx);
             // |w| ≤ 127 and |q| ≤ 127: a pair's sum stays within an i16.
             let products = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(q, w));
