@@ -193,6 +193,10 @@ fn attend_portable_many(shape: &AttentionShape, inputs: &[AttentionInput<'_>]) -
 }
 
 /// [`GroupKernel`] in portable code.
+///
+/// # Safety
+///
+/// None: it is portable code, `unsafe` only to share [`GroupKernel`]'s type.
 unsafe fn attend_rows_portable(
     q: &[f32],
     kv: &KvRows<'_>,

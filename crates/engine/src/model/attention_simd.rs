@@ -129,6 +129,11 @@ unsafe fn dots<L: Lanes, const R: usize>(
 /// [`dots`] of `R` query rows with eight keys, each row's eight sums finished together
 /// ([`hsum8_each`]) rather than one chain of shuffles and additions each: the bits of
 /// eight calls of [`dots`], in the order of `keys`.
+///
+/// # Safety
+///
+/// As under [`attend_rows`]: the CPU has `L`'s instructions ([`Lanes`]) and the head size is a
+/// multiple of 64; `q` reaches `R` rows of `head_dim` values, each key `head_dim` values.
 #[inline(always)]
 unsafe fn dots8<L: Lanes, const R: usize>(
     q: *const f32,
@@ -460,6 +465,11 @@ mod tests {
         steps.fill::<Avx2>(scores, len, scale, max)
     }
 
+    /// [`Steps::fill`] with AVX-512.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2, FMA, F16C and AVX-512 F; as for [`Steps::fill`].
     #[target_feature(enable = "avx2,fma,f16c,avx512f")]
     unsafe fn fill_avx512(
         steps: &mut Steps,

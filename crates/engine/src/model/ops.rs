@@ -222,6 +222,10 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     /// [`super::fast_exp`] of eight values, step for step.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn fast_exp(x: __m256) -> __m256 {
         let c = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));

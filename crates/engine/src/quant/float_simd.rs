@@ -133,6 +133,10 @@ fn halves_sum(low: __m256, high: __m256) -> f32 {
 }
 
 /// [`tile_avx512`] with AVX2: two weight rows by up to two activation rows at a time.
+///
+/// # Safety
+///
+/// The CPU has AVX2, FMA and F16C (the lengths are checked).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_avx2<W: Widen, X: Widen, const C: usize>(
     w: [&[W]; TILE_W],
@@ -172,6 +176,10 @@ unsafe fn tile_avx2<W: Widen, X: Widen, const C: usize>(
 }
 
 /// [`lone_avx512`] of one row with AVX2.
+///
+/// # Safety
+///
+/// The CPU has AVX2, FMA and F16C (the lengths are checked).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn lone_avx2<W: Widen, X: Widen>(w: &[W], x: &[X]) -> f32 {
     let ahead = crate::simd::cpu::prefetch_ahead();

@@ -622,7 +622,7 @@ pub enum Embedding {
     Candle(QTensor),
     /// Rows of a format candle does not read, dequantized by the registry's code for it.
     Rows {
-        /// The rows' format (one with [`formats::FormatInfo::dequantize`]).
+        /// The rows' format (one whose rows it dequantizes, [`formats::FormatInfo::reads_rows`]).
         format: &'static formats::FormatInfo,
         /// The rows' bytes.
         data: Vec<u8>,

@@ -270,6 +270,10 @@ mod simd {
     }
 
     /// Lane `i` takes lane `first` of its source for `i < 8`, lane `second` past it.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX-512 F.
     #[inline(always)]
     unsafe fn halves(first: i32, second: i32) -> __m512i {
         let idx: [i32; 16] = std::array::from_fn(|i| if i < 8 { first } else { second });
@@ -277,6 +281,10 @@ mod simd {
     }
 
     /// Activations `32j..32j + 32` of super-block `b`, in both halves of a vector.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2 and AVX-512 F; super-block `b` is one of `a`'s and `j < 8`.
     #[inline(always)]
     unsafe fn activations(a: &Q8KRow, b: usize, j: usize) -> __m512i {
         let y = a.qs.as_ptr().add(b * QK_K + 32 * j) as *const __m256i;
@@ -284,6 +292,10 @@ mod simd {
     }
 
     /// The rows' eight float lanes each, summed as `hsum_float_8`.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX-512 F.
     #[inline(always)]
     unsafe fn row_sums(acc: __m512) -> [f32; 2] {
         let mut lanes = [0f32; 16];
@@ -295,6 +307,10 @@ mod simd {
     /// rows decoded once, then per activation row one `vpdpbusd` (64 products) and one
     /// `vpdpwssd` by the sub-block's scales into the lanes; per super-block one fused
     /// multiply-add per lane by `d`, and one per row by `dmin` for the minimum terms.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2, FMA, F16C and AVX-512 (F, VL, BW, VNNI); the arguments are [`dot_pair`]'s, as its caller guarantees them.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl,avx512bw")]
     unsafe fn pair_q5k<const T: usize>(
         lines: &[Line],
@@ -375,6 +391,10 @@ mod simd {
     /// values looked up once (128 higher, unsigned), then per activation row one
     /// `vpdpbusd` from the lanes' offsets and one multiplication by the sub-block's signed
     /// scales into the lanes; per super-block one fused multiply-add per lane by `d`.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2, FMA, F16C and AVX-512 (F, VL, BW, VNNI); the arguments are [`dot_pair`]'s, as its caller guarantees them.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl,avx512bw")]
     unsafe fn pair_iq4xs<const T: usize>(
         lines: &[Line],

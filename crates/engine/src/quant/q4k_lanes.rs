@@ -126,6 +126,10 @@ mod simd {
     /// (four activations broadcast each) and one multiplication by the rows' scales; per
     /// pair of sub-blocks one 16-bit multiply-add for the minimum terms, then the
     /// floating-point steps, one lane per weight row.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2, FMA, F16C and AVX-512 (F, VL, BW, VNNI); the arguments are [`dot_group`]'s, as its caller guarantees them.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl,avx512bw")]
     unsafe fn group_vnni<const T: usize>(
         lines: &[Line],

@@ -156,6 +156,11 @@ mod simd {
 
     /// Sub-block `j`'s scales of the sixteen rows, each as a pair of 16-bit integers in
     /// its row's lane.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2 and AVX-512 F and BW; `scales` points at the group's readable,
+    /// 16-byte aligned scale lines and `j < 16`.
     #[inline(always)]
     unsafe fn scale_pairs(scales: *const Line, j: usize) -> __m512i {
         let bytes = (scales.add(j / 4) as *const u8).add((j % 4) * ROWS);
@@ -172,6 +177,10 @@ mod simd {
     /// multiply-add of those pair sums with the sub-block's scales into lane `l`'s
     /// integers; per pair of sub-blocks, lane `l`'s share of the correction in one more;
     /// per super-block, one conversion and fused multiply-add per lane.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2, FMA, F16C and AVX-512 (F, VL, BW, VNNI); the arguments are [`dot_group`]'s, as its caller guarantees them.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl,avx512bw")]
     unsafe fn group_vnni<const T: usize>(
         lines: &[Line],

@@ -82,12 +82,22 @@ mod tests {
     fn ggml_expf_port_matches_the_vector_versions() {
         use super::super::lanes::{Avx2, Avx512, Lanes};
         use std::arch::x86_64::*;
+        /// ggml's `expf` of sixteen values with AVX-512.
+        ///
+        /// # Safety
+        ///
+        /// The CPU has AVX2, FMA, F16C and AVX-512 F.
         #[target_feature(enable = "avx2,fma,f16c,avx512f")]
         unsafe fn expf512(x: &[f32; 16]) -> [f32; 16] {
             let mut out = [0f32; 16];
             _mm512_storeu_ps(out.as_mut_ptr(), Avx512::expf(_mm512_loadu_ps(x.as_ptr())));
             out
         }
+        /// ggml's `expf` of sixteen values with AVX2, eight at a time.
+        ///
+        /// # Safety
+        ///
+        /// The CPU has AVX2, FMA and F16C.
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn expf256(x: &[f32; 16]) -> [f32; 16] {
             let mut out = [0f32; 16];

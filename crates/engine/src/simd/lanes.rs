@@ -321,7 +321,11 @@ impl Lanes for Avx2 {
     #[inline(always)]
     unsafe fn softmax_steps(scores: __m256, max: f32) -> SoftmaxSteps<__m256> {
         let floor = _mm256_set1_ps(f32::NEG_INFINITY);
-        // Lanes moved up by `K` places, the first `K` from `fill` (`BLEND` = K low bits).
+        /// Lanes moved up by `K` places, the first `K` from `fill` (`BLEND` = K low bits).
+        ///
+        /// # Safety
+        ///
+        /// The CPU has AVX2.
         #[inline(always)]
         unsafe fn up<const K: i32, const BLEND: i32>(v: __m256, fill: __m256) -> __m256 {
             let index = _mm256_setr_epi32(0, 1 - K, 2 - K, 3 - K, 4 - K, 5 - K, 6 - K, 7 - K);
@@ -451,7 +455,11 @@ impl Lanes for Avx512 {
     #[inline(always)]
     unsafe fn softmax_steps(scores: __m512, max: f32) -> SoftmaxSteps<__m512> {
         let floor = _mm512_set1_ps(f32::NEG_INFINITY);
-        // Lanes moved up by `16 - SHIFT` places, the first ones from `fill`.
+        /// Lanes moved up by `16 - SHIFT` places, the first ones from `fill`.
+        ///
+        /// # Safety
+        ///
+        /// The CPU has AVX-512 F.
         #[inline(always)]
         unsafe fn up<const SHIFT: i32>(v: __m512, fill: __m512) -> __m512 {
             let (v, fill) = (_mm512_castps_si512(v), _mm512_castps_si512(fill));

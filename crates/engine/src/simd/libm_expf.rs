@@ -98,6 +98,10 @@ fn fix_special(x: &[f32], out: &mut [f32], mut mask: u32) {
 }
 
 /// The lanes whose argument needs a special case (bit i for lane i).
+///
+/// # Safety
+///
+/// The CPU has AVX-512 F.
 #[inline(always)]
 unsafe fn special_mask512(x: __m512) -> u32 {
     let abs = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fff_ffff));
@@ -105,6 +109,10 @@ unsafe fn special_mask512(x: __m512) -> u32 {
 }
 
 /// The main path on eight lanes, in AVX-512.
+///
+/// # Safety
+///
+/// The CPU has AVX2, FMA and AVX-512 F (and VL).
 #[inline(always)]
 unsafe fn main_path512(x: __m256) -> __m256 {
     let xd = _mm512_cvtps_pd(x);
@@ -155,6 +163,10 @@ pub(crate) unsafe fn expf16(x: __m512) -> __m512 {
 }
 
 /// The main path on four lanes, in AVX2.
+///
+/// # Safety
+///
+/// The CPU has AVX2 and FMA.
 #[inline(always)]
 unsafe fn main_path256(x: __m128) -> __m128 {
     let xd = _mm256_cvtps_pd(x);
@@ -219,6 +231,11 @@ pub(crate) unsafe fn exp_in_place_avx2(values: &mut [f32]) {
 mod tests {
     use super::*;
 
+    /// glibc's `expf` of sixteen values with AVX-512.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX-512 F, AVX2 and FMA.
     #[target_feature(enable = "avx512f,avx2,fma")]
     unsafe fn run16(x: &[f32; 16]) -> [f32; 16] {
         let mut out = [0f32; 16];
@@ -226,6 +243,11 @@ mod tests {
         out
     }
 
+    /// glibc's `expf` of eight values with AVX2.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn run8(x: &[f32; 8]) -> [f32; 8] {
         let mut out = [0f32; 8];

@@ -1,8 +1,8 @@
 //! Tokenizers built from a GGUF file's `tokenizer.ggml.*` metadata.
 //!
 //! Two vocabulary kinds are supported, matching llama.cpp's behaviour token for token:
-//! - `gpt2`: byte-level BPE with a regex pre-tokenizer ([`bpe`]),
-//! - `llama`: SentencePiece with scores and byte fallback ([`spm`]).
+//! - `gpt2`: byte-level BPE with a regex pre-tokenizer (`bpe`),
+//! - `llama`: SentencePiece with scores and byte fallback (`spm`).
 //!
 //! Special tokens (control and user-defined) are split out of the text before the
 //! vocabulary-specific algorithm runs, longest first, as llama.cpp does.

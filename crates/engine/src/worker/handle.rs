@@ -19,7 +19,7 @@ use crate::tokenizer::Tokenizer;
 /// What the handle sends the engine thread.
 pub(super) enum Command {
     Submit(Pending),
-    /// End everything queued or running with [`SequenceEvent::Aborted`]; keep running.
+    /// End everything queued or running with [`SequenceEvent::Aborted`](crate::sequence::SequenceEvent::Aborted); keep running.
     Abort,
     Shutdown,
 }
@@ -163,7 +163,7 @@ impl EngineHandle {
         self.closed.store(true, Ordering::Release);
     }
 
-    /// Ends everything queued or running now with [`SequenceEvent::Aborted`]; the engine
+    /// Ends everything queued or running now with [`SequenceEvent::Aborted`](crate::sequence::SequenceEvent::Aborted); the engine
     /// keeps running.
     pub fn abort_all(&self) {
         self.send(Command::Abort);

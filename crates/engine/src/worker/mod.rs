@@ -3,9 +3,9 @@
 //!
 //! - [`handle`]: the engine's API ([`EngineHandle`]), which checks a request once and queues it,
 //!   and reads the engine's counters (`stats`);
-//! - [`queue`]: the requests waiting for admission, their order (round robin over requests)
+//! - `queue`: the requests waiting for admission, their order (round robin over requests)
 //!   and what leaves the queue before it runs (abandoned, late, aborted);
-//! - [`step_loop`]: the thread's loop: commands in, admission within the scheduler's
+//! - `step_loop`: the thread's loop: commands in, admission within the scheduler's
 //!   limits, one forward step, sampling, events out.
 
 use std::sync::mpsc;
@@ -39,12 +39,12 @@ pub struct EngineConfig {
     /// KV positions the prefix cache may keep from finished sequences (0: off).
     pub prefix_cache_positions: usize,
     /// Most requests (groups of sequences sharing a prompt) waiting for admission; past
-    /// it, submissions fail with [`EngineError::Overloaded`].
+    /// it, submissions fail with [`EngineError::Overloaded`](crate::error::EngineError::Overloaded).
     pub max_waiting: usize,
     /// Speculative decoding by prompt lookup, or `None` for off.
     pub prompt_lookup: Option<PromptLookup>,
     /// Longest a sequence may wait for its reader to catch up (`max_unread_events`
-    /// behind); then it ends with [`SequenceEvent::TimedOut`] and its KV cache and slot
+    /// behind); then it ends with [`SequenceEvent::TimedOut`](crate::sequence::SequenceEvent::TimedOut) and its KV cache and slot
     /// are freed.
     pub stalled_reader_timeout: Duration,
     /// Events a sequence's reader may leave unread before the sequence stops generating

@@ -130,6 +130,10 @@ pub unsafe fn dot_expanded<const T: usize>(
 /// Half `h` of a block's nibbles `4q..4q + 4` (its eight rows), unsigned bytes, from its
 /// four lines of nibbles at `nibbles`: Q4_1's, Q4_0's and IQ4_NL's, and the low four bits
 /// of Q5_0's and Q5_1's values.
+///
+/// # Safety
+///
+/// The CPU has AVX2; `nibbles` points at four readable lines.
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn nibble_values(nibbles: *const Line, q: usize, h: usize) -> __m256i {
@@ -146,6 +150,11 @@ unsafe fn nibble_values(nibbles: *const Line, q: usize, h: usize) -> __m256i {
 /// nibbles at `lines`: each byte's bit `2q` (a low nibble's) or `2(q - 4) + 1` (a high
 /// one's) shifted to 16. A 16-bit shift by at most four moves no bit of one byte into
 /// the other's bit 4.
+///
+/// # Safety
+///
+/// The CPU has AVX2; `lines` points at the plane of fifth bits and the four lines of
+/// nibbles after it, all readable.
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn q5_0_values(lines: *const Line, q: usize, h: usize) -> __m256i {
@@ -165,6 +174,10 @@ unsafe fn q5_0_values(lines: *const Line, q: usize, h: usize) -> __m256i {
 }
 
 /// Half `h` of sixteen f16 values at `p` (eight rows' scales or minimums), as f32.
+///
+/// # Safety
+///
+/// The CPU has AVX2 and F16C; `p` points at sixteen readable f16 values.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn half_f16(p: *const u8, h: usize) -> __m256 {
@@ -172,6 +185,10 @@ unsafe fn half_f16(p: *const u8, h: usize) -> __m256 {
 }
 
 /// Activations `4q..4q + 4` of block `b` of `a`, in every 32-bit lane.
+///
+/// # Safety
+///
+/// The CPU has AVX2; block `b` is one of `a`'s and `q < 8`.
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn broadcast_four(a: &Q8Row, b: usize, q: usize) -> __m256i {
@@ -184,6 +201,11 @@ unsafe fn broadcast_four(a: &Q8Row, b: usize, q: usize) -> __m256i {
 /// activation row, the lane's exact integer (see the module), its conversion, and one
 /// fused multiply-add into that group's accumulator (Q4_0's and IQ4_NL's: per block, into
 /// their one); Q4_1's and Q5_1's minimums times the activation row's `s` into their own.
+///
+/// # Safety
+///
+/// The CPU has AVX2, FMA and F16C; the arguments are [`dot_group`]'s, as its caller
+/// guarantees them.
 // Indexed loops: each vector of weights goes to every activation row's accumulator.
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c")]

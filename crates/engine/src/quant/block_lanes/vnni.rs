@@ -91,6 +91,10 @@ pub unsafe fn dot_expanded<const T: usize>(
 /// Q5_1's without their fifth bits), unsigned bytes, from
 /// its four lines of nibbles at `nibbles` (the low nibbles are values 0..16, the high
 /// ones 16..32).
+///
+/// # Safety
+///
+/// The CPU has AVX-512 F and BW; `nibbles` points at four readable lines.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn nibble_values(nibbles: *const Line, q: usize) -> __m512i {
@@ -104,6 +108,11 @@ unsafe fn nibble_values(nibbles: *const Line, q: usize) -> __m512i {
 
 /// A Q5_0 block's values `4q..4q + 4` of its sixteen rows, stored 16 higher (Q5_1's
 /// values themselves), from its mask line and four lines of nibbles at `lines`.
+///
+/// # Safety
+///
+/// The CPU has AVX-512 F and BW; `lines` points at the mask line and the four lines of
+/// nibbles after it, all readable.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn q5_0_values(lines: *const Line, q: usize) -> __m512i {
@@ -133,6 +142,10 @@ const IQ4_NL_128: [u8; 16] = {
 /// Q5_1's minimums times the activation row's `s` into their own. Q4_0 and IQ4_NL (its
 /// nibbles looked up) instead add a block's eight integer multiply-adds into one
 /// integer, converted and folded into one accumulator.
+///
+/// # Safety
+///
+/// The CPU has AVX2, FMA, F16C and AVX-512 (F, VL, BW, VNNI); the arguments are [`dot_group`]'s, as its caller guarantees them.
 // Indexed loops: each vector of weights goes to every activation row's accumulator.
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl,avx512bw")]

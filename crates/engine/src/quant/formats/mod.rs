@@ -4,7 +4,7 @@
 //! a block, what is type 39 called" asks here.
 //!
 //! Formats of a family with a generic reader are a type in a file of their own, implementing
-//! the family's trait: [`table4::Table4`] (32 four-bit indices into a table of sixteen
+//! the family's trait: `table4::Table4` (32 four-bit indices into a table of sixteen
 //! values, one scale per block: IQ4_NL, MXFP4). A new format of such a family is that
 //! file and its line below. The other formats still go through candle's tensors, whose
 //! matrices `QMatrix::new` gives the kernels of their own modules (`choose.rs`), or

@@ -65,6 +65,10 @@ const IQ4: u8 = 2;
 /// Bit `from` of each byte of `bits` moved to bit `to`, the others cleared (`from` and
 /// `to` known when the caller's loops are unrolled). Shifts of 16-bit lanes: the bits a
 /// byte takes from its neighbour are masked off.
+///
+/// # Safety
+///
+/// The CPU has AVX2.
 #[inline(always)]
 unsafe fn bit_to(bits: __m256i, from: usize, to: usize) -> __m256i {
     let moved = match from >= to {
@@ -75,6 +79,11 @@ unsafe fn bit_to(bits: __m256i, from: usize, to: usize) -> __m256i {
 }
 
 /// [`dot_group`] on a group's lines, for the format `F` stands for.
+///
+/// # Safety
+///
+/// The CPU has AVX2, FMA and F16C; the arguments are [`dot_group`]'s, as its caller
+/// guarantees them.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn group_avx2<const T: usize, const TILED: bool, const F: u8>(
     lines: &[Line],
@@ -262,6 +271,11 @@ pub unsafe fn dot_group_q2k<const T: usize>(
 /// one lane per weight row. Those steps are written as in Q4_K's kernel
 /// (`q4k_lanes/avx2.rs`): one struct holding them for both measured 10–25% slower on a Zen 3
 /// (`matmul_kernels`, Q4_K at 4–16 rows 57 against 43 GMAC/s).
+///
+/// # Safety
+///
+/// The CPU has AVX2, FMA and F16C; the arguments are [`dot_group_q2k`]'s, as its caller
+/// guarantees them.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn group_q2k_avx2<const T: usize>(
     lines: &[Line],

@@ -47,6 +47,11 @@ pub unsafe fn dot_group_q2k<const T: usize>(
 /// activation row, the values' products by the sub-blocks' scales in one integer sum, the
 /// minimums by the activations' sums in another, then the floating-point steps of
 /// `kquant::Q4kSums` (per half for a row of a four-row group, per super-block otherwise).
+///
+/// # Safety
+///
+/// The CPU has AVX2, FMA, F16C and AVX-512 (F, VL, BW, VNNI); the arguments are [`dot_group_q2k`]'s, as its caller guarantees
+/// them.
 // Indexed loops: each vector of weights goes to every activation row's sums.
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl,avx512bw")]
@@ -175,6 +180,11 @@ pub unsafe fn dot_group_q3k<const T: usize, const TILED: bool>(
 /// `vpdpbusd` each from the group's or the sub-block's start, then times the sub-block's
 /// scales; into one integer per super-block (tiled) or eight, one per group of four of
 /// every chunk (the dot product's lanes).
+///
+/// # Safety
+///
+/// The CPU has AVX2, FMA, F16C and AVX-512 (F, VL, BW, VNNI); the arguments are [`dot_group_q3k`]'s, as its caller guarantees
+/// them.
 // Indexed loops: each vector of weights goes to every activation row's sums.
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl,avx512bw")]

@@ -47,6 +47,11 @@ pub unsafe fn dot_group<const T: usize>(
 /// 16-bit pairs, then per line of values its two nibbles' vectors, each multiplied by four
 /// broadcast activations and the scales; per pair of sub-blocks one 16-bit multiply-add for
 /// the minimum terms, then the floating-point steps, one lane per weight row.
+///
+/// # Safety
+///
+/// The CPU has AVX2, FMA and F16C; the arguments are [`dot_group`]'s, as its caller
+/// guarantees them.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn group_avx2<const T: usize>(
     lines: &[Line],

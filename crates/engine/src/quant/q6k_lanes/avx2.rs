@@ -51,6 +51,11 @@ pub unsafe fn dot_group<const T: usize, const TILED: bool>(
 
 /// Sub-block `j`'s value vector `c` (values `16j + 4c..16j + 4c + 4` of eight rows, as
 /// unsigned bytes) from half `h` of the super-block at `base`.
+///
+/// # Safety
+///
+/// The CPU has AVX2; `base` points at a readable super-block of the group's lines
+/// (64-byte aligned, as the layout keeps them), `j < 16`, `c < 4` and `h < 2`.
 #[inline(always)]
 unsafe fn values(base: *const u8, j: usize, c: usize, h: usize) -> __m256i {
     let line = |k: usize| _mm256_load_si256(base.add(64 * (VALUES + 3 * j + k) + 32 * h).cast());
@@ -78,6 +83,11 @@ unsafe fn values(base: *const u8, j: usize, c: usize, h: usize) -> __m256i {
 
 /// Sub-block `j`'s scales of the eight rows of half `h`, each as a pair of equal 16-bit
 /// integers in its row's lane.
+///
+/// # Safety
+///
+/// The CPU has AVX2; `base` points at a readable super-block of the group's lines,
+/// `j < 16` and `h < 2`.
 #[inline(always)]
 unsafe fn scale_pairs(base: *const u8, j: usize, h: usize) -> __m256i {
     let bytes = base.add(64 * (SCALES + j / 4) + (j % 4) * ROWS + HALF * h);
@@ -86,6 +96,11 @@ unsafe fn scale_pairs(base: *const u8, j: usize, h: usize) -> __m256i {
 }
 
 /// [`dot_group`] on a group's lines.
+///
+/// # Safety
+///
+/// The CPU has AVX2, FMA and F16C; the arguments are [`dot_group`]'s, as its caller
+/// guarantees them.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn group_avx2<const T: usize, const TILED: bool>(
     lines: &[Line],
