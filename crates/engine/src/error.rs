@@ -17,9 +17,15 @@ pub enum EngineError {
     /// A tensor operation failed.
     #[error("tensor error: {0}")]
     Tensor(#[from] candle_core::Error),
-    /// A request the engine cannot run (bad token ids, too long a prompt, …).
-    #[error("{0}")]
-    InvalidRequest(String),
+    /// A request the engine cannot run (bad token ids, too long a prompt, …): the request
+    /// field at fault (the API's name for it) and why.
+    #[error("{message}")]
+    InvalidRequest {
+        /// The field, as the OpenAI-style APIs name it (`prompt`, `logit_bias`, …).
+        field: &'static str,
+        /// What is wrong with it.
+        message: String,
+    },
     /// The engine is shutting down or its thread has stopped.
     #[error("the engine is not running")]
     Stopped,
@@ -29,6 +35,14 @@ pub enum EngineError {
 }
 
 impl EngineError {
+    /// An [`EngineError::InvalidRequest`] naming `field`.
+    pub fn invalid(field: &'static str, message: impl Into<String>) -> Self {
+        Self::InvalidRequest {
+            field,
+            message: message.into(),
+        }
+    }
+
     /// A short stable name for logs and metrics.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -36,7 +50,7 @@ impl EngineError {
             Self::InvalidModel(_) => "invalid_model",
             Self::Unsupported(_) => "unsupported",
             Self::Tensor(_) => "tensor",
-            Self::InvalidRequest(_) => "invalid_request",
+            Self::InvalidRequest { .. } => "invalid_request",
             Self::Stopped => "stopped",
             Self::Overloaded(_) => "overloaded",
         }

@@ -177,9 +177,9 @@ impl From<Cancelled> for ApiError {
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         match e {
-            EngineError::InvalidRequest(message) => Self::InvalidRequest {
+            EngineError::InvalidRequest { field, message } => Self::InvalidRequest {
                 message,
-                param: Some("prompt".into()),
+                param: Some(field.into()),
             },
             EngineError::Stopped => Self::Unavailable("the server is shutting down".into()),
             EngineError::Overloaded(waiting) => Self::Overloaded(waiting),

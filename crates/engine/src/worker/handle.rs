@@ -103,24 +103,36 @@ impl EngineHandle {
         if self.closed.load(Ordering::Acquire) {
             return Err(EngineError::Stopped);
         }
+        let mut checked_allowed: Vec<Arc<[u32]>> = Vec::new();
         for requests in &groups {
             let Some(first) = requests.first() else {
-                return Err(EngineError::InvalidRequest("no sequences to run".into()));
+                return Err(EngineError::invalid("n", "no sequences to run"));
             };
             if requests.iter().any(|r| r.prompt != first.prompt) {
-                return Err(EngineError::InvalidRequest(
-                    "the sequences of a group must share their prompt".into(),
+                return Err(EngineError::invalid(
+                    "prompt",
+                    "the sequences of a group must share their prompt",
                 ));
             }
             for request in requests {
-                self.check(request)?;
+                self.check_except_allowed(request)?;
+                // A request's choices share one list: checked once, not once per choice.
+                if let Some(allowed) = &request.allowed_tokens {
+                    if !checked_allowed.iter().any(|c| Arc::ptr_eq(c, allowed)) {
+                        self.in_vocabulary("allowed_token_ids", allowed.iter())?;
+                        checked_allowed.push(Arc::clone(allowed));
+                    }
+                }
             }
             let need: usize = requests.iter().map(SequenceRequest::kv_need).sum();
             if need > self.config.scheduler.kv_budget {
-                return Err(EngineError::InvalidRequest(format!(
-                    "the sequences need {need} KV cache positions together; the budget is {}",
-                    self.config.scheduler.kv_budget
-                )));
+                return Err(EngineError::invalid(
+                    "max_tokens",
+                    format!(
+                        "the sequences need {need} KV cache positions together; the budget is {}",
+                        self.config.scheduler.kv_budget
+                    ),
+                ));
             }
         }
         let count = groups.len();
@@ -169,35 +181,65 @@ impl EngineHandle {
         self.send(Command::Abort);
     }
 
-    fn check(&self, request: &SequenceRequest) -> Result<(), EngineError> {
-        if request.prompt.is_empty() {
-            return Err(EngineError::InvalidRequest("the prompt is empty".into()));
+    /// The engine's one check of a request, which [`Self::submit_groups`] makes and a
+    /// caller may make earlier (before it decodes the prompt's ids, say): the prompt is not
+    /// empty, shorter than the context, and its ids, `stop_token_ids`, `prediction`'s,
+    /// `logit_bias`'s and `allowed_token_ids` are in the vocabulary. The error names the
+    /// field.
+    pub fn check(&self, request: &SequenceRequest) -> Result<(), EngineError> {
+        self.check_except_allowed(request)?;
+        match &request.allowed_tokens {
+            Some(allowed) => self.in_vocabulary("allowed_token_ids", allowed.iter()),
+            None => Ok(()),
         }
-        let vocab = self.info.vocab_size as u32;
-        if let Some(bad) = request.prompt.iter().find(|&&t| t >= vocab) {
-            return Err(EngineError::InvalidRequest(format!(
-                "token id {bad} is out of the vocabulary (0..{vocab})"
-            )));
+    }
+
+    /// [`Self::check`] but for `allowed_token_ids` (a list of up to the vocabulary's size
+    /// that the choices of a request share).
+    fn check_except_allowed(&self, request: &SequenceRequest) -> Result<(), EngineError> {
+        self.check_prompt(&request.prompt)?;
+        self.in_vocabulary("stop_token_ids", request.stop_token_ids.iter())?;
+        self.in_vocabulary("prediction", request.prediction.iter())?;
+        self.in_vocabulary(
+            "logit_bias",
+            request.sampling.logit_bias.iter().map(|(id, _)| id),
+        )
+    }
+
+    /// [`Self::check`]'s rules for a prompt alone: not empty, shorter than the context, its
+    /// ids in the vocabulary (for the other prompts of a request whose first was checked).
+    pub fn check_prompt(&self, prompt: &[u32]) -> Result<(), EngineError> {
+        if prompt.is_empty() {
+            return Err(EngineError::invalid("prompt", "the prompt is empty"));
         }
-        if request.prompt.len() >= self.config.context_length {
-            return Err(EngineError::InvalidRequest(format!(
-                "the prompt has {} tokens; this model's context is {}",
-                request.prompt.len(),
-                self.config.context_length
-            )));
-        }
-        if let Some(bad) = request
-            .stop_token_ids
-            .iter()
-            .chain(request.prediction.iter())
-            .chain(request.sampling.logit_bias.iter().map(|(id, _)| id))
-            .find(|&&t| t >= vocab)
-        {
-            return Err(EngineError::InvalidRequest(format!(
-                "token id {bad} is out of the vocabulary (0..{vocab})"
-            )));
+        self.in_vocabulary("prompt", prompt.iter())?;
+        if prompt.len() >= self.config.context_length {
+            return Err(EngineError::invalid(
+                "prompt",
+                format!(
+                    "the prompt has {} tokens; this model's context is {}",
+                    prompt.len(),
+                    self.config.context_length
+                ),
+            ));
         }
         Ok(())
+    }
+
+    /// An error naming `field` for the first of `ids` past the vocabulary.
+    fn in_vocabulary<'a>(
+        &self,
+        field: &'static str,
+        mut ids: impl Iterator<Item = &'a u32>,
+    ) -> Result<(), EngineError> {
+        let vocab = self.info.vocab_size as u32;
+        match ids.find(|&&t| t >= vocab) {
+            Some(bad) => Err(EngineError::invalid(
+                field,
+                format!("token id {bad} is out of the vocabulary (0..{vocab})"),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// The model's tokenizer.

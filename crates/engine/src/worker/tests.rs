@@ -232,3 +232,48 @@ fn a_sequence_whose_client_leaves_is_dropped_at_the_next_step() {
     drop(running);
     engine.shutdown();
 }
+
+#[test]
+fn the_handle_checks_a_request_once_and_names_the_field() {
+    let engine = start(config(4096));
+    let h = engine.handle();
+    let vocab = h.info().vocab_size as u32;
+    let field = |r: &SequenceRequest| match h.check(r) {
+        Err(crate::error::EngineError::InvalidRequest { field, message }) => {
+            assert!(!message.is_empty());
+            field
+        }
+        other => panic!("{other:?}"),
+    };
+    let mut r = request(4);
+    r.prompt.clear();
+    assert_eq!(field(&r), "prompt");
+    let mut r = request(4);
+    r.prompt.push(vocab);
+    assert_eq!(field(&r), "prompt");
+    let mut r = request(4);
+    r.prompt = vec![1; 512];
+    assert_eq!(field(&r), "prompt", "as long as the context");
+    let mut r = request(4);
+    r.stop_token_ids = vec![vocab + 5];
+    assert_eq!(field(&r), "stop_token_ids");
+    let mut r = request(4);
+    r.prediction = vec![3, vocab];
+    assert_eq!(field(&r), "prediction");
+    let mut r = request(4);
+    r.sampling.logit_bias = vec![(vocab, 1.0)];
+    assert_eq!(field(&r), "logit_bias");
+    let mut r = request(4);
+    r.allowed_tokens = Some(vec![5, vocab].into());
+    assert_eq!(field(&r), "allowed_token_ids");
+    // Submitting checks the same, once per shared list of allowed tokens.
+    match h.submit_group(vec![r.clone(), r]) {
+        Err(crate::error::EngineError::InvalidRequest { field, .. }) => {
+            assert_eq!(field, "allowed_token_ids")
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    assert!(h.check(&request(4)).is_ok());
+    assert!(h.check_prompt(&[1, 2, 3]).is_ok());
+    engine.shutdown();
+}

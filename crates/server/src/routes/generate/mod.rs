@@ -121,8 +121,7 @@ async fn run(
             };
             prepare::prepare(
                 &params,
-                engine.tokenizer(),
-                engine.context_length(),
+                &engine,
                 &limits,
                 constraint,
                 &cancelled,

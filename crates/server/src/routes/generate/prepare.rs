@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use ferrite_engine::constrain::Constraint;
 use ferrite_engine::tokenizer::{TokenId, Tokenizer};
-use ferrite_engine::SequenceRequest;
+use ferrite_engine::{EngineHandle, SequenceRequest};
 
 use crate::error::ApiError;
 use crate::state::RequestLimits;
@@ -62,26 +62,12 @@ pub struct Prepared {
 /// is set (the client went away).
 pub fn prepare(
     params: &GenerateParams,
-    tokenizer: &Tokenizer,
-    context: usize,
+    engine: &EngineHandle,
     limits: &RequestLimits,
     constraint: Option<Constraint>,
     cancelled: &AtomicBool,
 ) -> Result<Prepared, ApiError> {
-    let vocab = tokenizer.vocab_size();
-    check_vocab(
-        "logit_bias",
-        params.sampling.logit_bias.iter().map(|(id, _)| *id),
-        vocab,
-    )?;
-    check_vocab(
-        "stop_token_ids",
-        params.stop_token_ids.iter().copied(),
-        vocab,
-    )?;
-    if let Some(allowed) = &params.allowed_token_ids {
-        check_vocab("allowed_token_ids", allowed.iter().copied(), vocab)?;
-    }
+    let (tokenizer, context) = (engine.tokenizer().as_ref(), engine.context_length());
     let fim = params.suffix.is_some() && tokenizer.fim().is_some();
     if fim && params.output.echo {
         // The prompt that runs interleaves the text and the suffix around FIM tokens: no
@@ -107,21 +93,13 @@ pub fn prepare(
             PromptInput::Rendered(text) => {
                 tokenizer.encode_rendered_until(text, true, cancelled)?
             }
-            PromptInput::Tokens(ids) => {
-                check_vocab("prompt", ids.iter().copied(), vocab)?;
-                ids.clone()
-            }
+            PromptInput::Tokens(ids) => ids.clone(),
         };
         let (tokens, mut max_tokens) = fit_context(params, tokens, context)?;
         if params.max_tokens.is_none() {
             max_tokens = default_within_limits(max_tokens, tokens.len(), params, limits);
         }
-        let echo = if params.output.echo {
-            Echo::of(tokenizer, &tokens, params.output.skip_special_tokens)
-        } else {
-            Echo::default()
-        };
-        let requests = (0..params.best_of)
+        let requests: Vec<SequenceRequest> = (0..params.best_of)
             .map(|j| {
                 let mut r = template.clone();
                 r.prompt = tokens.clone();
@@ -131,6 +109,17 @@ pub fn prepare(
                 r
             })
             .collect();
+        // The engine's check, before anything decodes the ids (the echo): the first
+        // request whole, the other prompts' own ids.
+        match p {
+            0 => engine.check(&requests[0])?,
+            _ => engine.check_prompt(&tokens)?,
+        }
+        let echo = if params.output.echo {
+            Echo::of(tokenizer, &tokens, params.output.skip_special_tokens)
+        } else {
+            Echo::default()
+        };
         prompts.push(PreparedPrompt {
             echo,
             token_ids: params.output.return_token_ids.then(|| tokens.clone()),
@@ -372,20 +361,6 @@ fn fit_context(
         });
     }
     Ok((tokens, wanted.min(room)))
-}
-
-fn check_vocab(
-    field: &str,
-    mut ids: impl Iterator<Item = TokenId>,
-    vocab: usize,
-) -> Result<(), ApiError> {
-    match ids.find(|&id| id as usize >= vocab) {
-        Some(bad) => Err(ApiError::invalid(
-            field,
-            format!("token id {bad} is out of the vocabulary (0..{vocab})"),
-        )),
-        None => Ok(()),
-    }
 }
 
 /// A distinct, reproducible seed per choice (SplitMix64 of the request seed and index),
