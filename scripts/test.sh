@@ -86,11 +86,14 @@ if grep -q avx512 /proc/cpuinfo; then
   FERRITE_CPU=avx2 cargo test --release --workspace --lib quant::
   FERRITE_CPU=avx2 cargo test --release --workspace --test greedy_fixtures
   FERRITE_CPU=avx2 cargo test --release --workspace --test synth_models
+  FERRITE_CPU=avx2 cargo test --release --workspace --test format_fixtures
   fixture_tiers+=", FERRITE_CPU=avx2"
 fi
 # The scalar kernels take minutes per long prompt; their bit-identity with the SIMD ones
 # is unit-tested, and the short fixtures run on them end to end.
 FERRITE_CPU=portable cargo test --release --workspace --test greedy_fixtures -- --skip long_prompts
+# llama.cpp's own products of each format's matrices, on the portable kernels too.
+FERRITE_CPU=portable cargo test --release --workspace --test format_fixtures
 fixture_tiers+=", FERRITE_CPU=portable (short prompts)"
 
 step "cargo-fuzz targets: built, and run briefly from their seeds"

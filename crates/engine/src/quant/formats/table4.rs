@@ -74,18 +74,24 @@ pub(in crate::quant) fn dequantize<F: Table4>(row: &[u8], out: &mut Vec<f32>) {
     }
 }
 
+/// A block's integer sum: its 32 values times the activations' 32 quants.
+fn block_sum(values: &[i32; 32], q: &[i8]) -> i32 {
+    values.iter().zip(q).map(|(&v, &q)| v * q as i32).sum()
+}
+
 /// The dot product of a weight row with a Q8 activation row, in llama.cpp's repacked
 /// arithmetic: per block `acc = fma(Σ value·q, scale · d_a, acc)`.
 pub(in crate::quant) fn dot<F: Table4>(w: &[u8], a: &Q8Row) -> f32 {
+    let blocks = w.chunks_exact(F::BLOCK_BYTES);
+    repacked_sum(blocks.map(|b| (values::<F>(b), F::scale(b))), a)
+}
+
+/// [`dot`] of the blocks' values and scales.
+fn repacked_sum(blocks: impl Iterator<Item = ([i32; 32], f32)>, a: &Q8Row) -> f32 {
     let mut acc = 0f32;
-    for (b, block) in w.chunks_exact(F::BLOCK_BYTES).enumerate() {
-        let q = &a.qs[b * 32..(b + 1) * 32];
-        let sum: i32 = values::<F>(block)
-            .iter()
-            .zip(q)
-            .map(|(&v, &q)| v * q as i32)
-            .sum();
-        acc = (sum as f32).mul_add(F::scale(block) * a.d[b], acc);
+    for (b, (v, scale)) in blocks.enumerate() {
+        let sum = block_sum(&v, &a.qs[b * 32..(b + 1) * 32]);
+        acc = (sum as f32).mul_add(scale * a.d[b], acc);
     }
     acc
 }
@@ -114,8 +120,7 @@ fn plain_sum(blocks: impl ExactSizeIterator<Item = ([i32; 32], f32)>, a: &Q8Row)
         if b == paired {
             // The odd last block, added alone after the lanes are summed: a product, then a
             // sum (the compiler does not fuse them there).
-            let sum: i32 = v.iter().zip(q).map(|(&v, &q)| v * q as i32).sum();
-            return lanes(&acc) + d * sum as f32;
+            return lanes(&acc) + d * block_sum(&v, q) as f32;
         }
         for (lane, acc) in acc[b % 2].iter_mut().enumerate() {
             let sum: i32 = (4 * lane..4 * lane + 4).map(|e| v[e] * q[e] as i32).sum();
@@ -172,7 +177,10 @@ pub(in crate::quant) struct Block8 {
 /// The kernels a [`Rows8`] can run: one group of eight rows by one activation row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kernel {
-    /// Portable code.
+    /// [`dot_plain`]'s arithmetic, for a matrix llama.cpp does not repack (its rows not a
+    /// multiple of eight), in portable code: only matrices of unusual shapes take it.
+    Plain,
+    /// [`dot`]'s, in portable code.
     Portable,
     /// AVX2 (with FMA).
     #[cfg(target_arch = "x86_64")]
@@ -185,9 +193,6 @@ pub(in crate::quant) struct Rows8<F> {
     groups: Vec<Block8>,
     /// Blocks per row.
     blocks: usize,
-    /// Whether llama.cpp repacks the matrix (its rows a multiple of eight): if not, its
-    /// rows take [`dot_plain`]'s arithmetic.
-    repacked: bool,
     kernel: Kernel,
     format: PhantomData<F>,
 }
@@ -195,14 +200,12 @@ pub(in crate::quant) struct Rows8<F> {
 impl<F: Table4> Rows8<F> {
     /// The `rows × cols` raw rows of `F` (sizes already checked), grouped.
     pub fn new(data: &[u8], rows: usize, cols: usize) -> Self {
-        #[cfg(target_arch = "x86_64")]
-        let kernel = if crate::simd::avx2() {
-            Kernel::Avx2
-        } else {
-            Kernel::Portable
+        let kernel = match rows.is_multiple_of(8) {
+            false => Kernel::Plain,
+            #[cfg(target_arch = "x86_64")]
+            true if crate::simd::avx2() => Kernel::Avx2,
+            true => Kernel::Portable,
         };
-        #[cfg(not(target_arch = "x86_64"))]
-        let kernel = Kernel::Portable;
         Self::with_kernel(data, rows, cols, kernel)
     }
 
@@ -225,7 +228,6 @@ impl<F: Table4> Rows8<F> {
         Self {
             groups,
             blocks,
-            repacked: rows.is_multiple_of(8),
             kernel,
             format: PhantomData,
         }
@@ -234,43 +236,19 @@ impl<F: Table4> Rows8<F> {
     /// Group `g`'s eight rows by activation row `a`.
     fn group(&self, g: usize, a: &Q8Row) -> [f32; 8] {
         let blocks = &self.groups[g * self.blocks..(g + 1) * self.blocks];
-        if !self.repacked {
-            return group_plain::<F>(blocks, a);
-        }
+        let rows = |r: usize| {
+            blocks
+                .iter()
+                .map(move |b| (indexed::<F>(&b.qs[r]), b.scales[r]))
+        };
         match self.kernel {
-            Kernel::Portable => group_portable::<F>(blocks, a),
+            Kernel::Plain => std::array::from_fn(|r| plain_sum(rows(r), a)),
+            Kernel::Portable => std::array::from_fn(|r| repacked_sum(rows(r), a)),
             // SAFETY: chosen only where the CPU has AVX2 and FMA.
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => unsafe { avx2::group::<F>(blocks, a) },
         }
     }
-}
-
-/// Eight rows' [`dot`]s in portable code.
-fn group_portable<F: Table4>(blocks: &[Block8], a: &Q8Row) -> [f32; 8] {
-    let mut acc = [0f32; 8];
-    for (b, block) in blocks.iter().enumerate() {
-        let q = &a.qs[b * 32..(b + 1) * 32];
-        for (r, acc) in acc.iter_mut().enumerate() {
-            let mut sum = 0i32;
-            for (j, &byte) in block.qs[r].iter().enumerate() {
-                sum += F::VALUES[(byte & 0x0F) as usize] as i32 * q[j] as i32;
-                sum += F::VALUES[(byte >> 4) as usize] as i32 * q[j + 16] as i32;
-            }
-            *acc = (sum as f32).mul_add(block.scales[r] * a.d[b], *acc);
-        }
-    }
-    acc
-}
-
-/// Eight rows' [`dot_plain`]s (portable: only matrices of unusual shapes take it).
-fn group_plain<F: Table4>(blocks: &[Block8], a: &Q8Row) -> [f32; 8] {
-    std::array::from_fn(|r| {
-        plain_sum(
-            blocks.iter().map(|b| (indexed::<F>(&b.qs[r]), b.scales[r])),
-            a,
-        )
-    })
 }
 
 impl<F: Table4> Layout for Rows8<F> {
@@ -379,9 +357,12 @@ pub(in crate::quant) mod tests {
         x[cols + 9] = -50.0;
         let acts: Vec<Q8Row> = x.chunks_exact(cols).map(quantize_row_portable).collect();
         let row_bytes = cols / 32 * F::BLOCK_BYTES;
-        let mut kernels = vec![Kernel::Portable];
+        let mut kernels = match rows.is_multiple_of(8) {
+            true => vec![Kernel::Portable],
+            false => vec![Kernel::Plain],
+        };
         #[cfg(target_arch = "x86_64")]
-        if crate::simd::avx2() {
+        if crate::simd::avx2() && rows.is_multiple_of(8) {
             kernels.push(Kernel::Avx2);
         }
         for kernel in kernels {
