@@ -107,12 +107,7 @@ fn every_format_multiplies_and_dequantizes_as_llama_cpp() {
             }
         }
         let embedding = &data["embedding"];
-        let ids: Vec<u32> = embedding["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
+        let ids = common::ids(&embedding["ids"]);
         let name = embedding["tensor"].as_str().unwrap();
         let got = gguf.embedding(name).unwrap().rows(&ids).unwrap();
         if let Some(d) = first_difference(&got, &floats(&embedding["rows"])) {

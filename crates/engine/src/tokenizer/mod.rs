@@ -564,11 +564,7 @@ mod tests {
     #[test]
     fn long_texts_merged_in_chunks_match_one_merge_on_real_vocabularies() {
         use rand::{Rng, SeedableRng};
-        let home = std::env::var_os("FERRITE_HOME")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| {
-                std::path::PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/ferrite")
-            });
+        let home = crate::test_home();
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
         let mut pick = |alphabet: &[char], n: usize| -> String {
             (0..n)

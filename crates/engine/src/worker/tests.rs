@@ -110,10 +110,7 @@ fn start(config: EngineConfig) -> Engine {
         },
         ..Spec::small(Arch::Llama, WeightType::F32)
     };
-    let home = std::env::var_os("FERRITE_HOME").map_or_else(
-        || std::path::PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/ferrite"),
-        std::path::PathBuf::from,
-    );
+    let home = crate::test_home();
     static FILES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = FILES.fetch_add(1, Ordering::Relaxed);
     let path = std::env::temp_dir().join(format!("ferrite-worker-{}-{n}.gguf", std::process::id()));
