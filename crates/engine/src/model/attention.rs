@@ -352,7 +352,8 @@ unsafe fn run_task(
                     })
                 })
                 .collect();
-            (kernels.tiled)(&rows, input.kv, offset, scale, &mut out);
+            // SAFETY: the caller guarantees the tiled kernel's requirements.
+            unsafe { (kernels.tiled)(&rows, input.kv, offset, scale, &mut out) };
         }
         AttentionKernel::Row => {
             let (acc, partials) = attend_range(first(pos), pos);

@@ -46,10 +46,14 @@ pub unsafe fn attend_rows(
     acc: &mut [f32],
     partials: &mut [Partial],
 ) {
-    if crate::simd::avx512() {
-        attend_avx512(q, kv, head_dim, scale, acc, partials)
-    } else {
-        attend_avx2(q, kv, head_dim, scale, acc, partials)
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        if crate::simd::avx512() {
+            attend_avx512(q, kv, head_dim, scale, acc, partials)
+        } else {
+            attend_avx2(q, kv, head_dim, scale, acc, partials)
+        }
     }
 }
 
@@ -66,7 +70,9 @@ pub(super) unsafe fn attend_avx512(
     acc: &mut [f32],
     partials: &mut [Partial],
 ) {
-    attend_body::<Avx512>(q, kv, head_dim, scale, acc, partials)
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe { attend_body::<Avx512>(q, kv, head_dim, scale, acc, partials) }
 }
 
 /// [`attend_rows`] with AVX2 alone.
@@ -82,7 +88,9 @@ pub(super) unsafe fn attend_avx2(
     acc: &mut [f32],
     partials: &mut [Partial],
 ) {
-    attend_body::<Avx2>(q, kv, head_dim, scale, acc, partials)
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe { attend_body::<Avx2>(q, kv, head_dim, scale, acc, partials) }
 }
 
 /// ggml's four dot product accumulators (`64 / WIDTH` vectors each, sized for the
@@ -99,16 +107,20 @@ unsafe fn dot_accumulators<L: Lanes, const R: usize>(
     head_dim: usize,
     key: *const f16,
 ) -> [[L::V; 8]; R] {
-    let mut acc = [[L::zero(); 8]; R];
-    for step in (0..head_dim).step_by(64) {
-        for (i, at) in (step..step + 64).step_by(L::WIDTH).enumerate() {
-            let k = L::load_f16(key.add(at));
-            for (r, acc) in acc.iter_mut().enumerate() {
-                acc[i] = L::fmadd(L::load(q.add(r * head_dim + at)), k, acc[i]);
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let mut acc = [[L::zero(); 8]; R];
+        for step in (0..head_dim).step_by(64) {
+            for (i, at) in (step..step + 64).step_by(L::WIDTH).enumerate() {
+                let k = L::load_f16(key.add(at));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    acc[i] = L::fmadd(L::load(q.add(r * head_dim + at)), k, acc[i]);
+                }
             }
         }
+        acc
     }
-    acc
 }
 
 /// The dot products of `R` query rows with one f16 key, each summed as ggml's
@@ -122,8 +134,12 @@ unsafe fn dots<L: Lanes, const R: usize>(
     head_dim: usize,
     key: *const f16,
 ) -> [f32; R] {
-    let acc = dot_accumulators::<L, R>(q, head_dim, key);
-    acc.map(|a| L::reduce64(&a[..64 / L::WIDTH]))
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let acc = dot_accumulators::<L, R>(q, head_dim, key);
+        acc.map(|a| L::reduce64(&a[..64 / L::WIDTH]))
+    }
 }
 
 /// [`dots`] of `R` query rows with eight keys, each row's eight sums finished together
@@ -140,14 +156,18 @@ unsafe fn dots8<L: Lanes, const R: usize>(
     head_dim: usize,
     keys: [*const f16; KEY_GROUP],
 ) -> [__m256; R] {
-    let mut halves = [[_mm256_setzero_ps(); KEY_GROUP]; R];
-    for (i, key) in keys.into_iter().enumerate() {
-        let acc = dot_accumulators::<L, R>(q, head_dim, key);
-        for (halves, acc) in halves.iter_mut().zip(&acc) {
-            halves[i] = L::halves64(&acc[..64 / L::WIDTH]);
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let mut halves = [[_mm256_setzero_ps(); KEY_GROUP]; R];
+        for (i, key) in keys.into_iter().enumerate() {
+            let acc = dot_accumulators::<L, R>(q, head_dim, key);
+            for (halves, acc) in halves.iter_mut().zip(&acc) {
+                halves[i] = L::halves64(&acc[..64 / L::WIDTH]);
+            }
         }
+        halves.map(|h| hsum8_each(&h))
     }
-    halves.map(|h| hsum8_each(&h))
 }
 
 /// Scores `R` query rows (`head_dim` apart from `q`) against the `len` keys from `key`
@@ -167,19 +187,23 @@ unsafe fn score_rows<L: Lanes, const R: usize>(
     len: usize,
     scores: &mut [[f32; KEYS]],
 ) {
-    let scores: &mut [[f32; KEYS]; R] = (&mut scores[..R]).try_into().unwrap();
-    let grouped = len / KEY_GROUP * KEY_GROUP;
-    for j in (0..grouped).step_by(KEY_GROUP) {
-        let keys = std::array::from_fn(|i| key.add((j + i) * stride));
-        let sums = dots8::<L, R>(q, head_dim, keys);
-        for (scores, sums) in scores.iter_mut().zip(sums) {
-            _mm256_storeu_ps(scores[j..j + KEY_GROUP].as_mut_ptr(), sums);
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let scores: &mut [[f32; KEYS]; R] = (&mut scores[..R]).try_into().unwrap();
+        let grouped = len / KEY_GROUP * KEY_GROUP;
+        for j in (0..grouped).step_by(KEY_GROUP) {
+            let keys = std::array::from_fn(|i| key.add((j + i) * stride));
+            let sums = dots8::<L, R>(q, head_dim, keys);
+            for (scores, sums) in scores.iter_mut().zip(sums) {
+                _mm256_storeu_ps(scores[j..j + KEY_GROUP].as_mut_ptr(), sums);
+            }
         }
-    }
-    for j in grouped..len {
-        let sums = dots::<L, R>(q, head_dim, key.add(j * stride));
-        for (scores, sum) in scores.iter_mut().zip(sums) {
-            scores[j] = sum;
+        for j in grouped..len {
+            let sums = dots::<L, R>(q, head_dim, key.add(j * stride));
+            for (scores, sum) in scores.iter_mut().zip(sums) {
+                scores[j] = sum;
+            }
         }
     }
 }
@@ -217,21 +241,25 @@ impl Steps {
         scale: ScoreScale,
         max: &mut f32,
     ) {
-        // Keys past `len` (to the end of the last vector) score -∞: they raise nothing
-        // and their steps go unread.
-        let mut scaled = [0.0; KEYS];
-        for (scaled, &score) in scaled.iter_mut().zip(&scores[..len]) {
-            *scaled = scale.apply(score);
-        }
-        let end = len.next_multiple_of(L::WIDTH).min(KEYS);
-        scaled[len..end].fill(f32::NEG_INFINITY);
-        self.raised = 0;
-        for j in (0..len).step_by(L::WIDTH) {
-            let steps = L::softmax_steps(L::load(scaled.as_ptr().add(j)), *max);
-            L::store(self.rescale.as_mut_ptr().add(j), steps.rescale);
-            L::store(self.weight.as_mut_ptr().add(j), steps.weight);
-            self.raised |= u64::from(steps.raised) << j;
-            *max = steps.max;
+        // SAFETY: the caller upholds this function's safety contract, all that
+        // these operations need.
+        unsafe {
+            // Keys past `len` (to the end of the last vector) score -∞: they raise nothing
+            // and their steps go unread.
+            let mut scaled = [0.0; KEYS];
+            for (scaled, &score) in scaled.iter_mut().zip(&scores[..len]) {
+                *scaled = scale.apply(score);
+            }
+            let end = len.next_multiple_of(L::WIDTH).min(KEYS);
+            scaled[len..end].fill(f32::NEG_INFINITY);
+            self.raised = 0;
+            for j in (0..len).step_by(L::WIDTH) {
+                let steps = L::softmax_steps(L::load(scaled.as_ptr().add(j)), *max);
+                L::store(self.rescale.as_mut_ptr().add(j), steps.rescale);
+                L::store(self.weight.as_mut_ptr().add(j), steps.weight);
+                self.raised |= u64::from(steps.raised) << j;
+                *max = steps.max;
+            }
         }
     }
 }
@@ -271,38 +299,42 @@ unsafe fn add_values<L: Lanes, const R: usize>(
     len: usize,
     steps: &[Steps],
 ) {
-    let steps: &[Steps; R] = steps[..R].try_into().unwrap();
-    let n = L::VALUE_VECTORS;
-    for d in (0..head_dim).step_by(n * L::WIDTH) {
-        // Sized for the widest choice; `VALUE_VECTORS` of them are used.
-        let mut a = [[L::zero(); 4]; R];
-        for (r, a) in a.iter_mut().enumerate() {
-            for (h, a) in a.iter_mut().take(n).enumerate() {
-                *a = L::load(acc.add(r * head_dim + d + h * L::WIDTH));
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let steps: &[Steps; R] = steps[..R].try_into().unwrap();
+        let n = L::VALUE_VECTORS;
+        for d in (0..head_dim).step_by(n * L::WIDTH) {
+            // Sized for the widest choice; `VALUE_VECTORS` of them are used.
+            let mut a = [[L::zero(); 4]; R];
+            for (r, a) in a.iter_mut().enumerate() {
+                for (h, a) in a.iter_mut().take(n).enumerate() {
+                    *a = L::load(acc.add(r * head_dim + d + h * L::WIDTH));
+                }
             }
-        }
-        for j in 0..len {
-            let at = values.add(j * stride + d);
-            let mut v = [L::zero(); 4];
-            for (h, v) in v.iter_mut().take(n).enumerate() {
-                *v = L::load_f16(at.add(h * L::WIDTH));
-            }
-            for r in 0..R {
-                if steps[r].raised >> j & 1 != 0 {
-                    let s = L::splat(steps[r].rescale[j]);
-                    for a in a[r].iter_mut().take(n) {
-                        *a = L::round16(L::mul(*a, s));
+            for j in 0..len {
+                let at = values.add(j * stride + d);
+                let mut v = [L::zero(); 4];
+                for (h, v) in v.iter_mut().take(n).enumerate() {
+                    *v = L::load_f16(at.add(h * L::WIDTH));
+                }
+                for r in 0..R {
+                    if steps[r].raised >> j & 1 != 0 {
+                        let s = L::splat(steps[r].rescale[j]);
+                        for a in a[r].iter_mut().take(n) {
+                            *a = L::round16(L::mul(*a, s));
+                        }
+                    }
+                    let w = L::splat(steps[r].weight[j]);
+                    for (a, v) in a[r].iter_mut().zip(&v).take(n) {
+                        *a = L::round16(L::fmadd(*v, w, *a));
                     }
                 }
-                let w = L::splat(steps[r].weight[j]);
-                for (a, v) in a[r].iter_mut().zip(&v).take(n) {
-                    *a = L::round16(L::fmadd(*v, w, *a));
-                }
             }
-        }
-        for (r, a) in a.iter().enumerate() {
-            for (h, a) in a.iter().take(n).enumerate() {
-                L::store(acc.add(r * head_dim + d + h * L::WIDTH), *a);
+            for (r, a) in a.iter().enumerate() {
+                for (h, a) in a.iter().take(n).enumerate() {
+                    L::store(acc.add(r * head_dim + d + h * L::WIDTH), *a);
+                }
             }
         }
     }
@@ -348,83 +380,87 @@ unsafe fn attend_body<L: Lanes>(
     acc: &mut [f32],
     partials: &mut [Partial],
 ) {
-    let rows = q.len() / head_dim;
-    assert!(
-        acc.len() == q.len()
-            && partials.len() == rows
-            && rows * head_dim == q.len()
-            && head_dim.is_multiple_of(64)
-    );
-    // The queries rounded to f16, held as f32.
-    let mut q16 = vec![0f32; q.len()];
-    for i in (0..q.len()).step_by(L::WIDTH) {
-        L::store(
-            q16.as_mut_ptr().add(i),
-            L::round16(L::load(q.as_ptr().add(i))),
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let rows = q.len() / head_dim;
+        assert!(
+            acc.len() == q.len()
+                && partials.len() == rows
+                && rows * head_dim == q.len()
+                && head_dim.is_multiple_of(64)
         );
-    }
-    acc.fill(0.0);
-    let mut max = vec![f32::NEG_INFINITY; rows];
-    let mut sum = vec![0.0f32; rows];
-    let mut steps: Vec<Steps> = (0..rows).map(|_| Steps::EMPTY).collect();
-    let mut scores: Vec<[f32; KEYS]> = vec![[0.0; KEYS]; rows];
-    let stride = kv.view.kv_width();
-    let q16 = q16.as_ptr();
-    let mut runs = kv.runs().peekable();
-    while let Some((keys, values, len)) = runs.next() {
-        assert!(len <= KEYS && len * stride <= keys.len() && kv.offset + head_dim <= stride);
-        if let Some(&(keys, values, len)) = runs.peek() {
-            ask_for_head(keys, values, len, stride, kv.offset, head_dim);
+        // The queries rounded to f16, held as f32.
+        let mut q16 = vec![0f32; q.len()];
+        for i in (0..q.len()).step_by(L::WIDTH) {
+            L::store(
+                q16.as_mut_ptr().add(i),
+                L::round16(L::load(q.as_ptr().add(i))),
+            );
         }
-        let key = keys.as_ptr().add(kv.offset);
-        let mut g = 0;
-        // Four rows' accumulators need sixteen-lane registers: AVX2's sixteen would
-        // spill, and it scores two rows at a time.
-        while L::WIDTH == 16 && g + 4 <= rows {
-            let q = q16.add(g * head_dim);
-            score_rows::<L, 4>(q, head_dim, key, stride, len, &mut scores[g..]);
-            g += 4;
-        }
-        if L::WIDTH == 16 && rows - g == 3 {
-            let q = q16.add(g * head_dim);
-            score_rows::<L, 3>(q, head_dim, key, stride, len, &mut scores[g..]);
-            g += 3;
-        }
-        while g + 2 <= rows {
-            let q = q16.add(g * head_dim);
-            score_rows::<L, 2>(q, head_dim, key, stride, len, &mut scores[g..]);
-            g += 2;
-        }
-        if g < rows {
-            let q = q16.add(g * head_dim);
-            score_rows::<L, 1>(q, head_dim, key, stride, len, &mut scores[g..]);
-        }
-        for ((steps, scores), max) in steps.iter_mut().zip(&scores).zip(&mut max) {
-            steps.fill::<L>(scores, len, scale, max);
-        }
-        for g in (0..rows).step_by(ROW_TILE) {
-            let (sum, steps) = (&mut sum[g..], &steps[g..]);
-            match rows - g {
-                1 => add_to_sums::<1>(sum, steps, len),
-                2 => add_to_sums::<2>(sum, steps, len),
-                3 => add_to_sums::<3>(sum, steps, len),
-                _ => add_to_sums::<ROW_TILE>(sum, steps, len),
+        acc.fill(0.0);
+        let mut max = vec![f32::NEG_INFINITY; rows];
+        let mut sum = vec![0.0f32; rows];
+        let mut steps: Vec<Steps> = (0..rows).map(|_| Steps::EMPTY).collect();
+        let mut scores: Vec<[f32; KEYS]> = vec![[0.0; KEYS]; rows];
+        let stride = kv.view.kv_width();
+        let q16 = q16.as_ptr();
+        let mut runs = kv.runs().peekable();
+        while let Some((keys, values, len)) = runs.next() {
+            assert!(len <= KEYS && len * stride <= keys.len() && kv.offset + head_dim <= stride);
+            if let Some(&(keys, values, len)) = runs.peek() {
+                ask_for_head(keys, values, len, stride, kv.offset, head_dim);
+            }
+            let key = keys.as_ptr().add(kv.offset);
+            let mut g = 0;
+            // Four rows' accumulators need sixteen-lane registers: AVX2's sixteen would
+            // spill, and it scores two rows at a time.
+            while L::WIDTH == 16 && g + 4 <= rows {
+                let q = q16.add(g * head_dim);
+                score_rows::<L, 4>(q, head_dim, key, stride, len, &mut scores[g..]);
+                g += 4;
+            }
+            if L::WIDTH == 16 && rows - g == 3 {
+                let q = q16.add(g * head_dim);
+                score_rows::<L, 3>(q, head_dim, key, stride, len, &mut scores[g..]);
+                g += 3;
+            }
+            while g + 2 <= rows {
+                let q = q16.add(g * head_dim);
+                score_rows::<L, 2>(q, head_dim, key, stride, len, &mut scores[g..]);
+                g += 2;
+            }
+            if g < rows {
+                let q = q16.add(g * head_dim);
+                score_rows::<L, 1>(q, head_dim, key, stride, len, &mut scores[g..]);
+            }
+            for ((steps, scores), max) in steps.iter_mut().zip(&scores).zip(&mut max) {
+                steps.fill::<L>(scores, len, scale, max);
+            }
+            for g in (0..rows).step_by(ROW_TILE) {
+                let (sum, steps) = (&mut sum[g..], &steps[g..]);
+                match rows - g {
+                    1 => add_to_sums::<1>(sum, steps, len),
+                    2 => add_to_sums::<2>(sum, steps, len),
+                    3 => add_to_sums::<3>(sum, steps, len),
+                    _ => add_to_sums::<ROW_TILE>(sum, steps, len),
+                }
+            }
+            let v = values.as_ptr().add(kv.offset);
+            for g in (0..rows).step_by(ROW_TILE) {
+                let a = acc.as_mut_ptr().add(g * head_dim);
+                let st = &steps[g..];
+                match rows - g {
+                    1 => add_values::<L, 1>(a, head_dim, v, stride, len, st),
+                    2 => add_values::<L, 2>(a, head_dim, v, stride, len, st),
+                    3 => add_values::<L, 3>(a, head_dim, v, stride, len, st),
+                    _ => add_values::<L, ROW_TILE>(a, head_dim, v, stride, len, st),
+                }
             }
         }
-        let v = values.as_ptr().add(kv.offset);
-        for g in (0..rows).step_by(ROW_TILE) {
-            let a = acc.as_mut_ptr().add(g * head_dim);
-            let st = &steps[g..];
-            match rows - g {
-                1 => add_values::<L, 1>(a, head_dim, v, stride, len, st),
-                2 => add_values::<L, 2>(a, head_dim, v, stride, len, st),
-                3 => add_values::<L, 3>(a, head_dim, v, stride, len, st),
-                _ => add_values::<L, ROW_TILE>(a, head_dim, v, stride, len, st),
-            }
+        for ((partial, max), sum) in partials.iter_mut().zip(max).zip(sum) {
+            *partial = Partial { max, sum };
         }
-    }
-    for ((partial, max), sum) in partials.iter_mut().zip(max).zip(sum) {
-        *partial = Partial { max, sum };
     }
 }
 
@@ -462,7 +498,9 @@ mod tests {
         scale: ScoreScale,
         max: &mut f32,
     ) {
-        steps.fill::<Avx2>(scores, len, scale, max)
+        // SAFETY: the caller upholds this function's safety contract, all that
+        // these operations need.
+        unsafe { steps.fill::<Avx2>(scores, len, scale, max) }
     }
 
     /// [`Steps::fill`] with AVX-512.
@@ -478,7 +516,9 @@ mod tests {
         scale: ScoreScale,
         max: &mut f32,
     ) {
-        steps.fill::<Avx512>(scores, len, scale, max)
+        // SAFETY: the caller upholds this function's safety contract, all that
+        // these operations need.
+        unsafe { steps.fill::<Avx512>(scores, len, scale, max) }
     }
 
     /// Score runs that test the order of the running maximum: ties (the earlier of equal

@@ -27,10 +27,14 @@ pub unsafe fn attend_tiled(
     scale: ScoreScale,
     out: &mut [f32],
 ) {
-    if crate::simd::avx512() {
-        attend_avx512(queries, view, offset, scale, out)
-    } else {
-        attend_avx2(queries, view, offset, scale, out)
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        if crate::simd::avx512() {
+            attend_avx512(queries, view, offset, scale, out)
+        } else {
+            attend_avx2(queries, view, offset, scale, out)
+        }
     }
 }
 
@@ -46,7 +50,9 @@ pub(super) unsafe fn attend_avx512(
     scale: ScoreScale,
     out: &mut [f32],
 ) {
-    tiled_body::<Avx512>(queries, view, offset, scale, out)
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe { tiled_body::<Avx512>(queries, view, offset, scale, out) }
 }
 
 /// [`attend_tiled`] with AVX2 alone.
@@ -61,7 +67,9 @@ pub(super) unsafe fn attend_avx2(
     scale: ScoreScale,
     out: &mut [f32],
 ) {
-    tiled_body::<Avx2>(queries, view, offset, scale, out)
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe { tiled_body::<Avx2>(queries, view, offset, scale, out) }
 }
 
 /// Value vectors per query updated together (bounded by the registers).
@@ -91,82 +99,86 @@ unsafe fn tiled_body<L: Lanes>(
     scale: ScoreScale,
     out: &mut [f32],
 ) {
-    let Some(head_dim) = queries.first().map(|q| q.q.len()) else {
-        return;
-    };
-    assert!(
-        head_dim.is_multiple_of(64)
-            && out.len() == queries.len() * head_dim
-            && offset + head_dim <= view.kv_width()
-            && queries.iter().all(|q| {
-                q.q.len() == head_dim && q.first <= q.last && q.last < view.positions()
-            })
-    );
-    out.fill(0.0);
-    let mut state = vec![Partial::EMPTY; queries.len()];
-    // Keys transposed: dimension d of key j at d × TILE + j. Values: key j's at j × head_dim.
-    let mut keys = vec![0.0f32; head_dim * TILE];
-    let mut values = vec![0.0f32; TILE * head_dim];
-    let mut row = vec![0.0f32; head_dim];
-    let mut active = Vec::with_capacity(queries.len());
-    let out_base = out.as_mut_ptr();
-    let first_tile = queries.iter().map(|q| q.first).min().unwrap() / TILE;
-    let last_tile = queries.iter().map(|q| q.last).max().unwrap() / TILE;
-    for tile in first_tile..=last_tile {
-        let base = tile * TILE;
-        let seen = |q: &Query<'_>| q.first.max(base)..q.last.min(base + TILE - 1) + 1;
-        active.clear();
-        active.extend((0..queries.len()).filter(|&i| !seen(&queries[i]).is_empty()));
-        let Some(lo) = active.iter().map(|&i| seen(&queries[i]).start).min() else {
-            continue;
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let Some(head_dim) = queries.first().map(|q| q.q.len()) else {
+            return;
         };
-        let hi = active.iter().map(|&i| seen(&queries[i]).end).max().unwrap();
-        // Cells outside every query's view stay zero: they are never weighed.
-        keys.fill(0.0);
-        for p in lo..hi {
-            let j = p - base;
-            convert_into::<L>(view.keys(p)[offset..].as_ptr(), row.as_mut_ptr(), head_dim);
-            for (d, &k) in row.iter().enumerate() {
-                keys[d * TILE + j] = k;
-            }
-            let dst = values[j * head_dim..(j + 1) * head_dim].as_mut_ptr();
-            convert_into::<L>(view.values(p)[offset..].as_ptr(), dst, head_dim);
-        }
-        // Query i's accumulator: `head_dim` values of `out` (its length was checked).
-        let acc = |i: usize| out_base.add(i * head_dim);
-        let mut k = 0;
-        while k < active.len() {
-            let i = active[k];
-            let range = seen(&queries[i]);
-            let cells = range.start - base..range.end - base;
-            // Following queries that see the same cells of the tile go through it together.
-            let together = 1 + active[k + 1..]
-                .iter()
-                .take(group_size::<L>() - 1)
-                .take_while(|&&j| seen(&queries[j]) == range)
-                .count();
-            let group = &active[k..k + together];
-            match together {
-                4 => through_tile::<L, 4>(
-                    group, queries, &keys, &values, scale, &cells, &mut state, acc, head_dim,
-                ),
-                3 => through_tile::<L, 3>(
-                    group, queries, &keys, &values, scale, &cells, &mut state, acc, head_dim,
-                ),
-                2 => through_tile::<L, 2>(
-                    group, queries, &keys, &values, scale, &cells, &mut state, acc, head_dim,
-                ),
-                _ => {
-                    let scores = scores::<L>(queries[i].q, &keys, scale, &cells);
-                    let weights = softmax_step::<L>(&mut state[i], &scores, acc(i), head_dim);
-                    add_values::<L>(acc(i), head_dim, &values, &weights, cells.clone());
+        assert!(
+            head_dim.is_multiple_of(64)
+                && out.len() == queries.len() * head_dim
+                && offset + head_dim <= view.kv_width()
+                && queries.iter().all(|q| {
+                    q.q.len() == head_dim && q.first <= q.last && q.last < view.positions()
+                })
+        );
+        out.fill(0.0);
+        let mut state = vec![Partial::EMPTY; queries.len()];
+        // Keys transposed: dimension d of key j at d × TILE + j. Values: key j's at j × head_dim.
+        let mut keys = vec![0.0f32; head_dim * TILE];
+        let mut values = vec![0.0f32; TILE * head_dim];
+        let mut row = vec![0.0f32; head_dim];
+        let mut active = Vec::with_capacity(queries.len());
+        let out_base = out.as_mut_ptr();
+        let first_tile = queries.iter().map(|q| q.first).min().unwrap() / TILE;
+        let last_tile = queries.iter().map(|q| q.last).max().unwrap() / TILE;
+        for tile in first_tile..=last_tile {
+            let base = tile * TILE;
+            let seen = |q: &Query<'_>| q.first.max(base)..q.last.min(base + TILE - 1) + 1;
+            active.clear();
+            active.extend((0..queries.len()).filter(|&i| !seen(&queries[i]).is_empty()));
+            let Some(lo) = active.iter().map(|&i| seen(&queries[i]).start).min() else {
+                continue;
+            };
+            let hi = active.iter().map(|&i| seen(&queries[i]).end).max().unwrap();
+            // Cells outside every query's view stay zero: they are never weighed.
+            keys.fill(0.0);
+            for p in lo..hi {
+                let j = p - base;
+                convert_into::<L>(view.keys(p)[offset..].as_ptr(), row.as_mut_ptr(), head_dim);
+                for (d, &k) in row.iter().enumerate() {
+                    keys[d * TILE + j] = k;
                 }
+                let dst = values[j * head_dim..(j + 1) * head_dim].as_mut_ptr();
+                convert_into::<L>(view.values(p)[offset..].as_ptr(), dst, head_dim);
             }
-            k += together;
+            // Query i's accumulator: `head_dim` values of `out` (its length was checked).
+            let acc = |i: usize| out_base.add(i * head_dim);
+            let mut k = 0;
+            while k < active.len() {
+                let i = active[k];
+                let range = seen(&queries[i]);
+                let cells = range.start - base..range.end - base;
+                // Following queries that see the same cells of the tile go through it together.
+                let together = 1 + active[k + 1..]
+                    .iter()
+                    .take(group_size::<L>() - 1)
+                    .take_while(|&&j| seen(&queries[j]) == range)
+                    .count();
+                let group = &active[k..k + together];
+                match together {
+                    4 => through_tile::<L, 4>(
+                        group, queries, &keys, &values, scale, &cells, &mut state, acc, head_dim,
+                    ),
+                    3 => through_tile::<L, 3>(
+                        group, queries, &keys, &values, scale, &cells, &mut state, acc, head_dim,
+                    ),
+                    2 => through_tile::<L, 2>(
+                        group, queries, &keys, &values, scale, &cells, &mut state, acc, head_dim,
+                    ),
+                    _ => {
+                        let scores = scores::<L>(queries[i].q, &keys, scale, &cells);
+                        let weights = softmax_step::<L>(&mut state[i], &scores, acc(i), head_dim);
+                        add_values::<L>(acc(i), head_dim, &values, &weights, cells.clone());
+                    }
+                }
+                k += together;
+            }
         }
-    }
-    for (o, s) in out.chunks_exact_mut(head_dim).zip(&state) {
-        normalise(o, s.sum);
+        for (o, s) in out.chunks_exact_mut(head_dim).zip(&state) {
+            normalise(o, s.sum);
+        }
     }
 }
 
@@ -190,13 +202,17 @@ unsafe fn through_tile<L: Lanes, const N: usize>(
     acc: impl Fn(usize) -> *mut f32,
     head_dim: usize,
 ) {
-    let group: [usize; N] = group.try_into().unwrap();
-    let scores = scores_group::<L, N>(group.map(|i| queries[i].q), keys, scale, cells);
-    let mut weights = [[0.0f32; TILE]; N];
-    for ((w, s), &i) in weights.iter_mut().zip(&scores).zip(&group) {
-        *w = softmax_step::<L>(&mut state[i], s, acc(i), head_dim);
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let group: [usize; N] = group.try_into().unwrap();
+        let scores = scores_group::<L, N>(group.map(|i| queries[i].q), keys, scale, cells);
+        let mut weights = [[0.0f32; TILE]; N];
+        for ((w, s), &i) in weights.iter_mut().zip(&scores).zip(&group) {
+            *w = softmax_step::<L>(&mut state[i], s, acc(i), head_dim);
+        }
+        add_values_group::<L, N>(group.map(&acc), head_dim, values, &weights, cells.clone());
     }
-    add_values_group::<L, N>(group.map(&acc), head_dim, values, &weights, cells.clone());
 }
 
 /// Takes a query's tile of scores into its online softmax (`state`: the largest score so
@@ -214,37 +230,41 @@ unsafe fn softmax_step<L: Lanes>(
     acc: *mut f32,
     head_dim: usize,
 ) -> [f32; TILE] {
-    let s = scores.as_ptr();
-    let mut top = L::load(s);
-    for j in (L::WIDTH..TILE).step_by(L::WIDTH) {
-        top = L::max(top, L::load(s.add(j)));
-    }
-    let new_max = state.max.max(L::hmax(top));
-    if new_max > state.max {
-        let rescale = (state.max - new_max).exp();
-        let r = L::splat(rescale);
-        for d in (0..head_dim).step_by(L::WIDTH) {
-            L::store(acc.add(d), L::mul(L::load(acc.add(d)), r));
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let s = scores.as_ptr();
+        let mut top = L::load(s);
+        for j in (L::WIDTH..TILE).step_by(L::WIDTH) {
+            top = L::max(top, L::load(s.add(j)));
         }
-        state.sum *= rescale;
-    }
-    state.max = new_max;
-    let mut weights = [0.0f32; TILE];
-    let m = L::splat(new_max);
-    for j in (0..TILE).step_by(L::WIDTH) {
-        let w = L::expf(L::sub(L::load(s.add(j)), m));
-        L::store(weights.as_mut_ptr().add(j), w);
-    }
-    let mut total = 0.0f64;
-    for j in (0..TILE).step_by(16) {
-        let mut v = [L::zero(); 2];
-        for (h, v) in v.iter_mut().take(16 / L::WIDTH).enumerate() {
-            *v = L::load(weights.as_ptr().add(j + h * L::WIDTH));
+        let new_max = state.max.max(L::hmax(top));
+        if new_max > state.max {
+            let rescale = (state.max - new_max).exp();
+            let r = L::splat(rescale);
+            for d in (0..head_dim).step_by(L::WIDTH) {
+                L::store(acc.add(d), L::mul(L::load(acc.add(d)), r));
+            }
+            state.sum *= rescale;
         }
-        total += L::sum16(&v[..16 / L::WIDTH]) as f64;
+        state.max = new_max;
+        let mut weights = [0.0f32; TILE];
+        let m = L::splat(new_max);
+        for j in (0..TILE).step_by(L::WIDTH) {
+            let w = L::expf(L::sub(L::load(s.add(j)), m));
+            L::store(weights.as_mut_ptr().add(j), w);
+        }
+        let mut total = 0.0f64;
+        for j in (0..TILE).step_by(16) {
+            let mut v = [L::zero(); 2];
+            for (h, v) in v.iter_mut().take(16 / L::WIDTH).enumerate() {
+                *v = L::load(weights.as_ptr().add(j + h * L::WIDTH));
+            }
+            total += L::sum16(&v[..16 / L::WIDTH]) as f64;
+        }
+        state.sum = (state.sum as f64 + total) as f32;
+        weights
     }
-    state.sum = (state.sum as f64 + total) as f32;
-    weights
 }
 
 /// Scaled (and soft-capped) scores of the tile's `cells` (indices within the tile); the
@@ -272,23 +292,27 @@ unsafe fn scores<L: Lanes>(
     scale: ScoreScale,
     cells: &std::ops::Range<usize>,
 ) -> [f32; TILE] {
-    // Sized for the narrowest width; `TILE / WIDTH` of them are used.
-    let mut acc = [L::zero(); 8];
-    let n = TILE / L::WIDTH;
-    let k = keys.as_ptr();
-    for (d, &qd) in q.iter().enumerate() {
-        let qd = L::splat(qd);
-        for (v, a) in acc.iter_mut().take(n).enumerate() {
-            *a = L::fmadd(L::load(k.add(d * TILE + v * L::WIDTH)), qd, *a);
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        // Sized for the narrowest width; `TILE / WIDTH` of them are used.
+        let mut acc = [L::zero(); 8];
+        let n = TILE / L::WIDTH;
+        let k = keys.as_ptr();
+        for (d, &qd) in q.iter().enumerate() {
+            let qd = L::splat(qd);
+            for (v, a) in acc.iter_mut().take(n).enumerate() {
+                *a = L::fmadd(L::load(k.add(d * TILE + v * L::WIDTH)), qd, *a);
+            }
         }
+        let mut scores = [0.0f32; TILE];
+        let s = L::splat(scale.factor());
+        for (v, a) in acc.iter().take(n).enumerate() {
+            L::store(scores.as_mut_ptr().add(v * L::WIDTH), L::mul(*a, s));
+        }
+        finish_scores(&mut scores, scale, cells);
+        scores
     }
-    let mut scores = [0.0f32; TILE];
-    let s = L::splat(scale.factor());
-    for (v, a) in acc.iter().take(n).enumerate() {
-        L::store(scores.as_mut_ptr().add(v * L::WIDTH), L::mul(*a, s));
-    }
-    finish_scores(&mut scores, scale, cells);
-    scores
 }
 
 /// [`scores`] of `N` queries, each key vector loaded once for all (sixteen lanes only).
@@ -305,28 +329,32 @@ unsafe fn scores_group<L: Lanes, const N: usize>(
     scale: ScoreScale,
     cells: &std::ops::Range<usize>,
 ) -> [[f32; TILE]; N] {
-    const V: usize = TILE / 16;
-    debug_assert_eq!(L::WIDTH, 16);
-    let mut acc = [[L::zero(); V]; N];
-    let k = keys.as_ptr();
-    for d in 0..q[0].len() {
-        let qd: [L::V; N] = std::array::from_fn(|n| L::splat(*q[n].get_unchecked(d)));
-        for v in 0..V {
-            let key = L::load(k.add(d * TILE + v * L::WIDTH));
-            for n in 0..N {
-                acc[n][v] = L::fmadd(key, qd[n], acc[n][v]);
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        const V: usize = TILE / 16;
+        debug_assert_eq!(L::WIDTH, 16);
+        let mut acc = [[L::zero(); V]; N];
+        let k = keys.as_ptr();
+        for d in 0..q[0].len() {
+            let qd: [L::V; N] = std::array::from_fn(|n| L::splat(*q[n].get_unchecked(d)));
+            for v in 0..V {
+                let key = L::load(k.add(d * TILE + v * L::WIDTH));
+                for n in 0..N {
+                    acc[n][v] = L::fmadd(key, qd[n], acc[n][v]);
+                }
             }
         }
-    }
-    let s = L::splat(scale.factor());
-    let mut scores = [[0.0f32; TILE]; N];
-    for (scores, acc) in scores.iter_mut().zip(&acc) {
-        for (v, a) in acc.iter().enumerate() {
-            L::store(scores.as_mut_ptr().add(v * L::WIDTH), L::mul(*a, s));
+        let s = L::splat(scale.factor());
+        let mut scores = [[0.0f32; TILE]; N];
+        for (scores, acc) in scores.iter_mut().zip(&acc) {
+            for (v, a) in acc.iter().enumerate() {
+                L::store(scores.as_mut_ptr().add(v * L::WIDTH), L::mul(*a, s));
+            }
+            finish_scores(scores, scale, cells);
         }
-        finish_scores(scores, scale, cells);
+        scores
     }
-    scores
 }
 
 /// Adds the weighted values of the tile's keys `seen` (indices within the tile) to the
@@ -343,25 +371,29 @@ unsafe fn add_values<L: Lanes>(
     weights: &[f32; TILE],
     seen: std::ops::Range<usize>,
 ) {
-    let step = VALUE_VECTORS * L::WIDTH;
-    let v = values.as_ptr();
-    let mut d = 0;
-    while d < head_dim {
-        let n = ((head_dim - d) / L::WIDTH).min(VALUE_VECTORS);
-        let mut a = [L::zero(); VALUE_VECTORS];
-        for (h, a) in a.iter_mut().take(n).enumerate() {
-            *a = L::load(acc.add(d + h * L::WIDTH));
-        }
-        for j in seen.clone() {
-            let w = L::splat(weights[j]);
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let step = VALUE_VECTORS * L::WIDTH;
+        let v = values.as_ptr();
+        let mut d = 0;
+        while d < head_dim {
+            let n = ((head_dim - d) / L::WIDTH).min(VALUE_VECTORS);
+            let mut a = [L::zero(); VALUE_VECTORS];
             for (h, a) in a.iter_mut().take(n).enumerate() {
-                *a = L::fmadd(L::load(v.add(j * head_dim + d + h * L::WIDTH)), w, *a);
+                *a = L::load(acc.add(d + h * L::WIDTH));
             }
+            for j in seen.clone() {
+                let w = L::splat(weights[j]);
+                for (h, a) in a.iter_mut().take(n).enumerate() {
+                    *a = L::fmadd(L::load(v.add(j * head_dim + d + h * L::WIDTH)), w, *a);
+                }
+            }
+            for (h, a) in a.iter().take(n).enumerate() {
+                L::store(acc.add(d + h * L::WIDTH), *a);
+            }
+            d += step.min(n * L::WIDTH);
         }
-        for (h, a) in a.iter().take(n).enumerate() {
-            L::store(acc.add(d + h * L::WIDTH), *a);
-        }
-        d += step.min(n * L::WIDTH);
     }
 }
 
@@ -382,27 +414,31 @@ unsafe fn add_values_group<L: Lanes, const N: usize>(
     weights: &[[f32; TILE]; N],
     seen: std::ops::Range<usize>,
 ) {
-    debug_assert_eq!(L::WIDTH, 16);
-    let v = values.as_ptr();
-    for d in (0..head_dim).step_by(VALUE_VECTORS * L::WIDTH) {
-        let mut a = [[L::zero(); VALUE_VECTORS]; N];
-        for (q, a) in a.iter_mut().enumerate() {
-            for (h, a) in a.iter_mut().enumerate() {
-                *a = L::load(acc[q].add(d + h * L::WIDTH));
-            }
-        }
-        for j in seen.clone() {
-            let w: [L::V; N] = std::array::from_fn(|n| L::splat(weights[n][j]));
-            for h in 0..VALUE_VECTORS {
-                let value = L::load(v.add(j * head_dim + d + h * L::WIDTH));
-                for n in 0..N {
-                    a[n][h] = L::fmadd(value, w[n], a[n][h]);
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        debug_assert_eq!(L::WIDTH, 16);
+        let v = values.as_ptr();
+        for d in (0..head_dim).step_by(VALUE_VECTORS * L::WIDTH) {
+            let mut a = [[L::zero(); VALUE_VECTORS]; N];
+            for (q, a) in a.iter_mut().enumerate() {
+                for (h, a) in a.iter_mut().enumerate() {
+                    *a = L::load(acc[q].add(d + h * L::WIDTH));
                 }
             }
-        }
-        for (q, a) in a.iter().enumerate() {
-            for (h, a) in a.iter().enumerate() {
-                L::store(acc[q].add(d + h * L::WIDTH), *a);
+            for j in seen.clone() {
+                let w: [L::V; N] = std::array::from_fn(|n| L::splat(weights[n][j]));
+                for h in 0..VALUE_VECTORS {
+                    let value = L::load(v.add(j * head_dim + d + h * L::WIDTH));
+                    for n in 0..N {
+                        a[n][h] = L::fmadd(value, w[n], a[n][h]);
+                    }
+                }
+            }
+            for (q, a) in a.iter().enumerate() {
+                for (h, a) in a.iter().enumerate() {
+                    L::store(acc[q].add(d + h * L::WIDTH), *a);
+                }
             }
         }
     }
@@ -415,7 +451,11 @@ unsafe fn add_values_group<L: Lanes, const N: usize>(
 /// writable ones, `n` a multiple of the width.
 #[inline(always)]
 unsafe fn convert_into<L: Lanes>(src: *const half::f16, dst: *mut f32, n: usize) {
-    for i in (0..n).step_by(L::WIDTH) {
-        L::store(dst.add(i), L::load_f16(src.add(i)));
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        for i in (0..n).step_by(L::WIDTH) {
+            L::store(dst.add(i), L::load_f16(src.add(i)));
+        }
     }
 }

@@ -136,7 +136,7 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::avx2() {
         done = len / 8 * 8;
-        // SAFETY: AVX2 and FMA are available, and both slices hold `done` values.
+        // SAFETY: AVX2 and FMA are available.
         unsafe { avx2::silu_mul(&mut gate[..done], &up[..done]) };
     }
     silu_mul_portable(&mut gate[done..len], &up[done..len]);
@@ -222,12 +222,8 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     /// [`super::fast_exp`] of eight values, step for step.
-    ///
-    /// # Safety
-    ///
-    /// The CPU has AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn fast_exp(x: __m256) -> __m256 {
+    fn fast_exp(x: __m256) -> __m256 {
         let c = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));
         let shift = c(0x4b40_0000);
         let z = _mm256_fmadd_ps(x, c(0x3fb8_aa3b), shift);
@@ -268,21 +264,18 @@ mod avx2 {
         _mm256_blendv_ps(scaled, limit, out_of_range)
     }
 
-    /// [`super::silu_mul_portable`] eight values at a time.
-    ///
-    /// # Safety
-    /// AVX2 and FMA must be available; the lengths are equal multiples of 8.
+    /// [`super::silu_mul_portable`] eight values at a time (the lengths equal multiples of
+    /// 8, or it panics).
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
         assert!(gate.len() == up.len() && gate.len().is_multiple_of(8));
         for (g, u) in gate.chunks_exact_mut(8).zip(up.chunks_exact(8)) {
-            let x = _mm256_loadu_ps(g.as_ptr());
+            // SAFETY: `g` and `u` are chunks of eight values.
+            let (x, u) = unsafe { (_mm256_loadu_ps(g.as_ptr()), _mm256_loadu_ps(u.as_ptr())) };
             let e = fast_exp(_mm256_sub_ps(_mm256_setzero_ps(), x));
             let y = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e));
-            _mm256_storeu_ps(
-                g.as_mut_ptr(),
-                _mm256_mul_ps(y, _mm256_loadu_ps(u.as_ptr())),
-            );
+            // SAFETY: as above.
+            unsafe { _mm256_storeu_ps(g.as_mut_ptr(), _mm256_mul_ps(y, u)) };
         }
     }
 }

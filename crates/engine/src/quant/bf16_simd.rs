@@ -34,8 +34,12 @@ use super::float_simd::TILE_X;
 /// AVX-512F must be available.
 #[inline(always)]
 unsafe fn upper_halves() -> __m512i {
-    let idx: [u16; 32] = std::array::from_fn(|k| 2 * k as u16 + 1);
-    _mm512_loadu_si512(idx.as_ptr() as *const __m512i)
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let idx: [u16; 32] = std::array::from_fn(|k| 2 * k as u16 + 1);
+        _mm512_loadu_si512(idx.as_ptr() as *const __m512i)
+    }
 }
 
 /// 32 f32 values at `p` (each exactly a BF16) as 32 BF16s.
@@ -45,9 +49,13 @@ unsafe fn upper_halves() -> __m512i {
 /// must be readable at `p`.
 #[inline(always)]
 unsafe fn narrow(p: *const f32, idx: __m512i) -> __m512bh {
-    let low = _mm512_loadu_si512(p as *const __m512i);
-    let high = _mm512_loadu_si512(p.add(16) as *const __m512i);
-    std::mem::transmute::<__m512i, __m512bh>(_mm512_permutex2var_epi16(low, idx, high))
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let low = _mm512_loadu_si512(p as *const __m512i);
+        let high = _mm512_loadu_si512(p.add(16) as *const __m512i);
+        std::mem::transmute::<__m512i, __m512bh>(_mm512_permutex2var_epi16(low, idx, high))
+    }
 }
 
 /// 32 BF16 values at `p`.
@@ -56,7 +64,9 @@ unsafe fn narrow(p: *const f32, idx: __m512i) -> __m512bh {
 /// AVX-512F must be available and 32 BF16 values readable at `p`.
 #[inline(always)]
 unsafe fn load(p: *const bf16) -> __m512bh {
-    std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(p as *const __m512i))
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe { std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(p as *const __m512i)) }
 }
 
 /// [`super::float::dot_bf16`] of one lone (not batched) row: `w · x`, where `x` holds
@@ -67,27 +77,31 @@ unsafe fn load(p: *const bf16) -> __m512bh {
 /// AVX-512F, BW and BF16 must be available ([`crate::simd::bf16`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 pub unsafe fn lone(w: &[bf16], x: &[f32]) -> f32 {
-    let ahead = crate::simd::cpu::prefetch_ahead();
-    assert_eq!(w.len(), x.len());
-    let idx = upper_halves();
-    let whole = w.len() / (2 * BLOCK) * (2 * BLOCK);
-    let mut acc = [_mm512_setzero_ps(); 2];
-    for k in (0..whole).step_by(2 * BLOCK) {
-        prefetch_span(w.as_ptr().add(k), 2 * BLOCK * 2, ahead);
-        for (i, acc) in acc.iter_mut().enumerate() {
-            let at = k + i * BLOCK;
-            *acc = _mm512_dpbf16_ps(
-                *acc,
-                load(w.as_ptr().add(at)),
-                narrow(x.as_ptr().add(at), idx),
-            );
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let ahead = crate::simd::cpu::prefetch_ahead();
+        assert_eq!(w.len(), x.len());
+        let idx = upper_halves();
+        let whole = w.len() / (2 * BLOCK) * (2 * BLOCK);
+        let mut acc = [_mm512_setzero_ps(); 2];
+        for k in (0..whole).step_by(2 * BLOCK) {
+            prefetch_span(w.as_ptr().add(k), 2 * BLOCK * 2, ahead);
+            for (i, acc) in acc.iter_mut().enumerate() {
+                let at = k + i * BLOCK;
+                *acc = _mm512_dpbf16_ps(
+                    *acc,
+                    load(w.as_ptr().add(at)),
+                    narrow(x.as_ptr().add(at), idx),
+                );
+            }
         }
+        let mut sum = reduce_add_16(&lanes(acc[0])) as f64 + reduce_add_16(&lanes(acc[1])) as f64;
+        for (&w, &x) in w[whole..].iter().zip(&x[whole..]) {
+            sum += (w.to_f32() * x) as f64;
+        }
+        sum as f32
     }
-    let mut sum = reduce_add_16(&lanes(acc[0])) as f64 + reduce_add_16(&lanes(acc[1])) as f64;
-    for (&w, &x) in w[whole..].iter().zip(&x[whole..]) {
-        sum += (w.to_f32() * x) as f64;
-    }
-    sum as f32
 }
 
 /// The batched products of [`TILE_W`] weight rows with `C` activation rows (narrowed by
@@ -98,20 +112,24 @@ pub unsafe fn lone(w: &[bf16], x: &[f32]) -> f32 {
 /// number of values, a multiple of 32.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 pub unsafe fn tile<const C: usize>(w: [&[bf16]; TILE_W], x: [&[bf16]; C]) -> [[f32; TILE_W]; C] {
-    let cols = w[0].len();
-    assert!(cols.is_multiple_of(BLOCK));
-    assert!(w.iter().all(|w| w.len() == cols) && x.iter().all(|x| x.len() == cols));
-    let mut acc = [[_mm512_setzero_ps(); TILE_W]; C];
-    for k in (0..cols).step_by(BLOCK) {
-        let wv: [__m512bh; TILE_W] = std::array::from_fn(|r| load(w[r].as_ptr().add(k)));
-        for c in 0..C {
-            let xv = load(x[c].as_ptr().add(k));
-            for r in 0..TILE_W {
-                acc[c][r] = _mm512_dpbf16_ps(acc[c][r], wv[r], xv);
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let cols = w[0].len();
+        assert!(cols.is_multiple_of(BLOCK));
+        assert!(w.iter().all(|w| w.len() == cols) && x.iter().all(|x| x.len() == cols));
+        let mut acc = [[_mm512_setzero_ps(); TILE_W]; C];
+        for k in (0..cols).step_by(BLOCK) {
+            let wv: [__m512bh; TILE_W] = std::array::from_fn(|r| load(w[r].as_ptr().add(k)));
+            for c in 0..C {
+                let xv = load(x[c].as_ptr().add(k));
+                for r in 0..TILE_W {
+                    acc[c][r] = _mm512_dpbf16_ps(acc[c][r], wv[r], xv);
+                }
             }
         }
+        std::array::from_fn(|c| std::array::from_fn(|r| reduce_add_16(&lanes(acc[c][r]))))
     }
-    std::array::from_fn(|c| std::array::from_fn(|r| reduce_add_16(&lanes(acc[c][r]))))
 }
 
 #[cfg(test)]

@@ -68,22 +68,30 @@ pub trait Widen: Copy + Into<f32> {
 impl Widen for f32 {
     #[inline(always)]
     unsafe fn load16(p: *const Self) -> __m512 {
-        _mm512_loadu_ps(p)
+        // SAFETY: the caller upholds this function's safety contract, all that
+        // these operations need.
+        unsafe { _mm512_loadu_ps(p) }
     }
     #[inline(always)]
     unsafe fn load8(p: *const Self) -> __m256 {
-        _mm256_loadu_ps(p)
+        // SAFETY: the caller upholds this function's safety contract, all that
+        // these operations need.
+        unsafe { _mm256_loadu_ps(p) }
     }
 }
 
 impl Widen for f16 {
     #[inline(always)]
     unsafe fn load16(p: *const Self) -> __m512 {
-        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+        // SAFETY: the caller upholds this function's safety contract, all that
+        // these operations need.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
     }
     #[inline(always)]
     unsafe fn load8(p: *const Self) -> __m256 {
-        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+        // SAFETY: the caller upholds this function's safety contract, all that
+        // these operations need.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
     }
 }
 
@@ -96,9 +104,13 @@ pub unsafe fn tile<W: Widen, X: Widen, const C: usize>(
     w: [&[W]; TILE_W],
     x: [&[X]; C],
 ) -> [[f32; TILE_W]; C] {
-    match isa {
-        Isa::Avx512 => tile_avx512(w, x),
-        Isa::Avx2 => tile_avx2(w, x),
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        match isa {
+            Isa::Avx512 => tile_avx512(w, x),
+            Isa::Avx2 => tile_avx2(w, x),
+        }
     }
 }
 
@@ -111,9 +123,13 @@ pub unsafe fn lone<W: Widen, X: Widen, const R: usize>(
     w: [&[W]; R],
     x: &[X],
 ) -> [f32; R] {
-    match isa {
-        Isa::Avx512 => lone_avx512(w, x),
-        Isa::Avx2 => std::array::from_fn(|r| lone_avx2(w[r], x)),
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        match isa {
+            Isa::Avx512 => lone_avx512(w, x),
+            Isa::Avx2 => std::array::from_fn(|r| lone_avx2(w[r], x)),
+        }
     }
 }
 
@@ -142,37 +158,41 @@ unsafe fn tile_avx2<W: Widen, X: Widen, const C: usize>(
     w: [&[W]; TILE_W],
     x: [&[X]; C],
 ) -> [[f32; TILE_W]; C] {
-    let cols = w[0].len();
-    assert!(cols.is_multiple_of(16));
-    assert!(w.iter().all(|w| w.len() == cols) && x.iter().all(|x| x.len() == cols));
-    let mut out = [[0f32; TILE_W]; C];
-    for r0 in (0..TILE_W).step_by(2) {
-        for c0 in (0..C).step_by(2) {
-            let cs = (C - c0).min(2);
-            // acc[c][r] = (low half, high half) of the chain of w[r0 + r] · x[c0 + c].
-            let mut acc = [[(_mm256_setzero_ps(), _mm256_setzero_ps()); 2]; 2];
-            for k in (0..cols).step_by(16) {
-                let wv: [(__m256, __m256); 2] = std::array::from_fn(|r| {
-                    let p = w[r0 + r].as_ptr().add(k);
-                    (W::load8(p), W::load8(p.add(8)))
-                });
-                for (c, acc) in acc.iter_mut().enumerate().take(cs) {
-                    let p = x[c0 + c].as_ptr().add(k);
-                    let (xl, xh) = (X::load8(p), X::load8(p.add(8)));
-                    for (acc, wv) in acc.iter_mut().zip(&wv) {
-                        acc.0 = _mm256_fmadd_ps(wv.0, xl, acc.0);
-                        acc.1 = _mm256_fmadd_ps(wv.1, xh, acc.1);
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let cols = w[0].len();
+        assert!(cols.is_multiple_of(16));
+        assert!(w.iter().all(|w| w.len() == cols) && x.iter().all(|x| x.len() == cols));
+        let mut out = [[0f32; TILE_W]; C];
+        for r0 in (0..TILE_W).step_by(2) {
+            for c0 in (0..C).step_by(2) {
+                let cs = (C - c0).min(2);
+                // acc[c][r] = (low half, high half) of the chain of w[r0 + r] · x[c0 + c].
+                let mut acc = [[(_mm256_setzero_ps(), _mm256_setzero_ps()); 2]; 2];
+                for k in (0..cols).step_by(16) {
+                    let wv: [(__m256, __m256); 2] = std::array::from_fn(|r| {
+                        let p = w[r0 + r].as_ptr().add(k);
+                        (W::load8(p), W::load8(p.add(8)))
+                    });
+                    for (c, acc) in acc.iter_mut().enumerate().take(cs) {
+                        let p = x[c0 + c].as_ptr().add(k);
+                        let (xl, xh) = (X::load8(p), X::load8(p.add(8)));
+                        for (acc, wv) in acc.iter_mut().zip(&wv) {
+                            acc.0 = _mm256_fmadd_ps(wv.0, xl, acc.0);
+                            acc.1 = _mm256_fmadd_ps(wv.1, xh, acc.1);
+                        }
+                    }
+                }
+                for (c, acc) in acc.iter().enumerate().take(cs) {
+                    for (r, &(low, high)) in acc.iter().enumerate() {
+                        out[c0 + c][r0 + r] = halves_sum(low, high);
                     }
                 }
             }
-            for (c, acc) in acc.iter().enumerate().take(cs) {
-                for (r, &(low, high)) in acc.iter().enumerate() {
-                    out[c0 + c][r0 + r] = halves_sum(low, high);
-                }
-            }
         }
+        out
     }
-    out
 }
 
 /// [`lone_avx512`] of one row with AVX2.
@@ -182,29 +202,33 @@ unsafe fn tile_avx2<W: Widen, X: Widen, const C: usize>(
 /// The CPU has AVX2, FMA and F16C (the lengths are checked).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn lone_avx2<W: Widen, X: Widen>(w: &[W], x: &[X]) -> f32 {
-    let ahead = crate::simd::cpu::prefetch_ahead();
-    assert_eq!(w.len(), x.len());
-    let whole = x.len() / 64 * 64;
-    let mut acc = [(_mm256_setzero_ps(), _mm256_setzero_ps()); 4];
-    for k in (0..whole).step_by(64) {
-        prefetch_span(w.as_ptr().add(k), 64 * size_of::<W>(), ahead);
-        for (i, acc) in acc.iter_mut().enumerate() {
-            let at = k + 16 * i;
-            let (wp, xp) = (w.as_ptr().add(at), x.as_ptr().add(at));
-            acc.0 = _mm256_fmadd_ps(W::load8(wp), X::load8(xp), acc.0);
-            acc.1 = _mm256_fmadd_ps(W::load8(wp.add(8)), X::load8(xp.add(8)), acc.1);
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let ahead = crate::simd::cpu::prefetch_ahead();
+        assert_eq!(w.len(), x.len());
+        let whole = x.len() / 64 * 64;
+        let mut acc = [(_mm256_setzero_ps(), _mm256_setzero_ps()); 4];
+        for k in (0..whole).step_by(64) {
+            prefetch_span(w.as_ptr().add(k), 64 * size_of::<W>(), ahead);
+            for (i, acc) in acc.iter_mut().enumerate() {
+                let at = k + 16 * i;
+                let (wp, xp) = (w.as_ptr().add(at), x.as_ptr().add(at));
+                acc.0 = _mm256_fmadd_ps(W::load8(wp), X::load8(xp), acc.0);
+                acc.1 = _mm256_fmadd_ps(W::load8(wp.add(8)), X::load8(xp.add(8)), acc.1);
+            }
         }
+        let pair = |a: (__m256, __m256), b: (__m256, __m256)| {
+            (_mm256_add_ps(a.0, b.0), _mm256_add_ps(a.1, b.1))
+        };
+        let (l, r) = (pair(acc[0], acc[2]), pair(acc[1], acc[3]));
+        let first = pair(l, r);
+        let mut sum = halves_sum(first.0, first.1) as f64;
+        for (&w, &x) in w[whole..].iter().zip(&x[whole..]) {
+            sum += (w.into() * x.into()) as f64;
+        }
+        sum as f32
     }
-    let pair = |a: (__m256, __m256), b: (__m256, __m256)| {
-        (_mm256_add_ps(a.0, b.0), _mm256_add_ps(a.1, b.1))
-    };
-    let (l, r) = (pair(acc[0], acc[2]), pair(acc[1], acc[3]));
-    let first = pair(l, r);
-    let mut sum = halves_sum(first.0, first.1) as f64;
-    for (&w, &x) in w[whole..].iter().zip(&x[whole..]) {
-        sum += (w.into() * x.into()) as f64;
-    }
-    sum as f32
 }
 
 /// The sixteen f32 lanes of `v`.
@@ -224,32 +248,36 @@ unsafe fn tile_avx512<W: Widen, X: Widen, const C: usize>(
     w: [&[W]; TILE_W],
     x: [&[X]; C],
 ) -> [[f32; TILE_W]; C] {
-    let cols = w[0].len();
-    assert!(cols.is_multiple_of(16));
-    assert!(w.iter().all(|w| w.len() == cols) && x.iter().all(|x| x.len() == cols));
-    let mut acc = [[_mm512_setzero_ps(); TILE_W]; C];
-    for k in (0..cols).step_by(16) {
-        let wv: [__m512; TILE_W] = std::array::from_fn(|r| W::load16(w[r].as_ptr().add(k)));
-        for c in 0..C {
-            let xv = X::load16(x[c].as_ptr().add(k));
-            for r in 0..TILE_W {
-                acc[c][r] = _mm512_fmadd_ps(wv[r], xv, acc[c][r]);
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let cols = w[0].len();
+        assert!(cols.is_multiple_of(16));
+        assert!(w.iter().all(|w| w.len() == cols) && x.iter().all(|x| x.len() == cols));
+        let mut acc = [[_mm512_setzero_ps(); TILE_W]; C];
+        for k in (0..cols).step_by(16) {
+            let wv: [__m512; TILE_W] = std::array::from_fn(|r| W::load16(w[r].as_ptr().add(k)));
+            for c in 0..C {
+                let xv = X::load16(x[c].as_ptr().add(k));
+                for r in 0..TILE_W {
+                    acc[c][r] = _mm512_fmadd_ps(wv[r], xv, acc[c][r]);
+                }
             }
         }
-    }
-    // Up to 24 outputs, reduced sixteen at a time (the last group padded with zeros).
-    let mut out = [[0f32; TILE_W]; C];
-    let n = C * TILE_W;
-    for start in (0..n).step_by(16) {
-        let sums = reduce_add_16_many(std::array::from_fn(|i| match start + i < n {
-            true => acc[(start + i) / TILE_W][(start + i) % TILE_W],
-            false => _mm512_setzero_ps(),
-        }));
-        for (i, &sum) in sums.iter().take(n - start).enumerate() {
-            out[(start + i) / TILE_W][(start + i) % TILE_W] = sum;
+        // Up to 24 outputs, reduced sixteen at a time (the last group padded with zeros).
+        let mut out = [[0f32; TILE_W]; C];
+        let n = C * TILE_W;
+        for start in (0..n).step_by(16) {
+            let sums = reduce_add_16_many(std::array::from_fn(|i| match start + i < n {
+                true => acc[(start + i) / TILE_W][(start + i) % TILE_W],
+                false => _mm512_setzero_ps(),
+            }));
+            for (i, &sum) in sums.iter().take(n - start).enumerate() {
+                out[(start + i) / TILE_W][(start + i) % TILE_W] = sum;
+            }
         }
+        out
     }
-    out
 }
 
 /// Sixteen vectors' `reduce_add_16`s at once, each the same additions in the same tree
@@ -262,37 +290,41 @@ unsafe fn tile_avx512<W: Widen, X: Widen, const C: usize>(
 /// AVX-512F must be available.
 #[inline(always)]
 unsafe fn reduce_add_16_many(v: [__m512; 16]) -> [f32; 16] {
-    // Level 1: vector k holds v[2k]'s eight half sums in lanes 0..8, v[2k + 1]'s in 8..16.
-    let halves: [__m512; 8] = std::array::from_fn(|k| {
-        let (a, b) = (v[2 * k], v[2 * k + 1]);
-        _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0x44>(a, b),
-            _mm512_shuffle_f32x4::<0xEE>(a, b),
-        )
-    });
-    // Level 2: 128-bit lane t of vector m holds v[4m + t]'s four quarter sums.
-    let quarters: [__m512; 4] = std::array::from_fn(|m| {
-        let (a, b) = (halves[2 * m], halves[2 * m + 1]);
-        _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0x88>(a, b),
-            _mm512_shuffle_f32x4::<0xDD>(a, b),
-        )
-    });
-    // Level 3: lane t of vector n holds v[8n + t]'s two pair sums, then v[8n + 4 + t]'s.
-    let pairs: [__m512; 2] = std::array::from_fn(|n| {
-        let (a, b) = (quarters[2 * n], quarters[2 * n + 1]);
-        _mm512_add_ps(
-            _mm512_shuffle_ps::<0x44>(a, b),
-            _mm512_shuffle_ps::<0xEE>(a, b),
-        )
-    });
-    // Level 4: element u of lane t holds v[4u + t]'s sum.
-    let (a, b) = (pairs[0], pairs[1]);
-    let sums = lanes(_mm512_add_ps(
-        _mm512_shuffle_ps::<0x88>(a, b),
-        _mm512_shuffle_ps::<0xDD>(a, b),
-    ));
-    std::array::from_fn(|i| sums[4 * (i % 4) + i / 4])
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        // Level 1: vector k holds v[2k]'s eight half sums in lanes 0..8, v[2k + 1]'s in 8..16.
+        let halves: [__m512; 8] = std::array::from_fn(|k| {
+            let (a, b) = (v[2 * k], v[2 * k + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0x44>(a, b),
+                _mm512_shuffle_f32x4::<0xEE>(a, b),
+            )
+        });
+        // Level 2: 128-bit lane t of vector m holds v[4m + t]'s four quarter sums.
+        let quarters: [__m512; 4] = std::array::from_fn(|m| {
+            let (a, b) = (halves[2 * m], halves[2 * m + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0x88>(a, b),
+                _mm512_shuffle_f32x4::<0xDD>(a, b),
+            )
+        });
+        // Level 3: lane t of vector n holds v[8n + t]'s two pair sums, then v[8n + 4 + t]'s.
+        let pairs: [__m512; 2] = std::array::from_fn(|n| {
+            let (a, b) = (quarters[2 * n], quarters[2 * n + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_ps::<0x44>(a, b),
+                _mm512_shuffle_ps::<0xEE>(a, b),
+            )
+        });
+        // Level 4: element u of lane t holds v[4u + t]'s sum.
+        let (a, b) = (pairs[0], pairs[1]);
+        let sums = lanes(_mm512_add_ps(
+            _mm512_shuffle_ps::<0x88>(a, b),
+            _mm512_shuffle_ps::<0xDD>(a, b),
+        ));
+        std::array::from_fn(|i| sums[4 * (i % 4) + i / 4])
+    }
 }
 
 /// The lone-row products `w[r] · x` (ggml's vector dot product), each as the portable
@@ -304,31 +336,35 @@ unsafe fn reduce_add_16_many(v: [__m512; 16]) -> [f32; 16] {
 /// AVX-512F, FMA and F16C must be available; every row of `w` has the length of `x`.
 #[target_feature(enable = "avx512f,fma,f16c")]
 unsafe fn lone_avx512<W: Widen, X: Widen, const R: usize>(w: [&[W]; R], x: &[X]) -> [f32; R] {
-    let ahead = crate::simd::cpu::prefetch_ahead();
-    assert!(w.iter().all(|w| w.len() == x.len()));
-    let whole = x.len() / 64 * 64;
-    let mut acc = [[_mm512_setzero_ps(); 4]; R];
-    for k in (0..whole).step_by(64) {
-        for w in &w {
-            prefetch_span(w.as_ptr().add(k), 64 * size_of::<W>(), ahead);
-        }
-        for i in 0..4 {
-            let at = k + 16 * i;
-            let xv = X::load16(x.as_ptr().add(at));
-            for (acc, w) in acc.iter_mut().zip(&w) {
-                acc[i] = _mm512_fmadd_ps(W::load16(w.as_ptr().add(at)), xv, acc[i]);
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let ahead = crate::simd::cpu::prefetch_ahead();
+        assert!(w.iter().all(|w| w.len() == x.len()));
+        let whole = x.len() / 64 * 64;
+        let mut acc = [[_mm512_setzero_ps(); 4]; R];
+        for k in (0..whole).step_by(64) {
+            for w in &w {
+                prefetch_span(w.as_ptr().add(k), 64 * size_of::<W>(), ahead);
+            }
+            for i in 0..4 {
+                let at = k + 16 * i;
+                let xv = X::load16(x.as_ptr().add(at));
+                for (acc, w) in acc.iter_mut().zip(&w) {
+                    acc[i] = _mm512_fmadd_ps(W::load16(w.as_ptr().add(at)), xv, acc[i]);
+                }
             }
         }
+        std::array::from_fn(|r| {
+            let acc = &acc[r];
+            let first = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
+            let mut sum = reduce_add_16(&lanes(first)) as f64;
+            for (&w, &x) in w[r][whole..].iter().zip(&x[whole..]) {
+                sum += (w.into() * x.into()) as f64;
+            }
+            sum as f32
+        })
     }
-    std::array::from_fn(|r| {
-        let acc = &acc[r];
-        let first = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
-        let mut sum = reduce_add_16(&lanes(first)) as f64;
-        for (&w, &x) in w[r][whole..].iter().zip(&x[whole..]) {
-            sum += (w.into() * x.into()) as f64;
-        }
-        sum as f32
-    })
 }
 
 #[cfg(test)]

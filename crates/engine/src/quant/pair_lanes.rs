@@ -260,12 +260,16 @@ mod simd {
         a: [&Q8KRow; T],
         sums: [&LaneSums; T],
     ) -> [[f32; 2]; T] {
-        assert!(a.iter().all(|row| row.has_blocks(m.blocks)));
-        assert!(sums.iter().all(|s| s.covers(m.format, m.blocks)));
-        let lines = m.pair(p);
-        match m.format {
-            PairFormat::Q5K => pair_q5k(lines, m.blocks, a, sums),
-            PairFormat::Iq4Xs => pair_iq4xs(lines, m.blocks, a, sums),
+        // SAFETY: the caller upholds this function's safety contract, all that
+        // these operations need.
+        unsafe {
+            assert!(a.iter().all(|row| row.has_blocks(m.blocks)));
+            assert!(sums.iter().all(|s| s.covers(m.format, m.blocks)));
+            let lines = m.pair(p);
+            match m.format {
+                PairFormat::Q5K => pair_q5k(lines, m.blocks, a, sums),
+                PairFormat::Iq4Xs => pair_iq4xs(lines, m.blocks, a, sums),
+            }
         }
     }
 
@@ -276,8 +280,12 @@ mod simd {
     /// The CPU has AVX-512 F.
     #[inline(always)]
     unsafe fn halves(first: i32, second: i32) -> __m512i {
-        let idx: [i32; 16] = std::array::from_fn(|i| if i < 8 { first } else { second });
-        _mm512_loadu_si512(idx.as_ptr() as *const __m512i)
+        // SAFETY: the caller upholds this function's safety contract, all that
+        // these operations need.
+        unsafe {
+            let idx: [i32; 16] = std::array::from_fn(|i| if i < 8 { first } else { second });
+            _mm512_loadu_si512(idx.as_ptr() as *const __m512i)
+        }
     }
 
     /// Activations `32j..32j + 32` of super-block `b`, in both halves of a vector.
@@ -287,8 +295,12 @@ mod simd {
     /// The CPU has AVX2 and AVX-512 F; super-block `b` is one of `a`'s and `j < 8`.
     #[inline(always)]
     unsafe fn activations(a: &Q8KRow, b: usize, j: usize) -> __m512i {
-        let y = a.qs.as_ptr().add(b * QK_K + 32 * j) as *const __m256i;
-        _mm512_broadcast_i64x4(_mm256_loadu_si256(y))
+        // SAFETY: the caller upholds this function's safety contract, all that
+        // these operations need.
+        unsafe {
+            let y = a.qs.as_ptr().add(b * QK_K + 32 * j) as *const __m256i;
+            _mm512_broadcast_i64x4(_mm256_loadu_si256(y))
+        }
     }
 
     /// The rows' eight float lanes each, summed as `hsum_float_8`.
@@ -298,9 +310,13 @@ mod simd {
     /// The CPU has AVX-512 F.
     #[inline(always)]
     unsafe fn row_sums(acc: __m512) -> [f32; 2] {
-        let mut lanes = [0f32; 16];
-        _mm512_storeu_ps(lanes.as_mut_ptr(), acc);
-        [hsum8(&lanes[..8]), hsum8(&lanes[8..])]
+        // SAFETY: the caller upholds this function's safety contract, all that
+        // these operations need.
+        unsafe {
+            let mut lanes = [0f32; 16];
+            _mm512_storeu_ps(lanes.as_mut_ptr(), acc);
+            [hsum8(&lanes[..8]), hsum8(&lanes[8..])]
+        }
     }
 
     /// [`dot_pair`] for Q5_K: per super-block and sub-block `j`, the 5-bit values of both
@@ -318,73 +334,77 @@ mod simd {
         a: [&Q8KRow; T],
         sums: [&LaneSums; T],
     ) -> [[f32; 2]; T] {
-        let ahead = crate::simd::cpu::prefetch_ahead();
-        const LINES: usize = 6;
-        assert!(lines.len() >= blocks * LINES);
-        let low = _mm512_set1_epi8(0x0F);
-        let bit4 = _mm512_set1_epi8(0x10);
-        let zero = _mm512_setzero_si512();
-        let by_row = halves(0, 1);
-        let dmin_by_row = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
-        let mut acc = [_mm512_setzero_ps(); T];
-        let mut acc_min = [_mm256_setzero_ps(); T];
-        for b in 0..blocks {
-            let base = lines.as_ptr().add(b * LINES);
-            prefetch_span(base, LINES * 64, ahead);
-            let line = |k: usize| _mm512_load_si512(base.add(k) as *const __m512i);
-            let head = base as *const u8;
-            let qh = line(5);
-            // The sixteen scales as 32-bit lanes: the first row's, then the second's.
-            let scales = _mm512_cvtepu8_epi32(_mm_loadu_si128(head.add(16) as *const __m128i));
-            let mut lanes = [zero; T];
-            for j in 0..8 {
-                let v = line(1 + j / 2);
-                let nibbles = match j % 2 {
-                    0 => _mm512_and_si512(v, low),
-                    _ => _mm512_and_si512(_mm512_srli_epi16::<4>(v), low),
-                };
-                // Bit j of each qh byte moved to bit 4 (16-bit shifts: bit 4 of a byte
-                // comes from the same byte for shifts of at most four either way).
-                let high = match j <= 4 {
-                    true => _mm512_sll_epi16(qh, _mm_cvtsi32_si128(4 - j as i32)),
-                    false => _mm512_srl_epi16(qh, _mm_cvtsi32_si128(j as i32 - 4)),
-                };
-                // nibbles | (high & 0x10)
-                let x = _mm512_ternarylogic_epi32::<0xF8>(nibbles, high, bit4);
-                let scale = _mm512_permutexvar_epi32(halves(j as i32, 8 + j as i32), scales);
+        // SAFETY: the caller upholds this function's safety contract, all that
+        // these operations need.
+        unsafe {
+            let ahead = crate::simd::cpu::prefetch_ahead();
+            const LINES: usize = 6;
+            assert!(lines.len() >= blocks * LINES);
+            let low = _mm512_set1_epi8(0x0F);
+            let bit4 = _mm512_set1_epi8(0x10);
+            let zero = _mm512_setzero_si512();
+            let by_row = halves(0, 1);
+            let dmin_by_row = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+            let mut acc = [_mm512_setzero_ps(); T];
+            let mut acc_min = [_mm256_setzero_ps(); T];
+            for b in 0..blocks {
+                let base = lines.as_ptr().add(b * LINES);
+                prefetch_span(base, LINES * 64, ahead);
+                let line = |k: usize| _mm512_load_si512(base.add(k) as *const __m512i);
+                let head = base as *const u8;
+                let qh = line(5);
+                // The sixteen scales as 32-bit lanes: the first row's, then the second's.
+                let scales = _mm512_cvtepu8_epi32(_mm_loadu_si128(head.add(16) as *const __m128i));
+                let mut lanes = [zero; T];
+                for j in 0..8 {
+                    let v = line(1 + j / 2);
+                    let nibbles = match j % 2 {
+                        0 => _mm512_and_si512(v, low),
+                        _ => _mm512_and_si512(_mm512_srli_epi16::<4>(v), low),
+                    };
+                    // Bit j of each qh byte moved to bit 4 (16-bit shifts: bit 4 of a byte
+                    // comes from the same byte for shifts of at most four either way).
+                    let high = match j <= 4 {
+                        true => _mm512_sll_epi16(qh, _mm_cvtsi32_si128(4 - j as i32)),
+                        false => _mm512_srl_epi16(qh, _mm_cvtsi32_si128(j as i32 - 4)),
+                    };
+                    // nibbles | (high & 0x10)
+                    let x = _mm512_ternarylogic_epi32::<0xF8>(nibbles, high, bit4);
+                    let scale = _mm512_permutexvar_epi32(halves(j as i32, 8 + j as i32), scales);
+                    for t in 0..T {
+                        let dot = _mm512_dpbusd_epi32(zero, x, activations(a[t], b, j));
+                        // A lane's four products fit in 16 bits (4 · 31 · 128), the scale's
+                        // high half is zero: one 16-bit multiply-add is the product.
+                        lanes[t] = _mm512_dpwssd_epi32(lanes[t], dot, scale);
+                    }
+                }
+                let head4 = _mm_loadu_ps(head as *const f32);
+                let d = _mm512_permutexvar_ps(by_row, _mm512_castps128_ps512(head4));
+                let dmin = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(head4), dmin_by_row);
+                let mins = _mm256_loadu_si256(head.add(32) as *const __m256i);
                 for t in 0..T {
-                    let dot = _mm512_dpbusd_epi32(zero, x, activations(a[t], b, j));
-                    // A lane's four products fit in 16 bits (4 · 31 · 128), the scale's
-                    // high half is zero: one 16-bit multiply-add is the product.
-                    lanes[t] = _mm512_dpwssd_epi32(lanes[t], dot, scale);
+                    let da = *a[t].d.get_unchecked(b);
+                    let dd = _mm512_mul_ps(_mm512_set1_ps(da), d);
+                    acc[t] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(lanes[t]), acc[t]);
+                    // Each row's minimum term: eight products summed within its half.
+                    let pairs = sums[t].pairs.as_ptr().add(8 * b) as *const __m128i;
+                    let pairs = _mm256_broadcastsi128_si256(_mm_loadu_si128(pairs));
+                    let mut imin = _mm256_madd_epi16(mins, pairs);
+                    imin = _mm256_add_epi32(imin, _mm256_shuffle_epi32::<0x4E>(imin));
+                    imin = _mm256_add_epi32(imin, _mm256_shuffle_epi32::<0xB1>(imin));
+                    let dm = _mm256_mul_ps(_mm256_set1_ps(-da), dmin);
+                    acc_min[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), dm, acc_min[t]);
                 }
             }
-            let head4 = _mm_loadu_ps(head as *const f32);
-            let d = _mm512_permutexvar_ps(by_row, _mm512_castps128_ps512(head4));
-            let dmin = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(head4), dmin_by_row);
-            let mins = _mm256_loadu_si256(head.add(32) as *const __m256i);
+            let mut out = [[0f32; 2]; T];
             for t in 0..T {
-                let da = *a[t].d.get_unchecked(b);
-                let dd = _mm512_mul_ps(_mm512_set1_ps(da), d);
-                acc[t] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(lanes[t]), acc[t]);
-                // Each row's minimum term: eight products summed within its half.
-                let pairs = sums[t].pairs.as_ptr().add(8 * b) as *const __m128i;
-                let pairs = _mm256_broadcastsi128_si256(_mm_loadu_si128(pairs));
-                let mut imin = _mm256_madd_epi16(mins, pairs);
-                imin = _mm256_add_epi32(imin, _mm256_shuffle_epi32::<0x4E>(imin));
-                imin = _mm256_add_epi32(imin, _mm256_shuffle_epi32::<0xB1>(imin));
-                let dm = _mm256_mul_ps(_mm256_set1_ps(-da), dmin);
-                acc_min[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), dm, acc_min[t]);
+                let mut mins = [0f32; 8];
+                _mm256_storeu_ps(mins.as_mut_ptr(), acc_min[t]);
+                let rows = row_sums(acc[t]);
+                out[t] = [rows[0] + mins[0], rows[1] + mins[4]];
             }
+            out
         }
-        let mut out = [[0f32; 2]; T];
-        for t in 0..T {
-            let mut mins = [0f32; 8];
-            _mm256_storeu_ps(mins.as_mut_ptr(), acc_min[t]);
-            let rows = row_sums(acc[t]);
-            out[t] = [rows[0] + mins[0], rows[1] + mins[4]];
-        }
-        out
     }
 
     /// [`dot_pair`] for IQ4_XS: per super-block and sub-block `j`, both rows' table
@@ -402,44 +422,50 @@ mod simd {
         a: [&Q8KRow; T],
         sums: [&LaneSums; T],
     ) -> [[f32; 2]; T] {
-        let ahead = crate::simd::cpu::prefetch_ahead();
-        const LINES: usize = 5;
-        assert!(lines.len() >= blocks * LINES);
-        let low = _mm512_set1_epi8(0x0F);
-        let table: [u8; 16] = super::iq4::VALUES.map(|v| (v as i32 + 128) as u8);
-        let table = _mm512_broadcast_i32x4(_mm_loadu_si128(table.as_ptr() as *const __m128i));
-        let zero = _mm512_setzero_si512();
-        let by_row = halves(0, 1);
-        let mut acc = [_mm512_setzero_ps(); T];
-        for b in 0..blocks {
-            let base = lines.as_ptr().add(b * LINES);
-            prefetch_span(base, LINES * 64, ahead);
-            let line = |k: usize| _mm512_load_si512(base.add(k) as *const __m512i);
-            let head = base as *const u8;
-            let scales = _mm512_cvtepi8_epi32(_mm_loadu_si128(head.add(16) as *const __m128i));
-            let mut lanes = [zero; T];
-            for j in 0..8 {
-                let v = line(1 + j / 2);
-                let index = match j % 2 {
-                    0 => _mm512_and_si512(v, low),
-                    _ => _mm512_and_si512(_mm512_srli_epi16::<4>(v), low),
-                };
-                let x = _mm512_shuffle_epi8(table, index);
-                let scale = _mm512_permutexvar_epi32(halves(j as i32, 8 + j as i32), scales);
+        // SAFETY: the caller upholds this function's safety contract, all that
+        // these operations need.
+        unsafe {
+            let ahead = crate::simd::cpu::prefetch_ahead();
+            const LINES: usize = 5;
+            assert!(lines.len() >= blocks * LINES);
+            let low = _mm512_set1_epi8(0x0F);
+            let table: [u8; 16] = super::iq4::VALUES.map(|v| (v as i32 + 128) as u8);
+            let table = _mm512_broadcast_i32x4(_mm_loadu_si128(table.as_ptr() as *const __m128i));
+            let zero = _mm512_setzero_si512();
+            let by_row = halves(0, 1);
+            let mut acc = [_mm512_setzero_ps(); T];
+            for b in 0..blocks {
+                let base = lines.as_ptr().add(b * LINES);
+                prefetch_span(base, LINES * 64, ahead);
+                let line = |k: usize| _mm512_load_si512(base.add(k) as *const __m512i);
+                let head = base as *const u8;
+                let scales = _mm512_cvtepi8_epi32(_mm_loadu_si128(head.add(16) as *const __m128i));
+                let mut lanes = [zero; T];
+                for j in 0..8 {
+                    let v = line(1 + j / 2);
+                    let index = match j % 2 {
+                        0 => _mm512_and_si512(v, low),
+                        _ => _mm512_and_si512(_mm512_srli_epi16::<4>(v), low),
+                    };
+                    let x = _mm512_shuffle_epi8(table, index);
+                    let scale = _mm512_permutexvar_epi32(halves(j as i32, 8 + j as i32), scales);
+                    for t in 0..T {
+                        let offsets =
+                            sums[t].offsets.as_ptr().add((8 * b + j) * 8) as *const __m256i;
+                        let start = _mm512_broadcast_i64x4(_mm256_loadu_si256(offsets));
+                        let dot = _mm512_dpbusd_epi32(start, x, activations(a[t], b, j));
+                        lanes[t] = _mm512_add_epi32(lanes[t], _mm512_mullo_epi32(dot, scale));
+                    }
+                }
+                let d =
+                    _mm512_permutexvar_ps(by_row, _mm512_castps128_ps512(_mm_loadu_ps(head as _)));
                 for t in 0..T {
-                    let offsets = sums[t].offsets.as_ptr().add((8 * b + j) * 8) as *const __m256i;
-                    let start = _mm512_broadcast_i64x4(_mm256_loadu_si256(offsets));
-                    let dot = _mm512_dpbusd_epi32(start, x, activations(a[t], b, j));
-                    lanes[t] = _mm512_add_epi32(lanes[t], _mm512_mullo_epi32(dot, scale));
+                    let dd = _mm512_mul_ps(d, _mm512_set1_ps(*a[t].d.get_unchecked(b)));
+                    acc[t] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(lanes[t]), acc[t]);
                 }
             }
-            let d = _mm512_permutexvar_ps(by_row, _mm512_castps128_ps512(_mm_loadu_ps(head as _)));
-            for t in 0..T {
-                let dd = _mm512_mul_ps(d, _mm512_set1_ps(*a[t].d.get_unchecked(b)));
-                acc[t] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(lanes[t]), acc[t]);
-            }
+            acc.map(|acc| row_sums(acc))
         }
-        acc.map(|acc| row_sums(acc))
     }
 }
 

@@ -117,8 +117,12 @@ mod simd {
         kernels: [RowKernel; T],
         soon: Upcoming,
     ) -> [[f32; ROWS]; T] {
-        assert!(a.iter().all(|row| row.has_blocks(m.blocks)));
-        group_vnni(m.group(g), m.blocks, a, kernels, soon)
+        // SAFETY: the caller upholds this function's safety contract, all that
+        // these operations need.
+        unsafe {
+            assert!(a.iter().all(|row| row.has_blocks(m.blocks)));
+            group_vnni(m.group(g), m.blocks, a, kernels, soon)
+        }
     }
 
     /// [`dot_group`] on a group's lines. Per sub-block: its 32 values of the sixteen rows
@@ -138,77 +142,81 @@ mod simd {
         kernels: [RowKernel; T],
         mut soon: Upcoming,
     ) -> [[f32; ROWS]; T] {
-        let ahead = crate::simd::cpu::prefetch_ahead();
-        assert!(lines.len() >= blocks * LINES);
-        let per_pair = kernels.map(RowKernel::in_group_of_four);
-        let low = _mm512_set1_epi8(0x0F);
-        let zero = _mm512_setzero_si512();
-        let mut acc = [_mm512_setzero_ps(); T];
-        let mut acc_min = [_mm512_setzero_ps(); T];
-        for b in 0..blocks {
-            let base = lines.as_ptr().add(b * LINES);
-            prefetch_span(base, LINES * 64, ahead);
-            soon.step();
-            let line = |k: usize| base.add(k) as *const __m512i;
-            let d = _mm512_cvtph_ps(_mm256_load_si256(line(0) as *const __m256i));
-            let dmin = _mm512_cvtph_ps(_mm256_load_si256((line(0) as *const __m256i).add(1)));
-            let mut isum = [zero; T];
-            let mut imin = [zero; T];
-            for pair in 0..4 {
-                let mut psum = [zero; T];
-                for j in [2 * pair, 2 * pair + 1] {
-                    let scales = (line(1 + j / 4) as *const u8).add((j % 4) * ROWS);
-                    let scale = _mm512_cvtepu8_epi32(_mm_load_si128(scales as *const __m128i));
-                    let mut x = [zero; 8];
-                    for (h, x) in x.chunks_exact_mut(2).enumerate() {
-                        let v = _mm512_load_si512(line(VALUES + 4 * j + h));
-                        x[0] = _mm512_and_si512(v, low);
-                        x[1] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
-                    }
-                    for t in 0..T {
-                        let q8 = a[t].qs.as_ptr().add(b * QK_K + 32 * j) as *const i32;
-                        let mut dot = zero;
-                        for (h, x) in x.iter().enumerate() {
-                            // Values 4h..4h + 4 of the sub-block: x[2s] holds 8s..8s + 4,
-                            // x[2s + 1] holds 8s + 4..8s + 8.
-                            let y = _mm512_set1_epi32(q8.add(h).read_unaligned());
-                            dot = _mm512_dpbusd_epi32(dot, *x, y);
+        // SAFETY: the caller upholds this function's safety contract, all that
+        // these operations need.
+        unsafe {
+            let ahead = crate::simd::cpu::prefetch_ahead();
+            assert!(lines.len() >= blocks * LINES);
+            let per_pair = kernels.map(RowKernel::in_group_of_four);
+            let low = _mm512_set1_epi8(0x0F);
+            let zero = _mm512_setzero_si512();
+            let mut acc = [_mm512_setzero_ps(); T];
+            let mut acc_min = [_mm512_setzero_ps(); T];
+            for b in 0..blocks {
+                let base = lines.as_ptr().add(b * LINES);
+                prefetch_span(base, LINES * 64, ahead);
+                soon.step();
+                let line = |k: usize| base.add(k) as *const __m512i;
+                let d = _mm512_cvtph_ps(_mm256_load_si256(line(0) as *const __m256i));
+                let dmin = _mm512_cvtph_ps(_mm256_load_si256((line(0) as *const __m256i).add(1)));
+                let mut isum = [zero; T];
+                let mut imin = [zero; T];
+                for pair in 0..4 {
+                    let mut psum = [zero; T];
+                    for j in [2 * pair, 2 * pair + 1] {
+                        let scales = (line(1 + j / 4) as *const u8).add((j % 4) * ROWS);
+                        let scale = _mm512_cvtepu8_epi32(_mm_load_si128(scales as *const __m128i));
+                        let mut x = [zero; 8];
+                        for (h, x) in x.chunks_exact_mut(2).enumerate() {
+                            let v = _mm512_load_si512(line(VALUES + 4 * j + h));
+                            x[0] = _mm512_and_si512(v, low);
+                            x[1] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
                         }
-                        psum[t] = _mm512_add_epi32(psum[t], _mm512_mullo_epi32(dot, scale));
+                        for t in 0..T {
+                            let q8 = a[t].qs.as_ptr().add(b * QK_K + 32 * j) as *const i32;
+                            let mut dot = zero;
+                            for (h, x) in x.iter().enumerate() {
+                                // Values 4h..4h + 4 of the sub-block: x[2s] holds 8s..8s + 4,
+                                // x[2s + 1] holds 8s + 4..8s + 8.
+                                let y = _mm512_set1_epi32(q8.add(h).read_unaligned());
+                                dot = _mm512_dpbusd_epi32(dot, *x, y);
+                            }
+                            psum[t] = _mm512_add_epi32(psum[t], _mm512_mullo_epi32(dot, scale));
+                        }
+                    }
+                    let mins = (line(MINS + pair / 2) as *const __m256i).add(pair % 2);
+                    let mins = _mm512_cvtepu8_epi16(_mm256_load_si256(mins));
+                    for t in 0..T {
+                        let bsums = a[t].bsums.as_ptr().add(b * 16 + 4 * pair);
+                        let sums = pair16(*bsums + *bsums.add(1), *bsums.add(2) + *bsums.add(3));
+                        let sums = _mm512_set1_epi32(sums);
+                        let pmin = _mm512_madd_epi16(mins, sums);
+                        if per_pair[t] {
+                            let da = _mm512_set1_ps(*a[t].d.get_unchecked(b));
+                            let (dd, dm) = (_mm512_mul_ps(d, da), _mm512_mul_ps(dmin, da));
+                            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(psum[t]), dd, acc[t]);
+                            acc_min[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pmin), dm, acc_min[t]);
+                        } else {
+                            isum[t] = _mm512_add_epi32(isum[t], psum[t]);
+                            imin[t] = _mm512_add_epi32(imin[t], pmin);
+                        }
                     }
                 }
-                let mins = (line(MINS + pair / 2) as *const __m256i).add(pair % 2);
-                let mins = _mm512_cvtepu8_epi16(_mm256_load_si256(mins));
                 for t in 0..T {
-                    let bsums = a[t].bsums.as_ptr().add(b * 16 + 4 * pair);
-                    let sums = pair16(*bsums + *bsums.add(1), *bsums.add(2) + *bsums.add(3));
-                    let sums = _mm512_set1_epi32(sums);
-                    let pmin = _mm512_madd_epi16(mins, sums);
-                    if per_pair[t] {
+                    if !per_pair[t] {
                         let da = _mm512_set1_ps(*a[t].d.get_unchecked(b));
                         let (dd, dm) = (_mm512_mul_ps(d, da), _mm512_mul_ps(dmin, da));
-                        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(psum[t]), dd, acc[t]);
-                        acc_min[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pmin), dm, acc_min[t]);
-                    } else {
-                        isum[t] = _mm512_add_epi32(isum[t], psum[t]);
-                        imin[t] = _mm512_add_epi32(imin[t], pmin);
+                        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), dd, acc[t]);
+                        acc_min[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(imin[t]), dm, acc_min[t]);
                     }
                 }
             }
+            let mut out = [[0f32; ROWS]; T];
             for t in 0..T {
-                if !per_pair[t] {
-                    let da = _mm512_set1_ps(*a[t].d.get_unchecked(b));
-                    let (dd, dm) = (_mm512_mul_ps(d, da), _mm512_mul_ps(dmin, da));
-                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), dd, acc[t]);
-                    acc_min[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(imin[t]), dm, acc_min[t]);
-                }
+                _mm512_storeu_ps(out[t].as_mut_ptr(), _mm512_sub_ps(acc[t], acc_min[t]));
             }
+            out
         }
-        let mut out = [[0f32; ROWS]; T];
-        for t in 0..T {
-            _mm512_storeu_ps(out[t].as_mut_ptr(), _mm512_sub_ps(acc[t], acc_min[t]));
-        }
-        out
     }
 }
 

@@ -122,8 +122,12 @@ mod simd {
         a: [&Q8KRow; T],
         soon: Upcoming,
     ) -> [[f32; ROWS]; T] {
-        assert!(a.iter().all(|row| row.has_blocks(m.blocks)));
-        group_vnni(m.group(g), m.blocks, a, soon)
+        // SAFETY: the caller upholds this function's safety contract, all that
+        // these operations need.
+        unsafe {
+            assert!(a.iter().all(|row| row.has_blocks(m.blocks)));
+            group_vnni(m.group(g), m.blocks, a, soon)
+        }
     }
 
     /// Sub-block `j`'s four vectors of values (see the module), unpacked from its three
@@ -133,25 +137,30 @@ mod simd {
     /// AVX-512F and BW must be available; `lines` points to a whole super-block.
     #[inline(always)]
     pub(super) unsafe fn sub_block(lines: *const Line, j: usize) -> [__m512i; 4] {
-        let line = |k: usize| _mm512_load_si512(lines.add(VALUES + 3 * j + k) as *const __m512i);
-        let (low, next, high) = (line(0), line(1), line(2));
-        let nibble = _mm512_set1_epi8(0x0F);
-        let top = _mm512_set1_epi8(0x30);
-        // Shifts of 16-bit lanes: the bits a byte takes from its neighbour are masked off.
-        let low = [
-            _mm512_and_si512(low, nibble),
-            _mm512_and_si512(_mm512_srli_epi16::<4>(low), nibble),
-            _mm512_and_si512(next, nibble),
-            _mm512_and_si512(_mm512_srli_epi16::<4>(next), nibble),
-        ];
-        let high = [
-            _mm512_slli_epi16::<4>(high),
-            _mm512_slli_epi16::<2>(high),
-            high,
-            _mm512_srli_epi16::<2>(high),
-        ];
-        // low | (high & 0x30): 0xF0 | (0xCC & 0xAA).
-        std::array::from_fn(|c| _mm512_ternarylogic_epi32::<0xF8>(low[c], high[c], top))
+        // SAFETY: the caller upholds this function's safety contract, all that
+        // these operations need.
+        unsafe {
+            let line =
+                |k: usize| _mm512_load_si512(lines.add(VALUES + 3 * j + k) as *const __m512i);
+            let (low, next, high) = (line(0), line(1), line(2));
+            let nibble = _mm512_set1_epi8(0x0F);
+            let top = _mm512_set1_epi8(0x30);
+            // Shifts of 16-bit lanes: the bits a byte takes from its neighbour are masked off.
+            let low = [
+                _mm512_and_si512(low, nibble),
+                _mm512_and_si512(_mm512_srli_epi16::<4>(low), nibble),
+                _mm512_and_si512(next, nibble),
+                _mm512_and_si512(_mm512_srli_epi16::<4>(next), nibble),
+            ];
+            let high = [
+                _mm512_slli_epi16::<4>(high),
+                _mm512_slli_epi16::<2>(high),
+                high,
+                _mm512_srli_epi16::<2>(high),
+            ];
+            // low | (high & 0x30): 0xF0 | (0xCC & 0xAA).
+            std::array::from_fn(|c| _mm512_ternarylogic_epi32::<0xF8>(low[c], high[c], top))
+        }
     }
 
     /// Sub-block `j`'s scales of the sixteen rows, each as a pair of 16-bit integers in
@@ -163,13 +172,17 @@ mod simd {
     /// 16-byte aligned scale lines and `j < 16`.
     #[inline(always)]
     unsafe fn scale_pairs(scales: *const Line, j: usize) -> __m512i {
-        let bytes = (scales.add(j / 4) as *const u8).add((j % 4) * ROWS);
-        let words = _mm256_cvtepi8_epi16(_mm_load_si128(bytes as *const __m128i));
-        let twice = _mm512_set_epi16(
-            15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8, 7, 7, 6, 6, 5, 5, 4, 4, 3,
-            3, 2, 2, 1, 1, 0, 0,
-        );
-        _mm512_permutexvar_epi16(twice, _mm512_castsi256_si512(words))
+        // SAFETY: the caller upholds this function's safety contract, all that
+        // these operations need.
+        unsafe {
+            let bytes = (scales.add(j / 4) as *const u8).add((j % 4) * ROWS);
+            let words = _mm256_cvtepi8_epi16(_mm_load_si128(bytes as *const __m128i));
+            let twice = _mm512_set_epi16(
+                15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8, 7, 7, 6, 6, 5, 5, 4, 4,
+                3, 3, 2, 2, 1, 1, 0, 0,
+            );
+            _mm512_permutexvar_epi16(twice, _mm512_castsi256_si512(words))
+        }
     }
 
     /// [`dot_group`] on a group's lines. Per four values: one unsigned-by-signed 16-bit
@@ -188,62 +201,66 @@ mod simd {
         a: [&Q8KRow; T],
         mut soon: Upcoming,
     ) -> [[f32; ROWS]; T] {
-        let ahead = crate::simd::cpu::prefetch_ahead();
-        assert!(lines.len() >= blocks * LINES);
-        let zero = _mm512_setzero_si512();
-        let mut acc = [[_mm512_setzero_ps(); 8]; T];
-        for b in 0..blocks {
-            let base = lines.as_ptr().add(b * LINES);
-            prefetch_span(base, LINES * 64, ahead);
-            soon.step();
-            let q8: [*const i32; T] = a.map(|a| a.qs.as_ptr().add(b * QK_K) as *const i32);
-            let mut lanes = [[zero; 8]; T];
-            // Lane l's share of the correction, 32 · (sc[2l], sc[2l+1]) as 16-bit pairs.
-            let mut both = [zero; 8];
-            // Pairs of sub-blocks: with the pair's index the only one not known at compile
-            // time, the eight lanes stay in registers.
-            for (m, both) in both.iter_mut().enumerate() {
-                let scales = [2 * m, 2 * m + 1].map(|j| scale_pairs(base.add(SCALES), j));
-                let pair = _mm512_mask_blend_epi16(0xAAAA_AAAA, scales[0], scales[1]);
-                *both = _mm512_slli_epi16::<5>(pair);
-                for (h, &scales) in scales.iter().enumerate() {
-                    let j = 2 * m + h;
-                    let values = sub_block(base, j);
-                    for (q, &w) in values.iter().enumerate() {
-                        for t in 0..T {
-                            let y = _mm512_set1_epi32(q8[t].add(4 * j + q).read_unaligned());
-                            let products = _mm512_maddubs_epi16(w, y);
-                            let lane = &mut lanes[t][4 * h + q];
-                            *lane = _mm512_dpwssd_epi32(*lane, products, scales);
+        // SAFETY: the caller upholds this function's safety contract, all that
+        // these operations need.
+        unsafe {
+            let ahead = crate::simd::cpu::prefetch_ahead();
+            assert!(lines.len() >= blocks * LINES);
+            let zero = _mm512_setzero_si512();
+            let mut acc = [[_mm512_setzero_ps(); 8]; T];
+            for b in 0..blocks {
+                let base = lines.as_ptr().add(b * LINES);
+                prefetch_span(base, LINES * 64, ahead);
+                soon.step();
+                let q8: [*const i32; T] = a.map(|a| a.qs.as_ptr().add(b * QK_K) as *const i32);
+                let mut lanes = [[zero; 8]; T];
+                // Lane l's share of the correction, 32 · (sc[2l], sc[2l+1]) as 16-bit pairs.
+                let mut both = [zero; 8];
+                // Pairs of sub-blocks: with the pair's index the only one not known at compile
+                // time, the eight lanes stay in registers.
+                for (m, both) in both.iter_mut().enumerate() {
+                    let scales = [2 * m, 2 * m + 1].map(|j| scale_pairs(base.add(SCALES), j));
+                    let pair = _mm512_mask_blend_epi16(0xAAAA_AAAA, scales[0], scales[1]);
+                    *both = _mm512_slli_epi16::<5>(pair);
+                    for (h, &scales) in scales.iter().enumerate() {
+                        let j = 2 * m + h;
+                        let values = sub_block(base, j);
+                        for (q, &w) in values.iter().enumerate() {
+                            for t in 0..T {
+                                let y = _mm512_set1_epi32(q8[t].add(4 * j + q).read_unaligned());
+                                let products = _mm512_maddubs_epi16(w, y);
+                                let lane = &mut lanes[t][4 * h + q];
+                                *lane = _mm512_dpwssd_epi32(*lane, products, scales);
+                            }
                         }
                     }
                 }
-            }
-            // Lane l subtracts 32 · (bsums[2l]·sc[2l] + bsums[2l+1]·sc[2l+1]).
-            for (lanes, a) in lanes.iter_mut().zip(&a) {
-                let bsums = a.bsums.as_ptr().add(b * 16);
-                for (l, (lane, &both)) in lanes.iter_mut().zip(&both).enumerate() {
-                    let pair = pair16(-*bsums.add(2 * l), -*bsums.add(2 * l + 1));
-                    *lane = _mm512_dpwssd_epi32(*lane, both, _mm512_set1_epi32(pair));
+                // Lane l subtracts 32 · (bsums[2l]·sc[2l] + bsums[2l+1]·sc[2l+1]).
+                for (lanes, a) in lanes.iter_mut().zip(&a) {
+                    let bsums = a.bsums.as_ptr().add(b * 16);
+                    for (l, (lane, &both)) in lanes.iter_mut().zip(&both).enumerate() {
+                        let pair = pair16(-*bsums.add(2 * l), -*bsums.add(2 * l + 1));
+                        *lane = _mm512_dpwssd_epi32(*lane, both, _mm512_set1_epi32(pair));
+                    }
+                }
+                let dw = _mm512_load_ps(base as *const f32);
+                for t in 0..T {
+                    let d = _mm512_mul_ps(_mm512_set1_ps(*a[t].d.get_unchecked(b)), dw);
+                    for (acc, &lane) in acc[t].iter_mut().zip(&lanes[t]) {
+                        *acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lane), *acc);
+                    }
                 }
             }
-            let dw = _mm512_load_ps(base as *const f32);
+            // hsum_float_8, one weight row per vector lane.
+            let mut out = [[0f32; ROWS]; T];
             for t in 0..T {
-                let d = _mm512_mul_ps(_mm512_set1_ps(*a[t].d.get_unchecked(b)), dw);
-                for (acc, &lane) in acc[t].iter_mut().zip(&lanes[t]) {
-                    *acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lane), *acc);
-                }
+                let a = &acc[t];
+                let r = [0, 1, 2, 3].map(|i| _mm512_add_ps(a[i], a[i + 4]));
+                let sum = _mm512_add_ps(_mm512_add_ps(r[0], r[2]), _mm512_add_ps(r[1], r[3]));
+                _mm512_storeu_ps(out[t].as_mut_ptr(), sum);
             }
+            out
         }
-        // hsum_float_8, one weight row per vector lane.
-        let mut out = [[0f32; ROWS]; T];
-        for t in 0..T {
-            let a = &acc[t];
-            let r = [0, 1, 2, 3].map(|i| _mm512_add_ps(a[i], a[i + 4]));
-            let sum = _mm512_add_ps(_mm512_add_ps(r[0], r[2]), _mm512_add_ps(r[1], r[3]));
-            _mm512_storeu_ps(out[t].as_mut_ptr(), sum);
-        }
-        out
     }
 }
 

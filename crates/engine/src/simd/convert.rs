@@ -36,7 +36,8 @@ pub fn round_to_f16(x: &[f32]) -> Vec<f16> {
 /// The CPU must have AVX2 and F16C, and `p` must point at two readable bytes.
 #[target_feature(enable = "avx2,f16c")]
 pub unsafe fn f16_at_ptr(p: *const u8) -> f32 {
-    let bits = u16::from_le_bytes([*p, *p.add(1)]);
+    // SAFETY: the caller gives two readable bytes at `p`.
+    let bits = unsafe { u16::from_le_bytes([*p, *p.add(1)]) };
     use std::arch::x86_64::*;
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }

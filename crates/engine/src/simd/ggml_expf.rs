@@ -89,9 +89,13 @@ mod tests {
         /// The CPU has AVX2, FMA, F16C and AVX-512 F.
         #[target_feature(enable = "avx2,fma,f16c,avx512f")]
         unsafe fn expf512(x: &[f32; 16]) -> [f32; 16] {
-            let mut out = [0f32; 16];
-            _mm512_storeu_ps(out.as_mut_ptr(), Avx512::expf(_mm512_loadu_ps(x.as_ptr())));
-            out
+            // SAFETY: the caller upholds this function's safety contract, all that
+            // these operations need.
+            unsafe {
+                let mut out = [0f32; 16];
+                _mm512_storeu_ps(out.as_mut_ptr(), Avx512::expf(_mm512_loadu_ps(x.as_ptr())));
+                out
+            }
         }
         /// ggml's `expf` of sixteen values with AVX2, eight at a time.
         ///
@@ -100,12 +104,16 @@ mod tests {
         /// The CPU has AVX2, FMA and F16C.
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn expf256(x: &[f32; 16]) -> [f32; 16] {
-            let mut out = [0f32; 16];
-            for h in [0, 8] {
-                let v = Avx2::expf(_mm256_loadu_ps(x.as_ptr().add(h)));
-                _mm256_storeu_ps(out.as_mut_ptr().add(h), v);
+            // SAFETY: the caller upholds this function's safety contract, all that
+            // these operations need.
+            unsafe {
+                let mut out = [0f32; 16];
+                for h in [0, 8] {
+                    let v = Avx2::expf(_mm256_loadu_ps(x.as_ptr().add(h)));
+                    _mm256_storeu_ps(out.as_mut_ptr().add(h), v);
+                }
+                out
             }
-            out
         }
         let cpu = crate::simd::cpu::detected();
         let (wide, narrow) = (

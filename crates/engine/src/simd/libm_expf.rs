@@ -104,8 +104,12 @@ fn fix_special(x: &[f32], out: &mut [f32], mut mask: u32) {
 /// The CPU has AVX-512 F.
 #[inline(always)]
 unsafe fn special_mask512(x: __m512) -> u32 {
-    let abs = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fff_ffff));
-    _mm512_cmpge_epu32_mask(abs, _mm512_set1_epi32(SPECIAL_FROM as i32)) as u32
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let abs = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fff_ffff));
+        _mm512_cmpge_epu32_mask(abs, _mm512_set1_epi32(SPECIAL_FROM as i32)) as u32
+    }
 }
 
 /// The main path on eight lanes, in AVX-512.
@@ -115,26 +119,31 @@ unsafe fn special_mask512(x: __m512) -> u32 {
 /// The CPU has AVX2, FMA and AVX-512 F (and VL).
 #[inline(always)]
 unsafe fn main_path512(x: __m256) -> __m256 {
-    let xd = _mm512_cvtps_pd(x);
-    let kd = _mm512_fmadd_pd(xd, _mm512_set1_pd(INV_LN2_N), _mm512_set1_pd(SHIFT));
-    let ki = _mm512_castpd_si512(kd);
-    let kd = _mm512_sub_pd(kd, _mm512_set1_pd(SHIFT));
-    let r = _mm512_fmsub_pd(xd, _mm512_set1_pd(INV_LN2_N), kd);
-    let t = TABLE.as_ptr() as *const __m512i;
-    let low = _mm512_permutex2var_epi64(_mm512_loadu_si512(t), ki, _mm512_loadu_si512(t.add(1)));
-    let high = _mm512_permutex2var_epi64(
-        _mm512_loadu_si512(t.add(2)),
-        ki,
-        _mm512_loadu_si512(t.add(3)),
-    );
-    let upper = _mm512_test_epi64_mask(ki, _mm512_set1_epi64(16));
-    let entry = _mm512_mask_blend_epi64(upper, low, high);
-    let s = _mm512_castsi512_pd(_mm512_add_epi64(entry, _mm512_slli_epi64::<47>(ki)));
-    let z = _mm512_fmadd_pd(r, _mm512_set1_pd(C[0]), _mm512_set1_pd(C[1]));
-    let r2 = _mm512_mul_pd(r, r);
-    let y = _mm512_fmadd_pd(r, _mm512_set1_pd(C[2]), _mm512_set1_pd(1.0));
-    let y = _mm512_fmadd_pd(z, r2, y);
-    _mm512_cvtpd_ps(_mm512_mul_pd(y, s))
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let xd = _mm512_cvtps_pd(x);
+        let kd = _mm512_fmadd_pd(xd, _mm512_set1_pd(INV_LN2_N), _mm512_set1_pd(SHIFT));
+        let ki = _mm512_castpd_si512(kd);
+        let kd = _mm512_sub_pd(kd, _mm512_set1_pd(SHIFT));
+        let r = _mm512_fmsub_pd(xd, _mm512_set1_pd(INV_LN2_N), kd);
+        let t = TABLE.as_ptr() as *const __m512i;
+        let low =
+            _mm512_permutex2var_epi64(_mm512_loadu_si512(t), ki, _mm512_loadu_si512(t.add(1)));
+        let high = _mm512_permutex2var_epi64(
+            _mm512_loadu_si512(t.add(2)),
+            ki,
+            _mm512_loadu_si512(t.add(3)),
+        );
+        let upper = _mm512_test_epi64_mask(ki, _mm512_set1_epi64(16));
+        let entry = _mm512_mask_blend_epi64(upper, low, high);
+        let s = _mm512_castsi512_pd(_mm512_add_epi64(entry, _mm512_slli_epi64::<47>(ki)));
+        let z = _mm512_fmadd_pd(r, _mm512_set1_pd(C[0]), _mm512_set1_pd(C[1]));
+        let r2 = _mm512_mul_pd(r, r);
+        let y = _mm512_fmadd_pd(r, _mm512_set1_pd(C[2]), _mm512_set1_pd(1.0));
+        let y = _mm512_fmadd_pd(z, r2, y);
+        _mm512_cvtpd_ps(_mm512_mul_pd(y, s))
+    }
 }
 
 /// `expf` of sixteen lanes, bit for bit the C library's.
@@ -143,23 +152,28 @@ unsafe fn main_path512(x: __m256) -> __m256 {
 /// AVX-512F must be available.
 #[inline(always)]
 pub(crate) unsafe fn expf16(x: __m512) -> __m512 {
-    let lo = _mm512_castps512_ps256(x);
-    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)));
-    let out = _mm512_insertf64x4::<1>(
-        _mm512_castpd256_pd512(_mm256_castps_pd(main_path512(lo))),
-        _mm256_castps_pd(main_path512(hi)),
-    );
-    let minus_inf = _mm512_cmpeq_epi32_mask(_mm512_castps_si512(x), _mm512_set1_epi32(MINUS_INF));
-    let mut out = _mm512_mask_blend_ps(minus_inf, _mm512_castpd_ps(out), _mm512_setzero_ps());
-    let special = special_mask512(x) & !u32::from(minus_inf);
-    if special != 0 {
-        let (mut xs, mut outs) = ([0f32; 16], [0f32; 16]);
-        _mm512_storeu_ps(xs.as_mut_ptr(), x);
-        _mm512_storeu_ps(outs.as_mut_ptr(), out);
-        fix_special(&xs, &mut outs, special);
-        out = _mm512_loadu_ps(outs.as_ptr());
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let lo = _mm512_castps512_ps256(x);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)));
+        let out = _mm512_insertf64x4::<1>(
+            _mm512_castpd256_pd512(_mm256_castps_pd(main_path512(lo))),
+            _mm256_castps_pd(main_path512(hi)),
+        );
+        let minus_inf =
+            _mm512_cmpeq_epi32_mask(_mm512_castps_si512(x), _mm512_set1_epi32(MINUS_INF));
+        let mut out = _mm512_mask_blend_ps(minus_inf, _mm512_castpd_ps(out), _mm512_setzero_ps());
+        let special = special_mask512(x) & !u32::from(minus_inf);
+        if special != 0 {
+            let (mut xs, mut outs) = ([0f32; 16], [0f32; 16]);
+            _mm512_storeu_ps(xs.as_mut_ptr(), x);
+            _mm512_storeu_ps(outs.as_mut_ptr(), out);
+            fix_special(&xs, &mut outs, special);
+            out = _mm512_loadu_ps(outs.as_ptr());
+        }
+        out
     }
-    out
 }
 
 /// The main path on four lanes, in AVX2.
@@ -169,19 +183,23 @@ pub(crate) unsafe fn expf16(x: __m512) -> __m512 {
 /// The CPU has AVX2 and FMA.
 #[inline(always)]
 unsafe fn main_path256(x: __m128) -> __m128 {
-    let xd = _mm256_cvtps_pd(x);
-    let kd = _mm256_fmadd_pd(xd, _mm256_set1_pd(INV_LN2_N), _mm256_set1_pd(SHIFT));
-    let ki = _mm256_castpd_si256(kd);
-    let kd = _mm256_sub_pd(kd, _mm256_set1_pd(SHIFT));
-    let r = _mm256_fmsub_pd(xd, _mm256_set1_pd(INV_LN2_N), kd);
-    let index = _mm256_and_si256(ki, _mm256_set1_epi64x(31));
-    let entry = _mm256_i64gather_epi64::<8>(TABLE.as_ptr() as *const i64, index);
-    let s = _mm256_castsi256_pd(_mm256_add_epi64(entry, _mm256_slli_epi64::<47>(ki)));
-    let z = _mm256_fmadd_pd(r, _mm256_set1_pd(C[0]), _mm256_set1_pd(C[1]));
-    let r2 = _mm256_mul_pd(r, r);
-    let y = _mm256_fmadd_pd(r, _mm256_set1_pd(C[2]), _mm256_set1_pd(1.0));
-    let y = _mm256_fmadd_pd(z, r2, y);
-    _mm256_cvtpd_ps(_mm256_mul_pd(y, s))
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let xd = _mm256_cvtps_pd(x);
+        let kd = _mm256_fmadd_pd(xd, _mm256_set1_pd(INV_LN2_N), _mm256_set1_pd(SHIFT));
+        let ki = _mm256_castpd_si256(kd);
+        let kd = _mm256_sub_pd(kd, _mm256_set1_pd(SHIFT));
+        let r = _mm256_fmsub_pd(xd, _mm256_set1_pd(INV_LN2_N), kd);
+        let index = _mm256_and_si256(ki, _mm256_set1_epi64x(31));
+        let entry = _mm256_i64gather_epi64::<8>(TABLE.as_ptr() as *const i64, index);
+        let s = _mm256_castsi256_pd(_mm256_add_epi64(entry, _mm256_slli_epi64::<47>(ki)));
+        let z = _mm256_fmadd_pd(r, _mm256_set1_pd(C[0]), _mm256_set1_pd(C[1]));
+        let r2 = _mm256_mul_pd(r, r);
+        let y = _mm256_fmadd_pd(r, _mm256_set1_pd(C[2]), _mm256_set1_pd(1.0));
+        let y = _mm256_fmadd_pd(z, r2, y);
+        _mm256_cvtpd_ps(_mm256_mul_pd(y, s))
+    }
 }
 
 /// `expf` of eight lanes, bit for bit the C library's.
@@ -190,37 +208,39 @@ unsafe fn main_path256(x: __m128) -> __m128 {
 /// AVX2 and FMA must be available.
 #[inline(always)]
 pub(crate) unsafe fn expf8(x: __m256) -> __m256 {
-    let lo = main_path256(_mm256_castps256_ps128(x));
-    let hi = main_path256(_mm256_extractf128_ps::<1>(x));
-    let out = _mm256_insertf128_ps::<1>(_mm256_castps128_ps256(lo), hi);
-    let minus_inf = _mm256_cmpeq_epi32(_mm256_castps_si256(x), _mm256_set1_epi32(MINUS_INF));
-    let minus_inf = _mm256_castsi256_ps(minus_inf);
-    let mut out = _mm256_andnot_ps(minus_inf, out);
-    let abs = _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7fff_ffff));
-    // Signed comparison is right: `abs` and the bound are both below 2^31.
-    let over = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(SPECIAL_FROM as i32 - 1));
-    let over = _mm256_andnot_ps(minus_inf, _mm256_castsi256_ps(over));
-    let special = _mm256_movemask_ps(over) as u32;
-    if special != 0 {
-        let (mut xs, mut outs) = ([0f32; 8], [0f32; 8]);
-        _mm256_storeu_ps(xs.as_mut_ptr(), x);
-        _mm256_storeu_ps(outs.as_mut_ptr(), out);
-        fix_special(&xs, &mut outs, special);
-        out = _mm256_loadu_ps(outs.as_ptr());
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let lo = main_path256(_mm256_castps256_ps128(x));
+        let hi = main_path256(_mm256_extractf128_ps::<1>(x));
+        let out = _mm256_insertf128_ps::<1>(_mm256_castps128_ps256(lo), hi);
+        let minus_inf = _mm256_cmpeq_epi32(_mm256_castps_si256(x), _mm256_set1_epi32(MINUS_INF));
+        let minus_inf = _mm256_castsi256_ps(minus_inf);
+        let mut out = _mm256_andnot_ps(minus_inf, out);
+        let abs = _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7fff_ffff));
+        // Signed comparison is right: `abs` and the bound are both below 2^31.
+        let over = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(SPECIAL_FROM as i32 - 1));
+        let over = _mm256_andnot_ps(minus_inf, _mm256_castsi256_ps(over));
+        let special = _mm256_movemask_ps(over) as u32;
+        if special != 0 {
+            let (mut xs, mut outs) = ([0f32; 8], [0f32; 8]);
+            _mm256_storeu_ps(xs.as_mut_ptr(), x);
+            _mm256_storeu_ps(outs.as_mut_ptr(), out);
+            fix_special(&xs, &mut outs, special);
+            out = _mm256_loadu_ps(outs.as_ptr());
+        }
+        out
     }
-    out
 }
 
 /// `expf` of every value in place, eight lanes at a time (the last few one by one).
-///
-/// # Safety
-/// AVX2 and FMA must be available.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn exp_in_place_avx2(values: &mut [f32]) {
+pub(crate) fn exp_in_place_avx2(values: &mut [f32]) {
     let mut chunks = values.chunks_exact_mut(8);
     for chunk in &mut chunks {
         let p = chunk.as_mut_ptr();
-        _mm256_storeu_ps(p, expf8(_mm256_loadu_ps(p)));
+        // SAFETY: `p` reaches the chunk's eight values, and this function has AVX2 and FMA.
+        unsafe { _mm256_storeu_ps(p, expf8(_mm256_loadu_ps(p))) };
     }
     for v in chunks.into_remainder() {
         *v = v.exp();
@@ -238,9 +258,13 @@ mod tests {
     /// The CPU has AVX-512 F, AVX2 and FMA.
     #[target_feature(enable = "avx512f,avx2,fma")]
     unsafe fn run16(x: &[f32; 16]) -> [f32; 16] {
-        let mut out = [0f32; 16];
-        _mm512_storeu_ps(out.as_mut_ptr(), expf16(_mm512_loadu_ps(x.as_ptr())));
-        out
+        // SAFETY: the caller upholds this function's safety contract, all that
+        // these operations need.
+        unsafe {
+            let mut out = [0f32; 16];
+            _mm512_storeu_ps(out.as_mut_ptr(), expf16(_mm512_loadu_ps(x.as_ptr())));
+            out
+        }
     }
 
     /// glibc's `expf` of eight values with AVX2.
@@ -250,9 +274,13 @@ mod tests {
     /// The CPU has AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn run8(x: &[f32; 8]) -> [f32; 8] {
-        let mut out = [0f32; 8];
-        _mm256_storeu_ps(out.as_mut_ptr(), expf8(_mm256_loadu_ps(x.as_ptr())));
-        out
+        // SAFETY: the caller upholds this function's safety contract, all that
+        // these operations need.
+        unsafe {
+            let mut out = [0f32; 8];
+            _mm256_storeu_ps(out.as_mut_ptr(), expf8(_mm256_loadu_ps(x.as_ptr())));
+            out
+        }
     }
 
     /// Checks both widths (where the CPU has them) against `f32::exp` on `values`, in

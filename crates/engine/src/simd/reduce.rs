@@ -27,12 +27,25 @@ pub fn reduce_add_16(v: &[f32; 16]) -> f32 {
 /// Sums the eight lanes of a 256-bit vector in `hsum_float_8` order.
 ///
 /// # Safety
-/// The CPU must have AVX2.
+/// Register-only: safe to call from code compiled with AVX2; from other code the call
+/// is `unsafe`, and the CPU must have AVX2.
 #[target_feature(enable = "avx2")]
-pub unsafe fn hsum_m256(acc: std::arch::x86_64::__m256) -> f32 {
+pub fn hsum_m256(acc: std::arch::x86_64::__m256) -> f32 {
+    hsum8(&f32_lanes(acc))
+}
+
+#[cfg(target_arch = "x86_64")]
+/// The eight lanes of a 256-bit vector.
+///
+/// # Safety
+/// Register-only: safe to call from code compiled with AVX2; from other code the call
+/// is `unsafe`, and the CPU must have AVX2.
+#[target_feature(enable = "avx2")]
+pub fn f32_lanes(v: std::arch::x86_64::__m256) -> [f32; 8] {
     let mut lanes = [0f32; 8];
-    std::arch::x86_64::_mm256_storeu_ps(lanes.as_mut_ptr(), acc);
-    hsum8(&lanes)
+    // SAFETY: `lanes` holds the eight values stored.
+    unsafe { std::arch::x86_64::_mm256_storeu_ps(lanes.as_mut_ptr(), v) };
+    lanes
 }
 
 #[cfg(test)]

@@ -60,22 +60,26 @@ pub unsafe fn dot_group<const T: usize>(
     starts: [&[i32]; T],
     soon: Upcoming,
 ) -> [[f32; ROWS]; T] {
-    let blocks = m.blocks;
-    assert!(super::rows_cover(
-        &a,
-        &starts,
-        blocks,
-        starts_taken(m.format)
-    ));
-    assert_eq!(m.kernel, Kernel::Avx2);
-    let lines = m.group(g);
-    match m.format {
-        LaneFormat::Q8_0 => group_avx2::<T, Q8_0>(lines, blocks, a, starts, soon),
-        LaneFormat::Q4_1 => group_avx2::<T, Q4_1>(lines, blocks, a, starts, soon),
-        LaneFormat::Q5_0 => group_avx2::<T, Q5_0>(lines, blocks, a, starts, soon),
-        LaneFormat::Q4_0 => group_avx2::<T, Q4_0>(lines, blocks, a, starts, soon),
-        LaneFormat::Q5_1 => group_avx2::<T, Q5_1>(lines, blocks, a, starts, soon),
-        LaneFormat::Iq4Nl => group_avx2::<T, IQ4_NL>(lines, blocks, a, starts, soon),
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let blocks = m.blocks;
+        assert!(super::rows_cover(
+            &a,
+            &starts,
+            blocks,
+            starts_taken(m.format)
+        ));
+        assert_eq!(m.kernel, Kernel::Avx2);
+        let lines = m.group(g);
+        match m.format {
+            LaneFormat::Q8_0 => group_avx2::<T, Q8_0>(lines, blocks, a, starts, soon),
+            LaneFormat::Q4_1 => group_avx2::<T, Q4_1>(lines, blocks, a, starts, soon),
+            LaneFormat::Q5_0 => group_avx2::<T, Q5_0>(lines, blocks, a, starts, soon),
+            LaneFormat::Q4_0 => group_avx2::<T, Q4_0>(lines, blocks, a, starts, soon),
+            LaneFormat::Q5_1 => group_avx2::<T, Q5_1>(lines, blocks, a, starts, soon),
+            LaneFormat::Iq4Nl => group_avx2::<T, IQ4_NL>(lines, blocks, a, starts, soon),
+        }
     }
 }
 
@@ -123,8 +127,12 @@ pub unsafe fn dot_expanded<const T: usize>(
     starts: [&[i32]; T],
     soon: Upcoming,
 ) -> [[f32; ROWS]; T] {
-    assert!(super::rows_cover(&a, &starts, blocks, QUADS));
-    group_avx2::<T, EXPANDED>(lines, blocks, a, starts, soon)
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        assert!(super::rows_cover(&a, &starts, blocks, QUADS));
+        group_avx2::<T, EXPANDED>(lines, blocks, a, starts, soon)
+    }
 }
 
 /// Half `h` of a block's nibbles `4q..4q + 4` (its eight rows), unsigned bytes, from its
@@ -137,12 +145,16 @@ pub unsafe fn dot_expanded<const T: usize>(
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn nibble_values(nibbles: *const Line, q: usize, h: usize) -> __m256i {
-    let v = _mm256_load_si256((nibbles.add(q % 4) as *const u8).add(32 * h).cast());
-    let v = match q < 4 {
-        true => v,
-        false => _mm256_srli_epi16::<4>(v),
-    };
-    _mm256_and_si256(v, _mm256_set1_epi8(0x0F))
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let v = _mm256_load_si256((nibbles.add(q % 4) as *const u8).add(32 * h).cast());
+        let v = match q < 4 {
+            true => v,
+            false => _mm256_srli_epi16::<4>(v),
+        };
+        _mm256_and_si256(v, _mm256_set1_epi8(0x0F))
+    }
 }
 
 /// Half `h` of a Q5_0 block's values `4q..4q + 4`, stored 16 higher (a Q5_1 block's
@@ -158,19 +170,23 @@ unsafe fn nibble_values(nibbles: *const Line, q: usize, h: usize) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn q5_0_values(lines: *const Line, q: usize, h: usize) -> __m256i {
-    let low = nibble_values(lines.add(1), q, h);
-    let plane = _mm256_load_si256((lines as *const u8).add(32 * h).cast());
-    let at_16 = match q {
-        0 => _mm256_slli_epi16::<4>(plane),
-        1 => _mm256_slli_epi16::<2>(plane),
-        2 => plane,
-        3 => _mm256_srli_epi16::<2>(plane),
-        4 => _mm256_slli_epi16::<3>(plane),
-        5 => _mm256_slli_epi16::<1>(plane),
-        6 => _mm256_srli_epi16::<1>(plane),
-        _ => _mm256_srli_epi16::<3>(plane),
-    };
-    _mm256_or_si256(low, _mm256_and_si256(at_16, _mm256_set1_epi8(0x10)))
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let low = nibble_values(lines.add(1), q, h);
+        let plane = _mm256_load_si256((lines as *const u8).add(32 * h).cast());
+        let at_16 = match q {
+            0 => _mm256_slli_epi16::<4>(plane),
+            1 => _mm256_slli_epi16::<2>(plane),
+            2 => plane,
+            3 => _mm256_srli_epi16::<2>(plane),
+            4 => _mm256_slli_epi16::<3>(plane),
+            5 => _mm256_slli_epi16::<1>(plane),
+            6 => _mm256_srli_epi16::<1>(plane),
+            _ => _mm256_srli_epi16::<3>(plane),
+        };
+        _mm256_or_si256(low, _mm256_and_si256(at_16, _mm256_set1_epi8(0x10)))
+    }
 }
 
 /// Half `h` of sixteen f16 values at `p` (eight rows' scales or minimums), as f32.
@@ -181,7 +197,9 @@ unsafe fn q5_0_values(lines: *const Line, q: usize, h: usize) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn half_f16(p: *const u8, h: usize) -> __m256 {
-    _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * h) as *const __m128i))
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * h) as *const __m128i)) }
 }
 
 /// Activations `4q..4q + 4` of block `b` of `a`, in every 32-bit lane.
@@ -192,8 +210,12 @@ unsafe fn half_f16(p: *const u8, h: usize) -> __m256 {
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn broadcast_four(a: &Q8Row, b: usize, q: usize) -> __m256i {
-    let four = a.qs.as_ptr().add(b * 32 + 4 * q) as *const i32;
-    _mm256_set1_epi32(four.read_unaligned())
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let four = a.qs.as_ptr().add(b * 32 + 4 * q) as *const i32;
+        _mm256_set1_epi32(four.read_unaligned())
+    }
 }
 
 /// [`dot_group`] on a group's lines of format `F`, one half (eight rows) after the other.
@@ -216,125 +238,131 @@ unsafe fn group_avx2<const T: usize, const F: u8>(
     starts: [&[i32]; T],
     mut soon: Upcoming,
 ) -> [[f32; ROWS]; T] {
-    let ahead = crate::simd::cpu::prefetch_ahead();
-    let format = kernel_format::of(F);
-    let (per_unit, value_lines) = unit(format);
-    let unit_lines = 1 + per_unit * value_lines;
-    assert!(group.len() >= blocks.div_ceil(per_unit) * unit_lines);
-    let flip = _mm256_set1_epi8(-128);
-    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(iq4::VALUES.as_ptr().cast()));
-    let mut out = [[0f32; ROWS]; T];
-    for h in 0..2 {
-        let mut acc = [[_mm256_setzero_ps(); QUADS]; T];
-        let mut extra = [_mm256_setzero_ps(); T];
-        for b in 0..blocks {
-            let (header, at, values) = place(format, b);
-            if h == 0 && b % per_unit == 0 {
-                // The first half streams the group; the second finds it in the cache.
-                prefetch_span(group.as_ptr().add(header), unit_lines * 64, ahead);
-                soon.step();
-            }
-            let header = group.as_ptr().add(header) as *const u8;
-            let lines = group.as_ptr().add(values);
-            let d = half_f16(header.add(at), h);
-            let mut scale = [d; T];
-            for t in 0..T {
-                scale[t] = _mm256_mul_ps(d, _mm256_set1_ps(*a[t].d.get_unchecked(b)));
-            }
-            if F == Q4_1 || F == Q5_1 {
-                let m = half_f16(header.add(32), h);
-                for t in 0..T {
-                    let s = _mm256_set1_ps(*a[t].s.get_unchecked(b));
-                    extra[t] = _mm256_fmadd_ps(m, s, extra[t]);
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let ahead = crate::simd::cpu::prefetch_ahead();
+        let format = kernel_format::of(F);
+        let (per_unit, value_lines) = unit(format);
+        let unit_lines = 1 + per_unit * value_lines;
+        assert!(group.len() >= blocks.div_ceil(per_unit) * unit_lines);
+        let flip = _mm256_set1_epi8(-128);
+        let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(iq4::VALUES.as_ptr().cast()));
+        let mut out = [[0f32; ROWS]; T];
+        for h in 0..2 {
+            let mut acc = [[_mm256_setzero_ps(); QUADS]; T];
+            let mut extra = [_mm256_setzero_ps(); T];
+            for b in 0..blocks {
+                let (header, at, values) = place(format, b);
+                if h == 0 && b % per_unit == 0 {
+                    // The first half streams the group; the second finds it in the cache.
+                    prefetch_span(group.as_ptr().add(header), unit_lines * 64, ahead);
+                    soon.step();
                 }
-            }
-            if F == Q4_0 {
-                // The block's pairs in 16 bits, then one integer per row.
-                let mut pairs = [_mm256_setzero_si256(); T];
+                let header = group.as_ptr().add(header) as *const u8;
+                let lines = group.as_ptr().add(values);
+                let d = half_f16(header.add(at), h);
+                let mut scale = [d; T];
+                for t in 0..T {
+                    scale[t] = _mm256_mul_ps(d, _mm256_set1_ps(*a[t].d.get_unchecked(b)));
+                }
+                if F == Q4_1 || F == Q5_1 {
+                    let m = half_f16(header.add(32), h);
+                    for t in 0..T {
+                        let s = _mm256_set1_ps(*a[t].s.get_unchecked(b));
+                        extra[t] = _mm256_fmadd_ps(m, s, extra[t]);
+                    }
+                }
+                if F == Q4_0 {
+                    // The block's pairs in 16 bits, then one integer per row.
+                    let mut pairs = [_mm256_setzero_si256(); T];
+                    for q in 0..QUADS {
+                        let w = nibble_values(lines, q, h);
+                        for t in 0..T {
+                            let y = broadcast_four(a[t], b, q);
+                            pairs[t] = _mm256_add_epi16(pairs[t], _mm256_maddubs_epi16(w, y));
+                        }
+                    }
+                    for t in 0..T {
+                        let start = _mm256_set1_epi32(*starts[t].get_unchecked(b));
+                        let sum = _mm256_madd_epi16(pairs[t], _mm256_set1_epi16(1));
+                        let sum = _mm256_cvtepi32_ps(_mm256_add_epi32(start, sum));
+                        acc[t][0] = _mm256_fmadd_ps(sum, scale[t], acc[t][0]);
+                    }
+                    continue;
+                }
+                if F == IQ4_NL {
+                    // Each group of four's integer, as Q8_0's, into the block's one per row.
+                    let mut sum = [_mm256_setzero_si256(); T];
+                    for q in 0..QUADS {
+                        let w = _mm256_shuffle_epi8(table, nibble_values(lines, q, h));
+                        let x = _mm256_sign_epi8(w, w);
+                        for t in 0..T {
+                            let y = _mm256_sign_epi8(broadcast_four(a[t], b, q), w);
+                            sum[t] = _mm256_add_epi32(sum[t], lanes_avx2(x, y));
+                        }
+                    }
+                    for t in 0..T {
+                        let sum = _mm256_cvtepi32_ps(sum[t]);
+                        acc[t][0] = _mm256_fmadd_ps(sum, scale[t], acc[t][0]);
+                    }
+                    continue;
+                }
                 for q in 0..QUADS {
-                    let w = nibble_values(lines, q, h);
+                    // Q8_0's and the expanded lines: line `q`'s half (the nibble formats have
+                    // fewer lines, so the address is only made for these).
+                    let line = || (lines.add(q) as *const u8).add(32 * h) as *const __m256i;
+                    let w = match F {
+                        Q8_0 => _mm256_xor_si256(_mm256_load_si256(line()), flip),
+                        EXPANDED => _mm256_load_si256(line()),
+                        Q4_1 => nibble_values(lines, q, h),
+                        // Q5_0's and Q5_1's.
+                        _ => q5_0_values(lines, q, h),
+                    };
+                    let x = match F {
+                        Q8_0 => _mm256_sign_epi8(w, w),
+                        _ => w,
+                    };
                     for t in 0..T {
                         let y = broadcast_four(a[t], b, q);
-                        pairs[t] = _mm256_add_epi16(pairs[t], _mm256_maddubs_epi16(w, y));
+                        let y = match F {
+                            Q8_0 => _mm256_sign_epi8(y, w),
+                            _ => y,
+                        };
+                        let lane = lanes_avx2(x, y);
+                        let lane = match F {
+                            Q5_0 | EXPANDED => {
+                                let start = *starts[t].get_unchecked(b * QUADS + q);
+                                _mm256_add_epi32(_mm256_set1_epi32(start), lane)
+                            }
+                            _ => lane,
+                        };
+                        acc[t][q] = _mm256_fmadd_ps(scale[t], _mm256_cvtepi32_ps(lane), acc[t][q]);
                     }
                 }
-                for t in 0..T {
-                    let start = _mm256_set1_epi32(*starts[t].get_unchecked(b));
-                    let sum = _mm256_madd_epi16(pairs[t], _mm256_set1_epi16(1));
-                    let sum = _mm256_cvtepi32_ps(_mm256_add_epi32(start, sum));
-                    acc[t][0] = _mm256_fmadd_ps(sum, scale[t], acc[t][0]);
-                }
-                continue;
             }
-            if F == IQ4_NL {
-                // Each group of four's integer, as Q8_0's, into the block's one per row.
-                let mut sum = [_mm256_setzero_si256(); T];
-                for q in 0..QUADS {
-                    let w = _mm256_shuffle_epi8(table, nibble_values(lines, q, h));
-                    let x = _mm256_sign_epi8(w, w);
-                    for t in 0..T {
-                        let y = _mm256_sign_epi8(broadcast_four(a[t], b, q), w);
-                        sum[t] = _mm256_add_epi32(sum[t], lanes_avx2(x, y));
-                    }
-                }
-                for t in 0..T {
-                    let sum = _mm256_cvtepi32_ps(sum[t]);
-                    acc[t][0] = _mm256_fmadd_ps(sum, scale[t], acc[t][0]);
-                }
-                continue;
-            }
-            for q in 0..QUADS {
-                // Q8_0's and the expanded lines: line `q`'s half (the nibble formats have
-                // fewer lines, so the address is only made for these).
-                let line = || (lines.add(q) as *const u8).add(32 * h) as *const __m256i;
-                let w = match F {
-                    Q8_0 => _mm256_xor_si256(_mm256_load_si256(line()), flip),
-                    EXPANDED => _mm256_load_si256(line()),
-                    Q4_1 => nibble_values(lines, q, h),
-                    // Q5_0's and Q5_1's.
-                    _ => q5_0_values(lines, q, h),
-                };
-                let x = match F {
-                    Q8_0 => _mm256_sign_epi8(w, w),
-                    _ => w,
-                };
-                for t in 0..T {
-                    let y = broadcast_four(a[t], b, q);
-                    let y = match F {
-                        Q8_0 => _mm256_sign_epi8(y, w),
-                        _ => y,
-                    };
-                    let lane = lanes_avx2(x, y);
-                    let lane = match F {
-                        Q5_0 | EXPANDED => {
-                            let start = *starts[t].get_unchecked(b * QUADS + q);
-                            _mm256_add_epi32(_mm256_set1_epi32(start), lane)
+            for t in 0..T {
+                let l = &acc[t];
+                let sum = match F {
+                    // Their one accumulator per row.
+                    Q4_0 | IQ4_NL => l[0],
+                    // hsum_float_8: lanes i and i + 4 first, then (0 + 2) + (1 + 3); then
+                    // Q4_1's and Q5_1's minimums (none for the others).
+                    _ => {
+                        let even =
+                            _mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6]));
+                        let odd =
+                            _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7]));
+                        let sum = _mm256_add_ps(even, odd);
+                        match F {
+                            Q4_1 | Q5_1 => _mm256_add_ps(sum, extra[t]),
+                            _ => sum,
                         }
-                        _ => lane,
-                    };
-                    acc[t][q] = _mm256_fmadd_ps(scale[t], _mm256_cvtepi32_ps(lane), acc[t][q]);
-                }
+                    }
+                };
+                _mm256_storeu_ps(out[t].as_mut_ptr().add(HALF * h), sum);
             }
         }
-        for t in 0..T {
-            let l = &acc[t];
-            let sum = match F {
-                // Their one accumulator per row.
-                Q4_0 | IQ4_NL => l[0],
-                // hsum_float_8: lanes i and i + 4 first, then (0 + 2) + (1 + 3); then
-                // Q4_1's and Q5_1's minimums (none for the others).
-                _ => {
-                    let even = _mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6]));
-                    let odd = _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7]));
-                    let sum = _mm256_add_ps(even, odd);
-                    match F {
-                        Q4_1 | Q5_1 => _mm256_add_ps(sum, extra[t]),
-                        _ => sum,
-                    }
-                }
-            };
-            _mm256_storeu_ps(out[t].as_mut_ptr().add(HALF * h), sum);
-        }
+        out
     }
-    out
 }

@@ -23,22 +23,26 @@ pub unsafe fn dot_group<const T: usize>(
     starts: [&[i32]; T],
     soon: Upcoming,
 ) -> [[f32; ROWS]; T] {
-    let blocks = m.blocks;
-    assert!(super::rows_cover(
-        &a,
-        &starts,
-        blocks,
-        starts_taken(m.format)
-    ));
-    assert_eq!(m.kernel, Kernel::Vnni);
-    let lines = m.group(g);
-    match m.format {
-        LaneFormat::Q8_0 => group_vnni::<T, Q8_0>(lines, blocks, a, starts, soon),
-        LaneFormat::Q4_1 => group_vnni::<T, Q4_1>(lines, blocks, a, starts, soon),
-        LaneFormat::Q5_0 => group_vnni::<T, Q5_0>(lines, blocks, a, starts, soon),
-        LaneFormat::Q4_0 => group_vnni::<T, Q4_0>(lines, blocks, a, starts, soon),
-        LaneFormat::Q5_1 => group_vnni::<T, Q5_1>(lines, blocks, a, starts, soon),
-        LaneFormat::Iq4Nl => group_vnni::<T, IQ4_NL>(lines, blocks, a, starts, soon),
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let blocks = m.blocks;
+        assert!(super::rows_cover(
+            &a,
+            &starts,
+            blocks,
+            starts_taken(m.format)
+        ));
+        assert_eq!(m.kernel, Kernel::Vnni);
+        let lines = m.group(g);
+        match m.format {
+            LaneFormat::Q8_0 => group_vnni::<T, Q8_0>(lines, blocks, a, starts, soon),
+            LaneFormat::Q4_1 => group_vnni::<T, Q4_1>(lines, blocks, a, starts, soon),
+            LaneFormat::Q5_0 => group_vnni::<T, Q5_0>(lines, blocks, a, starts, soon),
+            LaneFormat::Q4_0 => group_vnni::<T, Q4_0>(lines, blocks, a, starts, soon),
+            LaneFormat::Q5_1 => group_vnni::<T, Q5_1>(lines, blocks, a, starts, soon),
+            LaneFormat::Iq4Nl => group_vnni::<T, IQ4_NL>(lines, blocks, a, starts, soon),
+        }
     }
 }
 
@@ -82,9 +86,13 @@ pub unsafe fn dot_expanded<const T: usize>(
     starts: [&[i32]; T],
     soon: Upcoming,
 ) -> [[f32; ROWS]; T] {
-    assert!(super::rows_cover(&a, &starts, blocks, QUADS));
-    // Q8_0's lines; the starts, Q5_0's, cancel its offset.
-    group_vnni::<T, Q8_0>(lines, blocks, a, starts, soon)
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        assert!(super::rows_cover(&a, &starts, blocks, QUADS));
+        // Q8_0's lines; the starts, Q5_0's, cancel its offset.
+        group_vnni::<T, Q8_0>(lines, blocks, a, starts, soon)
+    }
 }
 
 /// A Q4_1, Q4_0 or IQ4_NL block's nibbles `4q..4q + 4` of its sixteen rows (Q5_0's and
@@ -98,11 +106,15 @@ pub unsafe fn dot_expanded<const T: usize>(
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn nibble_values(nibbles: *const Line, q: usize) -> __m512i {
-    let low = _mm512_set1_epi8(0x0F);
-    let v = _mm512_load_si512(nibbles.add(q % 4) as *const __m512i);
-    match q < 4 {
-        true => _mm512_and_si512(v, low),
-        false => _mm512_and_si512(_mm512_srli_epi16::<4>(v), low),
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let low = _mm512_set1_epi8(0x0F);
+        let v = _mm512_load_si512(nibbles.add(q % 4) as *const __m512i);
+        match q < 4 {
+            true => _mm512_and_si512(v, low),
+            false => _mm512_and_si512(_mm512_srli_epi16::<4>(v), low),
+        }
     }
 }
 
@@ -116,9 +128,13 @@ unsafe fn nibble_values(nibbles: *const Line, q: usize) -> __m512i {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn q5_0_values(lines: *const Line, q: usize) -> __m512i {
-    let low = nibble_values(lines.add(1), q);
-    let mask = (lines as *const u64).add(q).read();
-    _mm512_mask_add_epi8(low, mask, low, _mm512_set1_epi8(0x10))
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let low = nibble_values(lines.add(1), q);
+        let mask = (lines as *const u64).add(q).read();
+        _mm512_mask_add_epi8(low, mask, low, _mm512_set1_epi8(0x10))
+    }
 }
 
 /// IQ4_NL's table ([`crate::quant::iq4::VALUES`]) 128 higher: unsigned bytes, the
@@ -156,93 +172,97 @@ unsafe fn group_vnni<const T: usize, const F: u8>(
     starts: [&[i32]; T],
     mut soon: Upcoming,
 ) -> [[f32; ROWS]; T] {
-    let ahead = crate::simd::cpu::prefetch_ahead();
-    let format = kernel_format::of(F);
-    let (per_unit, value_lines) = unit(format);
-    assert!(group.len() >= blocks.div_ceil(per_unit) * (1 + per_unit * value_lines));
-    let mut acc = [[_mm512_setzero_ps(); QUADS]; T];
-    let mut extra = [_mm512_setzero_ps(); T];
-    let half = |at: *const u8| _mm512_cvtph_ps(_mm256_loadu_si256(at as *const __m256i));
-    // IQ4_NL's table in each 128-bit lane (`vpshufb` looks up within one).
-    let table = _mm512_broadcast_i32x4(_mm_loadu_si128(IQ4_NL_128.as_ptr() as *const __m128i));
-    let minimums = F == Q4_1 || F == Q5_1;
-    for b in 0..blocks {
-        let (header, at, values) = place(format, b);
-        if b % per_unit == 0 {
-            let unit_lines = 1 + per_unit * value_lines;
-            prefetch_span(group.as_ptr().add(header), unit_lines * 64, ahead);
-            soon.step();
-        }
-        let header = group.as_ptr().add(header) as *const u8;
-        let lines = group.as_ptr().add(values);
-        let d = half(header.add(at));
-        let scale: [__m512; T] =
-            std::array::from_fn(|t| _mm512_mul_ps(d, _mm512_set1_ps(*a[t].d.get_unchecked(b))));
-        if minimums {
-            let m = half(header.add(32));
-            for t in 0..T {
-                let s = _mm512_set1_ps(*a[t].s.get_unchecked(b));
-                extra[t] = _mm512_fmadd_ps(m, s, extra[t]);
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let ahead = crate::simd::cpu::prefetch_ahead();
+        let format = kernel_format::of(F);
+        let (per_unit, value_lines) = unit(format);
+        assert!(group.len() >= blocks.div_ceil(per_unit) * (1 + per_unit * value_lines));
+        let mut acc = [[_mm512_setzero_ps(); QUADS]; T];
+        let mut extra = [_mm512_setzero_ps(); T];
+        let half = |at: *const u8| _mm512_cvtph_ps(_mm256_loadu_si256(at as *const __m256i));
+        // IQ4_NL's table in each 128-bit lane (`vpshufb` looks up within one).
+        let table = _mm512_broadcast_i32x4(_mm_loadu_si128(IQ4_NL_128.as_ptr() as *const __m128i));
+        let minimums = F == Q4_1 || F == Q5_1;
+        for b in 0..blocks {
+            let (header, at, values) = place(format, b);
+            if b % per_unit == 0 {
+                let unit_lines = 1 + per_unit * value_lines;
+                prefetch_span(group.as_ptr().add(header), unit_lines * 64, ahead);
+                soon.step();
             }
-        }
-        if F == Q4_0 || F == IQ4_NL {
-            // One integer per row and block: it starts from the block's start, and the
-            // block's eight multiply-adds all add into it.
-            let mut sum: [__m512i; T] =
-                std::array::from_fn(|t| _mm512_set1_epi32(*starts[t].get_unchecked(b)));
+            let header = group.as_ptr().add(header) as *const u8;
+            let lines = group.as_ptr().add(values);
+            let d = half(header.add(at));
+            let scale: [__m512; T] =
+                std::array::from_fn(|t| _mm512_mul_ps(d, _mm512_set1_ps(*a[t].d.get_unchecked(b))));
+            if minimums {
+                let m = half(header.add(32));
+                for t in 0..T {
+                    let s = _mm512_set1_ps(*a[t].s.get_unchecked(b));
+                    extra[t] = _mm512_fmadd_ps(m, s, extra[t]);
+                }
+            }
+            if F == Q4_0 || F == IQ4_NL {
+                // One integer per row and block: it starts from the block's start, and the
+                // block's eight multiply-adds all add into it.
+                let mut sum: [__m512i; T] =
+                    std::array::from_fn(|t| _mm512_set1_epi32(*starts[t].get_unchecked(b)));
+                for q in 0..QUADS {
+                    let w = match F {
+                        Q4_0 => nibble_values(lines, q),
+                        _ => _mm512_shuffle_epi8(table, nibble_values(lines, q)),
+                    };
+                    for t in 0..T {
+                        let four = a[t].qs.as_ptr().add(b * 32 + 4 * q) as *const i32;
+                        let y = _mm512_set1_epi32(four.read_unaligned());
+                        sum[t] = _mm512_dpbusd_epi32(sum[t], w, y);
+                    }
+                }
+                for t in 0..T {
+                    acc[t][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), scale[t], acc[t][0]);
+                }
+                continue;
+            }
             for q in 0..QUADS {
                 let w = match F {
-                    Q4_0 => nibble_values(lines, q),
-                    _ => _mm512_shuffle_epi8(table, nibble_values(lines, q)),
+                    Q8_0 => _mm512_load_si512(lines.add(q) as *const __m512i),
+                    Q4_1 => nibble_values(lines, q),
+                    _ => q5_0_values(lines, q),
                 };
                 for t in 0..T {
                     let four = a[t].qs.as_ptr().add(b * 32 + 4 * q) as *const i32;
+                    let start = match minimums {
+                        true => _mm512_setzero_si512(),
+                        false => _mm512_set1_epi32(*starts[t].get_unchecked(b * QUADS + q)),
+                    };
                     let y = _mm512_set1_epi32(four.read_unaligned());
-                    sum[t] = _mm512_dpbusd_epi32(sum[t], w, y);
+                    let lane = _mm512_dpbusd_epi32(start, w, y);
+                    acc[t][q] = _mm512_fmadd_ps(scale[t], _mm512_cvtepi32_ps(lane), acc[t][q]);
                 }
             }
-            for t in 0..T {
-                acc[t][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), scale[t], acc[t][0]);
-            }
-            continue;
         }
-        for q in 0..QUADS {
-            let w = match F {
-                Q8_0 => _mm512_load_si512(lines.add(q) as *const __m512i),
-                Q4_1 => nibble_values(lines, q),
-                _ => q5_0_values(lines, q),
+        let mut out = [[0f32; ROWS]; T];
+        for t in 0..T {
+            let l = &acc[t];
+            if F == Q4_0 || F == IQ4_NL {
+                // Their one accumulator per row.
+                _mm512_storeu_ps(out[t].as_mut_ptr(), l[0]);
+                continue;
+            }
+            // hsum_float_8: lanes i and i + 4 first, then (0 + 2) + (1 + 3); then Q4_1's
+            // and Q5_1's minimums (none for the others).
+            let even = _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6]));
+            let odd = _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7]));
+            let sum = _mm512_add_ps(even, odd);
+            let sum = if minimums {
+                _mm512_add_ps(sum, extra[t])
+            } else {
+                sum
             };
-            for t in 0..T {
-                let four = a[t].qs.as_ptr().add(b * 32 + 4 * q) as *const i32;
-                let start = match minimums {
-                    true => _mm512_setzero_si512(),
-                    false => _mm512_set1_epi32(*starts[t].get_unchecked(b * QUADS + q)),
-                };
-                let y = _mm512_set1_epi32(four.read_unaligned());
-                let lane = _mm512_dpbusd_epi32(start, w, y);
-                acc[t][q] = _mm512_fmadd_ps(scale[t], _mm512_cvtepi32_ps(lane), acc[t][q]);
-            }
+            _mm512_storeu_ps(out[t].as_mut_ptr(), sum);
         }
+        out
     }
-    let mut out = [[0f32; ROWS]; T];
-    for t in 0..T {
-        let l = &acc[t];
-        if F == Q4_0 || F == IQ4_NL {
-            // Their one accumulator per row.
-            _mm512_storeu_ps(out[t].as_mut_ptr(), l[0]);
-            continue;
-        }
-        // hsum_float_8: lanes i and i + 4 first, then (0 + 2) + (1 + 3); then Q4_1's
-        // and Q5_1's minimums (none for the others).
-        let even = _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6]));
-        let odd = _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7]));
-        let sum = _mm512_add_ps(even, odd);
-        let sum = if minimums {
-            _mm512_add_ps(sum, extra[t])
-        } else {
-            sum
-        };
-        _mm512_storeu_ps(out[t].as_mut_ptr(), sum);
-    }
-    out
 }

@@ -32,16 +32,20 @@ pub unsafe fn dot_group<const N: usize, const R: usize>(
     first: usize,
     a: [&Q8Row; N],
 ) -> [[f32; N]; R] {
-    assert!(group.len() >= blocks * GROUP * format.block_bytes() && first + R <= GROUP);
-    if crate::simd::vnni() {
-        match format {
-            BlockFormat::Q4_0 => group_vnni_format::<N, R, Q4_0>(group, blocks, first, a),
-            BlockFormat::Q4_1 => group_vnni_format::<N, R, Q4_1>(group, blocks, first, a),
-            BlockFormat::Q5_0 => group_vnni_format::<N, R, Q5_0>(group, blocks, first, a),
-            BlockFormat::Q8_0 => group_vnni_format::<N, R, Q8_0>(group, blocks, first, a),
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        assert!(group.len() >= blocks * GROUP * format.block_bytes() && first + R <= GROUP);
+        if crate::simd::vnni() {
+            match format {
+                BlockFormat::Q4_0 => group_vnni_format::<N, R, Q4_0>(group, blocks, first, a),
+                BlockFormat::Q4_1 => group_vnni_format::<N, R, Q4_1>(group, blocks, first, a),
+                BlockFormat::Q5_0 => group_vnni_format::<N, R, Q5_0>(group, blocks, first, a),
+                BlockFormat::Q8_0 => group_vnni_format::<N, R, Q8_0>(group, blocks, first, a),
+            }
+        } else {
+            group_avx2(format, group, blocks, first, a)
         }
-    } else {
-        group_avx2(format, group, blocks, first, a)
     }
 }
 
@@ -53,11 +57,15 @@ pub unsafe fn dot_group<const N: usize, const R: usize>(
 /// below `GROUP`.
 #[inline(always)]
 unsafe fn values(format: BlockFormat, column: *const u8, i: usize) -> (__m256i, Option<__m256i>) {
-    if format == BlockFormat::Q4_1 {
-        return (nibbles(column.add(GROUP * 4 + i * 16)), None);
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        if format == BlockFormat::Q4_1 {
+            return (nibbles(column.add(GROUP * 4 + i * 16)), None);
+        }
+        let x = signed_values(format, column, i);
+        (_mm256_sign_epi8(x, x), Some(x))
     }
-    let x = signed_values(format, column, i);
-    (_mm256_sign_epi8(x, x), Some(x))
 }
 
 /// [`dot_group`] with AVX2 alone.
@@ -72,53 +80,57 @@ unsafe fn group_avx2<const N: usize, const R: usize>(
     first: usize,
     a: [&Q8Row; N],
 ) -> [[f32; N]; R] {
-    let ahead = crate::simd::cpu::prefetch_ahead();
-    let stride = GROUP * format.block_bytes();
-    let minimums = format == BlockFormat::Q4_1;
-    let mut acc = [[_mm256_setzero_ps(); N]; R];
-    // Q4_1's Σ m·s, one lane per weight row.
-    let mut extra = [_mm256_setzero_ps(); N];
-    for b in 0..blocks {
-        let column = group.as_ptr().add(b * stride);
-        prefetch_span(column, stride, ahead);
-        let d = _mm256_cvtph_ps(_mm_loadu_si128(column as *const __m128i));
-        let m = if minimums {
-            _mm256_cvtph_ps(_mm_loadu_si128(column.add(GROUP * 2) as *const __m128i))
-        } else {
-            _mm256_setzero_ps()
-        };
-        let mut dd = [_mm256_setzero_ps(); N];
-        let mut y = [_mm256_setzero_si256(); N];
-        for r in 0..N {
-            dd[r] = _mm256_mul_ps(d, _mm256_set1_ps(*a[r].d.get_unchecked(b)));
-            y[r] = _mm256_loadu_si256(a[r].qs.as_ptr().add(b * 32) as *const __m256i);
-            if minimums {
-                let s = _mm256_set1_ps(*a[r].s.get_unchecked(b));
-                extra[r] = _mm256_fmadd_ps(m, s, extra[r]);
-            }
-        }
-        for (i, acc) in acc.iter_mut().enumerate() {
-            let (x, sign) = values(format, column, first + i);
-            let lane = _mm256_set1_epi32((first + i) as i32);
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let ahead = crate::simd::cpu::prefetch_ahead();
+        let stride = GROUP * format.block_bytes();
+        let minimums = format == BlockFormat::Q4_1;
+        let mut acc = [[_mm256_setzero_ps(); N]; R];
+        // Q4_1's Σ m·s, one lane per weight row.
+        let mut extra = [_mm256_setzero_ps(); N];
+        for b in 0..blocks {
+            let column = group.as_ptr().add(b * stride);
+            prefetch_span(column, stride, ahead);
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(column as *const __m128i));
+            let m = if minimums {
+                _mm256_cvtph_ps(_mm_loadu_si128(column.add(GROUP * 2) as *const __m128i))
+            } else {
+                _mm256_setzero_ps()
+            };
+            let mut dd = [_mm256_setzero_ps(); N];
+            let mut y = [_mm256_setzero_si256(); N];
             for r in 0..N {
-                let y = match sign {
-                    Some(s) => _mm256_sign_epi8(y[r], s),
-                    None => y[r],
-                };
-                let scale = _mm256_permutevar8x32_ps(dd[r], lane);
-                acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(lanes_avx2(x, y)), acc[r]);
+                dd[r] = _mm256_mul_ps(d, _mm256_set1_ps(*a[r].d.get_unchecked(b)));
+                y[r] = _mm256_loadu_si256(a[r].qs.as_ptr().add(b * 32) as *const __m256i);
+                if minimums {
+                    let s = _mm256_set1_ps(*a[r].s.get_unchecked(b));
+                    extra[r] = _mm256_fmadd_ps(m, s, extra[r]);
+                }
+            }
+            for (i, acc) in acc.iter_mut().enumerate() {
+                let (x, sign) = values(format, column, first + i);
+                let lane = _mm256_set1_epi32((first + i) as i32);
+                for r in 0..N {
+                    let y = match sign {
+                        Some(s) => _mm256_sign_epi8(y[r], s),
+                        None => y[r],
+                    };
+                    let scale = _mm256_permutevar8x32_ps(dd[r], lane);
+                    acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(lanes_avx2(x, y)), acc[r]);
+                }
             }
         }
-    }
-    let mut out = [[0f32; N]; R];
-    for r in 0..N {
-        let mut minimum = [0f32; GROUP];
-        _mm256_storeu_ps(minimum.as_mut_ptr(), extra[r]);
-        for i in 0..R {
-            out[i][r] = hsum_m256(acc[i][r]) + minimum[first + i];
+        let mut out = [[0f32; N]; R];
+        for r in 0..N {
+            let mut minimum = [0f32; GROUP];
+            _mm256_storeu_ps(minimum.as_mut_ptr(), extra[r]);
+            for i in 0..R {
+                out[i][r] = hsum_m256(acc[i][r]) + minimum[first + i];
+            }
         }
+        out
     }
-    out
 }
 
 /// Products of weight rows `first..first + M` of one group with `N` activation rows, for
@@ -134,8 +146,12 @@ pub unsafe fn dot_rows<const M: usize, const N: usize>(
     first: usize,
     a: [&Q8Row; N],
 ) -> [[f32; N]; M] {
-    assert!(group.len() >= blocks * GROUP * format.block_bytes() && first + M <= GROUP);
-    rows_avx2(format, group, blocks, first, a)
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        assert!(group.len() >= blocks * GROUP * format.block_bytes() && first + M <= GROUP);
+        rows_avx2(format, group, blocks, first, a)
+    }
 }
 
 /// [`dot_rows`] with AVX2 alone.
@@ -150,46 +166,50 @@ unsafe fn rows_avx2<const M: usize, const N: usize>(
     first: usize,
     a: [&Q8Row; N],
 ) -> [[f32; N]; M] {
-    let stride = GROUP * format.block_bytes();
-    let minimums = format == BlockFormat::Q4_1;
-    let mut acc = [[_mm256_setzero_ps(); N]; M];
-    let mut extra = [[0f32; N]; M];
-    for b in 0..blocks {
-        let column = group.as_ptr().add(b * stride);
-        let x: [(__m256i, Option<__m256i>); M] =
-            std::array::from_fn(|i| values(format, column, first + i));
-        let d: [f32; M] = std::array::from_fn(|i| f16_at_ptr(column.add((first + i) * 2)));
-        let m: [f32; M] = std::array::from_fn(|i| {
-            if minimums {
-                f16_at_ptr(column.add(GROUP * 2 + (first + i) * 2))
-            } else {
-                0.0
-            }
-        });
-        for r in 0..N {
-            let y = _mm256_loadu_si256(a[r].qs.as_ptr().add(b * 32) as *const __m256i);
-            let da = *a[r].d.get_unchecked(b);
-            for i in 0..M {
-                let y = match x[i].1 {
-                    Some(s) => _mm256_sign_epi8(y, s),
-                    None => y,
-                };
-                let dd = _mm256_set1_ps(d[i] * da);
-                acc[i][r] =
-                    _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lanes_avx2(x[i].0, y)), acc[i][r]);
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let stride = GROUP * format.block_bytes();
+        let minimums = format == BlockFormat::Q4_1;
+        let mut acc = [[_mm256_setzero_ps(); N]; M];
+        let mut extra = [[0f32; N]; M];
+        for b in 0..blocks {
+            let column = group.as_ptr().add(b * stride);
+            let x: [(__m256i, Option<__m256i>); M] =
+                std::array::from_fn(|i| values(format, column, first + i));
+            let d: [f32; M] = std::array::from_fn(|i| f16_at_ptr(column.add((first + i) * 2)));
+            let m: [f32; M] = std::array::from_fn(|i| {
                 if minimums {
-                    extra[i][r] = m[i].mul_add(*a[r].s.get_unchecked(b), extra[i][r]);
+                    f16_at_ptr(column.add(GROUP * 2 + (first + i) * 2))
+                } else {
+                    0.0
+                }
+            });
+            for r in 0..N {
+                let y = _mm256_loadu_si256(a[r].qs.as_ptr().add(b * 32) as *const __m256i);
+                let da = *a[r].d.get_unchecked(b);
+                for i in 0..M {
+                    let y = match x[i].1 {
+                        Some(s) => _mm256_sign_epi8(y, s),
+                        None => y,
+                    };
+                    let dd = _mm256_set1_ps(d[i] * da);
+                    acc[i][r] =
+                        _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lanes_avx2(x[i].0, y)), acc[i][r]);
+                    if minimums {
+                        extra[i][r] = m[i].mul_add(*a[r].s.get_unchecked(b), extra[i][r]);
+                    }
                 }
             }
         }
-    }
-    let mut out = [[0f32; N]; M];
-    for i in 0..M {
-        for r in 0..N {
-            out[i][r] = hsum_m256(acc[i][r]) + extra[i][r];
+        let mut out = [[0f32; N]; M];
+        for i in 0..M {
+            for r in 0..N {
+                out[i][r] = hsum_m256(acc[i][r]) + extra[i][r];
+            }
         }
+        out
     }
-    out
 }
 
 /// Row `i`'s 32 values of one block column as signed bytes.
@@ -199,18 +219,26 @@ unsafe fn rows_avx2<const M: usize, const N: usize>(
 /// below `GROUP`.
 #[inline(always)]
 unsafe fn signed_values(format: BlockFormat, column: *const u8, i: usize) -> __m256i {
-    match format {
-        BlockFormat::Q4_0 => {
-            _mm256_sub_epi8(nibbles(column.add(GROUP * 2 + i * 16)), _mm256_set1_epi8(8))
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        match format {
+            BlockFormat::Q4_0 => {
+                _mm256_sub_epi8(nibbles(column.add(GROUP * 2 + i * 16)), _mm256_set1_epi8(8))
+            }
+            BlockFormat::Q5_0 => {
+                let qh = (column.add(GROUP * 2 + i * 4) as *const u32).read_unaligned();
+                let high = _mm256_andnot_si256(
+                    bit_bytes(u32::from_le(qh)),
+                    _mm256_set1_epi8(0xF0u8 as i8),
+                );
+                _mm256_or_si256(nibbles(column.add(GROUP * 6 + i * 16)), high)
+            }
+            BlockFormat::Q8_0 => {
+                _mm256_loadu_si256(column.add(GROUP * 2 + i * 32) as *const __m256i)
+            }
+            BlockFormat::Q4_1 => unreachable!("Q4_1's values are unsigned"),
         }
-        BlockFormat::Q5_0 => {
-            let qh = (column.add(GROUP * 2 + i * 4) as *const u32).read_unaligned();
-            let high =
-                _mm256_andnot_si256(bit_bytes(u32::from_le(qh)), _mm256_set1_epi8(0xF0u8 as i8));
-            _mm256_or_si256(nibbles(column.add(GROUP * 6 + i * 16)), high)
-        }
-        BlockFormat::Q8_0 => _mm256_loadu_si256(column.add(GROUP * 2 + i * 32) as *const __m256i),
-        BlockFormat::Q4_1 => unreachable!("Q4_1's values are unsigned"),
     }
 }
 
@@ -226,8 +254,11 @@ pub unsafe fn dot_pair_tile(
     first: usize,
     tile: &ActTile,
 ) -> [[f32; TILE_ROWS]; 2] {
-    assert!(group.len() >= tile.blocks() * GROUP * format.block_bytes() && first + 2 <= GROUP);
-    macro_rules! pairs {
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        assert!(group.len() >= tile.blocks() * GROUP * format.block_bytes() && first + 2 <= GROUP);
+        macro_rules! pairs {
         ($($p:literal)*) => {
             match tile.pairs() {
                 $($p => match format {
@@ -240,7 +271,8 @@ pub unsafe fn dot_pair_tile(
             }
         };
     }
-    pairs!(1 2 3 4 5 6 7 8)
+        pairs!(1 2 3 4 5 6 7 8)
+    }
 }
 
 /// Block formats as constants, for loops compiled once per format.
@@ -268,60 +300,65 @@ unsafe fn tile_vnni_format<const P: usize, const F: u8>(
     first: usize,
     tile: &ActTile,
 ) -> [[f32; TILE_ROWS]; 2] {
-    assert!(P == tile.pairs() && 2 * P <= TILE_ROWS);
-    let format = format_of::<F>();
-    let minimums = F == Q4_1;
-    let stride = GROUP * format.block_bytes();
-    let per_block = 2 * P + 1;
-    let lines = tile.lines();
-    assert!(lines.len() >= tile.blocks() * per_block);
-    let mut acc = [[_mm512_setzero_ps(); 2]; P];
-    // Q4_1's Σ m·s, one lane per activation row.
-    let mut extra = [_mm512_setzero_ps(); 2];
-    for b in 0..tile.blocks() {
-        let column = group.as_ptr().add(b * stride);
-        let line = |k: usize| lines.as_ptr().add(b * per_block + k);
-        let x: [__m512i; 2] =
-            std::array::from_fn(|i| _mm512_broadcast_i64x4(vnni_values(format, column, first + i)));
-        let start = x.map(|x| vnni_start(true, x));
-        let d: [__m512; 2] =
-            std::array::from_fn(|i| _mm512_set1_ps(f16_at_ptr(column.add((first + i) * 2))));
-        if minimums {
-            let s = _mm512_load_ps(line(2 * P) as *const f32);
-            for (i, extra) in extra.iter_mut().enumerate() {
-                let m = _mm512_set1_ps(f16_at_ptr(column.add(GROUP * 2 + (first + i) * 2)));
-                *extra = _mm512_fmadd_ps(m, s, *extra);
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        assert!(P == tile.pairs() && 2 * P <= TILE_ROWS);
+        let format = format_of::<F>();
+        let minimums = F == Q4_1;
+        let stride = GROUP * format.block_bytes();
+        let per_block = 2 * P + 1;
+        let lines = tile.lines();
+        assert!(lines.len() >= tile.blocks() * per_block);
+        let mut acc = [[_mm512_setzero_ps(); 2]; P];
+        // Q4_1's Σ m·s, one lane per activation row.
+        let mut extra = [_mm512_setzero_ps(); 2];
+        for b in 0..tile.blocks() {
+            let column = group.as_ptr().add(b * stride);
+            let line = |k: usize| lines.as_ptr().add(b * per_block + k);
+            let x: [__m512i; 2] = std::array::from_fn(|i| {
+                _mm512_broadcast_i64x4(vnni_values(format, column, first + i))
+            });
+            let start = x.map(|x| vnni_start(true, x));
+            let d: [__m512; 2] =
+                std::array::from_fn(|i| _mm512_set1_ps(f16_at_ptr(column.add((first + i) * 2))));
+            if minimums {
+                let s = _mm512_load_ps(line(2 * P) as *const f32);
+                for (i, extra) in extra.iter_mut().enumerate() {
+                    let m = _mm512_set1_ps(f16_at_ptr(column.add(GROUP * 2 + (first + i) * 2)));
+                    *extra = _mm512_fmadd_ps(m, s, *extra);
+                }
             }
-        }
-        for (p, acc) in acc.iter_mut().enumerate() {
-            let y = _mm512_load_si512(line(2 * p) as *const __m512i);
-            let da = _mm512_load_ps(line(2 * p + 1) as *const f32);
-            for i in 0..2 {
-                let lanes = _mm512_dpbusd_epi32(start[i], y, x[i]);
-                let scale = _mm512_mul_ps(d[i], da);
-                acc[i] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(lanes), acc[i]);
-            }
-        }
-    }
-    let mut out = [[0f32; TILE_ROWS]; 2];
-    for i in 0..2 {
-        let mut minimum = [0f32; TILE_ROWS];
-        _mm512_storeu_ps(minimum.as_mut_ptr(), extra[i]);
-        for p in (0..P).step_by(2) {
-            let next = if p + 1 < P {
-                acc[p + 1][i]
-            } else {
-                _mm512_setzero_ps()
-            };
-            for (k, sum) in hsum_quads(acc[p][i], next).into_iter().enumerate() {
-                let row = 2 * p + k;
-                if row < tile.rows() {
-                    out[i][row] = sum + minimum[row];
+            for (p, acc) in acc.iter_mut().enumerate() {
+                let y = _mm512_load_si512(line(2 * p) as *const __m512i);
+                let da = _mm512_load_ps(line(2 * p + 1) as *const f32);
+                for i in 0..2 {
+                    let lanes = _mm512_dpbusd_epi32(start[i], y, x[i]);
+                    let scale = _mm512_mul_ps(d[i], da);
+                    acc[i] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(lanes), acc[i]);
                 }
             }
         }
+        let mut out = [[0f32; TILE_ROWS]; 2];
+        for i in 0..2 {
+            let mut minimum = [0f32; TILE_ROWS];
+            _mm512_storeu_ps(minimum.as_mut_ptr(), extra[i]);
+            for p in (0..P).step_by(2) {
+                let next = if p + 1 < P {
+                    acc[p + 1][i]
+                } else {
+                    _mm512_setzero_ps()
+                };
+                for (k, sum) in hsum_quads(acc[p][i], next).into_iter().enumerate() {
+                    let row = 2 * p + k;
+                    if row < tile.rows() {
+                        out[i][row] = sum + minimum[row];
+                    }
+                }
+            }
+        }
+        out
     }
-    out
 }
 
 /// The `hsum_float_8` sums of the four eight-lane halves of `a` and `b` (`a`'s low and
@@ -332,15 +369,19 @@ unsafe fn tile_vnni_format<const P: usize, const F: u8>(
 /// The CPU must have AVX-512F: register work only.
 #[inline(always)]
 unsafe fn hsum_quads(a: __m512, b: __m512) -> [f32; 4] {
-    // Per 128-bit chunk k: the first four lanes of half k, and its last four.
-    let first = _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b);
-    let last = _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b);
-    let r = _mm512_add_ps(first, last);
-    let r = _mm512_add_ps(r, _mm512_permute_ps::<0b00_00_11_10>(r));
-    let r = _mm512_add_ps(r, _mm512_permute_ps::<0b00_00_00_01>(r));
-    let mut lanes = [0f32; 16];
-    _mm512_storeu_ps(lanes.as_mut_ptr(), r);
-    [lanes[0], lanes[4], lanes[8], lanes[12]]
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        // Per 128-bit chunk k: the first four lanes of half k, and its last four.
+        let first = _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b);
+        let last = _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b);
+        let r = _mm512_add_ps(first, last);
+        let r = _mm512_add_ps(r, _mm512_permute_ps::<0b00_00_11_10>(r));
+        let r = _mm512_add_ps(r, _mm512_permute_ps::<0b00_00_00_01>(r));
+        let mut lanes = [0f32; 16];
+        _mm512_storeu_ps(lanes.as_mut_ptr(), r);
+        [lanes[0], lanes[4], lanes[8], lanes[12]]
+    }
 }
 
 /// [`dot_group`] with AVX-512 VNNI for format `F`, in 512-bit vectors: two weight rows
@@ -359,66 +400,70 @@ unsafe fn group_vnni_format<const N: usize, const R: usize, const F: u8>(
     first: usize,
     a: [&Q8Row; N],
 ) -> [[f32; N]; R] {
-    let ahead = crate::simd::cpu::prefetch_ahead();
-    assert!(R.is_multiple_of(2) && R <= GROUP && N <= 4);
-    let format = format_of::<F>();
-    let signed = F != Q4_1;
-    let stride = GROUP * format.block_bytes();
-    let flip = _mm512_set1_epi8(-128);
-    let mut acc = [[_mm512_setzero_ps(); N]; GROUP / 2];
-    // Q4_1's Σ m·s, one lane per weight row.
-    let mut extra = [_mm256_setzero_ps(); N];
-    // Lane indices picking rows `first + 2k` and `first + 2k + 1` of eight, eight each.
-    let pick: [__m512i; GROUP / 2] = std::array::from_fn(|k| {
-        let lo = _mm256_set1_epi32((first + 2 * k).min(GROUP - 1) as i32);
-        let hi = _mm256_set1_epi32((first + 2 * k + 1).min(GROUP - 1) as i32);
-        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
-    });
-    for b in 0..blocks {
-        let column = group.as_ptr().add(b * stride);
-        prefetch_span(column, stride, ahead);
-        let d = _mm256_cvtph_ps(_mm_loadu_si128(column as *const __m128i));
-        // Q4_1's eight minimums (unused otherwise).
-        let m = if signed {
-            _mm256_setzero_ps()
-        } else {
-            _mm256_cvtph_ps(_mm_loadu_si128(column.add(GROUP * 2) as *const __m128i))
-        };
-        let mut dd = [_mm512_setzero_ps(); N];
-        let mut y = [_mm512_setzero_si512(); N];
-        for r in 0..N {
-            let da = _mm256_set1_ps(*a[r].d.get_unchecked(b));
-            dd[r] = _mm512_castps256_ps512(_mm256_mul_ps(d, da));
-            let q = _mm256_loadu_si256(a[r].qs.as_ptr().add(b * 32) as *const __m256i);
-            let q = _mm512_broadcast_i64x4(q);
-            y[r] = if signed { _mm512_xor_si512(q, flip) } else { q };
-            if !signed {
-                let s = _mm256_set1_ps(*a[r].s.get_unchecked(b));
-                extra[r] = _mm256_fmadd_ps(m, s, extra[r]);
-            }
-        }
-        for k in 0..R / 2 {
-            let v = |i| vnni_values(format, column, first + 2 * k + i);
-            let x = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(v(0)), v(1));
-            let start = vnni_start(signed, x);
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let ahead = crate::simd::cpu::prefetch_ahead();
+        assert!(R.is_multiple_of(2) && R <= GROUP && N <= 4);
+        let format = format_of::<F>();
+        let signed = F != Q4_1;
+        let stride = GROUP * format.block_bytes();
+        let flip = _mm512_set1_epi8(-128);
+        let mut acc = [[_mm512_setzero_ps(); N]; GROUP / 2];
+        // Q4_1's Σ m·s, one lane per weight row.
+        let mut extra = [_mm256_setzero_ps(); N];
+        // Lane indices picking rows `first + 2k` and `first + 2k + 1` of eight, eight each.
+        let pick: [__m512i; GROUP / 2] = std::array::from_fn(|k| {
+            let lo = _mm256_set1_epi32((first + 2 * k).min(GROUP - 1) as i32);
+            let hi = _mm256_set1_epi32((first + 2 * k + 1).min(GROUP - 1) as i32);
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+        });
+        for b in 0..blocks {
+            let column = group.as_ptr().add(b * stride);
+            prefetch_span(column, stride, ahead);
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(column as *const __m128i));
+            // Q4_1's eight minimums (unused otherwise).
+            let m = if signed {
+                _mm256_setzero_ps()
+            } else {
+                _mm256_cvtph_ps(_mm_loadu_si128(column.add(GROUP * 2) as *const __m128i))
+            };
+            let mut dd = [_mm512_setzero_ps(); N];
+            let mut y = [_mm512_setzero_si512(); N];
             for r in 0..N {
-                let lanes = vnni_lanes(signed, start, y[r], x);
-                let scale = _mm512_permutexvar_ps(pick[k], dd[r]);
-                acc[k][r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(lanes), acc[k][r]);
+                let da = _mm256_set1_ps(*a[r].d.get_unchecked(b));
+                dd[r] = _mm512_castps256_ps512(_mm256_mul_ps(d, da));
+                let q = _mm256_loadu_si256(a[r].qs.as_ptr().add(b * 32) as *const __m256i);
+                let q = _mm512_broadcast_i64x4(q);
+                y[r] = if signed { _mm512_xor_si512(q, flip) } else { q };
+                if !signed {
+                    let s = _mm256_set1_ps(*a[r].s.get_unchecked(b));
+                    extra[r] = _mm256_fmadd_ps(m, s, extra[r]);
+                }
+            }
+            for k in 0..R / 2 {
+                let v = |i| vnni_values(format, column, first + 2 * k + i);
+                let x = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(v(0)), v(1));
+                let start = vnni_start(signed, x);
+                for r in 0..N {
+                    let lanes = vnni_lanes(signed, start, y[r], x);
+                    let scale = _mm512_permutexvar_ps(pick[k], dd[r]);
+                    acc[k][r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(lanes), acc[k][r]);
+                }
             }
         }
-    }
-    let mut out = [[0f32; N]; R];
-    for r in 0..N {
-        let mut minimum = [0f32; GROUP];
-        _mm256_storeu_ps(minimum.as_mut_ptr(), extra[r]);
-        for k in 0..R / 2 {
-            let (low, high) = hsum_halves(acc[k][r]);
-            out[2 * k][r] = low + minimum[first + 2 * k];
-            out[2 * k + 1][r] = high + minimum[first + 2 * k + 1];
+        let mut out = [[0f32; N]; R];
+        for r in 0..N {
+            let mut minimum = [0f32; GROUP];
+            _mm256_storeu_ps(minimum.as_mut_ptr(), extra[r]);
+            for k in 0..R / 2 {
+                let (low, high) = hsum_halves(acc[k][r]);
+                out[2 * k][r] = low + minimum[first + 2 * k];
+                out[2 * k + 1][r] = high + minimum[first + 2 * k + 1];
+            }
         }
+        out
     }
-    out
 }
 
 /// The block format numbered `F`.
@@ -439,10 +484,14 @@ fn format_of<const F: u8>() -> BlockFormat {
 /// below `GROUP`.
 #[inline(always)]
 unsafe fn vnni_values(format: BlockFormat, column: *const u8, i: usize) -> __m256i {
-    if format == BlockFormat::Q4_1 {
-        nibbles(column.add(GROUP * 4 + i * 16))
-    } else {
-        signed_values(format, column, i)
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        if format == BlockFormat::Q4_1 {
+            nibbles(column.add(GROUP * 4 + i * 16))
+        } else {
+            signed_values(format, column, i)
+        }
     }
 }
 
@@ -453,11 +502,15 @@ unsafe fn vnni_values(format: BlockFormat, column: *const u8, i: usize) -> __m25
 /// The CPU must have AVX-512 (F, VL, VNNI): register work only.
 #[inline(always)]
 unsafe fn vnni_start(signed: bool, x: __m512i) -> __m512i {
-    let zero = _mm512_setzero_si512();
-    if signed {
-        _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(-128), x))
-    } else {
-        zero
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let zero = _mm512_setzero_si512();
+        if signed {
+            _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(-128), x))
+        } else {
+            zero
+        }
     }
 }
 
@@ -468,10 +521,14 @@ unsafe fn vnni_start(signed: bool, x: __m512i) -> __m512i {
 /// The CPU must have AVX-512 (F, VL, VNNI): register work only.
 #[inline(always)]
 unsafe fn vnni_lanes(signed: bool, start: __m512i, y: __m512i, x: __m512i) -> __m512i {
-    if signed {
-        _mm512_dpbusd_epi32(start, y, x)
-    } else {
-        _mm512_dpbusd_epi32(start, x, y)
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        if signed {
+            _mm512_dpbusd_epi32(start, y, x)
+        } else {
+            _mm512_dpbusd_epi32(start, x, y)
+        }
     }
 }
 
@@ -481,6 +538,10 @@ unsafe fn vnni_lanes(signed: bool, start: __m512i, y: __m512i, x: __m512i) -> __
 /// The CPU must have AVX-512F: register work only.
 #[inline(always)]
 unsafe fn hsum_halves(v: __m512) -> (f32, f32) {
-    let upper = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-    (hsum_m256(_mm512_castps512_ps256(v)), hsum_m256(upper))
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let upper = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+        (hsum_m256(_mm512_castps512_ps256(v)), hsum_m256(upper))
+    }
 }

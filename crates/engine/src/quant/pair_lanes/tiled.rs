@@ -145,36 +145,40 @@ pub(super) unsafe fn chunk(
     range: Range<usize>,
     out: &Columns,
 ) {
-    // Tiles start at even rows: the vector decode takes whole pairs.
-    assert!(range.start.is_multiple_of(ROWS));
-    let a: Vec<&Q8KRow> = rows.iter().map(|&t| &a[t]).collect();
-    let sums: Vec<&LaneSums> = rows.iter().map(|&t| &sums[t]).collect();
-    assert!(a.iter().all(|row| row.has_blocks(m.blocks)));
-    assert!(sums.iter().all(|s| s.pairs.len() >= m.blocks * 8));
-    let n = rows.len();
-    let mut tile = Tile::new();
-    let mut acc = vec![0f32; n * ROWS];
-    for r0 in range.clone().step_by(ROWS) {
-        acc.fill(0.0);
-        for b in 0..m.blocks {
-            tile.decode(m, r0, b);
-            for t0 in (0..n).step_by(PASS) {
-                let (a, sums) = (&a[t0..], &sums[t0..]);
-                let acc = &mut acc[t0 * ROWS..];
-                match (n - t0).min(PASS) {
-                    1 => simd::pass::<1>(m.format, &tile, b, a, sums, acc),
-                    2 => simd::pass::<2>(m.format, &tile, b, a, sums, acc),
-                    3 => simd::pass::<3>(m.format, &tile, b, a, sums, acc),
-                    4 => simd::pass::<4>(m.format, &tile, b, a, sums, acc),
-                    5 => simd::pass::<5>(m.format, &tile, b, a, sums, acc),
-                    6 => simd::pass::<6>(m.format, &tile, b, a, sums, acc),
-                    7 => simd::pass::<7>(m.format, &tile, b, a, sums, acc),
-                    _ => simd::pass::<8>(m.format, &tile, b, a, sums, acc),
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        // Tiles start at even rows: the vector decode takes whole pairs.
+        assert!(range.start.is_multiple_of(ROWS));
+        let a: Vec<&Q8KRow> = rows.iter().map(|&t| &a[t]).collect();
+        let sums: Vec<&LaneSums> = rows.iter().map(|&t| &sums[t]).collect();
+        assert!(a.iter().all(|row| row.has_blocks(m.blocks)));
+        assert!(sums.iter().all(|s| s.pairs.len() >= m.blocks * 8));
+        let n = rows.len();
+        let mut tile = Tile::new();
+        let mut acc = vec![0f32; n * ROWS];
+        for r0 in range.clone().step_by(ROWS) {
+            acc.fill(0.0);
+            for b in 0..m.blocks {
+                tile.decode(m, r0, b);
+                for t0 in (0..n).step_by(PASS) {
+                    let (a, sums) = (&a[t0..], &sums[t0..]);
+                    let acc = &mut acc[t0 * ROWS..];
+                    match (n - t0).min(PASS) {
+                        1 => simd::pass::<1>(m.format, &tile, b, a, sums, acc),
+                        2 => simd::pass::<2>(m.format, &tile, b, a, sums, acc),
+                        3 => simd::pass::<3>(m.format, &tile, b, a, sums, acc),
+                        4 => simd::pass::<4>(m.format, &tile, b, a, sums, acc),
+                        5 => simd::pass::<5>(m.format, &tile, b, a, sums, acc),
+                        6 => simd::pass::<6>(m.format, &tile, b, a, sums, acc),
+                        7 => simd::pass::<7>(m.format, &tile, b, a, sums, acc),
+                        _ => simd::pass::<8>(m.format, &tile, b, a, sums, acc),
+                    }
                 }
             }
-        }
-        for (i, &t) in rows.iter().enumerate() {
-            out.set_run(t, r0, &acc[i * ROWS..(i + 1) * ROWS]);
+            for (i, &t) in rows.iter().enumerate() {
+                out.set_run(t, r0, &acc[i * ROWS..(i + 1) * ROWS]);
+            }
         }
     }
 }
@@ -193,63 +197,68 @@ mod simd {
     /// AVX-512 (F, VL, BW) must be available.
     #[target_feature(enable = "avx2,avx512f,avx512vl,avx512bw")]
     pub(super) unsafe fn decode_codes(m: &PairLanes, r0: usize, b: usize, codes: &mut [Line; 64]) {
-        let (per, pairs) = (m.format.lines(), m.rows.div_ceil(2));
-        let low = _mm512_set1_epi8(0x0F);
-        let bit4 = _mm512_set1_epi8(0x10);
-        let table: [u8; 16] = iq4::VALUES.map(|v| (v as i32 + 128) as u8);
-        let table = _mm512_broadcast_i32x4(_mm_loadu_si128(table.as_ptr() as *const __m128i));
-        // Dword c of the first row next to dword c of the second: qword c holds both.
-        let interleave = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
-        let p0 = r0 / 2;
-        for s in 0..8 {
-            let mut x = [_mm512_setzero_si512(); 8];
-            for (q, x) in x.iter_mut().enumerate() {
-                if p0 + q >= pairs {
-                    continue;
-                }
-                let lines = m.pair(p0 + q).as_ptr().add(b * per);
-                let v = _mm512_load_si512(lines.add(1 + s / 2) as *const __m512i);
-                let index = match s % 2 {
-                    0 => _mm512_and_si512(v, low),
-                    _ => _mm512_and_si512(_mm512_srli_epi16::<4>(v), low),
-                };
-                let values = match m.format {
-                    PairFormat::Q5K => {
-                        let qh = _mm512_load_si512(lines.add(5) as *const __m512i);
-                        // Bit s of each qh byte moved to bit 4 (16-bit shifts: bit 4 of a
-                        // byte comes from the same byte for shifts of at most four).
-                        let high = match s <= 4 {
-                            true => _mm512_sll_epi16(qh, _mm_cvtsi32_si128(4 - s as i32)),
-                            false => _mm512_srl_epi16(qh, _mm_cvtsi32_si128(s as i32 - 4)),
-                        };
-                        _mm512_ternarylogic_epi32::<0xF8>(index, high, bit4)
+        // SAFETY: the caller upholds this function's safety contract, all that
+        // these operations need.
+        unsafe {
+            let (per, pairs) = (m.format.lines(), m.rows.div_ceil(2));
+            let low = _mm512_set1_epi8(0x0F);
+            let bit4 = _mm512_set1_epi8(0x10);
+            let table: [u8; 16] = iq4::VALUES.map(|v| (v as i32 + 128) as u8);
+            let table = _mm512_broadcast_i32x4(_mm_loadu_si128(table.as_ptr() as *const __m128i));
+            // Dword c of the first row next to dword c of the second: qword c holds both.
+            let interleave =
+                _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+            let p0 = r0 / 2;
+            for s in 0..8 {
+                let mut x = [_mm512_setzero_si512(); 8];
+                for (q, x) in x.iter_mut().enumerate() {
+                    if p0 + q >= pairs {
+                        continue;
                     }
-                    PairFormat::Iq4Xs => _mm512_shuffle_epi8(table, index),
-                };
-                *x = _mm512_permutexvar_epi32(interleave, values);
-            }
-            // An 8 × 8 transpose of qwords (pair q, group c), one bit of the indices at a
-            // time: afterwards vector c holds group c of pairs 0..8.
-            for k in 0..3 {
-                let stride = 1 << k;
-                let keep: [i64; 8] = std::array::from_fn(|c| match c & stride {
-                    0 => c as i64,
-                    _ => 8 + (c - stride) as i64,
-                });
-                let take: [i64; 8] = std::array::from_fn(|c| match c & stride {
-                    0 => (c + stride) as i64,
-                    _ => 8 + c as i64,
-                });
-                let keep = _mm512_loadu_si512(keep.as_ptr() as *const __m512i);
-                let take = _mm512_loadu_si512(take.as_ptr() as *const __m512i);
-                for q in (0..8).filter(|q| q & stride == 0) {
-                    let (lo, hi) = (x[q], x[q + stride]);
-                    x[q] = _mm512_permutex2var_epi64(lo, keep, hi);
-                    x[q + stride] = _mm512_permutex2var_epi64(lo, take, hi);
+                    let lines = m.pair(p0 + q).as_ptr().add(b * per);
+                    let v = _mm512_load_si512(lines.add(1 + s / 2) as *const __m512i);
+                    let index = match s % 2 {
+                        0 => _mm512_and_si512(v, low),
+                        _ => _mm512_and_si512(_mm512_srli_epi16::<4>(v), low),
+                    };
+                    let values = match m.format {
+                        PairFormat::Q5K => {
+                            let qh = _mm512_load_si512(lines.add(5) as *const __m512i);
+                            // Bit s of each qh byte moved to bit 4 (16-bit shifts: bit 4 of a
+                            // byte comes from the same byte for shifts of at most four).
+                            let high = match s <= 4 {
+                                true => _mm512_sll_epi16(qh, _mm_cvtsi32_si128(4 - s as i32)),
+                                false => _mm512_srl_epi16(qh, _mm_cvtsi32_si128(s as i32 - 4)),
+                            };
+                            _mm512_ternarylogic_epi32::<0xF8>(index, high, bit4)
+                        }
+                        PairFormat::Iq4Xs => _mm512_shuffle_epi8(table, index),
+                    };
+                    *x = _mm512_permutexvar_epi32(interleave, values);
                 }
-            }
-            for (c, x) in x.iter().enumerate() {
-                _mm512_store_si512(codes[8 * s + c].0.as_mut_ptr() as *mut __m512i, *x);
+                // An 8 × 8 transpose of qwords (pair q, group c), one bit of the indices at a
+                // time: afterwards vector c holds group c of pairs 0..8.
+                for k in 0..3 {
+                    let stride = 1 << k;
+                    let keep: [i64; 8] = std::array::from_fn(|c| match c & stride {
+                        0 => c as i64,
+                        _ => 8 + (c - stride) as i64,
+                    });
+                    let take: [i64; 8] = std::array::from_fn(|c| match c & stride {
+                        0 => (c + stride) as i64,
+                        _ => 8 + c as i64,
+                    });
+                    let keep = _mm512_loadu_si512(keep.as_ptr() as *const __m512i);
+                    let take = _mm512_loadu_si512(take.as_ptr() as *const __m512i);
+                    for q in (0..8).filter(|q| q & stride == 0) {
+                        let (lo, hi) = (x[q], x[q + stride]);
+                        x[q] = _mm512_permutex2var_epi64(lo, keep, hi);
+                        x[q + stride] = _mm512_permutex2var_epi64(lo, take, hi);
+                    }
+                }
+                for (c, x) in x.iter().enumerate() {
+                    _mm512_store_si512(codes[8 * s + c].0.as_mut_ptr() as *mut __m512i, *x);
+                }
             }
         }
     }
@@ -269,51 +278,56 @@ mod simd {
         sums: &[&LaneSums],
         acc: &mut [f32],
     ) {
-        assert!(a.len() >= T && sums.len() >= T && acc.len() >= T * ROWS);
-        let zero = _mm512_setzero_si512();
-        let mut s1 = [zero; T];
-        for s in 0..8 {
-            let mut raw = [zero; T];
-            for c in 0..8 {
-                let codes = _mm512_load_si512(tile.codes[8 * s + c].0.as_ptr() as *const __m512i);
-                for (raw, a) in raw.iter_mut().zip(a) {
-                    let at = a.qs.as_ptr().add(b * QK_K + 32 * s + 4 * c);
-                    let four = _mm512_set1_epi32((at as *const i32).read_unaligned());
-                    *raw = _mm512_dpbusd_epi32(*raw, codes, four);
+        // SAFETY: the caller upholds this function's safety contract, all that
+        // these operations need.
+        unsafe {
+            assert!(a.len() >= T && sums.len() >= T && acc.len() >= T * ROWS);
+            let zero = _mm512_setzero_si512();
+            let mut s1 = [zero; T];
+            for s in 0..8 {
+                let mut raw = [zero; T];
+                for c in 0..8 {
+                    let codes =
+                        _mm512_load_si512(tile.codes[8 * s + c].0.as_ptr() as *const __m512i);
+                    for (raw, a) in raw.iter_mut().zip(a) {
+                        let at = a.qs.as_ptr().add(b * QK_K + 32 * s + 4 * c);
+                        let four = _mm512_set1_epi32((at as *const i32).read_unaligned());
+                        *raw = _mm512_dpbusd_epi32(*raw, codes, four);
+                    }
+                }
+                let scale = _mm512_loadu_si512(tile.scales[s].as_ptr() as *const __m512i);
+                for t in 0..T {
+                    s1[t] = _mm512_add_epi32(s1[t], _mm512_mullo_epi32(raw[t], scale));
                 }
             }
-            let scale = _mm512_loadu_si512(tile.scales[s].as_ptr() as *const __m512i);
+            // Per activation row, the sums of its eight sub-blocks as 16-bit pairs, against the
+            // rows' minimums (Q5_K: s2) or scales (IQ4_XS: the table's offset, 128 times it).
+            let mut s2 = [zero; T];
+            for k in 0..4 {
+                let pair = _mm512_loadu_si512(tile.pairs[k].as_ptr() as *const __m512i);
+                for (s2, sums) in s2.iter_mut().zip(sums) {
+                    let at = sums.pairs.as_ptr().add(8 * b + 2 * k);
+                    let sums = _mm512_set1_epi32((at as *const i32).read_unaligned());
+                    *s2 = _mm512_dpwssd_epi32(*s2, pair, sums);
+                }
+            }
+            let d = _mm512_loadu_ps(tile.d.as_ptr());
+            let dmin = _mm512_loadu_ps(tile.dmin.as_ptr());
             for t in 0..T {
-                s1[t] = _mm512_add_epi32(s1[t], _mm512_mullo_epi32(raw[t], scale));
+                let d1 = _mm512_set1_ps(*a.get_unchecked(t).d.get_unchecked(b));
+                let result = match format {
+                    PairFormat::Q5K => {
+                        let f1 = _mm512_mul_ps(_mm512_cvtepi32_ps(s1[t]), d);
+                        _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(s2[t]), f1)
+                    }
+                    PairFormat::Iq4Xs => {
+                        let exact = _mm512_sub_epi32(s1[t], _mm512_slli_epi32::<7>(s2[t]));
+                        _mm512_mul_ps(_mm512_cvtepi32_ps(exact), d)
+                    }
+                };
+                let sum = acc.as_mut_ptr().add(ROWS * t);
+                _mm512_storeu_ps(sum, _mm512_fmadd_ps(result, d1, _mm512_loadu_ps(sum)));
             }
-        }
-        // Per activation row, the sums of its eight sub-blocks as 16-bit pairs, against the
-        // rows' minimums (Q5_K: s2) or scales (IQ4_XS: the table's offset, 128 times it).
-        let mut s2 = [zero; T];
-        for k in 0..4 {
-            let pair = _mm512_loadu_si512(tile.pairs[k].as_ptr() as *const __m512i);
-            for (s2, sums) in s2.iter_mut().zip(sums) {
-                let at = sums.pairs.as_ptr().add(8 * b + 2 * k);
-                let sums = _mm512_set1_epi32((at as *const i32).read_unaligned());
-                *s2 = _mm512_dpwssd_epi32(*s2, pair, sums);
-            }
-        }
-        let d = _mm512_loadu_ps(tile.d.as_ptr());
-        let dmin = _mm512_loadu_ps(tile.dmin.as_ptr());
-        for t in 0..T {
-            let d1 = _mm512_set1_ps(*a.get_unchecked(t).d.get_unchecked(b));
-            let result = match format {
-                PairFormat::Q5K => {
-                    let f1 = _mm512_mul_ps(_mm512_cvtepi32_ps(s1[t]), d);
-                    _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(s2[t]), f1)
-                }
-                PairFormat::Iq4Xs => {
-                    let exact = _mm512_sub_epi32(s1[t], _mm512_slli_epi32::<7>(s2[t]));
-                    _mm512_mul_ps(_mm512_cvtepi32_ps(exact), d)
-                }
-            };
-            let sum = acc.as_mut_ptr().add(ROWS * t);
-            _mm512_storeu_ps(sum, _mm512_fmadd_ps(result, d1, _mm512_loadu_ps(sum)));
         }
     }
 }

@@ -39,8 +39,12 @@ pub unsafe fn dot_group<const T: usize>(
     kernels: [RowKernel; T],
     soon: Upcoming,
 ) -> [[f32; ROWS]; T] {
-    assert!(a.iter().all(|row| row.has_blocks(m.blocks)));
-    group_avx2(m.group(g), m.blocks, a, kernels, soon)
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        assert!(a.iter().all(|row| row.has_blocks(m.blocks)));
+        group_avx2(m.group(g), m.blocks, a, kernels, soon)
+    }
 }
 
 /// [`dot_group`] on a group's lines. Per half and sub-block: the eight rows' scales as
@@ -60,82 +64,89 @@ unsafe fn group_avx2<const T: usize>(
     kernels: [RowKernel; T],
     mut soon: Upcoming,
 ) -> [[f32; ROWS]; T] {
-    let ahead = crate::simd::cpu::prefetch_ahead();
-    assert!(lines.len() >= blocks * LINES);
-    let per_pair = kernels.map(RowKernel::in_group_of_four);
-    let low = _mm256_set1_epi8(0x0F);
-    let zero = _mm256_setzero_si256();
-    let mut acc = [[_mm256_setzero_ps(); 2]; T];
-    let mut acc_min = [[_mm256_setzero_ps(); 2]; T];
-    for b in 0..blocks {
-        let base = lines.as_ptr().add(b * LINES) as *const u8;
-        prefetch_span(base, LINES * 64, ahead);
-        soon.step();
-        // Byte `byte` of the super-block's line `line`.
-        let at = |line: usize, byte: usize| base.wrapping_add(64 * line + byte);
-        for h in 0..2 {
-            let d = _mm256_cvtph_ps(_mm_load_si128(at(0, 16 * h) as *const __m128i));
-            let dmin = _mm256_cvtph_ps(_mm_load_si128(at(0, 32 + 16 * h) as *const __m128i));
-            let da: [__m256; T] = std::array::from_fn(|t| _mm256_set1_ps(*a[t].d.get_unchecked(b)));
-            let dd: [__m256; T] = std::array::from_fn(|t| _mm256_mul_ps(d, da[t]));
-            let dm: [__m256; T] = std::array::from_fn(|t| _mm256_mul_ps(dmin, da[t]));
-            let mut isum = [zero; T];
-            let mut imin = [zero; T];
-            for pair in 0..4 {
-                let mut psum = [zero; T];
-                for j in [2 * pair, 2 * pair + 1] {
-                    let scales = at(1 + j / 4, (j % 4) * ROWS + HALF * h) as *const __m128i;
-                    let scale = _mm256_cvtepu8_epi32(_mm_loadl_epi64(scales));
-                    let scale = _mm256_or_si256(scale, _mm256_slli_epi32::<16>(scale));
-                    for i in 0..4 {
-                        // Line 4j + i holds values 8i..8i + 4 of the sub-block in its low
-                        // nibbles, 8i + 4..8i + 8 in its high ones.
-                        let v = _mm256_load_si256(at(VALUES + 4 * j + i, 32 * h) as *const __m256i);
-                        let x = [
-                            _mm256_and_si256(v, low),
-                            _mm256_and_si256(_mm256_srli_epi16::<4>(v), low),
-                        ];
-                        for t in 0..T {
-                            let q8 = a[t].qs.as_ptr().add(b * QK_K + 32 * j + 8 * i) as *const i32;
-                            for (k, &x) in x.iter().enumerate() {
-                                let y = _mm256_set1_epi32(q8.add(k).read_unaligned());
-                                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), scale);
-                                psum[t] = _mm256_add_epi32(psum[t], p);
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let ahead = crate::simd::cpu::prefetch_ahead();
+        assert!(lines.len() >= blocks * LINES);
+        let per_pair = kernels.map(RowKernel::in_group_of_four);
+        let low = _mm256_set1_epi8(0x0F);
+        let zero = _mm256_setzero_si256();
+        let mut acc = [[_mm256_setzero_ps(); 2]; T];
+        let mut acc_min = [[_mm256_setzero_ps(); 2]; T];
+        for b in 0..blocks {
+            let base = lines.as_ptr().add(b * LINES) as *const u8;
+            prefetch_span(base, LINES * 64, ahead);
+            soon.step();
+            // Byte `byte` of the super-block's line `line`.
+            let at = |line: usize, byte: usize| base.wrapping_add(64 * line + byte);
+            for h in 0..2 {
+                let d = _mm256_cvtph_ps(_mm_load_si128(at(0, 16 * h) as *const __m128i));
+                let dmin = _mm256_cvtph_ps(_mm_load_si128(at(0, 32 + 16 * h) as *const __m128i));
+                let da: [__m256; T] =
+                    std::array::from_fn(|t| _mm256_set1_ps(*a[t].d.get_unchecked(b)));
+                let dd: [__m256; T] = std::array::from_fn(|t| _mm256_mul_ps(d, da[t]));
+                let dm: [__m256; T] = std::array::from_fn(|t| _mm256_mul_ps(dmin, da[t]));
+                let mut isum = [zero; T];
+                let mut imin = [zero; T];
+                for pair in 0..4 {
+                    let mut psum = [zero; T];
+                    for j in [2 * pair, 2 * pair + 1] {
+                        let scales = at(1 + j / 4, (j % 4) * ROWS + HALF * h) as *const __m128i;
+                        let scale = _mm256_cvtepu8_epi32(_mm_loadl_epi64(scales));
+                        let scale = _mm256_or_si256(scale, _mm256_slli_epi32::<16>(scale));
+                        for i in 0..4 {
+                            // Line 4j + i holds values 8i..8i + 4 of the sub-block in its low
+                            // nibbles, 8i + 4..8i + 8 in its high ones.
+                            let v =
+                                _mm256_load_si256(at(VALUES + 4 * j + i, 32 * h) as *const __m256i);
+                            let x = [
+                                _mm256_and_si256(v, low),
+                                _mm256_and_si256(_mm256_srli_epi16::<4>(v), low),
+                            ];
+                            for t in 0..T {
+                                let q8 =
+                                    a[t].qs.as_ptr().add(b * QK_K + 32 * j + 8 * i) as *const i32;
+                                for (k, &x) in x.iter().enumerate() {
+                                    let y = _mm256_set1_epi32(q8.add(k).read_unaligned());
+                                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), scale);
+                                    psum[t] = _mm256_add_epi32(psum[t], p);
+                                }
                             }
                         }
                     }
+                    let mins = at(MINS + pair / 2, 32 * (pair % 2) + 16 * h) as *const __m128i;
+                    let mins = _mm256_cvtepu8_epi16(_mm_load_si128(mins));
+                    for t in 0..T {
+                        let bsums = a[t].bsums.as_ptr().add(b * 16 + 4 * pair);
+                        let sums = pair16(*bsums + *bsums.add(1), *bsums.add(2) + *bsums.add(3));
+                        let pmin = _mm256_madd_epi16(mins, _mm256_set1_epi32(sums));
+                        if per_pair[t] {
+                            let (p, m) = (_mm256_cvtepi32_ps(psum[t]), _mm256_cvtepi32_ps(pmin));
+                            acc[t][h] = _mm256_fmadd_ps(p, dd[t], acc[t][h]);
+                            acc_min[t][h] = _mm256_fmadd_ps(m, dm[t], acc_min[t][h]);
+                        } else {
+                            isum[t] = _mm256_add_epi32(isum[t], psum[t]);
+                            imin[t] = _mm256_add_epi32(imin[t], pmin);
+                        }
+                    }
                 }
-                let mins = at(MINS + pair / 2, 32 * (pair % 2) + 16 * h) as *const __m128i;
-                let mins = _mm256_cvtepu8_epi16(_mm_load_si128(mins));
                 for t in 0..T {
-                    let bsums = a[t].bsums.as_ptr().add(b * 16 + 4 * pair);
-                    let sums = pair16(*bsums + *bsums.add(1), *bsums.add(2) + *bsums.add(3));
-                    let pmin = _mm256_madd_epi16(mins, _mm256_set1_epi32(sums));
-                    if per_pair[t] {
-                        let (p, m) = (_mm256_cvtepi32_ps(psum[t]), _mm256_cvtepi32_ps(pmin));
-                        acc[t][h] = _mm256_fmadd_ps(p, dd[t], acc[t][h]);
+                    if !per_pair[t] {
+                        let (s, m) = (_mm256_cvtepi32_ps(isum[t]), _mm256_cvtepi32_ps(imin[t]));
+                        acc[t][h] = _mm256_fmadd_ps(s, dd[t], acc[t][h]);
                         acc_min[t][h] = _mm256_fmadd_ps(m, dm[t], acc_min[t][h]);
-                    } else {
-                        isum[t] = _mm256_add_epi32(isum[t], psum[t]);
-                        imin[t] = _mm256_add_epi32(imin[t], pmin);
                     }
                 }
             }
-            for t in 0..T {
-                if !per_pair[t] {
-                    let (s, m) = (_mm256_cvtepi32_ps(isum[t]), _mm256_cvtepi32_ps(imin[t]));
-                    acc[t][h] = _mm256_fmadd_ps(s, dd[t], acc[t][h]);
-                    acc_min[t][h] = _mm256_fmadd_ps(m, dm[t], acc_min[t][h]);
-                }
+        }
+        let mut out = [[0f32; ROWS]; T];
+        for t in 0..T {
+            for h in 0..2 {
+                let sum = _mm256_sub_ps(acc[t][h], acc_min[t][h]);
+                _mm256_storeu_ps(out[t].as_mut_ptr().add(HALF * h), sum);
             }
         }
+        out
     }
-    let mut out = [[0f32; ROWS]; T];
-    for t in 0..T {
-        for h in 0..2 {
-            let sum = _mm256_sub_ps(acc[t][h], acc_min[t][h]);
-            _mm256_storeu_ps(out[t].as_mut_ptr().add(HALF * h), sum);
-        }
-    }
-    out
 }

@@ -41,12 +41,16 @@ pub unsafe fn dot_group<const T: usize, const TILED: bool>(
     a: [&Q8KRow; T],
     soon: Upcoming,
 ) -> [[f32; ROWS]; T] {
-    assert!(
-        TILED || T == 1,
-        "the dot product's eight lanes take one activation row"
-    );
-    assert!(a.iter().all(|row| row.has_blocks(m.blocks)));
-    group_avx2::<T, TILED>(m.group(g), m.blocks, a, soon)
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        assert!(
+            TILED || T == 1,
+            "the dot product's eight lanes take one activation row"
+        );
+        assert!(a.iter().all(|row| row.has_blocks(m.blocks)));
+        group_avx2::<T, TILED>(m.group(g), m.blocks, a, soon)
+    }
 }
 
 /// Sub-block `j`'s value vector `c` (values `16j + 4c..16j + 4c + 4` of eight rows, as
@@ -58,27 +62,32 @@ pub unsafe fn dot_group<const T: usize, const TILED: bool>(
 /// (64-byte aligned, as the layout keeps them), `j < 16`, `c < 4` and `h < 2`.
 #[inline(always)]
 unsafe fn values(base: *const u8, j: usize, c: usize, h: usize) -> __m256i {
-    let line = |k: usize| _mm256_load_si256(base.add(64 * (VALUES + 3 * j + k) + 32 * h).cast());
-    let nibble = _mm256_set1_epi8(0x0F);
-    let bits = line(c / 2);
-    let low = match c % 2 {
-        0 => bits,
-        _ => _mm256_srli_epi16::<4>(bits),
-    };
-    // The high two bits of vector c sit at bit 2c of the third line's bytes; bring them to
-    // bits 4 and 5. Shifts of 16-bit lanes: the bits a byte takes from its neighbour are
-    // masked off.
-    let high = line(2);
-    let high = match c {
-        0 => _mm256_slli_epi16::<4>(high),
-        1 => _mm256_slli_epi16::<2>(high),
-        2 => high,
-        _ => _mm256_srli_epi16::<2>(high),
-    };
-    _mm256_or_si256(
-        _mm256_and_si256(low, nibble),
-        _mm256_and_si256(high, _mm256_set1_epi8(0x30)),
-    )
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let line =
+            |k: usize| _mm256_load_si256(base.add(64 * (VALUES + 3 * j + k) + 32 * h).cast());
+        let nibble = _mm256_set1_epi8(0x0F);
+        let bits = line(c / 2);
+        let low = match c % 2 {
+            0 => bits,
+            _ => _mm256_srli_epi16::<4>(bits),
+        };
+        // The high two bits of vector c sit at bit 2c of the third line's bytes; bring them to
+        // bits 4 and 5. Shifts of 16-bit lanes: the bits a byte takes from its neighbour are
+        // masked off.
+        let high = line(2);
+        let high = match c {
+            0 => _mm256_slli_epi16::<4>(high),
+            1 => _mm256_slli_epi16::<2>(high),
+            2 => high,
+            _ => _mm256_srli_epi16::<2>(high),
+        };
+        _mm256_or_si256(
+            _mm256_and_si256(low, nibble),
+            _mm256_and_si256(high, _mm256_set1_epi8(0x30)),
+        )
+    }
 }
 
 /// Sub-block `j`'s scales of the eight rows of half `h`, each as a pair of equal 16-bit
@@ -90,9 +99,13 @@ unsafe fn values(base: *const u8, j: usize, c: usize, h: usize) -> __m256i {
 /// `j < 16` and `h < 2`.
 #[inline(always)]
 unsafe fn scale_pairs(base: *const u8, j: usize, h: usize) -> __m256i {
-    let bytes = base.add(64 * (SCALES + j / 4) + (j % 4) * ROWS + HALF * h);
-    let scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(bytes.cast()));
-    _mm256_blend_epi16::<0xAA>(scale, _mm256_slli_epi32::<16>(scale))
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let bytes = base.add(64 * (SCALES + j / 4) + (j % 4) * ROWS + HALF * h);
+        let scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(bytes.cast()));
+        _mm256_blend_epi16::<0xAA>(scale, _mm256_slli_epi32::<16>(scale))
+    }
 }
 
 /// [`dot_group`] on a group's lines.
@@ -108,73 +121,78 @@ unsafe fn group_avx2<const T: usize, const TILED: bool>(
     a: [&Q8KRow; T],
     mut soon: Upcoming,
 ) -> [[f32; ROWS]; T] {
-    let ahead = crate::simd::cpu::prefetch_ahead();
-    assert!(lines.len() >= blocks * LINES);
-    let zero = _mm256_setzero_si256();
-    // Per half: the tiled plan's sums per activation row, the dot product's per lane.
-    let mut tiled = [[_mm256_setzero_ps(); 2]; T];
-    let mut acc = [[_mm256_setzero_ps(); 8]; 2];
-    for b in 0..blocks {
-        let base = lines.as_ptr().add(b * LINES) as *const u8;
-        prefetch_span(base, LINES * 64, ahead);
-        soon.step();
-        let q8: [*const i32; T] = a.map(|a| a.qs.as_ptr().add(b * QK_K) as *const i32);
-        for h in 0..2 {
-            let dw = _mm256_load_ps(base.add(32 * h) as *const f32);
-            // The tiled plan's sum per activation row, or the dot product's eight lanes.
-            let mut lanes = [[zero; 8]; T];
-            for m in 0..8 {
-                let scales = [2 * m, 2 * m + 1].map(|j| scale_pairs(base, j, h));
-                for (s, &scale) in scales.iter().enumerate() {
-                    let j = 2 * m + s;
-                    for c in 0..4 {
-                        let w = values(base, j, c, h);
-                        for t in 0..T {
-                            let y = _mm256_set1_epi32(q8[t].add(4 * j + c).read_unaligned());
-                            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, y), scale);
-                            let lane = &mut lanes[t][if TILED { 0 } else { 4 * s + c }];
-                            *lane = _mm256_add_epi32(*lane, p);
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let ahead = crate::simd::cpu::prefetch_ahead();
+        assert!(lines.len() >= blocks * LINES);
+        let zero = _mm256_setzero_si256();
+        // Per half: the tiled plan's sums per activation row, the dot product's per lane.
+        let mut tiled = [[_mm256_setzero_ps(); 2]; T];
+        let mut acc = [[_mm256_setzero_ps(); 8]; 2];
+        for b in 0..blocks {
+            let base = lines.as_ptr().add(b * LINES) as *const u8;
+            prefetch_span(base, LINES * 64, ahead);
+            soon.step();
+            let q8: [*const i32; T] = a.map(|a| a.qs.as_ptr().add(b * QK_K) as *const i32);
+            for h in 0..2 {
+                let dw = _mm256_load_ps(base.add(32 * h) as *const f32);
+                // The tiled plan's sum per activation row, or the dot product's eight lanes.
+                let mut lanes = [[zero; 8]; T];
+                for m in 0..8 {
+                    let scales = [2 * m, 2 * m + 1].map(|j| scale_pairs(base, j, h));
+                    for (s, &scale) in scales.iter().enumerate() {
+                        let j = 2 * m + s;
+                        for c in 0..4 {
+                            let w = values(base, j, c, h);
+                            for t in 0..T {
+                                let y = _mm256_set1_epi32(q8[t].add(4 * j + c).read_unaligned());
+                                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, y), scale);
+                                let lane = &mut lanes[t][if TILED { 0 } else { 4 * s + c }];
+                                *lane = _mm256_add_epi32(*lane, p);
+                            }
+                        }
+                    }
+                    // The values are stored 32 higher: less 32 · (bsums[2m] · sc[2m] +
+                    // bsums[2m + 1] · sc[2m + 1]), in lane m of the dot product.
+                    let both =
+                        _mm256_slli_epi16::<5>(_mm256_blend_epi16::<0xAA>(scales[0], scales[1]));
+                    for t in 0..T {
+                        let bsums = a[t].bsums.as_ptr().add(b * 16 + 2 * m);
+                        let pair = _mm256_set1_epi32(pair16(-*bsums, -*bsums.add(1)));
+                        let lane = &mut lanes[t][if TILED { 0 } else { m }];
+                        *lane = _mm256_add_epi32(*lane, _mm256_madd_epi16(both, pair));
+                    }
+                }
+                for t in 0..T {
+                    let da = _mm256_set1_ps(*a[t].d.get_unchecked(b));
+                    if TILED {
+                        let total = _mm256_mul_ps(_mm256_cvtepi32_ps(lanes[t][0]), dw);
+                        tiled[t][h] = _mm256_fmadd_ps(total, da, tiled[t][h]);
+                    } else {
+                        let d = _mm256_mul_ps(da, dw);
+                        for (acc, &lane) in acc[h].iter_mut().zip(&lanes[t]) {
+                            *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lane), *acc);
                         }
                     }
                 }
-                // The values are stored 32 higher: less 32 · (bsums[2m] · sc[2m] +
-                // bsums[2m + 1] · sc[2m + 1]), in lane m of the dot product.
-                let both = _mm256_slli_epi16::<5>(_mm256_blend_epi16::<0xAA>(scales[0], scales[1]));
-                for t in 0..T {
-                    let bsums = a[t].bsums.as_ptr().add(b * 16 + 2 * m);
-                    let pair = _mm256_set1_epi32(pair16(-*bsums, -*bsums.add(1)));
-                    let lane = &mut lanes[t][if TILED { 0 } else { m }];
-                    *lane = _mm256_add_epi32(*lane, _mm256_madd_epi16(both, pair));
-                }
             }
-            for t in 0..T {
-                let da = _mm256_set1_ps(*a[t].d.get_unchecked(b));
-                if TILED {
-                    let total = _mm256_mul_ps(_mm256_cvtepi32_ps(lanes[t][0]), dw);
-                    tiled[t][h] = _mm256_fmadd_ps(total, da, tiled[t][h]);
-                } else {
-                    let d = _mm256_mul_ps(da, dw);
-                    for (acc, &lane) in acc[h].iter_mut().zip(&lanes[t]) {
-                        *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lane), *acc);
+        }
+        let mut out = [[0f32; ROWS]; T];
+        for (t, out) in out.iter_mut().enumerate() {
+            for h in 0..2 {
+                let sum = match TILED {
+                    true => tiled[t][h],
+                    // hsum_float_8, one weight row per vector lane.
+                    false => {
+                        let a = &acc[h];
+                        let r = [0, 1, 2, 3].map(|i| _mm256_add_ps(a[i], a[i + 4]));
+                        _mm256_add_ps(_mm256_add_ps(r[0], r[2]), _mm256_add_ps(r[1], r[3]))
                     }
-                }
+                };
+                _mm256_storeu_ps(out.as_mut_ptr().add(HALF * h), sum);
             }
         }
+        out
     }
-    let mut out = [[0f32; ROWS]; T];
-    for (t, out) in out.iter_mut().enumerate() {
-        for h in 0..2 {
-            let sum = match TILED {
-                true => tiled[t][h],
-                // hsum_float_8, one weight row per vector lane.
-                false => {
-                    let a = &acc[h];
-                    let r = [0, 1, 2, 3].map(|i| _mm256_add_ps(a[i], a[i + 4]));
-                    _mm256_add_ps(_mm256_add_ps(r[0], r[2]), _mm256_add_ps(r[1], r[3]))
-                }
-            };
-            _mm256_storeu_ps(out.as_mut_ptr().add(HALF * h), sum);
-        }
-    }
-    out
 }

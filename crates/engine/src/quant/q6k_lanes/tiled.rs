@@ -34,29 +34,32 @@ pub(super) unsafe fn chunk(
     range: Range<usize>,
     out: &Columns,
 ) {
-    let a: Vec<&Q8KRow> = rows.iter().map(|&t| &a[t]).collect();
-    let offsets: Vec<&[i32]> = rows.iter().map(|&t| &offsets[t][..]).collect();
-    assert!(a.iter().all(|row| row.has_blocks(m.blocks)));
-    assert!(offsets.iter().all(|o| o.len() >= m.blocks * 16));
-    let n = rows.len();
-    let mut acc = vec![0f32; n * ROWS];
-    // A super-block's values unpacked once for all its passes.
-    let mut values = [Line([0; 64]); QK_K / 4];
-    for g in range.start / ROWS..range.end.div_ceil(ROWS) {
-        acc.fill(0.0);
-        let group = m.group(g);
-        for b in 0..m.blocks {
-            let lines = &group[b * LINES..(b + 1) * LINES];
-            // Several passes share one unpacking; a lone pass unpacks as it goes.
-            let unpacked = n > PASS;
-            if unpacked {
-                simd::unpack(lines, &mut values);
-            }
-            for t0 in (0..n).step_by(PASS) {
-                let (a, offsets) = (&a[t0..], &offsets[t0..]);
-                let acc = &mut acc[t0 * ROWS..];
-                let v = &values;
-                macro_rules! pass {
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe {
+        let a: Vec<&Q8KRow> = rows.iter().map(|&t| &a[t]).collect();
+        let offsets: Vec<&[i32]> = rows.iter().map(|&t| &offsets[t][..]).collect();
+        assert!(a.iter().all(|row| row.has_blocks(m.blocks)));
+        assert!(offsets.iter().all(|o| o.len() >= m.blocks * 16));
+        let n = rows.len();
+        let mut acc = vec![0f32; n * ROWS];
+        // A super-block's values unpacked once for all its passes.
+        let mut values = [Line([0; 64]); QK_K / 4];
+        for g in range.start / ROWS..range.end.div_ceil(ROWS) {
+            acc.fill(0.0);
+            let group = m.group(g);
+            for b in 0..m.blocks {
+                let lines = &group[b * LINES..(b + 1) * LINES];
+                // Several passes share one unpacking; a lone pass unpacks as it goes.
+                let unpacked = n > PASS;
+                if unpacked {
+                    simd::unpack(lines, &mut values);
+                }
+                for t0 in (0..n).step_by(PASS) {
+                    let (a, offsets) = (&a[t0..], &offsets[t0..]);
+                    let acc = &mut acc[t0 * ROWS..];
+                    let v = &values;
+                    macro_rules! pass {
                     ($($t:literal)*) => {
                         match ((n - t0).min(PASS), unpacked) {
                             $(
@@ -67,15 +70,16 @@ pub(super) unsafe fn chunk(
                         }
                     };
                 }
-                pass!(1 2 3 4 5 6 7 8);
+                    pass!(1 2 3 4 5 6 7 8);
+                }
             }
-        }
-        // Chunks start at multiples of 16; a group may end past its chunk (`set_run`
-        // stops at the chunk's end).
-        let r0 = g * ROWS;
-        assert!(r0 >= range.start);
-        for (i, &t) in rows.iter().enumerate() {
-            out.set_run(t, r0, &acc[i * ROWS..(i + 1) * ROWS]);
+            // Chunks start at multiples of 16; a group may end past its chunk (`set_run`
+            // stops at the chunk's end).
+            let r0 = g * ROWS;
+            assert!(r0 >= range.start);
+            for (i, &t) in rows.iter().enumerate() {
+                out.set_run(t, r0, &acc[i * ROWS..(i + 1) * ROWS]);
+            }
         }
     }
 }
@@ -95,10 +99,14 @@ mod simd {
     /// AVX-512F and BW must be available; `lines` is one super-block's.
     #[target_feature(enable = "avx2,avx512f,avx512bw")]
     pub(super) unsafe fn unpack(lines: &[Line], values: &mut [Line; QK_K / 4]) {
-        assert!(lines.len() >= LINES);
-        for j in 0..16 {
-            for (c, v) in sub_block(lines.as_ptr(), j).into_iter().enumerate() {
-                _mm512_storeu_si512(values[4 * j + c].0.as_mut_ptr() as *mut __m512i, v);
+        // SAFETY: the caller upholds this function's safety contract, all that
+        // these operations need.
+        unsafe {
+            assert!(lines.len() >= LINES);
+            for j in 0..16 {
+                for (c, v) in sub_block(lines.as_ptr(), j).into_iter().enumerate() {
+                    _mm512_storeu_si512(values[4 * j + c].0.as_mut_ptr() as *mut __m512i, v);
+                }
             }
         }
     }
@@ -120,44 +128,48 @@ mod simd {
         offsets: &[&[i32]],
         acc: &mut [f32],
     ) {
-        assert!(a.len() >= T && offsets.len() >= T && acc.len() >= T * ROWS);
-        assert!(lines.len() >= LINES);
-        let zero = _mm512_setzero_si512();
-        let mut s1 = [zero; T];
-        for s in 0..16 {
-            let mut raw = [zero; T];
-            for (raw, offsets) in raw.iter_mut().zip(offsets) {
-                *raw = _mm512_set1_epi32(*offsets.get_unchecked(16 * b + s));
-            }
-            let sub_block = match UNPACKED {
-                true => std::array::from_fn(|c| {
-                    _mm512_load_si512(values[4 * s + c].0.as_ptr() as *const __m512i)
-                }),
-                false => sub_block(lines.as_ptr(), s),
-            };
-            for (c, &codes) in sub_block.iter().enumerate() {
-                for (raw, a) in raw.iter_mut().zip(a) {
-                    let at = a.qs.as_ptr().add(b * QK_K + 16 * s + 4 * c);
-                    let four = _mm512_set1_epi32((at as *const i32).read_unaligned());
-                    *raw = _mm512_dpbusd_epi32(*raw, codes, four);
+        // SAFETY: the caller upholds this function's safety contract, all that
+        // these operations need.
+        unsafe {
+            assert!(a.len() >= T && offsets.len() >= T && acc.len() >= T * ROWS);
+            assert!(lines.len() >= LINES);
+            let zero = _mm512_setzero_si512();
+            let mut s1 = [zero; T];
+            for s in 0..16 {
+                let mut raw = [zero; T];
+                for (raw, offsets) in raw.iter_mut().zip(offsets) {
+                    *raw = _mm512_set1_epi32(*offsets.get_unchecked(16 * b + s));
+                }
+                let sub_block = match UNPACKED {
+                    true => std::array::from_fn(|c| {
+                        _mm512_load_si512(values[4 * s + c].0.as_ptr() as *const __m512i)
+                    }),
+                    false => sub_block(lines.as_ptr(), s),
+                };
+                for (c, &codes) in sub_block.iter().enumerate() {
+                    for (raw, a) in raw.iter_mut().zip(a) {
+                        let at = a.qs.as_ptr().add(b * QK_K + 16 * s + 4 * c);
+                        let four = _mm512_set1_epi32((at as *const i32).read_unaligned());
+                        *raw = _mm512_dpbusd_epi32(*raw, codes, four);
+                    }
+                }
+                let scales = lines
+                    .get_unchecked(SCALES + s / 4)
+                    .0
+                    .as_ptr()
+                    .add(16 * (s % 4));
+                let scale = _mm512_cvtepi8_epi32(_mm_loadu_si128(scales as *const __m128i));
+                for (s1, raw) in s1.iter_mut().zip(&raw) {
+                    *s1 = _mm512_add_epi32(*s1, _mm512_mullo_epi32(*raw, scale));
                 }
             }
-            let scales = lines
-                .get_unchecked(SCALES + s / 4)
-                .0
-                .as_ptr()
-                .add(16 * (s % 4));
-            let scale = _mm512_cvtepi8_epi32(_mm_loadu_si128(scales as *const __m128i));
-            for (s1, raw) in s1.iter_mut().zip(&raw) {
-                *s1 = _mm512_add_epi32(*s1, _mm512_mullo_epi32(*raw, scale));
+            let d = _mm512_loadu_ps(lines[0].0.as_ptr() as *const f32);
+            for (t, s1) in s1.iter().enumerate() {
+                let d1 = _mm512_set1_ps(*a.get_unchecked(t).d.get_unchecked(b));
+                let result = _mm512_mul_ps(_mm512_cvtepi32_ps(*s1), d);
+                let sum = acc.as_mut_ptr().add(ROWS * t);
+                _mm512_storeu_ps(sum, _mm512_fmadd_ps(result, d1, _mm512_loadu_ps(sum)));
             }
-        }
-        let d = _mm512_loadu_ps(lines[0].0.as_ptr() as *const f32);
-        for (t, s1) in s1.iter().enumerate() {
-            let d1 = _mm512_set1_ps(*a.get_unchecked(t).d.get_unchecked(b));
-            let result = _mm512_mul_ps(_mm512_cvtepi32_ps(*s1), d);
-            let sum = acc.as_mut_ptr().add(ROWS * t);
-            _mm512_storeu_ps(sum, _mm512_fmadd_ps(result, d1, _mm512_loadu_ps(sum)));
         }
     }
 }
