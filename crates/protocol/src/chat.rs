@@ -8,17 +8,127 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::{RawJson, Usage};
+use crate::{Field, RawJson, Section, Usage};
 
-/// The fields only a chat request has.
-pub const CHAT_ONLY_FIELDS: &[&str] = &[
-    "messages",
-    "add_generation_prompt",
-    "continue_final_message",
-    "chat_template_kwargs",
-    "store",
-    "service_tier",
+/// The fields only a chat request has (the chat route reads them from the body itself).
+pub const CHAT_ONLY_FIELDS: &[Field] = &[
+    chat(
+        "messages",
+        "object[]",
+        "required",
+        "non-empty: the conversation (below)",
+        "O V",
+    ),
+    chat(
+        "add_generation_prompt",
+        "bool",
+        "`true`",
+        "vLLM: end with the start of the assistant's turn",
+        "V",
+    ),
+    chat(
+        "continue_final_message",
+        "bool",
+        "`false`",
+        "vLLM: the last message, the assistant's, is left open and the model continues it; \
+         not with `add_generation_prompt: true`",
+        "V",
+    ),
+    chat(
+        "chat_template_kwargs",
+        "object",
+        "none",
+        "vLLM: an object of more template variables (Qwen 3's `enable_thinking`, …)",
+        "V",
+    ),
+    chat(
+        "store",
+        "bool",
+        "none",
+        "OpenAI: accepted; this server stores no conversation either way",
+        "O",
+    ),
+    chat(
+        "service_tier",
+        "`\"auto\"`, `\"default\"`",
+        "`auto`",
+        "OpenAI: accepted (there is one tier); any other value is a 400",
+        "O",
+    ),
 ];
+
+/// Completion fields whose rule differs in a chat request: these rows replace the
+/// completion's in the chat documentation (the field is parsed as for completions).
+pub const CHAT_RULES: &[Field] = &[
+    chat(
+        "max_tokens",
+        "int ≥ 0",
+        "`--chat-max-tokens`",
+        "as for completions, but the default is the server's `--chat-max-tokens` (4096), \
+         lowered to fit the context and the limits, not 16",
+        "O V",
+    ),
+    chat(
+        "max_completion_tokens",
+        "int ≥ 0",
+        "—",
+        "alias of `max_tokens`, with its chat default",
+        "O V",
+    ),
+    chat(
+        "logprobs",
+        "bool",
+        "`false`",
+        "`true` or `false` (an integer is a 400 here): each choice carries `logprobs.content`, \
+         per generated token its text, logprob, bytes and `top_logprobs` (0..20) alternatives",
+        "O V",
+    ),
+    chat(
+        "tools",
+        "object[]",
+        "none",
+        "functions the model may call: `{\"type\": \"function\", \"function\": {\"name\", \
+         \"description\", \"parameters\"}}`; `parameters` a JSON schema (default any object). \
+         The template describes them (or, for a template without tools, a system message in \
+         the Hermes syntax)",
+        "O V",
+    ),
+    chat(
+        "tool_choice",
+        "string or object",
+        "`auto` with tools",
+        "`none`, `auto` (calls in the model's syntax are parsed into `tool_calls`), \
+         `required` (one or more calls), or `{\"type\": \"function\", \"function\": \
+         {\"name\": …}}` ([Tools](#tools)); anything but `none` without `tools` (absent or \
+         empty) is a 400, as OpenAI and vLLM answer it",
+        "O V",
+    ),
+    chat(
+        "parallel_tool_calls",
+        "bool",
+        "`true`",
+        "several calls in one answer; `false` allows one",
+        "O V",
+    ),
+];
+
+/// A row of the chat table.
+const fn chat(
+    name: &'static str,
+    ty: &'static str,
+    default: &'static str,
+    rule: &'static str,
+    clients: &'static str,
+) -> Field {
+    Field {
+        name,
+        section: Section::Chat,
+        ty,
+        default,
+        rule,
+        clients,
+    }
+}
 
 /// Completion fields a chat request may not carry, and why.
 pub const NOT_FOR_CHAT: &[(&str, &str)] = &[

@@ -4,10 +4,12 @@
 //! types: no validation, no engine, no I/O.
 
 mod chat;
+mod fields;
 mod prompt;
 mod request;
 mod response;
 
 pub use chat::*;
+pub use fields::*;
 pub use request::*;
 pub use response::*;

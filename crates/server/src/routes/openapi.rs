@@ -6,6 +6,7 @@
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::Json;
+use ferrite_protocol::{CHAT_ONLY_FIELDS, CHAT_RULES, COMPLETION_FIELDS, NOT_FOR_CHAT};
 use serde_json::{json, Map, Value};
 
 /// `GET /openapi.json`.
@@ -25,172 +26,43 @@ pub async fn api_reference() -> impl IntoResponse {
     )
 }
 
-/// Every request field of `POST /v1/completions`: its schema and what it does.
+/// Every request field of `POST /v1/completions`: its schema and what it does, drawn
+/// from the fields' one declaration ([`COMPLETION_FIELDS`]).
 fn completion_fields() -> Vec<(&'static str, Value)> {
-    let int = |description: &str| json!({"type": "integer", "description": description});
-    let number = |description: &str| json!({"type": "number", "description": description});
-    let boolean = |description: &str| json!({"type": "boolean", "description": description});
-    let string = |description: &str| json!({"type": "string", "description": description});
-    let any = |description: &str| json!({"description": description});
-    let object = |description: &str| json!({"type": "object", "description": description});
-    let list = |item: &str, description: &str| json!({"type": "array", "items": {"type": item}, "description": description});
-    let strings = json!({"type": "array", "items": {"type": "string"}});
-    let ints = json!({"type": "array", "items": {"type": "integer"}});
-    vec![
-        ("model", string("A served name, an alias from --served-model-name, `default`, or `vendor/…/name` whose last segment is one.")),
-        ("prompt", json!({"description": "Text, texts, token ids or lists of token ids; each prompt gets `n` choices, index = prompt × n + j.",
-            "oneOf": [{"type": "string"}, strings, ints, {"type": "array", "items": ints}]})),
-        ("suffix", string("Fill-in-the-middle when the model has FIM tokens; otherwise appended to each choice's text.")),
-        ("max_tokens", int("Most tokens per choice (default 16); 0 only with `echo`, to score the prompt.")),
-        ("max_completion_tokens", int("Alias of `max_tokens`; aliases that disagree are a 400.")),
-        ("max_new_tokens", int("Alias of `max_tokens`; aliases that disagree are a 400.")),
-        ("context_length_exceeded_behavior", json!({"type": "string", "enum": ["truncate", "error"],
-            "description": "`truncate` (default) lowers max_tokens to fit the context; `error` answers 400."})),
-        ("truncate_sequence", boolean("A prompt that alone fills the context keeps its last ctx − max_tokens tokens instead of a 400.")),
-        ("temperature", number("0..2 (default 1); 0 is greedy.")),
-        ("top_p", number("Nucleus mass, (0, 1] (default 1).")),
-        ("top_k", int("Keep the k most likely tokens; 0 or -1 is off.")),
-        ("min_p", number("Drop tokens below min_p × the top probability, [0, 1].")),
-        ("typical_p", number("Locally typical sampling mass, (0, 1].")),
-        ("frequency_penalty", number("-2..2, OpenAI's formula over generated tokens.")),
-        ("presence_penalty", number("-2..2, OpenAI's formula over generated tokens.")),
-        ("repetition_penalty", number("(0, 2], multiplicative, over prompt and output tokens.")),
-        ("logit_bias", json!({"type": "object", "additionalProperties": {"type": "number"},
-            "description": "Token id → bias in -100..100, added to the logits."})),
-        ("seed", int("Same seed and request: the same output, whatever else runs.")),
-        ("n", int("Choices per prompt, 1..128.")),
-        ("best_of", int("Generate best_of (n..20) and return the n with the highest mean token logprob; not with `stream`.")),
-        ("stop", json!({"description": "Up to 4 strings that end a choice, matched on text across tokens.",
-            "oneOf": [{"type": "string"}, strings]})),
-        ("stop_sequences", any("Alias of `stop`.")),
-        ("include_stop_str_in_output", boolean("Keep the matched stop string in `text`.")),
-        ("stop_token_ids", list("integer", "Extra token ids that end a choice.")),
-        ("ignore_eos", boolean("Keep generating past end-of-sequence tokens.")),
-        ("min_tokens", int("End-of-sequence tokens and stops are suppressed before this many tokens.")),
-        ("echo", boolean("Prepend the prompt to `text` (with `logprobs`, score its tokens too).")),
-        ("logprobs", json!({"description": "An integer 0..20: the legacy logprobs with that many alternatives; or `true` with `top_logprobs`.",
-            "oneOf": [{"type": "integer"}, {"type": "boolean"}]})),
-        ("top_logprobs", int("Alternatives per token, 0..20, with `logprobs: true`.")),
-        ("return_token_log_probs", boolean("The same as `logprobs: 0`.")),
-        ("return_tokens_as_token_ids", boolean("Write tokens in logprobs as `token_id:<id>`.")),
-        ("prompt_logprobs", int("vLLM: 0..20; each choice carries `prompt_logprobs`, null for the first prompt token, then \
-            token id → {logprob, rank, decoded_token} for the prompt's token and this many likely ones. Not with `stream`.")),
-        ("allowed_token_ids", list("integer", "vLLM: only these token ids may be generated (non-empty, in the vocabulary).")),
-        ("return_token_ids", boolean("vLLM: choices carry `prompt_token_ids` and `token_ids` (a stream's first chunk of a choice \
-            carries `prompt_token_ids`, every chunk the `token_ids` of its text).")),
-        ("skip_special_tokens", boolean("Leave special tokens out of `text`, the echoed prompt's included (default true).")),
-        ("mirostat_target", number("Turns Mirostat 2.0 on with this target surprise (tau).")),
-        ("mirostat_lr", number("Mirostat's learning rate (eta), default 0.1.")),
-        ("dry_multiplier", number("DRY repetition penalty strength; 0 (default) is off.")),
-        ("dry_base", number("DRY's base, default 1.75.")),
-        ("dry_allowed_length", int("DRY's allowed repeat length, default 2.")),
-        ("dry_sequence_breakers", list("string", "Strings that break DRY's sequences.")),
-        ("response_format", object(
-            "`{\"type\":\"json_object\"}` (optionally with `schema`), \
-             `{\"type\":\"json_schema\",\"json_schema\":{…}}` or `{\"type\":\"grammar\",\"grammar\":\"…\"}`.",
-        )),
-        ("guided_json", any("A JSON schema (object or string) the output follows.")),
-        ("guided_regex", string("A regular expression the output matches.")),
-        ("guided_choice", list("string", "The output is exactly one of these.")),
-        ("guided_grammar", string("A Lark-style grammar (llguidance dialect) the output follows.")),
-        ("grammar", object("`{\"type\": \"regex\"|\"json_schema\"|\"lark\"|\"llguidance\", \"value\": …}`.")),
-        ("tools", list(
-            "object",
-            "Functions; with `tool_choice` required or named, the output is a JSON call valid for the tool's schema.",
-        )),
-        ("tool_choice", any("`auto`, `none`, `required` or a named function.")),
-        ("parallel_tool_calls", boolean("Accepted.")),
-        ("images", list("string", "Data URIs; a text-only model answers 400.")),
-        ("stream", boolean("Server-sent events, ending with `data: [DONE]`.")),
-        ("stream_options", json!({"type": "object", "description": "Only with `stream`. `include_usage` adds a last chunk with \
-            the usage; `continuous_usage_stats` (with `include_usage`) puts the running usage on every chunk.",
-            "properties": {"include_usage": {"type": "boolean"}, "continuous_usage_stats": {"type": "boolean"}}})),
-        ("inference_timeout", number(
-            "Seconds the request may run; past it a 504 (or an error event on a stream). \
-             The server's --request-timeout caps it.",
-        )),
-        ("prediction", object("`{\"type\":\"content\",\"content\":\"…\"}`: expected output, verified as draft tokens.")),
-        ("modalities", list("string", "Only `[\"text\"]`.")),
-        ("audio", any("Not supported: any value is a 400.")),
-        ("user", string("Logged.")),
-        ("inference_extra_params", any("Accepted and ignored.")),
-        ("inference_extra_headers", any("Accepted and ignored.")),
-        ("metadata", any("Accepted and ignored.")),
-        ("priority", any("Accepted and ignored.")),
-    ]
+    COMPLETION_FIELDS
+        .iter()
+        .map(|f| (f.name, f.schema()))
+        .collect()
 }
 
 /// Every request field of `POST /v1/chat/completions`: the completion fields that make
-/// sense for chat (some described anew) and chat's own.
+/// sense for chat (with chat's rule where it differs, [`CHAT_RULES`]) and chat's own
+/// ([`CHAT_ONLY_FIELDS`]).
 fn chat_fields() -> Vec<(&'static str, Value)> {
-    let chat_only = [
-        (
-            "messages",
-            json!({"type": "array", "items": {"type": "object", "required": ["role"], "properties": {
-            "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
-            "content": {"description": "Text, or text parts `{\"type\":\"text\",\"text\":…}` (joined by newlines); null for an assistant message with tool calls. Image and audio parts are a 400.",
-                "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}, {"type": "null"}]},
-            "name": {"type": "string"}, "tool_calls": {"type": "array", "items": {"type": "object"}},
-            "tool_call_id": {"type": "string", "description": "Required on a tool message."}}},
-            "description": "The conversation, rendered by the model's chat template (or --chat-template's) into the prompt."}),
-        ),
-        (
-            "add_generation_prompt",
-            json!({"type": "boolean", "description": "vLLM: end the prompt with the start of the assistant's turn (default true)."}),
-        ),
-        (
-            "continue_final_message",
-            json!({"type": "boolean", "description": "vLLM: leave the last (assistant) message open and continue it."}),
-        ),
-        (
-            "chat_template_kwargs",
-            json!({"type": "object", "description": "vLLM: more variables for the template (e.g. `enable_thinking`)."}),
-        ),
-        (
-            "store",
-            json!({"type": "boolean", "description": "OpenAI: accepted; this server stores nothing either way."}),
-        ),
-        (
-            "service_tier",
-            json!({"enum": ["auto", "default"], "description": "OpenAI: this server has one tier; `auto` and `default` are accepted."}),
-        ),
-    ];
-    let described_anew = [
-        (
-            "max_tokens",
-            json!({"type": "integer", "description": "Most tokens per choice (default: the rest of the context)."}),
-        ),
-        (
-            "logprobs",
-            json!({"type": "boolean", "description": "Each choice carries `logprobs.content`: per generated token its text, logprob, bytes and `top_logprobs`."}),
-        ),
-        (
-            "tools",
-            json!({"type": "array", "items": {"type": "object"}, "description": "Functions the model may call; the template describes them (or, for a template without tools, a system message in the Hermes syntax)."}),
-        ),
-        (
-            "tool_choice",
-            json!({"description": "`none`, `auto` (default with tools: calls in the model's syntax are parsed into `tool_calls`), `required` (the output is one or more calls) or a named function (a call of it)."}),
-        ),
-        (
-            "parallel_tool_calls",
-            json!({"type": "boolean", "description": "Several calls in one answer (default true); false allows one."}),
-        ),
-    ];
-    let not_for_chat: Vec<&str> = ferrite_protocol::NOT_FOR_CHAT
+    let refused: Vec<&str> = NOT_FOR_CHAT.iter().map(|(f, _)| *f).collect();
+    COMPLETION_FIELDS
         .iter()
-        .map(|(f, _)| *f)
-        .collect();
-    let mut fields: Vec<(&'static str, Value)> = completion_fields()
-        .into_iter()
-        .filter(|(name, _)| !not_for_chat.contains(name))
-        .map(|(name, schema)| {
-            let anew = described_anew.iter().find(|(n, _)| *n == name);
-            (name, anew.map_or(schema, |(_, s)| s.clone()))
+        .filter(|f| !refused.contains(&f.name))
+        .map(|f| CHAT_RULES.iter().find(|c| c.name == f.name).unwrap_or(f))
+        .chain(CHAT_ONLY_FIELDS)
+        .map(|f| {
+            let mut schema = f.schema();
+            if f.name == "messages" {
+                schema["items"] = message_schema();
+            }
+            (f.name, schema)
         })
-        .collect();
-    fields.extend(chat_only);
-    fields
+        .collect()
+}
+
+/// The schema of one message of a chat request.
+fn message_schema() -> Value {
+    json!({"type": "object", "required": ["role"], "properties": {
+        "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
+        "content": {"description": "Text, or text parts `{\"type\":\"text\",\"text\":…}` (joined by newlines); null for an assistant message with tool calls. Image and audio parts are a 400.",
+            "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}, {"type": "null"}]},
+        "name": {"type": "string"}, "tool_calls": {"type": "array", "items": {"type": "object"}},
+        "tool_call_id": {"type": "string", "description": "Required on a tool message."}}})
 }
 
 /// The whole document.
@@ -398,7 +270,7 @@ fn error_meaning(code: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferrite_protocol::KNOWN_FIELDS;
+    use ferrite_protocol::{with_field_tables, Field, KNOWN_FIELDS};
 
     #[test]
     fn the_request_schema_lists_exactly_the_fields_the_parser_knows() {
@@ -432,13 +304,35 @@ mod tests {
             .collect();
         let mut known: Vec<&str> = KNOWN_FIELDS
             .iter()
-            .chain(ferrite_protocol::CHAT_ONLY_FIELDS)
             .copied()
+            .chain(CHAT_ONLY_FIELDS.iter().map(|f| f.name))
             .filter(|f| !refused.contains(f))
             .collect();
         documented.sort_unstable();
         known.sort_unstable();
         assert_eq!(documented, known);
+    }
+
+    /// `docs/API.md`'s field tables are the declarations' (`FERRITE_BLESS=1` rewrites them).
+    #[test]
+    fn the_reference_tables_are_the_declared_fields() {
+        let fields: Vec<Field> = COMPLETION_FIELDS
+            .iter()
+            .chain(CHAT_ONLY_FIELDS)
+            .chain(CHAT_RULES)
+            .copied()
+            .collect();
+        let written = with_field_tables(API_REFERENCE, &fields).expect("the markers");
+        if std::env::var_os("FERRITE_BLESS").is_some() {
+            let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/API.md");
+            std::fs::write(path, &written).expect("docs/API.md written");
+            return;
+        }
+        assert!(
+            written == API_REFERENCE,
+            "docs/API.md's field tables are not the fields' declarations: \
+             FERRITE_BLESS=1 cargo test -p ferrite-server reference_tables rewrites them"
+        );
     }
 
     #[test]

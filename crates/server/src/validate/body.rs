@@ -26,16 +26,12 @@ pub fn parse_body(body: &[u8], ignore_unknown: bool) -> Result<CompletionRequest
         }
         Err(e) => return Err(not_json(e)),
     };
-    let unknown = unknown_fields(fields.keys(), KNOWN_FIELDS, ignore_unknown)?;
+    // Unknown fields (when ignored) are left out of the struct, which has none.
+    unknown_fields(fields.keys(), KNOWN_FIELDS, ignore_unknown)?;
     require_where(&["model", "prompt"], |field| {
         fields.get(field).is_some_and(|v| v.get() != "null")
     })?;
-    let mut request: CompletionRequest = deserialize_body(body)?;
-    // Unknown fields, when ignored, are not kept among the untyped known ones.
-    for key in &unknown {
-        request.other.remove(key);
-    }
-    Ok(request)
+    deserialize_body(body)
 }
 
 /// Reads a body straight into `T`; a type error is a 400 whose `param` is the top-level

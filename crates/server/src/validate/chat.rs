@@ -109,8 +109,8 @@ pub fn parse_chat_body(
     }
     let known: Vec<&str> = KNOWN_FIELDS
         .iter()
-        .chain(CHAT_ONLY_FIELDS)
         .copied()
+        .chain(CHAT_ONLY_FIELDS.iter().map(|f| f.name))
         .collect();
     drop_unknown(&mut map, &known, ignore_unknown)?;
     require(&map, &["model", "messages"])?;

@@ -60,7 +60,7 @@ fn json_value() -> impl Strategy<Value = Value> {
 fn field_name() -> impl Strategy<Value = String> {
     prop_oneof![
         4 => prop::sample::select(KNOWN_FIELDS).prop_map(str::to_string),
-        1 => prop::sample::select(CHAT_ONLY_FIELDS).prop_map(str::to_string),
+        1 => prop::sample::select(CHAT_ONLY_FIELDS).prop_map(|f| f.name.to_string()),
         1 => prop::sample::select(&["role", "content", "tool_calls", "tool_call_id", "name", "type", "text", "function", "arguments"][..]).prop_map(str::to_string),
         1 => "[a-z_]{1,12}",
     ]

@@ -19,7 +19,6 @@ use std::sync::Arc;
 
 use ferrite_engine::sampling::SamplingParams;
 use ferrite_protocol::{CompletionRequest, PredictionContent, Prompt};
-use serde_json::Value;
 
 use crate::error::ApiError;
 pub use body::{deserialize_body, deserialize_naming_the_field, parse_body};
@@ -133,34 +132,6 @@ pub struct GenerateParams {
     pub constraint: Option<OutputConstraint>,
     /// End user, for the logs.
     pub user: Option<String>,
-}
-
-/// The untyped known fields: gateway extras, accepted with no effect on the output once
-/// they have the documented shape (objects, and an integer `priority`).
-fn check_extras(field: &str, value: &Value) -> Result<(), ApiError> {
-    let (ok, shape) = match field {
-        "inference_extra_params" | "inference_extra_headers" | "metadata" => {
-            (value.is_null() || value.is_object(), "an object")
-        }
-        "priority" => (
-            value.is_null() || value.is_i64() || value.is_u64(),
-            "an integer",
-        ),
-        _ => {
-            return Err(ApiError::invalid(
-                field,
-                format!("`{field}` is not supported by this server"),
-            ))
-        }
-    };
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::invalid(
-            field,
-            format!("`{field}` must be {shape}"),
-        ))
-    }
 }
 
 /// The prompts in their typed forms.
@@ -331,9 +302,6 @@ impl GenerateParams {
     /// Validates a parsed request against the API's rules and the operator's `limits`;
     /// the error names the field.
     pub fn new(r: CompletionRequest, limits: &FieldLimits) -> Result<Self, ApiError> {
-        for (field, value) in &r.other {
-            check_extras(field, value)?;
-        }
         let n = non_negative("n", r.n)?.unwrap_or(1);
         if !(1..=MAX_N).contains(&n) {
             return Err(ApiError::invalid(
