@@ -63,11 +63,11 @@
 //! Here a group's eight accumulators per activation row are the eight lanes of sixteen
 //! weight rows at once, the same operations on the same values in the same order, and
 //! the horizontal sum is seven vector additions in `hsum_float_8`'s order; so results are
-//! bit-identical to [`super::dot::BlockFormat::dot_portable`].
+//! bit-identical to [`BlockFormat::dot_portable`].
 //!
 //! Q4_0 follows llama.cpp's other Q4_0 kernel, the one it uses once it has repacked a
 //! matrix eight rows at a time (x86 with AVX2, rows a multiple of eight, so every Q4_0
-//! matrix of a real model; [`super::dot::dot_q4_0_repacked`]): a block's 32 products are
+//! matrix of a real model; [`super::formats::block32::dot_repacked`]): a block's 32 products are
 //! one integer per row, converted and folded into the row's one float accumulator with a
 //! fused multiply-add by `d_w · d_a`. Here the eight multiply-adds of a block go into one
 //! integer lane per row, and nothing is summed across lanes at all. Against the eight-row
@@ -76,7 +76,7 @@
 //! horizontal sums per block, and a group's weights are one contiguous stream.
 //!
 //! Q5_1 is Q4_1's arithmetic on Q5_0's values (llama.cpp's `ggml_vec_dot_q5_1_q8_1`, as
-//! [`super::dot::dot_q5_1`]); IQ4_NL is Q4_0's repacked arithmetic on the table's values
+//! [`super::formats::block32::dot`]); IQ4_NL is Q4_0's repacked arithmetic on the table's values
 //! ([`super::iq4::dot_iq4_nl_repacked`]).
 
 use std::ops::Range;
@@ -86,7 +86,7 @@ use std::sync::OnceLock;
 mod avx2;
 
 use super::act_tile::Line;
-use super::dot::BlockFormat;
+use super::formats::block32::BlockFormat;
 use super::layout::Layout;
 #[cfg(target_arch = "x86_64")]
 use super::layout::{lane_groups, LANE_ROWS};
@@ -125,7 +125,7 @@ impl LaneFormat {
             Self::Q4_1 => BlockFormat::Q4_1.block_bytes(),
             Self::Q5_0 => BlockFormat::Q5_0.block_bytes(),
             Self::Q4_0 => BlockFormat::Q4_0.block_bytes(),
-            Self::Q5_1 => super::dot::Q5_1,
+            Self::Q5_1 => super::formats::block32::block_bytes::<super::formats::q5_1::Q5_1>(),
             Self::Iq4Nl => super::iq4::IQ4_NL,
         }
     }
@@ -603,7 +603,9 @@ mod tests {
                                     (false, _) => 0.0,
                                     // The repacked kernels' arithmetic (see the module).
                                     (true, OwnFormat::Q4_0Repacked) => {
-                                        crate::quant::dot::dot_q4_0_repacked(w(), &acts[t])
+                                        crate::quant::formats::block32::dot_repacked::<
+                                            crate::quant::formats::q4_0::Q4_0,
+                                        >(w(), &acts[t])
                                     }
                                     (true, OwnFormat::Iq4NlRepacked) => {
                                         crate::quant::formats::table4::dot::<
@@ -611,7 +613,9 @@ mod tests {
                                         >(w(), &acts[t])
                                     }
                                     (true, OwnFormat::Q5_1) => {
-                                        crate::quant::dot::dot_q5_1(w(), &acts[t])
+                                        crate::quant::formats::block32::dot::<
+                                            crate::quant::formats::q5_1::Q5_1,
+                                        >(w(), &acts[t])
                                     }
                                     (true, OwnFormat::Blocks(f)) => f.dot_portable(w(), &acts[t]),
                                     (true, other) => unreachable!("{other:?}"),

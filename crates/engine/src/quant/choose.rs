@@ -24,8 +24,8 @@
 //! kernel (the bit-identity tests of each module), so the choice changes speed only.
 
 use super::block_lanes::{BlockLanes, LaneFormat};
-use super::dot::BlockFormat;
 use super::float_rows::FloatRows;
+use super::formats::block32::BlockFormat;
 use super::k_lanes::{KLaneFormat, KLanes};
 use super::layout::Layout;
 use super::packed::PackedRows;

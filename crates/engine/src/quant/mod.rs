@@ -31,7 +31,6 @@
 mod act_tile;
 mod bf16_simd;
 mod choose;
-mod dot;
 mod float;
 mod float_rows;
 mod float_simd;
@@ -69,7 +68,7 @@ enum Results {
     Rows,
 }
 
-pub use dot::{BlockFormat, Q4_0, Q4_1, Q5_0, Q8_0};
+pub use formats::block32::BlockFormat;
 
 /// Which of llama.cpp's kernels a row's arithmetic follows. They compute the same sums and
 /// differ only in rounding: llama.cpp multiplies a prompt's rows four at a time (GEMM) and
@@ -159,7 +158,7 @@ impl OwnFormat {
         match self {
             Self::Blocks(f) => f.row_bytes(cols),
             Self::Q4_0Repacked => BlockFormat::Q4_0.row_bytes(cols),
-            Self::Q5_1 => cols / 32 * dot::Q5_1,
+            Self::Q5_1 => cols / 32 * formats::block32::block_bytes::<formats::q5_1::Q5_1>(),
             Self::Q4K => cols / kquant::QK_K * kquant::Q4_K,
             Self::Q5K => cols / kquant::QK_K * kquant::Q5_K,
             Self::Q3K => cols / kquant::QK_K * kquant::Q3_K,
@@ -757,10 +756,15 @@ mod tests {
                                     kernels[t].batched(),
                                 )
                             }
-                            OwnFormat::Q5_1 => dot::dot_q5_1(w, &q8::quantize_row_portable(xt)),
-                            OwnFormat::Q4_0Repacked => {
-                                dot::dot_q4_0_repacked(w, &q8::quantize_row_portable(xt))
-                            }
+                            OwnFormat::Q5_1 => formats::block32::dot::<formats::q5_1::Q5_1>(
+                                w,
+                                &q8::quantize_row_portable(xt),
+                            ),
+                            OwnFormat::Q4_0Repacked => formats::block32::dot_repacked::<
+                                formats::q4_0::Q4_0,
+                            >(
+                                w, &q8::quantize_row_portable(xt)
+                            ),
                             OwnFormat::Bf16 => {
                                 let w: Vec<half::bf16> = w
                                     .chunks_exact(2)

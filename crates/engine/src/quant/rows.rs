@@ -7,11 +7,14 @@
 
 use std::ops::Range;
 
+use super::formats::block32;
 use super::formats::iq4_nl::Iq4Nl;
+use super::formats::q4_0::Q4_0;
+use super::formats::q5_1::Q5_1;
 use super::formats::table4;
 use super::layout::Layout;
 use super::output::Columns;
-use super::{dot, iq4, kquant, Activations, OwnFormat, RowKernel, ACT_TILE};
+use super::{iq4, kquant, Activations, OwnFormat, RowKernel, ACT_TILE};
 
 /// A matrix of `format` row after row.
 pub struct RowMajor {
@@ -45,10 +48,10 @@ impl Layout for RowMajor {
                     let w = &data[r * row_bytes..(r + 1) * row_bytes];
                     for (t, a) in a.iter().enumerate() {
                         let v = match format {
-                            OwnFormat::Q5_1 => dot::dot_q5_1(w, a),
+                            OwnFormat::Q5_1 => block32::dot::<Q5_1>(w, a),
                             OwnFormat::Iq4NlRepacked => table4::dot::<Iq4Nl>(w, a),
                             // Repacked Q4_0 on CPUs without AVX2 (`block_lanes` elsewhere).
-                            _ => dot::dot_q4_0_repacked(w, a),
+                            _ => block32::dot_repacked::<Q4_0>(w, a),
                         };
                         out.set(t, r, v);
                     }

@@ -5,6 +5,8 @@
 use half::f16;
 
 use super::kquant::{Q4_K, Q5_K, Q6_K};
+use super::formats::block32::block_bytes;
+use super::formats::q5_1::Q5_1 as Q5_1Block;
 use super::OwnFormat;
 
 /// A small deterministic generator (xorshift64*), so tests need no seed plumbing.
@@ -34,11 +36,11 @@ impl Xorshift {
 fn scale_offsets(format: OwnFormat) -> (&'static [usize], usize) {
     use super::BlockFormat::*;
     match format {
-        OwnFormat::Blocks(Q4_0) | OwnFormat::Q4_0Repacked => (&[0], super::Q4_0),
-        OwnFormat::Q5_1 => (&[0, 2], super::dot::Q5_1),
-        OwnFormat::Blocks(Q4_1) => (&[0, 2], super::Q4_1),
-        OwnFormat::Blocks(Q5_0) => (&[0], super::Q5_0),
-        OwnFormat::Blocks(Q8_0) => (&[0], super::Q8_0),
+        OwnFormat::Blocks(Q4_0) | OwnFormat::Q4_0Repacked => (&[0], Q4_0.block_bytes()),
+        OwnFormat::Q5_1 => (&[0, 2], block_bytes::<Q5_1Block>()),
+        OwnFormat::Blocks(Q4_1) => (&[0, 2], Q4_1.block_bytes()),
+        OwnFormat::Blocks(Q5_0) => (&[0], Q5_0.block_bytes()),
+        OwnFormat::Blocks(Q8_0) => (&[0], Q8_0.block_bytes()),
         OwnFormat::Q4K => (&[0, 2], Q4_K),
         OwnFormat::Q5K => (&[0, 2], Q5_K),
         OwnFormat::Q3K => (&[108], super::kquant::Q3_K),

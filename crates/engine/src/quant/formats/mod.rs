@@ -3,10 +3,12 @@
 //! the format are read. Everything that asks "which types does ferrite read, how large is
 //! a block, what is type 39 called" asks here.
 //!
-//! Formats of a family with a generic reader are a type in a file of their own, implementing
-//! the family's trait: `table4::Table4` (32 four-bit indices into a table of sixteen
-//! values, one scale per block: IQ4_NL, MXFP4). A new format of such a family is that
-//! file and its line below. The other formats still go through candle's tensors, whose
+//! Formats of a family are a type in a file of their own, implementing the family's
+//! trait: `table4::Table4` (32 four-bit indices into a table of sixteen values, one scale
+//! per block: IQ4_NL, MXFP4), read and laid out by the family; `block32::Block32` (32
+//! small integers, an f16 scale and perhaps a minimum: Q4_0 … Q8_0), whose block structs,
+//! values and products are the family's and whose SIMD layouts are still chosen in
+//! `choose.rs`. A new format of such a family is that file and its line below. The other formats still go through candle's tensors, whose
 //! matrices `QMatrix::new` gives the kernels of their own modules (`choose.rs`), or
 //! through the raw readers named in their rows.
 
@@ -16,8 +18,14 @@ use super::layout::Layout;
 use super::{iq4, kquant, OwnFormat, QMatrix};
 use crate::error::EngineError;
 
+pub(super) mod block32;
 pub(super) mod iq4_nl;
 mod mxfp4;
+pub(super) mod q4_0;
+pub(super) mod q4_1;
+pub(super) mod q5_0;
+pub(super) mod q5_1;
+pub(super) mod q8_0;
 pub(super) mod table4;
 
 /// Dequantizes one row of a format, appending its values.
@@ -106,11 +114,11 @@ const fn candle(
 pub static FORMATS: &[FormatInfo] = &[
     candle("F32", 0, (1, 4), GgmlDType::F32),
     candle("F16", 1, (1, 2), GgmlDType::F16),
-    candle("Q4_0", 2, (32, 18), GgmlDType::Q4_0),
-    candle("Q4_1", 3, (32, 20), GgmlDType::Q4_1),
-    candle("Q5_0", 6, (32, 22), GgmlDType::Q5_0),
-    candle("Q5_1", 7, (32, 24), GgmlDType::Q5_1),
-    candle("Q8_0", 8, (32, 34), GgmlDType::Q8_0),
+    q4_0::INFO,
+    q4_1::INFO,
+    q5_0::INFO,
+    q5_1::INFO,
+    q8_0::INFO,
     candle("Q2_K", 10, (256, 84), GgmlDType::Q2K),
     candle("Q3_K", 11, (256, 110), GgmlDType::Q3K),
     candle("Q4_K", 12, (256, 144), GgmlDType::Q4K),

@@ -2,7 +2,7 @@
 //! [`super`]: per block column, one conversion gives the eight rows' scales (and
 //! Q4_1's minimums), one multiplication their products with an activation row's scale,
 //! and one fused multiply-add Q4_1's minimum terms; each (weight row, activation row) pair
-//! then accumulates exactly as [`crate::quant::dot::BlockFormat::dot_portable`] does. The VNNI
+//! then accumulates exactly as [`BlockFormat::dot_portable`] does. The VNNI
 //! kernels work on 512-bit vectors holding two pairs' eight lanes each, one loop compiled
 //! per format.
 
@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 
 use super::GROUP;
 use crate::quant::act_tile::{ActTile, TILE_ROWS};
-use crate::quant::dot::BlockFormat;
+use crate::quant::formats::block32::BlockFormat;
 use crate::quant::q8::Q8Row;
 use crate::simd::convert::f16_at_ptr;
 use crate::simd::int_lanes::{bit_bytes, lanes_avx2, nibbles};

@@ -1,0 +1,223 @@
+//! The family of formats whose block is 32 small integers with one f16 scale (and, for
+//! some, an f16 minimum): Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0. A format of it is its block
+//! struct, as the file stores it, and the three things that differ between members
+//! ([`Block32`]): the scale, the minimum, and how the 32 values are packed. The family
+//! gives any of them dequantization and the dot products with Q8 activations in
+//! llama.cpp's two arithmetics (its `vec_dot`, [`dot`]; its repacked GEMV/GEMM, [`dot_repacked`]).
+//!
+//! Their SIMD layouts (`packed.rs`, `block_lanes.rs`) are still chosen by a runtime tag,
+//! [`BlockFormat`], and checked against these products bit for bit.
+
+use bytemuck::Pod;
+use candle_core::quantized::GgmlDType;
+
+use super::super::q8::Q8Row;
+use super::{q4_0, q4_1, q5_0, q8_0, FormatInfo, MatrixReader};
+use crate::simd::reduce::hsum8;
+
+/// A format of the family: its block as stored, and what differs between members.
+pub(in crate::quant) trait Block32: Pod + Send + Sync + 'static {
+    /// ggml's name.
+    const NAME: &'static str;
+    /// ggml's type id.
+    const GGML_TYPE: u32;
+    /// candle's type, which reads its tensors.
+    const CANDLE: GgmlDType;
+    /// The block's scale `d` (a value is `d · q`, plus the minimum where there is one).
+    fn scale(&self) -> f32;
+    /// The block's minimum `m`, for the formats that have one.
+    fn minimum(&self) -> Option<f32> {
+        None
+    }
+    /// The 32 integer values `q`, in order.
+    fn values(&self) -> [i32; 32];
+}
+
+/// The members the packed and lane layouts have kernels for, as a runtime tag (Q5_1 has
+/// its own in the lane layout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockFormat {
+    /// [`q4_0::Q4_0`].
+    Q4_0,
+    /// [`q4_1::Q4_1`].
+    Q4_1,
+    /// [`q5_0::Q5_0`].
+    Q5_0,
+    /// [`q8_0::Q8_0`].
+    Q8_0,
+}
+
+impl BlockFormat {
+    /// Bytes per block of 32 values.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            Self::Q4_0 => block_bytes::<q4_0::Q4_0>(),
+            Self::Q4_1 => block_bytes::<q4_1::Q4_1>(),
+            Self::Q5_0 => block_bytes::<q5_0::Q5_0>(),
+            Self::Q8_0 => block_bytes::<q8_0::Q8_0>(),
+        }
+    }
+
+    /// Bytes per row of `cols` values.
+    pub fn row_bytes(self, cols: usize) -> usize {
+        cols / 32 * self.block_bytes()
+    }
+
+    /// The format's [`dot`], in portable code.
+    pub fn dot_portable(self, w: &[u8], a: &Q8Row) -> f32 {
+        match self {
+            Self::Q4_0 => dot::<q4_0::Q4_0>(w, a),
+            Self::Q4_1 => dot::<q4_1::Q4_1>(w, a),
+            Self::Q5_0 => dot::<q5_0::Q5_0>(w, a),
+            Self::Q8_0 => dot::<q8_0::Q8_0>(w, a),
+        }
+    }
+}
+
+/// The blocks of a row of `F` (its whole blocks).
+pub(in crate::quant) fn blocks<F: Block32>(row: &[u8]) -> &[F] {
+    let whole = row.len() / size_of::<F>() * size_of::<F>();
+    bytemuck::cast_slice(&row[..whole])
+}
+
+/// Bytes per block of `F`.
+pub(in crate::quant) const fn block_bytes<F: Block32>() -> usize {
+    size_of::<F>()
+}
+
+/// One row's values as f32, appended: `d · q (+ m)`.
+#[cfg(test)]
+pub(in crate::quant) fn dequantize<F: Block32>(row: &[u8], out: &mut Vec<f32>) {
+    for block in blocks::<F>(row) {
+        let (d, m) = (block.scale(), block.minimum().unwrap_or(0.0));
+        out.extend(block.values().iter().map(|&q| q as f32 * d + m));
+    }
+}
+
+/// The dot product of a weight row with a Q8 activation row, as llama.cpp's x86
+/// `vec_dot` computes it for the family (a matrix it does not repack): per block eight
+/// lanes of four products, one fused multiply-add of `d_w · d_a` into each lane; the
+/// minimums' `m · s_a` folded into a scalar; then `hsum(lanes) + minimums`.
+pub(in crate::quant) fn dot<F: Block32>(w: &[u8], a: &Q8Row) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut minimums = 0f32;
+    for (b, block) in blocks::<F>(w).iter().enumerate() {
+        let values = block.values();
+        if let Some(m) = block.minimum() {
+            minimums = m.mul_add(a.s[b], minimums);
+        }
+        let dd = block.scale() * a.d[b];
+        let q = &a.qs[b * 32..(b + 1) * 32];
+        for (lane, acc) in acc.iter_mut().enumerate() {
+            let sum: i32 = (lane * 4..lane * 4 + 4)
+                .map(|e| values[e] * q[e] as i32)
+                .sum();
+            *acc = dd.mul_add(sum as f32, *acc);
+        }
+    }
+    hsum8(&acc) + minimums
+}
+
+/// The dot product as llama.cpp computes it once it has repacked the matrix eight rows at
+/// a time (x86 with AVX2, rows a multiple of eight; Q4_0 is the family's member it
+/// repacks): each block's integer sum, converted, is folded into one accumulator with a
+/// fused multiply-add by `d_w · d_a`, block after block. Its GEMV and four-row GEMM give
+/// the same sums, so the row's kernel does not matter.
+pub(in crate::quant) fn dot_repacked<F: Block32>(w: &[u8], a: &Q8Row) -> f32 {
+    let mut acc = 0f32;
+    for (b, block) in blocks::<F>(w).iter().enumerate() {
+        let q = &a.qs[b * 32..(b + 1) * 32];
+        let sum: i32 = block
+            .values()
+            .iter()
+            .zip(q)
+            .map(|(&v, &q)| v * q as i32)
+            .sum();
+        acc = (sum as f32).mul_add(block.scale() * a.d[b], acc);
+    }
+    acc
+}
+
+/// The registry's row of a format of the family: candle reads its tensors (and
+/// embeddings); `QMatrix::new` then lays its matrices out for kernels of our own.
+pub(in crate::quant) const fn info<F: Block32>() -> FormatInfo {
+    FormatInfo {
+        name: F::NAME,
+        ggml_type: F::GGML_TYPE,
+        block_values: 32,
+        block_bytes: block_bytes::<F>(),
+        matrix: MatrixReader::Candle(F::CANDLE),
+        dequantize: None,
+        lay_out: None,
+    }
+}
+
+/// The 32 values of sixteen bytes of nibbles (low nibbles the first sixteen), each
+/// with bit `j` of `high` as its fifth bit where given, less `offset`.
+pub(in crate::quant) fn nibbles(qs: &[u8; 16], high: Option<u32>, offset: i32) -> [i32; 32] {
+    let high = high.unwrap_or(0);
+    std::array::from_fn(|e| {
+        let nibble = if e < 16 {
+            qs[e] & 0x0F
+        } else {
+            qs[e - 16] >> 4
+        };
+        (nibble as i32 | (((high >> e) & 1) << 4) as i32) - offset
+    })
+}
+
+/// An f16 as stored (little-endian bytes), as f32.
+pub(in crate::quant) fn f16(bytes: [u8; 2]) -> f32 {
+    half::f16::from_le_bytes(bytes).to_f32()
+}
+
+#[cfg(test)]
+pub(in crate::quant) mod tests {
+    use super::*;
+    use crate::quant::q8::quantize_row;
+    use crate::quant::sample::Xorshift;
+
+    /// A row of `blocks` random blocks of `F`, with small scales (and minimums).
+    pub(in crate::quant) fn random_row<F: Block32>(blocks: usize, rng: &mut Xorshift) -> Vec<u8> {
+        let mut row: Vec<u8> = (0..blocks * block_bytes::<F>())
+            .map(|_| rng.next_u64() as u8)
+            .collect();
+        for block in row.chunks_exact_mut(block_bytes::<F>()) {
+            for at in [0, 2] {
+                let x = half::f16::from_f32(rng.next_f32() * 0.01);
+                block[at..at + 2].copy_from_slice(&x.to_le_bytes());
+            }
+        }
+        row
+    }
+
+    /// Both products of a random row within a float rounding of the dequantized product.
+    pub(in crate::quant) fn dots_match_the_dequantized_product<F: Block32>() {
+        let mut rng = Xorshift::new(F::GGML_TYPE as u64 + 7);
+        let w = random_row::<F>(6, &mut rng);
+        let x: Vec<f32> = (0..6 * 32).map(|_| rng.next_f32() * 4.0 - 2.0).collect();
+        let a = quantize_row(&x);
+        let mut values = Vec::new();
+        dequantize::<F>(&w, &mut values);
+        let activations: Vec<f32> = (0..x.len()).map(|i| a.d[i / 32] * a.qs[i] as f32).collect();
+        let exact: f64 = values
+            .iter()
+            .zip(&activations)
+            .map(|(&v, &x)| v as f64 * x as f64)
+            .sum();
+        // The minimum meets the activations' f16 block sums, not their exact sums.
+        let tolerance = 1e-4 + if F::NAME.ends_with("_1") { 2e-2 } else { 0.0 };
+        assert!(
+            (dot::<F>(&w, &a) as f64 - exact).abs() < tolerance,
+            "{} vec_dot",
+            F::NAME
+        );
+        if !F::NAME.ends_with("_1") {
+            assert!(
+                (dot_repacked::<F>(&w, &a) as f64 - exact).abs() < tolerance,
+                "{} repacked",
+                F::NAME
+            );
+        }
+    }
+}
