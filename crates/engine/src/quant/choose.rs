@@ -16,7 +16,7 @@
 //!   (`k_lanes`: kernels for AVX-512 VNNI, Q2_K's and Q3_K's, and for AVX2 eight rows at a
 //!   time);
 //! - every other quantized format, and these on other CPUs, row after row: `rows`
-//!   (portable kernels in `kquant`, `dot`, `iq4`);
+//!   (portable kernels in the formats' files, `formats/`);
 //! - F32, F16 and BF16 row after row: `float_rows` (portable `float`, AVX-512 or AVX2
 //!   `float_simd`).
 //!
@@ -33,7 +33,7 @@ use super::pair_lanes::{PairFormat, PairLanes};
 use super::q4k_lanes::Q4kLanes;
 use super::q6k_lanes::Q6kLanes;
 use super::rows::RowMajor;
-use super::{kquant, OwnFormat};
+use super::OwnFormat;
 
 /// `rows × cols` weights of `format` (raw blocks, row after row, sizes already checked)
 /// laid out for this CPU's kernels, its memory in huge pages where the system allows.
@@ -45,7 +45,7 @@ pub(super) fn lay_out(format: OwnFormat, data: &[u8], rows: usize, cols: usize) 
 
 /// [`lay_out`]'s choice of layout.
 fn choose(format: OwnFormat, data: &[u8], rows: usize, cols: usize) -> Box<dyn Layout> {
-    let blocks = cols / kquant::QK_K;
+    let blocks = cols / crate::quant::q8k::QK_K;
     match format {
         OwnFormat::Blocks(f @ (BlockFormat::Q8_0 | BlockFormat::Q4_1 | BlockFormat::Q5_0))
             if crate::simd::avx2() =>

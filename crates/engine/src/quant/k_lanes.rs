@@ -1,35 +1,35 @@
-//! Q2_K, Q3_K, Q5_K and IQ4_XS weights (K-quant super-blocks) interleaved sixteen rows at a
-//! time, one weight row per 32-bit lane, for CPUs with AVX2: Q2_K and Q3_K wherever the CPU
-//! has it, Q5_K and IQ4_XS where it lacks AVX-512 VNNI (there they take the two-row layout
+//! q2_k::BYTES, q3_k::BYTES, q5_k::BYTES and iq4_xs::BYTES weights (K-quant super-blocks) interleaved sixteen rows at a
+//! time, one weight row per 32-bit lane, for CPUs with AVX2: q2_k::BYTES and q3_k::BYTES wherever the CPU
+//! has it, q5_k::BYTES and iq4_xs::BYTES where it lacks AVX-512 VNNI (there they take the two-row layout
 //! of [`super::pair_lanes`]). As in [`super::q4k_lanes`], a 64-byte
 //! line is two 256-bit halves of eight rows each, and the kernel ([`avx2`]) multiplies four
 //! values of eight rows by the same four activations (broadcast): every lane keeps one
 //! weight row's sums, and the only sums across lanes are the one-row arithmetic's last
-//! eight. Where the CPU has AVX-512 VNNI, Q2_K's and Q3_K's kernels ([`vnni`]) take a
+//! eight. Where the CPU has AVX-512 VNNI, q2_k::BYTES's and q3_k::BYTES's kernels ([`vnni`]) take a
 //! whole line, sixteen rows, as one vector.
 //!
-//! llama.cpp's AVX2 dot products (`ggml_vec_dot_q3_K_q8_K` and its Q5_K and IQ4_XS twins)
+//! llama.cpp's AVX2 dot products (`ggml_vec_dot_q3_K_q8_K` and its q5_k::BYTES and iq4_xs::BYTES twins)
 //! take a matrix row after row: 32 bytes of one row against 32 activations, and a
-//! horizontal sum to end every row. ferrite's AVX2 kernels for Q5_K and IQ4_XS did the same
-//! until this layout replaced them, and Q2_K and Q3_K had portable code only; on a Zen 3
+//! horizontal sum to end every row. ferrite's AVX2 kernels for q5_k::BYTES and iq4_xs::BYTES did the same
+//! until this layout replaced them, and q2_k::BYTES and q3_k::BYTES had portable code only; on a Zen 3
 //! core (`matmul_kernels`, one thread) they ran 15, 18, 1.3 and 0.8 giga multiply-adds a
 //! second for one activation row (BENCHMARKS.md, 2026-11-27).
 //!
 //! Per group of sixteen rows (the last one padded with zero rows) and per super-block,
 //! [`KLaneFormat::lines`] lines:
-//! - a header: the rows' `d` (the file's `f16`) at `2r`, Q2_K's and Q5_K's `dmin` at
+//! - a header: the rows' `d` (the file's `f16`) at `2r`, q2_k::BYTES's and q5_k::BYTES's `dmin` at
 //!   `32 + 2r`;
 //! - lines of scales as bytes, per sub-block the sixteen rows' (the sixteen sub-blocks of
-//!   16 of Q2_K and Q3_K in four lines, the eight of 32 of Q5_K and IQ4_XS in two): Q2_K's
-//!   file bytes (scale and minimum, four bits each), the others' signed (Q3_K's and
-//!   IQ4_XS's less 32);
-//! - for Q5_K, two lines of minimums, per pair of sub-blocks each row's two as bytes;
+//!   16 of q2_k::BYTES and q3_k::BYTES in four lines, the eight of 32 of q5_k::BYTES and iq4_xs::BYTES in two): q2_k::BYTES's
+//!   file bytes (scale and minimum, four bits each), the others' signed (q3_k::BYTES's and
+//!   iq4_xs::BYTES's less 32);
+//! - for q5_k::BYTES, two lines of minimums, per pair of sub-blocks each row's two as bytes;
 //! - per chunk `j` of 32 values, in order (the kernel reads a super-block front to back,
 //!   one stream for the hardware's prefetchers), its "quads" `q` (values `4q..4q + 4`),
 //!   row `r`'s four values of a quad in the four bytes at `4r` of a line:
 //!   - Q5_K: a line of fifth bits (quad `q`'s at bit `q`), then four lines of the low four
 //!     bits (quads `2i` and `2i + 1` in line `i`'s low and high nibbles);
-//!   - IQ4_XS: the four lines of 4-bit table indices likewise ("values" in IQ4_XS's order: a
+//!   - IQ4_XS: the four lines of 4-bit table indices likewise ("values" in iq4_xs::BYTES's order: a
 //!     sub-block's sixteen low nibbles, then its sixteen high ones);
 //!   - Q3_K: a line of high bits (quad `q`'s at bit `q`), then two lines of the low two
 //!     bits (quad `q` in line `q / 4`, at bits `2(q % 4)`). A value is those three bits
@@ -37,18 +37,25 @@
 //!   - Q2_K: the two lines of two bits alone.
 //!
 //! The arithmetic is that of the portable kernels, two plans as in llama.cpp: rows of
-//! micro-batches of 8 or more take its tiled matmul's (`kquant::dot_q3k_tiled`,
-//! `dot_q5k_tiled`, `iq4::dot_iq4_xs_tiled`: one exact integer sum per super-block); the
-//! rest its dot product's (`kquant::dot_q3k_portable`, `dot_q5k_portable`,
-//! `iq4::dot_iq4_xs`): eight integer lanes per super-block, lane `q` taking quad `q` of
+//! micro-batches of 8 or more take its tiled matmul's (`crate::quant::formats::q3_k::dot_tiled`,
+//! `q5_k::dot_tiled`, `crate::quant::formats::iq4_xs::dot_tiled`: one exact integer sum per super-block); the
+//! rest its dot product's (`crate::quant::formats::q3_k::dot`, `q5_k::dot`,
+//! `crate::quant::formats::iq4_xs::dot`): eight integer lanes per super-block, lane `q` taking quad `q` of
 //! every chunk. The integer sums are exact whatever their order, and the floating-point
 //! steps are the same operations on the same values, one weight row per vector lane, so
-//! results are bit-identical. Q2_K follows llama.cpp's repacked kernels instead
-//! (`kquant::dot_q2k_repacked`, which llama.cpp runs where the rows are a multiple of
+//! results are bit-identical. q2_k::BYTES follows llama.cpp's repacked kernels instead
+//! (`crate::quant::formats::q2_k::dot_repacked`, which llama.cpp runs where the rows are a multiple of
 //! eight, as they are wherever this layout takes it): per half super-block one integer sum
 //! of the scaled values and one of the minimums, folded in per half for a row of a four-row
 //! group and per super-block otherwise.
 
+use crate::quant::formats::iq4_xs::{self, Iq4Xs};
+use crate::quant::formats::kquant;
+use crate::quant::formats::q2_k;
+use crate::quant::formats::q3_k;
+use crate::quant::formats::q3_k::Q3K;
+use crate::quant::formats::q5_k;
+use crate::quant::formats::view;
 use std::ops::Range;
 
 #[cfg(target_arch = "x86_64")]
@@ -57,8 +64,7 @@ mod avx2;
 mod vnni;
 
 use super::act_tile::Line;
-use super::iq4::{xs_scale, IQ4_XS};
-use super::kquant::{q3k_scales, scale_min_k4, Q2_K, Q3_K, Q5_K};
+
 use super::layout::Layout;
 #[cfg(target_arch = "x86_64")]
 use super::layout::{lane_groups, lane_groups_by_plan, LANE_ROWS};
@@ -67,20 +73,20 @@ use super::{Activations, RowKernel};
 
 /// Weight rows per group: one per 32-bit lane of a 512-bit vector.
 pub use crate::simd::LANES_512 as ROWS;
-/// Where a super-block's lines of scales and (Q5_K's) minimums start.
+/// Where a super-block's lines of scales and (q5_k::BYTES's) minimums start.
 const SCALES: usize = 1;
 const MINS: usize = 3;
 
 /// The formats this layout takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KLaneFormat {
-    /// Q2_K (in a matrix llama.cpp repacks: rows a multiple of eight).
+    /// q2_k::BYTES (in a matrix llama.cpp repacks: rows a multiple of eight).
     Q2K,
-    /// Q3_K.
+    /// q3_k::BYTES.
     Q3K,
-    /// Q5_K.
+    /// q5_k::BYTES.
     Q5K,
-    /// IQ4_XS.
+    /// iq4_xs::BYTES.
     Iq4Xs,
 }
 
@@ -88,10 +94,10 @@ impl KLaneFormat {
     /// Bytes of one of the format's super-blocks.
     fn block_bytes(self) -> usize {
         match self {
-            Self::Q2K => Q2_K,
-            Self::Q3K => Q3_K,
-            Self::Q5K => Q5_K,
-            Self::Iq4Xs => IQ4_XS,
+            Self::Q2K => q2_k::BYTES,
+            Self::Q3K => q3_k::BYTES,
+            Self::Q5K => q5_k::BYTES,
+            Self::Iq4Xs => iq4_xs::BYTES,
         }
     }
 
@@ -100,7 +106,7 @@ impl KLaneFormat {
         self.chunk_line(8)
     }
 
-    /// Where chunk `j`'s lines (values `32j..32j + 32`) start: Q3_K's high bits or Q5_K's
+    /// Where chunk `j`'s lines (values `32j..32j + 32`) start: q3_k::BYTES's high bits or q5_k::BYTES's
     /// fifth bits, then the rest.
     pub(super) fn chunk_line(self, j: usize) -> usize {
         match self {
@@ -111,18 +117,18 @@ impl KLaneFormat {
         }
     }
 
-    /// Chunk `j`'s line of 4-bit values `8i..8i + 8` (Q5_K, IQ4_XS).
+    /// Chunk `j`'s line of 4-bit values `8i..8i + 8` (q5_k::BYTES, iq4_xs::BYTES).
     pub(super) fn nibble_line(self, j: usize, i: usize) -> usize {
         self.chunk_line(j + 1) - 4 + i
     }
 
-    /// Chunk `j`'s line `k` (0 or 1) of 2-bit values, quads `4k..4k + 4` (Q2_K, Q3_K).
+    /// Chunk `j`'s line `k` (0 or 1) of 2-bit values, quads `4k..4k + 4` (q2_k::BYTES, q3_k::BYTES).
     pub(super) fn two_bit_line(self, j: usize, k: usize) -> usize {
         self.chunk_line(j + 1) - 2 + k
     }
 }
 
-/// A Q2_K, Q3_K, Q5_K or IQ4_XS matrix in the sixteen-row layout (see the module).
+/// A q2_k::BYTES, q3_k::BYTES, q5_k::BYTES or iq4_xs::BYTES matrix in the sixteen-row layout (see the module).
 pub struct KLanes {
     format: KLaneFormat,
     blocks: usize,
@@ -145,7 +151,7 @@ impl KLanes {
                 let mut scale = |s: usize, value: i32| {
                     out[SCALES + s / 4].0[(s % 4) * ROWS + lane] = value as i8 as u8;
                 };
-                // Value `e` of chunk `j`, all its bits (Q3_K's stored 4 higher).
+                // Value `e` of chunk `j`, all its bits (q3_k::BYTES's stored 4 higher).
                 let value: Box<dyn Fn(usize, usize) -> u8> = match format {
                     KLaneFormat::Q2K => {
                         // A byte a sub-block of 16: its scale, and its minimum on top.
@@ -156,7 +162,7 @@ impl KLanes {
                         Box::new(move |j, e| (qs[32 * (j / 4) + e] >> (2 * (j % 4))) & 3)
                     }
                     KLaneFormat::Q3K => {
-                        for (s, &value) in q3k_scales(&block[96..108]).iter().enumerate() {
+                        for (s, &value) in view::<Q3K>(block).scales().iter().enumerate() {
                             scale(s, value);
                         }
                         let (hmask, qs) = (&block[0..32], &block[32..96]);
@@ -167,7 +173,7 @@ impl KLanes {
                     }
                     KLaneFormat::Q5K => {
                         for j in 0..8 {
-                            scale(j, scale_min_k4(j, &block[4..16]).0);
+                            scale(j, kquant::scale_min_k4(j, &block[4..16]).0);
                         }
                         let (qh, qs) = (&block[16..48], &block[48..176]);
                         Box::new(move |j, e| {
@@ -177,7 +183,7 @@ impl KLanes {
                     }
                     KLaneFormat::Iq4Xs => {
                         for j in 0..8 {
-                            scale(j, xs_scale(block, j));
+                            scale(j, view::<Iq4Xs>(block).scale(j));
                         }
                         let qs = &block[8..136];
                         Box::new(move |j, e| {
@@ -190,7 +196,7 @@ impl KLanes {
                         })
                     }
                 };
-                // Where the file's `d` and (Q2_K's, Q5_K's) `dmin` sit in a super-block.
+                // Where the file's `d` and (q2_k::BYTES's, q5_k::BYTES's) `dmin` sit in a super-block.
                 let (d, dmin) = match format {
                     KLaneFormat::Q2K => (80, Some(82)),
                     KLaneFormat::Q3K => (108, None),
@@ -205,7 +211,7 @@ impl KLanes {
                 if format == KLaneFormat::Q5K {
                     for j in 0..8 {
                         let pair = j / 2;
-                        let min = scale_min_k4(j, &block[4..16]).1 as u8;
+                        let min = kquant::scale_min_k4(j, &block[4..16]).1 as u8;
                         out[MINS + pair / 2].0[32 * (pair % 2) + 2 * lane + j % 2] = min;
                     }
                 }
@@ -261,11 +267,11 @@ impl Layout for KLanes {
         {
             let m = self;
             let groups = (|g| m.group(g), m.blocks);
-            // Q2_K and Q3_K have VNNI kernels; Q5_K and IQ4_XS take this layout only
+            // q2_k::BYTES and q3_k::BYTES have VNNI kernels; q5_k::BYTES and iq4_xs::BYTES take this layout only
             // without VNNI.
             let vnni = crate::simd::vnni();
             if m.format == KLaneFormat::Q2K {
-                // Q2_K follows llama.cpp's repacked kernels, whose rounding each row's
+                // q2_k::BYTES follows llama.cpp's repacked kernels, whose rounding each row's
                 // kernel names: every row, four a pass.
                 let all: Vec<usize> = (0..kernels.len()).collect();
                 lane_groups(out, range, &all, 4, groups, |g, four, soon| {
@@ -318,11 +324,10 @@ impl Layout for KLanes {
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
-    use crate::quant::iq4::{dot_iq4_xs, dot_iq4_xs_tiled};
-    use crate::quant::kquant::{
-        dot_q2k_repacked, dot_q3k_portable, dot_q3k_tiled, dot_q5k_portable, dot_q5k_tiled,
-        quantize_row_q8k, Q8KRow, QK_K,
-    };
+
+    use crate::quant::q8k::quantize_row_q8k;
+    use crate::quant::q8k::Q8KRow;
+    use crate::quant::q8k::QK_K;
     use crate::quant::sample::{self, Xorshift};
     use crate::quant::OwnFormat;
     use crate::simd::prefetch::Upcoming;
@@ -371,11 +376,13 @@ mod tests {
                 // Row 5's values all the lowest (-4: high bits and low bits clear), its
                 // scales as they were; row 6's scales all the lowest (-32), row 7's all the
                 // highest (31).
-                for block in raw[5 * row_bytes..6 * row_bytes].chunks_exact_mut(Q3_K) {
+                for block in raw[5 * row_bytes..6 * row_bytes].chunks_exact_mut(q3_k::BYTES) {
                     block[..96].fill(0);
                 }
                 for (r, byte) in [(6, 0x00), (7, 0xff)] {
-                    for block in raw[r * row_bytes..(r + 1) * row_bytes].chunks_exact_mut(Q3_K) {
+                    for block in
+                        raw[r * row_bytes..(r + 1) * row_bytes].chunks_exact_mut(q3_k::BYTES)
+                    {
                         block[96..108].fill(byte);
                     }
                 }
@@ -422,30 +429,20 @@ mod tests {
     /// A portable dot product of one weight row and one activation row.
     type Dot = fn(&[u8], &Q8KRow) -> f32;
 
-    /// Both plans of the AVX2 kernel, for Q3_K, Q5_K and IQ4_XS.
+    /// Both plans of the AVX2 kernel, for q3_k::BYTES, q5_k::BYTES and iq4_xs::BYTES.
     #[test]
     fn avx2_kernels_are_bit_identical_to_the_portable_ones() {
         if crate::simd::cpu::lacks(crate::simd::cpu::detected().avx2, "avx2") {
             return;
         }
         let cases: [(KLaneFormat, OwnFormat, Dot, Dot); 3] = [
-            (
-                KLaneFormat::Q3K,
-                OwnFormat::Q3K,
-                dot_q3k_portable,
-                dot_q3k_tiled,
-            ),
-            (
-                KLaneFormat::Q5K,
-                OwnFormat::Q5K,
-                dot_q5k_portable,
-                dot_q5k_tiled,
-            ),
+            (KLaneFormat::Q3K, OwnFormat::Q3K, q3_k::dot, q3_k::dot_tiled),
+            (KLaneFormat::Q5K, OwnFormat::Q5K, q5_k::dot, q5_k::dot_tiled),
             (
                 KLaneFormat::Iq4Xs,
                 OwnFormat::Iq4Xs,
-                dot_iq4_xs,
-                dot_iq4_xs_tiled,
+                iq4_xs::dot,
+                iq4_xs::dot_tiled,
             ),
         ];
         // SAFETY: the kernel's CPU features were checked above.
@@ -454,25 +451,21 @@ mod tests {
         });
     }
 
-    /// Both plans of the AVX-512 VNNI Q3_K kernel.
+    /// Both plans of the AVX-512 VNNI q3_k::BYTES kernel.
     #[test]
     fn q3k_vnni_kernel_is_bit_identical_to_the_portable_ones() {
         if crate::simd::cpu::lacks(crate::simd::cpu::detected().vnni, "vnni") {
             return;
         }
-        let cases: [(KLaneFormat, OwnFormat, Dot, Dot); 1] = [(
-            KLaneFormat::Q3K,
-            OwnFormat::Q3K,
-            dot_q3k_portable,
-            dot_q3k_tiled,
-        )];
+        let cases: [(KLaneFormat, OwnFormat, Dot, Dot); 1] =
+            [(KLaneFormat::Q3K, OwnFormat::Q3K, q3_k::dot, q3_k::dot_tiled)];
         // SAFETY: the kernel's CPU features were checked above.
         assert_plans_match_the_portable_ones(&cases, |m, g, acts| unsafe {
             plans!(vnni::dot_group_q3k, m, g, acts)
         });
     }
 
-    /// A Q2_K kernel's group of sixteen rows against one to four activation rows.
+    /// A q2_k::BYTES kernel's group of sixteen rows against one to four activation rows.
     type Q2kKernel = unsafe fn(&KLanes, usize, &[&Q8KRow], &[RowKernel]) -> Vec<[f32; ROWS]>;
 
     /// Every row of every group (a ragged last one) against one to four activation rows of
@@ -484,7 +477,7 @@ mod tests {
         let mut raw = sample::weights(OwnFormat::Q2KRepacked, rows, cols, &mut rng);
         // Row 5's values, scales and minimums all the highest.
         let row_bytes = OwnFormat::Q2KRepacked.row_bytes(cols);
-        for block in raw[5 * row_bytes..6 * row_bytes].chunks_exact_mut(Q2_K) {
+        for block in raw[5 * row_bytes..6 * row_bytes].chunks_exact_mut(q2_k::BYTES) {
             block[..80].fill(0xff);
         }
         let m = KLanes::new(KLaneFormat::Q2K, &raw, rows, cols / QK_K);
@@ -512,7 +505,7 @@ mod tests {
                     for (lane, got) in got.iter().enumerate() {
                         let r = g * ROWS + lane;
                         let want = match r < rows {
-                            true => dot_q2k_repacked(
+                            true => q2_k::dot_repacked(
                                 &raw[r * row_bytes..][..row_bytes],
                                 &acts[t],
                                 kernels[t],
@@ -527,7 +520,7 @@ mod tests {
         }
     }
 
-    /// The AVX2 Q2_K kernel.
+    /// The AVX2 q2_k::BYTES kernel.
     #[test]
     fn q2k_avx2_kernel_is_bit_identical_to_the_portable_one() {
         if crate::simd::cpu::lacks(crate::simd::cpu::detected().avx2, "avx2") {
@@ -545,7 +538,7 @@ mod tests {
         });
     }
 
-    /// The AVX-512 VNNI Q2_K kernel.
+    /// The AVX-512 VNNI q2_k::BYTES kernel.
     #[test]
     fn q2k_vnni_kernel_is_bit_identical_to_the_portable_one() {
         if crate::simd::cpu::lacks(crate::simd::cpu::detected().vnni, "vnni") {
@@ -563,11 +556,11 @@ mod tests {
         });
     }
 
-    /// The layout's fields land where the module says, for a hand-made Q5_K super-block
+    /// The layout's fields land where the module says, for a hand-made q5_k::BYTES super-block
     /// whose every value, scale and minimum differs.
     #[test]
     fn q5k_layout_puts_each_field_where_the_module_says() {
-        let mut block = vec![0u8; Q5_K];
+        let mut block = vec![0u8; q5_k::BYTES];
         block[0..4].copy_from_slice(&[0x11, 0x22, 0x33, 0x44]);
         for (i, b) in block[4..16].iter_mut().enumerate() {
             *b = (7 * i + 3) as u8;
@@ -576,7 +569,7 @@ mod tests {
             *b = (37 * i + 11) as u8;
         }
         // Two rows: the block as row 1, zeros as row 0.
-        let mut raw = vec![0u8; Q5_K];
+        let mut raw = vec![0u8; q5_k::BYTES];
         raw.extend_from_slice(&block);
         let m = KLanes::new(KLaneFormat::Q5K, &raw, 2, 1);
         let lines = m.group(0);
@@ -584,7 +577,7 @@ mod tests {
         assert_eq!(&lines[0].0[2..4], &block[0..2]);
         assert_eq!(&lines[0].0[34..36], &block[2..4]);
         for j in 0..8 {
-            let (scale, min) = scale_min_k4(j, &block[4..16]);
+            let (scale, min) = kquant::scale_min_k4(j, &block[4..16]);
             assert_eq!(lines[SCALES + j / 4].0[(j % 4) * ROWS + lane], scale as u8);
             let pair = j / 2;
             assert_eq!(

@@ -1,4 +1,4 @@
-//! Q5_K and IQ4_XS weights laid out two rows to a 512-bit vector, for their AVX-512 VNNI
+//! q5_k::BYTES and iq4_xs::BYTES weights laid out two rows to a 512-bit vector, for their AVX-512 VNNI
 //! kernel. llama.cpp does not repack these formats: it multiplies them with its eight-lane
 //! `vec_dot` (`ggml_vec_dot_q5_K_q8_K`, `ggml_vec_dot_iq4_xs_q8_K`), where lane `l` of a
 //! sub-block of 32 takes values `4l..4l + 4` times the sub-block's scale, one fused
@@ -10,41 +10,45 @@
 //!
 //! Per pair of rows (an odd last row paired with a zero row) and super-block, a few
 //! 64-byte lines:
-//! - a header: the rows' `d` as `f32` at bytes 0 and 4, Q5_K's `dmin` at 8 and 12, the
-//!   sub-blocks' scales as bytes at 16 (the first row's eight, then the second's; IQ4_XS's
-//!   signed), and Q5_K's minimums as `i16` at 32 (likewise);
+//! - a header: the rows' `d` as `f32` at bytes 0 and 4, q5_k::BYTES's `dmin` at 8 and 12, the
+//!   sub-blocks' scales as bytes at 16 (the first row's eight, then the second's; iq4_xs::BYTES's
+//!   signed), and q5_k::BYTES's minimums as `i16` at 32 (likewise);
 //! - four lines of 4-bit values: line `p` holds per row 32 bytes, byte `k` with value `k`
-//!   of sub-block `2p` in its low nibble and of sub-block `2p + 1` in its high one (Q5_K's
-//!   own `qs` layout; IQ4_XS's table indices are moved into it);
-//! - for Q5_K, one line of fifth bits: per row its 32 `qh` bytes, bit `j` of byte `k`
+//!   of sub-block `2p` in its low nibble and of sub-block `2p + 1` in its high one (q5_k::BYTES's
+//!   own `qs` layout; iq4_xs::BYTES's table indices are moved into it);
+//! - for q5_k::BYTES, one line of fifth bits: per row its 32 `qh` bytes, bit `j` of byte `k`
 //!   being the fifth bit of value `k` of sub-block `j`.
 //!
 //! Rows of micro-batches of 8 or more take the tiled kernel (`tiled`), whose arithmetic is
 //! that of llama.cpp's tiled matmul, which it uses for them.
 //!
-//! `vpdpbusd` multiplies unsigned by signed bytes. Q5_K's values are unsigned; IQ4_XS's
+//! `vpdpbusd` multiplies unsigned by signed bytes. q5_k::BYTES's values are unsigned; iq4_xs::BYTES's
 //! table values are signed, so the kernel looks them up 128 higher and starts each lane's
 //! sum at −128 times the sum of its four activations ([`LaneSums`]).
 
+use crate::quant::formats::iq4_xs::{self, Iq4Xs};
+use crate::quant::formats::kquant;
+use crate::quant::formats::q5_k;
+use crate::quant::formats::view;
 use std::ops::Range;
 use std::sync::OnceLock;
 
 mod tiled;
 
 use super::act_tile::Line;
-use super::iq4::{self, IQ4_XS};
-use super::kquant::{scale_min_k4, Q8KRow, Q5_K, QK_K};
 use super::layout::Layout;
 use super::output::Columns;
 use super::{Activations, RowKernel, ACT_TILE};
+use crate::quant::q8k::Q8KRow;
+use crate::quant::q8k::QK_K;
 use crate::simd::convert::f16_at;
 
 /// The formats this layout takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PairFormat {
-    /// Q5_K.
+    /// q5_k::BYTES.
     Q5K,
-    /// IQ4_XS.
+    /// iq4_xs::BYTES.
     Iq4Xs,
 }
 
@@ -60,13 +64,13 @@ impl PairFormat {
     /// Bytes of one of the format's super-blocks.
     fn block_bytes(self) -> usize {
         match self {
-            Self::Q5K => Q5_K,
-            Self::Iq4Xs => IQ4_XS,
+            Self::Q5K => q5_k::BYTES,
+            Self::Iq4Xs => iq4_xs::BYTES,
         }
     }
 }
 
-/// A Q5_K or IQ4_XS matrix in the two-row layout (see the module).
+/// A q5_k::BYTES or iq4_xs::BYTES matrix in the two-row layout (see the module).
 pub struct PairLanes {
     format: PairFormat,
     rows: usize,
@@ -115,13 +119,13 @@ impl PairLanes {
     }
 }
 
-/// Writes one Q5_K super-block as row `half` (0 or 1) of its pair's lines.
+/// Writes one q5_k::BYTES super-block as row `half` (0 or 1) of its pair's lines.
 fn lay_q5k(block: &[u8], half: usize, out: &mut [Line]) {
     let head = &mut out[0].0;
     head[4 * half..4 * half + 4].copy_from_slice(&f16_at(block, 0).to_le_bytes());
     head[8 + 4 * half..12 + 4 * half].copy_from_slice(&f16_at(block, 2).to_le_bytes());
     for j in 0..8 {
-        let (scale, min) = scale_min_k4(j, &block[4..16]);
+        let (scale, min) = kquant::scale_min_k4(j, &block[4..16]);
         head[16 + 8 * half + j] = scale as u8;
         let at = 32 + 16 * half + 2 * j;
         head[at..at + 2].copy_from_slice(&(min as i16).to_le_bytes());
@@ -132,12 +136,12 @@ fn lay_q5k(block: &[u8], half: usize, out: &mut [Line]) {
     out[5].0[32 * half..32 * half + 32].copy_from_slice(&block[16..48]);
 }
 
-/// Writes one IQ4_XS super-block as row `half` (0 or 1) of its pair's lines.
+/// Writes one iq4_xs::BYTES super-block as row `half` (0 or 1) of its pair's lines.
 fn lay_iq4xs(block: &[u8], half: usize, out: &mut [Line]) {
     let head = &mut out[0].0;
     head[4 * half..4 * half + 4].copy_from_slice(&f16_at(block, 0).to_le_bytes());
     for j in 0..8 {
-        head[16 + 8 * half + j] = iq4::xs_scale(block, j) as i8 as u8;
+        head[16 + 8 * half + j] = view::<Iq4Xs>(block).scale(j) as i8 as u8;
     }
     // The index of value `k` of sub-block `ib`: sub-block `ib`'s sixteen bytes hold values
     // 0..16 in their low nibbles and 16..32 in their high ones.
@@ -156,8 +160,8 @@ fn lay_iq4xs(block: &[u8], half: usize, out: &mut [Line]) {
 }
 
 /// Sums of one activation row's values that the kernels add besides the products: the sum
-/// of each sub-block of 32 (for Q5_K's minimum terms, and for the tiled kernel's IQ4_XS
-/// table offset), and for IQ4_XS −128 times the sum of each lane's four values (which
+/// of each sub-block of 32 (for q5_k::BYTES's minimum terms, and for the tiled kernel's iq4_xs::BYTES
+/// table offset), and for iq4_xs::BYTES −128 times the sum of each lane's four values (which
 /// undoes the table's offset in the one-row kernel).
 pub struct LaneSums {
     /// Per super-block, the eight sub-blocks' sums.
@@ -245,7 +249,8 @@ mod simd {
     use std::arch::x86_64::*;
 
     use super::{hsum8, LaneSums, Line, PairFormat, PairLanes};
-    use crate::quant::kquant::{Q8KRow, QK_K};
+    use crate::quant::q8k::Q8KRow;
+    use crate::quant::q8k::QK_K;
     use crate::simd::prefetch::prefetch_span;
 
     /// Pair `p`'s two rows against `T` activation rows (with their [`LaneSums`] for the
@@ -429,7 +434,7 @@ mod simd {
             const LINES: usize = 5;
             assert!(lines.len() >= blocks * LINES);
             let low = _mm512_set1_epi8(0x0F);
-            let table: [u8; 16] = super::iq4::VALUES.map(|v| (v as i32 + 128) as u8);
+            let table: [u8; 16] = crate::quant::iq4::VALUES.map(|v| (v as i32 + 128) as u8);
             let table = _mm512_broadcast_i32x4(_mm_loadu_si128(table.as_ptr() as *const __m128i));
             let zero = _mm512_setzero_si512();
             let by_row = halves(0, 1);
@@ -528,7 +533,7 @@ impl Layout for PairLanes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::kquant::{dot_q5k_portable, quantize_row_q8k};
+    use crate::quant::q8k::quantize_row_q8k;
     use crate::quant::sample::{self, Xorshift};
     use crate::quant::{OwnFormat, RowKernel};
 
@@ -560,8 +565,8 @@ mod tests {
             let want = |r: usize, a: &Q8KRow| {
                 let w = &raw[r * row_bytes..][..row_bytes];
                 match format {
-                    PairFormat::Q5K => dot_q5k_portable(w, a),
-                    PairFormat::Iq4Xs => iq4::dot_iq4_xs(w, a),
+                    PairFormat::Q5K => q5_k::dot(w, a),
+                    PairFormat::Iq4Xs => crate::quant::formats::iq4_xs::dot(w, a),
                 }
             };
             for p in 0..rows.div_ceil(2) {

@@ -1,4 +1,4 @@
-//! Q4_K weights interleaved sixteen rows at a time, one weight row per 32-bit lane, for the
+//! q4_k::BYTES weights interleaved sixteen rows at a time, one weight row per 32-bit lane, for the
 //! AVX-512 VNNI kernel: one multiply-add instruction takes four consecutive values of each
 //! of sixteen rows against the same four activations (broadcast), so every lane keeps one
 //! weight row's sum and no horizontal sums are ever needed. CPUs with AVX2 alone take the
@@ -12,23 +12,25 @@
 //! `s` holds values `8s..8s + 8` of every row, row `r`'s four bytes at `4r` with values
 //! `8s..8s + 4` in the low nibbles and `8s + 4..8s + 8` in the high ones.
 //!
-//! The arithmetic is that of [`super::kquant::dot_q4k_portable`]: the integer sums per pair
+//! The arithmetic is that of [`crate::quant::formats::q4_k::dot`]: the integer sums per pair
 //! of sub-blocks are exact whatever their order, and the floating-point steps (one fused
 //! multiply-add per pair for the GEMM kernel, per super-block for the GEMV) are the same
 //! operations on the same values, so results are bit-identical.
 
+use crate::quant::formats::kquant;
+use crate::quant::formats::q4_k;
 use std::ops::Range;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 
 use super::act_tile::Line;
-use super::kquant::{scale_min_k4, Q4_K, QK_K};
 use super::layout::Layout;
 #[cfg(target_arch = "x86_64")]
 use super::layout::{lane_groups, LANE_ROWS};
 use super::output::Columns;
 use super::{Activations, RowKernel};
+use crate::quant::q8k::QK_K;
 
 /// Weight rows per group: one per 32-bit lane of a 512-bit vector.
 pub use crate::simd::LANES_512 as ROWS;
@@ -38,28 +40,28 @@ pub const LINES: usize = 37;
 const MINS: usize = 3;
 const VALUES: usize = 5;
 
-/// A Q4_K matrix in the sixteen-row layout (see the module).
+/// A q4_k::BYTES matrix in the sixteen-row layout (see the module).
 pub struct Q4kLanes {
     blocks: usize,
     lines: Vec<Line>,
 }
 
 impl Q4kLanes {
-    /// Interleaves row-major Q4_K super-blocks (`rows` rows of `blocks` each).
+    /// Interleaves row-major q4_k::BYTES super-blocks (`rows` rows of `blocks` each).
     pub fn new(raw: &[u8], rows: usize, blocks: usize) -> Self {
-        assert_eq!(raw.len(), rows * blocks * Q4_K);
+        assert_eq!(raw.len(), rows * blocks * q4_k::BYTES);
         let groups = rows.div_ceil(ROWS);
         let mut lines = vec![Line([0; 64]); groups * blocks * LINES];
         for r in 0..rows {
             let (g, lane) = (r / ROWS, r % ROWS);
             for b in 0..blocks {
-                let block = &raw[(r * blocks + b) * Q4_K..][..Q4_K];
+                let block = &raw[(r * blocks + b) * q4_k::BYTES..][..q4_k::BYTES];
                 let out = &mut lines[(g * blocks + b) * LINES..][..LINES];
                 let f16 = |at: usize| half::f16::from_le_bytes([block[at], block[at + 1]]);
                 out[0].0[2 * lane..2 * lane + 2].copy_from_slice(&f16(0).to_le_bytes());
                 out[0].0[32 + 2 * lane..34 + 2 * lane].copy_from_slice(&f16(2).to_le_bytes());
                 for j in 0..8 {
-                    let (scale, min) = scale_min_k4(j, &block[4..16]);
+                    let (scale, min) = kquant::scale_min_k4(j, &block[4..16]);
                     out[1 + j / 4].0[(j % 4) * ROWS + lane] = scale as u8;
                     let pair = j / 2;
                     out[MINS + pair / 2].0[32 * (pair % 2) + 2 * lane + j % 2] = min as u8;
@@ -98,7 +100,8 @@ mod simd {
     use std::arch::x86_64::*;
 
     use super::{Line, Q4kLanes, LINES, MINS, ROWS, VALUES};
-    use crate::quant::kquant::{Q8KRow, QK_K};
+    use crate::quant::q8k::Q8KRow;
+    use crate::quant::q8k::QK_K;
     use crate::quant::RowKernel;
     use crate::simd::int_lanes::pair16;
     use crate::simd::prefetch::{prefetch_span, Upcoming};
@@ -227,7 +230,7 @@ impl Layout for Q4kLanes {
 
     fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
         let Activations::Q8K(a, _) = acts else {
-            unreachable!("Q4_K takes Q8_K activations");
+            unreachable!("q4_k::BYTES takes Q8_K activations");
         };
         #[cfg(target_arch = "x86_64")]
         {
@@ -268,7 +271,8 @@ impl Layout for Q4kLanes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::kquant::{dot_q4k_portable, quantize_row_q8k, Q8KRow};
+    use crate::quant::q8k::quantize_row_q8k;
+    use crate::quant::q8k::Q8KRow;
     use crate::quant::sample::{self, Xorshift};
     use crate::quant::{OwnFormat, RowKernel};
     use crate::simd::prefetch::Upcoming;
@@ -293,7 +297,7 @@ mod tests {
             .iter()
             .map(|&k| quantize_row_q8k(&sample::activations(1, cols, 4.0, &mut rng), k))
             .collect();
-        let row_bytes = cols / QK_K * Q4_K;
+        let row_bytes = cols / QK_K * q4_k::BYTES;
         for g in 0..rows.div_ceil(ROWS) {
             for (from, to) in [(0, 4), (1, 2), (0, 3), (2, 4)] {
                 let a: Vec<&Q8KRow> = acts[from..to].iter().collect();
@@ -302,11 +306,9 @@ mod tests {
                     for (lane, got) in got.iter().enumerate() {
                         let r = g * ROWS + lane;
                         let want = match r < rows {
-                            true => dot_q4k_portable(
-                                &raw[r * row_bytes..][..row_bytes],
-                                &acts[t],
-                                kernels[t],
-                            ),
+                            true => {
+                                q4_k::dot(&raw[r * row_bytes..][..row_bytes], &acts[t], kernels[t])
+                            }
                             false => 0.0,
                         };
                         let at = format!("row {r}, act {t} of {from}..{to}");

@@ -1,4 +1,4 @@
-//! Q6_K weights interleaved sixteen rows at a time, one weight row per 32-bit lane, for the
+//! q6_k::BYTES weights interleaved sixteen rows at a time, one weight row per 32-bit lane, for the
 //! AVX-512 VNNI kernel (as [`super::q4k_lanes`] does for Q4_K): one instruction multiplies
 //! four consecutive values of sixteen rows by the same four activations, so every lane
 //! keeps one weight row's sums and none are ever summed across lanes. CPUs with AVX2 alone
@@ -18,7 +18,7 @@
 //!
 //! Rows of micro-batches of 8 or more take the tiled kernel (`tiled` with AVX-512 VNNI,
 //! the tiled plan of [`avx2`] without: llama.cpp's tiled matmul's arithmetic). For the
-//! rest the arithmetic is that of [`super::kquant::dot_q6k_portable`], ggml's AVX2 dot
+//! rest the arithmetic is that of [`crate::quant::formats::q6_k::dot`], ggml's AVX2 dot
 //! product:
 //! eight integer lanes per super-block (lane `l` takes values `4l..4l + 4` of every 32 and
 //! its own share of the `32 · Σ scale · activations` correction), each converted and
@@ -27,6 +27,8 @@
 //! floating-point steps are the same operations on the same values, one weight row per
 //! vector lane, so results are bit-identical.
 
+use crate::quant::formats::q6_k::{self, Q6K};
+use crate::quant::formats::view;
 use std::ops::Range;
 
 #[cfg(target_arch = "x86_64")]
@@ -34,7 +36,7 @@ mod avx2;
 mod tiled;
 
 use super::act_tile::Line;
-use super::kquant::{q6k_values, Q6_K};
+
 use super::layout::Layout;
 #[cfg(target_arch = "x86_64")]
 use super::layout::{lane_groups, lane_groups_by_plan, LANE_ROWS};
@@ -49,29 +51,29 @@ pub const LINES: usize = 53;
 const SCALES: usize = 1;
 const VALUES: usize = 5;
 
-/// A Q6_K matrix in the sixteen-row layout (see the module).
+/// A q6_k::BYTES matrix in the sixteen-row layout (see the module).
 pub struct Q6kLanes {
     blocks: usize,
     lines: Vec<Line>,
 }
 
 impl Q6kLanes {
-    /// Interleaves row-major Q6_K super-blocks (`rows` rows of `blocks` each).
+    /// Interleaves row-major q6_k::BYTES super-blocks (`rows` rows of `blocks` each).
     pub fn new(raw: &[u8], rows: usize, blocks: usize) -> Self {
-        assert_eq!(raw.len(), rows * blocks * Q6_K);
+        assert_eq!(raw.len(), rows * blocks * q6_k::BYTES);
         let groups = rows.div_ceil(ROWS);
         let mut lines = vec![Line([0; 64]); groups * blocks * LINES];
         for r in 0..rows {
             let (g, lane) = (r / ROWS, r % ROWS);
             for b in 0..blocks {
-                let block = &raw[(r * blocks + b) * Q6_K..][..Q6_K];
+                let block = &raw[(r * blocks + b) * q6_k::BYTES..][..q6_k::BYTES];
                 let out = &mut lines[(g * blocks + b) * LINES..][..LINES];
                 let d = half::f16::from_le_bytes([block[208], block[209]]).to_f32();
                 out[0].0[4 * lane..4 * lane + 4].copy_from_slice(&d.to_le_bytes());
                 for (j, &scale) in block[192..208].iter().enumerate() {
                     out[SCALES + j / 4].0[(j % 4) * ROWS + lane] = scale;
                 }
-                let values = q6k_values(block);
+                let values = view::<Q6K>(block).values();
                 for (j, sixteen) in values.chunks_exact(16).enumerate() {
                     let [low, next, high] = &mut out[VALUES + 3 * j..][..3] else {
                         unreachable!("three lines per sub-block");
@@ -105,7 +107,8 @@ mod simd {
     use std::arch::x86_64::*;
 
     use super::{Line, Q6kLanes, LINES, ROWS, SCALES, VALUES};
-    use crate::quant::kquant::{Q8KRow, QK_K};
+    use crate::quant::q8k::Q8KRow;
+    use crate::quant::q8k::QK_K;
     use crate::simd::int_lanes::pair16;
     use crate::simd::prefetch::{prefetch_span, Upcoming};
 
@@ -271,7 +274,7 @@ impl Layout for Q6kLanes {
 
     fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
         let Activations::Q8K(a, once) = acts else {
-            unreachable!("Q6_K takes Q8_K activations");
+            unreachable!("q6_k::BYTES takes Q8_K activations");
         };
         #[cfg(target_arch = "x86_64")]
         {
@@ -333,12 +336,14 @@ impl Layout for Q6kLanes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::kquant::{dot_q6k_portable, dot_q6k_tiled, quantize_row_q8k, Q8KRow, QK_K};
+    use crate::quant::q8k::quantize_row_q8k;
+    use crate::quant::q8k::Q8KRow;
+    use crate::quant::q8k::QK_K;
     use crate::quant::sample::{self, Xorshift};
     use crate::quant::{OwnFormat, RowKernel};
     use crate::simd::prefetch::Upcoming;
 
-    /// A random `rows × cols` Q6_K matrix (raw and laid out) and `n` activation rows.
+    /// A random `rows × cols` q6_k::BYTES matrix (raw and laid out) and `n` activation rows.
     fn sample_matrix(
         seed: u64,
         rows: usize,
@@ -367,7 +372,7 @@ mod tests {
         }
         let (rows, cols) = (37, 3 * QK_K);
         let (raw, m, acts) = sample_matrix(23, rows, cols, 4);
-        let row_bytes = cols / QK_K * Q6_K;
+        let row_bytes = cols / QK_K * q6_k::BYTES;
         let row = |r: usize| &raw[r * row_bytes..][..row_bytes];
         for g in 0..rows.div_ceil(ROWS) {
             let soon = || Upcoming::new(m.group(0), 3);
@@ -391,11 +396,11 @@ mod tests {
                 let r = g * ROWS + lane;
                 let real = r < rows;
                 let dot = |t: usize| match real {
-                    true => dot_q6k_portable(row(r), &acts[t]),
+                    true => q6_k::dot(row(r), &acts[t]),
                     false => 0.0,
                 };
                 let tiled = |t: usize| match real {
-                    true => dot_q6k_tiled(row(r), &acts[t]),
+                    true => q6_k::dot_tiled(row(r), &acts[t]),
                     false => 0.0,
                 };
                 assert_eq!(dot(2).to_bits(), one[0][lane].to_bits(), "row {r}, dot");
@@ -436,7 +441,7 @@ mod tests {
         }
         let (rows, cols) = (37, 3 * QK_K);
         let (raw, m, acts) = sample_matrix(19, rows, cols, 2);
-        let row_bytes = cols / QK_K * Q6_K;
+        let row_bytes = cols / QK_K * q6_k::BYTES;
         for g in 0..rows.div_ceil(ROWS) {
             // SAFETY: VNNI was checked.
             let two = unsafe { dot_group::<2>(&m, g, [&acts[0], &acts[1]], Upcoming::NONE) };
@@ -446,7 +451,7 @@ mod tests {
                 let r = g * ROWS + lane;
                 for t in 0..2 {
                     let want = match r < rows {
-                        true => dot_q6k_portable(&raw[r * row_bytes..][..row_bytes], &acts[t]),
+                        true => q6_k::dot(&raw[r * row_bytes..][..row_bytes], &acts[t]),
                         false => 0.0,
                     };
                     assert_eq!(want.to_bits(), two[t][lane].to_bits(), "row {r}, act {t}");

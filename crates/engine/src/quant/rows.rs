@@ -14,7 +14,7 @@ use super::formats::q5_1::Q5_1;
 use super::formats::table4;
 use super::layout::Layout;
 use super::output::Columns;
-use super::{iq4, kquant, Activations, OwnFormat, RowKernel, ACT_TILE};
+use super::{Activations, OwnFormat, RowKernel, ACT_TILE};
 
 /// A matrix of `format` row after row.
 pub struct RowMajor {
@@ -61,7 +61,7 @@ impl Layout for RowMajor {
                 // One weight row by up to four activation rows (the layout of the K-quants
                 // without a lane layout on this CPU): each super-block is decoded once for
                 // all of them.
-                let a: Vec<&kquant::Q8KRow> = a.iter().collect();
+                let a: Vec<&crate::quant::q8k::Q8KRow> = a.iter().collect();
                 for t0 in (0..n).step_by(ACT_TILE) {
                     let t1 = (t0 + ACT_TILE).min(n);
                     for r in start..end {
@@ -77,20 +77,30 @@ impl Layout for RowMajor {
                                 .unwrap_or((t + 4).min(t1));
                             let g = t..stop;
                             let got = match format {
-                                OwnFormat::Q4K => {
-                                    kquant::dot_q4k_tile(w, &a[g.clone()], &kernels[g.clone()])
+                                OwnFormat::Q4K => crate::quant::formats::q4_k::dot_tile(
+                                    w,
+                                    &a[g.clone()],
+                                    &kernels[g.clone()],
+                                ),
+                                OwnFormat::Q5K => {
+                                    crate::quant::formats::q5_k::dot_tile(w, &a[g.clone()], wide)
                                 }
-                                OwnFormat::Q5K => kquant::dot_q5k_tile(w, &a[g.clone()], wide),
-                                OwnFormat::Q3K => kquant::dot_q3k_tile(w, &a[g.clone()], wide),
-                                OwnFormat::Iq4Xs => iq4::dot_iq4_xs_tile(w, &a[g.clone()], wide),
+                                OwnFormat::Q3K => {
+                                    crate::quant::formats::q3_k::dot_tile(w, &a[g.clone()], wide)
+                                }
+                                OwnFormat::Iq4Xs => {
+                                    crate::quant::formats::iq4_xs::dot_tile(w, &a[g.clone()], wide)
+                                }
                                 OwnFormat::Q2KRepacked => {
                                     let mut got = [0f32; 4];
                                     for (k, t) in g.clone().enumerate() {
-                                        got[k] = kquant::dot_q2k_repacked(w, a[t], kernels[t]);
+                                        got[k] = crate::quant::formats::q2_k::dot_repacked(
+                                            w, a[t], kernels[t],
+                                        );
                                     }
                                     got
                                 }
-                                _ => kquant::dot_q6k_tile(w, &a[g.clone()], wide),
+                                _ => crate::quant::formats::q6_k::dot_tile(w, &a[g.clone()], wide),
                             };
                             for (k, &v) in got.iter().enumerate().take(g.len()) {
                                 out.set(t + k, r, v);

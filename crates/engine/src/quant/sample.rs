@@ -2,9 +2,11 @@
 //! kernel benchmark: every byte random except the f16 scales, which are kept small and
 //! finite as in real models.
 
+use crate::quant::formats::q4_k;
+use crate::quant::formats::q5_k;
+use crate::quant::formats::q6_k;
 use half::f16;
 
-use super::kquant::{Q4_K, Q5_K, Q6_K};
 use super::formats::block32::block_bytes;
 use super::formats::q5_1::Q5_1 as Q5_1Block;
 use super::OwnFormat;
@@ -41,13 +43,13 @@ fn scale_offsets(format: OwnFormat) -> (&'static [usize], usize) {
         OwnFormat::Blocks(Q4_1) => (&[0, 2], Q4_1.block_bytes()),
         OwnFormat::Blocks(Q5_0) => (&[0], Q5_0.block_bytes()),
         OwnFormat::Blocks(Q8_0) => (&[0], Q8_0.block_bytes()),
-        OwnFormat::Q4K => (&[0, 2], Q4_K),
-        OwnFormat::Q5K => (&[0, 2], Q5_K),
-        OwnFormat::Q3K => (&[108], super::kquant::Q3_K),
-        OwnFormat::Q2KRepacked => (&[80, 82], super::kquant::Q2_K),
-        OwnFormat::Iq4Xs => (&[0], super::iq4::IQ4_XS),
+        OwnFormat::Q4K => (&[0, 2], q4_k::BYTES),
+        OwnFormat::Q5K => (&[0, 2], q5_k::BYTES),
+        OwnFormat::Q3K => (&[108], crate::quant::formats::q3_k::BYTES),
+        OwnFormat::Q2KRepacked => (&[80, 82], crate::quant::formats::q2_k::BYTES),
+        OwnFormat::Iq4Xs => (&[0], crate::quant::formats::iq4_xs::BYTES),
         OwnFormat::Iq4NlRepacked => (&[0], super::iq4::IQ4_NL),
-        OwnFormat::Q6K => (&[208], Q6_K),
+        OwnFormat::Q6K => (&[208], q6_k::BYTES),
         OwnFormat::Listed(f) => unreachable!("{f:?}'s tests make their own blocks"),
         OwnFormat::F32 | OwnFormat::F16 | OwnFormat::Bf16 => {
             unreachable!("float formats have no scales")

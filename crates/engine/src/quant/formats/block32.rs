@@ -12,7 +12,7 @@ use bytemuck::Pod;
 use candle_core::quantized::GgmlDType;
 
 use super::super::q8::Q8Row;
-use super::{q4_0, q4_1, q5_0, q8_0, FormatInfo, MatrixReader};
+use super::{blocks, q4_0, q4_1, q5_0, q8_0, FormatInfo, MatrixReader};
 use crate::simd::reduce::hsum8;
 
 /// A format of the family: its block as stored, and what differs between members.
@@ -72,12 +72,6 @@ impl BlockFormat {
             Self::Q8_0 => dot::<q8_0::Q8_0>(w, a),
         }
     }
-}
-
-/// The blocks of a row of `F` (its whole blocks).
-pub(in crate::quant) fn blocks<F: Block32>(row: &[u8]) -> &[F] {
-    let whole = row.len() / size_of::<F>() * size_of::<F>();
-    bytemuck::cast_slice(&row[..whole])
 }
 
 /// Bytes per block of `F`.

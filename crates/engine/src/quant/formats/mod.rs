@@ -6,25 +6,34 @@
 //! Formats of a family are a type in a file of their own, implementing the family's
 //! trait: `table4::Table4` (32 four-bit indices into a table of sixteen values, one scale
 //! per block: IQ4_NL, MXFP4), read and laid out by the family; `block32::Block32` (32
-//! small integers, an f16 scale and perhaps a minimum: Q4_0 … Q8_0), whose block structs,
-//! values and products are the family's and whose SIMD layouts are still chosen in
-//! `choose.rs`. A new format of such a family is that file and its line below. The other formats still go through candle's tensors, whose
+//! small integers, an f16 scale and perhaps a minimum: Q4_0 … Q8_0) and
+//! `kquant::SuperBlock` (256 values in sub-blocks with scales of their own: Q2_K … Q6_K,
+//! IQ4_XS), whose block structs, values and products are in their files and whose SIMD
+//! layouts are still chosen in `choose.rs`. A new format of such a family is that file and
+//! its line below. The other formats still go through candle's tensors, whose
 //! matrices `QMatrix::new` gives the kernels of their own modules (`choose.rs`), or
 //! through the raw readers named in their rows.
 
 use candle_core::quantized::GgmlDType;
 
 use super::layout::Layout;
-use super::{iq4, kquant, OwnFormat, QMatrix};
+use super::QMatrix;
 use crate::error::EngineError;
 
 pub(super) mod block32;
 pub(super) mod iq4_nl;
+pub(super) mod iq4_xs;
+pub(super) mod kquant;
 mod mxfp4;
+pub(super) mod q2_k;
+pub(super) mod q3_k;
 pub(super) mod q4_0;
 pub(super) mod q4_1;
+pub(super) mod q4_k;
 pub(super) mod q5_0;
 pub(super) mod q5_1;
+pub(super) mod q5_k;
+pub(super) mod q6_k;
 pub(super) mod q8_0;
 pub(super) mod table4;
 
@@ -119,26 +128,27 @@ pub static FORMATS: &[FormatInfo] = &[
     q5_0::INFO,
     q5_1::INFO,
     q8_0::INFO,
-    candle("Q2_K", 10, (256, 84), GgmlDType::Q2K),
-    candle("Q3_K", 11, (256, 110), GgmlDType::Q3K),
-    candle("Q4_K", 12, (256, 144), GgmlDType::Q4K),
-    candle("Q5_K", 13, (256, 176), GgmlDType::Q5K),
-    candle("Q6_K", 14, (256, 210), GgmlDType::Q6K),
+    q2_k::INFO,
+    q3_k::INFO,
+    q4_k::INFO,
+    q5_k::INFO,
+    q6_k::INFO,
     iq4_nl::INFO,
-    FormatInfo {
-        name: "IQ4_XS",
-        ggml_type: 23,
-        block_values: kquant::QK_K,
-        block_bytes: iq4::IQ4_XS,
-        matrix: MatrixReader::Raw(|data, rows, cols| {
-            Some(QMatrix::from_slice(OwnFormat::Iq4Xs, data, rows, cols))
-        }),
-        dequantize: Some(iq4::dequantize_iq4_xs),
-        lay_out: None,
-    },
+    iq4_xs::INFO,
     candle("BF16", 30, (1, 2), GgmlDType::BF16),
     mxfp4::INFO,
 ];
+
+/// The whole blocks of a row of a format whose block is `F`.
+pub(in crate::quant) fn blocks<F: bytemuck::Pod>(row: &[u8]) -> &[F] {
+    let whole = row.len() / size_of::<F>() * size_of::<F>();
+    bytemuck::cast_slice(&row[..whole])
+}
+
+/// The block `F` at the start of `bytes`.
+pub(in crate::quant) fn view<F: bytemuck::Pod>(bytes: &[u8]) -> &F {
+    bytemuck::from_bytes(&bytes[..size_of::<F>()])
+}
 
 /// The format of ggml type `id`, if ferrite reads it.
 pub fn find(id: u32) -> Option<&'static FormatInfo> {

@@ -22,7 +22,8 @@ use std::arch::x86_64::*;
 
 use super::{KLaneFormat, KLanes, Line, MINS, ROWS, SCALES};
 use crate::quant::iq4;
-use crate::quant::kquant::{Q8KRow, QK_K};
+use crate::quant::q8k::Q8KRow;
+use crate::quant::q8k::QK_K;
 use crate::quant::RowKernel;
 use crate::simd::int_lanes::pair16;
 use crate::simd::prefetch::{prefetch_span, Upcoming};
@@ -261,7 +262,7 @@ unsafe fn group_avx2<const T: usize, const TILED: bool, const F: u8>(
 }
 
 /// Group `g`'s sixteen Q2_K rows against `T` activation rows, each rounded as its kernel
-/// says (llama.cpp's repacked Q2_K kernels, `kquant::dot_q2k_repacked`): `out[t][r]` is
+/// says (llama.cpp's repacked Q2_K kernels, `crate::quant::formats::q2_k::dot_repacked`): `out[t][r]` is
 /// row `16g + r` · `a[t]` (zero past the matrix). `soon`: lines to ask the memory for
 /// meanwhile ([`Upcoming`]).
 ///
@@ -286,7 +287,7 @@ pub unsafe fn dot_group_q2k<const T: usize>(
 /// [`dot_group_q2k`] on a group's lines. Per half super-block (four chunks of 32) and
 /// activation row: the values' products by the sub-blocks' scales in one integer sum, the
 /// minimums by the activations' sums in another, then the floating-point steps of
-/// `kquant::Q4kSums` (per half for a row of a four-row group, per super-block otherwise),
+/// `formats::kquant::PairSums` (per half for a row of a four-row group, per super-block otherwise),
 /// one lane per weight row. Those steps are written as in Q4_K's kernel
 /// (`q4k_lanes/avx2.rs`): one struct holding them for both measured 10–25% slower on a Zen 3
 /// (`matmul_kernels`, Q4_K at 4–16 rows 57 against 43 GMAC/s).

@@ -17,13 +17,14 @@
 use std::arch::x86_64::*;
 
 use super::{KLaneFormat, KLanes, Line, ROWS, SCALES};
-use crate::quant::kquant::{Q8KRow, QK_K};
+use crate::quant::q8k::Q8KRow;
+use crate::quant::q8k::QK_K;
 use crate::quant::RowKernel;
 use crate::simd::int_lanes::pair16;
 use crate::simd::prefetch::{prefetch_span, Upcoming};
 
 /// Group `g`'s sixteen Q2_K rows against `T` activation rows, each rounded as its kernel
-/// says (llama.cpp's repacked Q2_K kernels, `kquant::dot_q2k_repacked`): `out[t][r]` is
+/// says (llama.cpp's repacked Q2_K kernels, `crate::quant::formats::q2_k::dot_repacked`): `out[t][r]` is
 /// row `16g + r` · `a[t]` (zero past the matrix). `soon`: lines to ask the memory for
 /// meanwhile ([`Upcoming`]).
 ///
@@ -50,7 +51,7 @@ pub unsafe fn dot_group_q2k<const T: usize>(
 /// (`avx2::group_q2k_avx2`) on all sixteen rows at once. Per half super-block and
 /// activation row, the values' products by the sub-blocks' scales in one integer sum, the
 /// minimums by the activations' sums in another, then the floating-point steps of
-/// `kquant::Q4kSums` (per half for a row of a four-row group, per super-block otherwise).
+/// `formats::kquant::PairSums` (per half for a row of a four-row group, per super-block otherwise).
 ///
 /// # Safety
 ///

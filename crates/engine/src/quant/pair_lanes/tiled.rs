@@ -1,9 +1,9 @@
 //! The two-row layout's kernel for micro-batches of 8 or more activation rows, with the
 //! arithmetic of llama.cpp's tiled matmul (`ggml-cpu/tiled`, its AVX-512 VNNI
-//! microkernel), which llama.cpp takes for such a matmul of Q5_K or IQ4_XS weights: per
+//! microkernel), which llama.cpp takes for such a matmul of q5_k::BYTES or IQ4_XS weights: per
 //! super-block one exact integer sum of the scaled sub-block products (and of the minimum
 //! terms), one float result, added times the activation's scale to a running sum. The
-//! portable twins are `kquant::dot_q5k_tiled` and `iq4::dot_iq4_xs_tiled`.
+//! portable twins are `crate::quant::formats::q5_k::dot_tiled` and `crate::quant::formats::iq4_xs::dot_tiled`.
 //!
 //! Where the one-row kernel keeps eight lanes per row and scales every `vpdpbusd`, this one
 //! puts sixteen weight rows in a vector's lanes (four bytes each) and broadcasts four
@@ -16,8 +16,9 @@ use std::ops::Range;
 use super::{LaneSums, PairFormat, PairLanes};
 use crate::quant::act_tile::Line;
 use crate::quant::iq4;
-use crate::quant::kquant::{Q8KRow, QK_K};
 use crate::quant::output::Columns;
+use crate::quant::q8k::Q8KRow;
+use crate::quant::q8k::QK_K;
 
 /// Weight rows per group: one per 32-bit lane of a 512-bit vector.
 use crate::simd::LANES_512 as ROWS;
@@ -32,12 +33,12 @@ struct Tile {
     codes: [Line; 64],
     /// Per sub-block, the rows' scales (IQ4_XS's signed).
     scales: [[i32; ROWS]; 8],
-    /// Per pair of sub-blocks `2i, 2i + 1`, the rows' two minimums (Q5_K) or two scales
+    /// Per pair of sub-blocks `2i, 2i + 1`, the rows' two minimums (q5_k::BYTES) or two scales
     /// (IQ4_XS) as 16-bit halves of a lane.
     pairs: [[i32; ROWS]; 4],
     /// The rows' `d`.
     d: [f32; ROWS],
-    /// The rows' `dmin` (Q5_K).
+    /// The rows' `dmin` (q5_k::BYTES).
     dmin: [f32; ROWS],
 }
 
@@ -335,8 +336,9 @@ mod simd {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::kquant::{dot_q5k_tiled, quantize_row_q8k};
+    use crate::quant::formats::q5_k;
     use crate::quant::output::Output;
+    use crate::quant::q8k::quantize_row_q8k;
     use crate::quant::sample::{self, Xorshift};
     use crate::quant::{OwnFormat, RowKernel};
 
@@ -436,8 +438,8 @@ mod tests {
                         continue;
                     }
                     let want = match format {
-                        PairFormat::Q5K => dot_q5k_tiled(w, a),
-                        PairFormat::Iq4Xs => iq4::dot_iq4_xs_tiled(w, a),
+                        PairFormat::Q5K => q5_k::dot_tiled(w, a),
+                        PairFormat::Iq4Xs => crate::quant::formats::iq4_xs::dot_tiled(w, a),
                     };
                     assert_eq!(
                         want.to_bits(),

@@ -8,7 +8,7 @@
 //! products as 16-bit sums; at most 2 · 15 · 127, so never saturated) then `vpmaddwd` with
 //! the sub-block's scale in both 16-bit halves of the lane, which adds the two pairs and
 //! applies the scale in one step. The integer sums are exact whatever their order, and the
-//! floating-point steps are those of [`crate::quant::kquant::dot_q4k_portable`], one lane
+//! floating-point steps are those of [`crate::quant::formats::q4_k::dot`], one lane
 //! per weight row, so results are bit-identical to it.
 //!
 //! The kernel takes a super-block one half at a time: the half's lines are in the
@@ -18,7 +18,8 @@
 use std::arch::x86_64::*;
 
 use super::{Line, Q4kLanes, LINES, MINS, ROWS, VALUES};
-use crate::quant::kquant::{Q8KRow, QK_K};
+use crate::quant::q8k::Q8KRow;
+use crate::quant::q8k::QK_K;
 use crate::quant::RowKernel;
 use crate::simd::int_lanes::pair16;
 use crate::simd::prefetch::{prefetch_span, Upcoming};

@@ -10,7 +10,7 @@
 //! Both arithmetic plans of the layout's module are kept: with `TILED`, llama.cpp's tiled
 //! matmul's (one exact integer sum per super-block, as [`super::tiled`]); without, ggml's
 //! AVX2 dot product's (eight integer lanes per super-block, each folded into its own `f32`
-//! accumulator, as [`crate::quant::kquant::dot_q6k_portable`]). The integer sums are exact
+//! accumulator, as [`crate::quant::formats::q6_k::dot`]). The integer sums are exact
 //! (modulo 2^32, as the portable code's) whatever their order, and the floating-point steps
 //! are the same operations on the same values, one lane per weight row: results are
 //! bit-identical to the portable kernels.
@@ -21,7 +21,8 @@
 use std::arch::x86_64::*;
 
 use super::{Line, Q6kLanes, LINES, ROWS, SCALES, VALUES};
-use crate::quant::kquant::{Q8KRow, QK_K};
+use crate::quant::q8k::Q8KRow;
+use crate::quant::q8k::QK_K;
 use crate::simd::int_lanes::pair16;
 use crate::simd::prefetch::{prefetch_span, Upcoming};
 

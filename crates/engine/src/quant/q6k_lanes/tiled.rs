@@ -1,9 +1,9 @@
-//! The sixteen-row Q6_K layout's kernel for rows of micro-batches of 8 or more, with the
+//! The sixteen-row q6_k::BYTES layout's kernel for rows of micro-batches of 8 or more, with the
 //! arithmetic of llama.cpp's tiled matmul (`ggml-cpu/tiled`, its AVX-512 VNNI
 //! microkernel), which llama.cpp takes for them: per super-block one exact integer sum of
 //! the sixteen sub-blocks' scaled products (the values stored 32 higher, less 32 times the
 //! activations' sums), one rounded product by `d`, added with a fused multiply-add times
-//! the activation's scale. The portable twin is `kquant::dot_q6k_tiled`.
+//! the activation's scale. The portable twin is `crate::quant::formats::q6_k::dot_tiled`.
 //!
 //! The layout's values unpack (`simd::sub_block`) to what the kernel multiplies: four
 //! values of every row per vector as unsigned bytes. Per sub-block of 16 and activation
@@ -14,14 +14,15 @@ use std::ops::Range;
 
 use super::{Q6kLanes, LINES, ROWS, SCALES};
 use crate::quant::act_tile::Line;
-use crate::quant::kquant::{Q8KRow, QK_K};
 use crate::quant::output::Columns;
+use crate::quant::q8k::Q8KRow;
+use crate::quant::q8k::QK_K;
 
 /// Activation rows per pass over a group's super-block.
 const PASS: usize = 8;
 
 /// Output features `range` of `m` (a multiple of 16 from its start) for activation rows
-/// `rows` of `a`, whose Q6_K offsets (`SumsOnce::q6k_offsets`) are `offsets`.
+/// `rows` of `a`, whose q6_k::BYTES offsets (`SumsOnce::q6k_offsets`) are `offsets`.
 ///
 /// # Safety
 /// AVX-512 (F, VL, BW) and VNNI must be available.
@@ -177,9 +178,10 @@ mod simd {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::kquant::{dot_q6k_tiled, quantize_row_q8k, Q6_K};
+    use crate::quant::formats::q6_k;
     use crate::quant::output::Output;
     use crate::quant::pair_lanes::SumsOnce;
+    use crate::quant::q8k::quantize_row_q8k;
     use crate::quant::sample::{self, Xorshift};
     use crate::quant::{OwnFormat, RowKernel};
 
@@ -220,7 +222,7 @@ mod tests {
                     chunk(&m, &acts, offsets, &wide, range, &columns);
                 }
             }
-            let row_bytes = cols / QK_K * Q6_K;
+            let row_bytes = cols / QK_K * q6_k::BYTES;
             for r in 0..rows {
                 let w = &raw[r * row_bytes..][..row_bytes];
                 for t in 0..n {
@@ -229,7 +231,7 @@ mod tests {
                         assert!(got.is_nan(), "row {t} was left out");
                         continue;
                     }
-                    let want = dot_q6k_tiled(w, &acts[t]);
+                    let want = q6_k::dot_tiled(w, &acts[t]);
                     assert_eq!(
                         want.to_bits(),
                         got.to_bits(),
