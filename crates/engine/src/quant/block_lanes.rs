@@ -86,7 +86,7 @@ use std::sync::OnceLock;
 mod avx2;
 
 use super::act_tile::Line;
-use super::formats::block32::BlockFormat;
+use super::formats::block_format::BlockFormat;
 use super::layout::Layout;
 #[cfg(target_arch = "x86_64")]
 use super::layout::{lane_groups, LANE_ROWS};

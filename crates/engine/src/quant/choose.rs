@@ -25,7 +25,7 @@
 
 use super::block_lanes::{BlockLanes, LaneFormat};
 use super::float_rows::FloatRows;
-use super::formats::block32::BlockFormat;
+use super::formats::block_format::BlockFormat;
 use super::k_lanes::{KLaneFormat, KLanes};
 use super::layout::Layout;
 use super::packed::PackedRows;

@@ -68,7 +68,7 @@ enum Results {
     Rows,
 }
 
-pub use formats::block32::BlockFormat;
+pub use formats::block_format::BlockFormat;
 
 /// Which of llama.cpp's kernels a row's arithmetic follows. They compute the same sums and
 /// differ only in rounding: llama.cpp multiplies a prompt's rows four at a time (GEMM) and

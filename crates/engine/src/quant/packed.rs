@@ -14,7 +14,7 @@ mod simd;
 use std::ops::Range;
 
 use super::act_tile::{ActTile, TILE_ROWS};
-use super::formats::block32::BlockFormat;
+use super::formats::block_format::BlockFormat;
 use super::layout::Layout;
 use super::output::Columns;
 use super::q8::{self, Q8Row};

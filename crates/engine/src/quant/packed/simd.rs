@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 
 use super::GROUP;
 use crate::quant::act_tile::{ActTile, TILE_ROWS};
-use crate::quant::formats::block32::BlockFormat;
+use crate::quant::formats::block_format::BlockFormat;
 use crate::quant::q8::Q8Row;
 use crate::simd::convert::f16_at_ptr;
 use crate::simd::int_lanes::{bit_bytes, lanes_avx2, nibbles};
