@@ -63,7 +63,9 @@ pub struct Field {
     pub section: Section,
     /// Its JSON type as the docs write it: `int ≥ 0`, `string or string[]`,
     /// `"truncate", "error"` (alternatives separated by `,` or ` or `; `X[]` a list of X;
-    /// a quoted word one allowed string). [`Field::schema`] reads the same text.
+    /// a quoted word one allowed string; ``object `{"key": type, …}` `` an object of those
+    /// keys, and ``object `{"<name>": type}` `` one whose every value has that type).
+    /// [`Field::schema`] reads the same text.
     pub ty: &'static str,
     /// What an absent or `null` field means.
     pub default: &'static str,
@@ -81,7 +83,7 @@ impl Field {
         let mut schema = schema_of(self.ty);
         let rule = one_line(self.rule);
         let description = match self.default {
-            "none" | "—" | "" => rule,
+            "none" | "—" | "" | "required" => rule,
             default => format!("{rule} Default: {default}."),
         };
         schema["description"] = Value::String(description);
@@ -139,6 +141,12 @@ fn one_line(rule: &str) -> String {
 
 /// The JSON schema of a type as [`Field::ty`] writes it.
 pub fn schema_of(ty: &str) -> Value {
+    if let Some(keys) = ty
+        .strip_prefix("object `{")
+        .and_then(|t| t.strip_suffix("}`"))
+    {
+        return object_of(keys);
+    }
     let alternatives: Vec<&str> = ty
         .split(" or ")
         .flat_map(|part| part.split(", "))
@@ -149,7 +157,7 @@ pub fn schema_of(ty: &str) -> Value {
         .filter_map(|a| a.strip_prefix('"')?.strip_suffix('"'))
         .collect();
     if literals.len() == alternatives.len() {
-        return json!({ "enum": literals });
+        return json!({ "type": "string", "enum": literals });
     }
     let mut schemas: Vec<Value> = alternatives.iter().map(|a| one_schema(a)).collect();
     if schemas.len() == 1 {
@@ -157,6 +165,21 @@ pub fn schema_of(ty: &str) -> Value {
     } else {
         json!({ "oneOf": schemas })
     }
+}
+
+/// The schema of an object from its keys as the docs write them (`"key": type, …`, or
+/// one `"<name>": type` for any key).
+fn object_of(keys: &str) -> Value {
+    let mut properties = serde_json::Map::new();
+    for pair in keys.split(", ") {
+        let (key, ty) = pair.split_once(": ").unwrap_or((pair, "any"));
+        let key = key.trim_matches('"');
+        if key.starts_with('<') {
+            return json!({ "type": "object", "additionalProperties": one_schema(ty) });
+        }
+        properties.insert(key.to_string(), one_schema(ty));
+    }
+    json!({ "type": "object", "properties": properties })
 }
 
 /// The schema of one alternative: a list (`X[]`), or a scalar named by its first word.
@@ -230,15 +253,19 @@ mod tests {
         );
         assert_eq!(
             schema_of("\"truncate\", \"error\""),
-            json!({"enum": ["truncate", "error"]})
+            json!({"type": "string", "enum": ["truncate", "error"]})
         );
         assert_eq!(
             schema_of("`\"truncate\"`, `\"error\"`"),
-            json!({"enum": ["truncate", "error"]})
+            json!({"type": "string", "enum": ["truncate", "error"]})
         );
         assert_eq!(
-            schema_of("object `{\"id\": number}`"),
-            json!({"type": "object"})
+            schema_of("object `{\"<id>\": number}`"),
+            json!({"type": "object", "additionalProperties": {"type": "number"}})
+        );
+        assert_eq!(
+            schema_of("object `{\"a\": bool, \"b\": int}`"),
+            json!({"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"type": "integer"}}})
         );
         assert_eq!(schema_of("any"), json!({}));
     }

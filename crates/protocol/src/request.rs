@@ -158,7 +158,7 @@ crate::wire_fields! {
         pub repetition_penalty: Option<f64>,
         /// at most 1024 entries (`--max-logit-bias`); keys token ids, values [-100, 100]; an id
         /// outside the vocabulary: 400
-        #[field(Sampling, "object `{\"id\": number}`", "none", "O V M G")]
+        #[field(Sampling, "object `{\"<id>\": number}`", "none", "O V M G")]
         pub logit_bias: Option<BTreeMap<String, f64>>,
         /// choice *i* of a seeded request samples from its own generator, so the same request
         /// gives the same output whatever else runs
@@ -238,7 +238,12 @@ crate::wire_fields! {
         /// `include_usage`, `continuous_usage_stats` (bools, no other key); any object (even
         /// `{}`) without `stream: true` is a 400, as OpenAI answers it (`null` is none).
         /// `continuous_usage_stats` has an effect only with `include_usage` (vLLM's rule)
-        #[field(Output, "object", "none", "O V G")]
+        #[field(
+            Output,
+            "object `{\"include_usage\": bool, \"continuous_usage_stats\": bool}`",
+            "none",
+            "O V G"
+        )]
         pub stream_options: Option<StreamOptions>,
         /// [0, 20]; see below; not with `stream`
         #[field(Output, "int", "none", "V")]

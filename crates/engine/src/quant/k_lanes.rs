@@ -1,35 +1,35 @@
-//! q2_k::BYTES, q3_k::BYTES, q5_k::BYTES and iq4_xs::BYTES weights (K-quant super-blocks) interleaved sixteen rows at a
-//! time, one weight row per 32-bit lane, for CPUs with AVX2: q2_k::BYTES and q3_k::BYTES wherever the CPU
-//! has it, q5_k::BYTES and iq4_xs::BYTES where it lacks AVX-512 VNNI (there they take the two-row layout
+//! Q2_K, Q3_K, Q5_K and IQ4_XS weights (K-quant super-blocks) interleaved sixteen rows at a
+//! time, one weight row per 32-bit lane, for CPUs with AVX2: Q2_K and Q3_K wherever the CPU
+//! has it, Q5_K and IQ4_XS where it lacks AVX-512 VNNI (there they take the two-row layout
 //! of [`super::pair_lanes`]). As in [`super::q4k_lanes`], a 64-byte
 //! line is two 256-bit halves of eight rows each, and the kernel ([`avx2`]) multiplies four
 //! values of eight rows by the same four activations (broadcast): every lane keeps one
 //! weight row's sums, and the only sums across lanes are the one-row arithmetic's last
-//! eight. Where the CPU has AVX-512 VNNI, q2_k::BYTES's and q3_k::BYTES's kernels ([`vnni`]) take a
+//! eight. Where the CPU has AVX-512 VNNI, Q2_K's and Q3_K's kernels ([`vnni`]) take a
 //! whole line, sixteen rows, as one vector.
 //!
-//! llama.cpp's AVX2 dot products (`ggml_vec_dot_q3_K_q8_K` and its q5_k::BYTES and iq4_xs::BYTES twins)
+//! llama.cpp's AVX2 dot products (`ggml_vec_dot_q3_K_q8_K` and its Q5_K and IQ4_XS twins)
 //! take a matrix row after row: 32 bytes of one row against 32 activations, and a
-//! horizontal sum to end every row. ferrite's AVX2 kernels for q5_k::BYTES and iq4_xs::BYTES did the same
-//! until this layout replaced them, and q2_k::BYTES and q3_k::BYTES had portable code only; on a Zen 3
+//! horizontal sum to end every row. ferrite's AVX2 kernels for Q5_K and IQ4_XS did the same
+//! until this layout replaced them, and Q2_K and Q3_K had portable code only; on a Zen 3
 //! core (`matmul_kernels`, one thread) they ran 15, 18, 1.3 and 0.8 giga multiply-adds a
 //! second for one activation row (BENCHMARKS.md, 2026-11-27).
 //!
 //! Per group of sixteen rows (the last one padded with zero rows) and per super-block,
 //! [`KLaneFormat::lines`] lines:
-//! - a header: the rows' `d` (the file's `f16`) at `2r`, q2_k::BYTES's and q5_k::BYTES's `dmin` at
+//! - a header: the rows' `d` (the file's `f16`) at `2r`, Q2_K's and Q5_K's `dmin` at
 //!   `32 + 2r`;
 //! - lines of scales as bytes, per sub-block the sixteen rows' (the sixteen sub-blocks of
-//!   16 of q2_k::BYTES and q3_k::BYTES in four lines, the eight of 32 of q5_k::BYTES and iq4_xs::BYTES in two): q2_k::BYTES's
-//!   file bytes (scale and minimum, four bits each), the others' signed (q3_k::BYTES's and
-//!   iq4_xs::BYTES's less 32);
-//! - for q5_k::BYTES, two lines of minimums, per pair of sub-blocks each row's two as bytes;
+//!   16 of Q2_K and Q3_K in four lines, the eight of 32 of Q5_K and IQ4_XS in two): Q2_K's
+//!   file bytes (scale and minimum, four bits each), the others' signed (Q3_K's and
+//!   IQ4_XS's less 32);
+//! - for Q5_K, two lines of minimums, per pair of sub-blocks each row's two as bytes;
 //! - per chunk `j` of 32 values, in order (the kernel reads a super-block front to back,
 //!   one stream for the hardware's prefetchers), its "quads" `q` (values `4q..4q + 4`),
 //!   row `r`'s four values of a quad in the four bytes at `4r` of a line:
 //!   - Q5_K: a line of fifth bits (quad `q`'s at bit `q`), then four lines of the low four
 //!     bits (quads `2i` and `2i + 1` in line `i`'s low and high nibbles);
-//!   - IQ4_XS: the four lines of 4-bit table indices likewise ("values" in iq4_xs::BYTES's order: a
+//!   - IQ4_XS: the four lines of 4-bit table indices likewise ("values" in IQ4_XS's order: a
 //!     sub-block's sixteen low nibbles, then its sixteen high ones);
 //!   - Q3_K: a line of high bits (quad `q`'s at bit `q`), then two lines of the low two
 //!     bits (quad `q` in line `q / 4`, at bits `2(q % 4)`). A value is those three bits
@@ -43,7 +43,7 @@
 //! `crate::quant::formats::iq4_xs::dot`): eight integer lanes per super-block, lane `q` taking quad `q` of
 //! every chunk. The integer sums are exact whatever their order, and the floating-point
 //! steps are the same operations on the same values, one weight row per vector lane, so
-//! results are bit-identical. q2_k::BYTES follows llama.cpp's repacked kernels instead
+//! results are bit-identical. Q2_K follows llama.cpp's repacked kernels instead
 //! (`crate::quant::formats::q2_k::dot_repacked`, which llama.cpp runs where the rows are a multiple of
 //! eight, as they are wherever this layout takes it): per half super-block one integer sum
 //! of the scaled values and one of the minimums, folded in per half for a row of a four-row
@@ -73,20 +73,20 @@ use super::{Activations, RowKernel};
 
 /// Weight rows per group: one per 32-bit lane of a 512-bit vector.
 pub use crate::simd::LANES_512 as ROWS;
-/// Where a super-block's lines of scales and (q5_k::BYTES's) minimums start.
+/// Where a super-block's lines of scales and (Q5_K's) minimums start.
 const SCALES: usize = 1;
 const MINS: usize = 3;
 
 /// The formats this layout takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KLaneFormat {
-    /// q2_k::BYTES (in a matrix llama.cpp repacks: rows a multiple of eight).
+    /// Q2_K (in a matrix llama.cpp repacks: rows a multiple of eight).
     Q2K,
-    /// q3_k::BYTES.
+    /// Q3_K.
     Q3K,
-    /// q5_k::BYTES.
+    /// Q5_K.
     Q5K,
-    /// iq4_xs::BYTES.
+    /// IQ4_XS.
     Iq4Xs,
 }
 
@@ -106,7 +106,7 @@ impl KLaneFormat {
         self.chunk_line(8)
     }
 
-    /// Where chunk `j`'s lines (values `32j..32j + 32`) start: q3_k::BYTES's high bits or q5_k::BYTES's
+    /// Where chunk `j`'s lines (values `32j..32j + 32`) start: Q3_K's high bits or Q5_K's
     /// fifth bits, then the rest.
     pub(super) fn chunk_line(self, j: usize) -> usize {
         match self {
@@ -117,18 +117,18 @@ impl KLaneFormat {
         }
     }
 
-    /// Chunk `j`'s line of 4-bit values `8i..8i + 8` (q5_k::BYTES, iq4_xs::BYTES).
+    /// Chunk `j`'s line of 4-bit values `8i..8i + 8` (Q5_K, IQ4_XS).
     pub(super) fn nibble_line(self, j: usize, i: usize) -> usize {
         self.chunk_line(j + 1) - 4 + i
     }
 
-    /// Chunk `j`'s line `k` (0 or 1) of 2-bit values, quads `4k..4k + 4` (q2_k::BYTES, q3_k::BYTES).
+    /// Chunk `j`'s line `k` (0 or 1) of 2-bit values, quads `4k..4k + 4` (Q2_K, Q3_K).
     pub(super) fn two_bit_line(self, j: usize, k: usize) -> usize {
         self.chunk_line(j + 1) - 2 + k
     }
 }
 
-/// A q2_k::BYTES, q3_k::BYTES, q5_k::BYTES or iq4_xs::BYTES matrix in the sixteen-row layout (see the module).
+/// A Q2_K, Q3_K, Q5_K or IQ4_XS matrix in the sixteen-row layout (see the module).
 pub struct KLanes {
     format: KLaneFormat,
     blocks: usize,
@@ -151,7 +151,7 @@ impl KLanes {
                 let mut scale = |s: usize, value: i32| {
                     out[SCALES + s / 4].0[(s % 4) * ROWS + lane] = value as i8 as u8;
                 };
-                // Value `e` of chunk `j`, all its bits (q3_k::BYTES's stored 4 higher).
+                // Value `e` of chunk `j`, all its bits (Q3_K's stored 4 higher).
                 let value: Box<dyn Fn(usize, usize) -> u8> = match format {
                     KLaneFormat::Q2K => {
                         // A byte a sub-block of 16: its scale, and its minimum on top.
@@ -196,7 +196,7 @@ impl KLanes {
                         })
                     }
                 };
-                // Where the file's `d` and (q2_k::BYTES's, q5_k::BYTES's) `dmin` sit in a super-block.
+                // Where the file's `d` and (Q2_K's, Q5_K's) `dmin` sit in a super-block.
                 let (d, dmin) = match format {
                     KLaneFormat::Q2K => (80, Some(82)),
                     KLaneFormat::Q3K => (108, None),
@@ -267,11 +267,11 @@ impl Layout for KLanes {
         {
             let m = self;
             let groups = (|g| m.group(g), m.blocks);
-            // q2_k::BYTES and q3_k::BYTES have VNNI kernels; q5_k::BYTES and iq4_xs::BYTES take this layout only
+            // Q2_K and Q3_K have VNNI kernels; Q5_K and IQ4_XS take this layout only
             // without VNNI.
             let vnni = crate::simd::vnni();
             if m.format == KLaneFormat::Q2K {
-                // q2_k::BYTES follows llama.cpp's repacked kernels, whose rounding each row's
+                // Q2_K follows llama.cpp's repacked kernels, whose rounding each row's
                 // kernel names: every row, four a pass.
                 let all: Vec<usize> = (0..kernels.len()).collect();
                 lane_groups(out, range, &all, 4, groups, |g, four, soon| {
@@ -429,7 +429,7 @@ mod tests {
     /// A portable dot product of one weight row and one activation row.
     type Dot = fn(&[u8], &Q8KRow) -> f32;
 
-    /// Both plans of the AVX2 kernel, for q3_k::BYTES, q5_k::BYTES and iq4_xs::BYTES.
+    /// Both plans of the AVX2 kernel, for Q3_K, Q5_K and IQ4_XS.
     #[test]
     fn avx2_kernels_are_bit_identical_to_the_portable_ones() {
         if crate::simd::cpu::lacks(crate::simd::cpu::detected().avx2, "avx2") {
@@ -451,7 +451,7 @@ mod tests {
         });
     }
 
-    /// Both plans of the AVX-512 VNNI q3_k::BYTES kernel.
+    /// Both plans of the AVX-512 VNNI Q3_K kernel.
     #[test]
     fn q3k_vnni_kernel_is_bit_identical_to_the_portable_ones() {
         if crate::simd::cpu::lacks(crate::simd::cpu::detected().vnni, "vnni") {
@@ -465,7 +465,7 @@ mod tests {
         });
     }
 
-    /// A q2_k::BYTES kernel's group of sixteen rows against one to four activation rows.
+    /// A Q2_K kernel's group of sixteen rows against one to four activation rows.
     type Q2kKernel = unsafe fn(&KLanes, usize, &[&Q8KRow], &[RowKernel]) -> Vec<[f32; ROWS]>;
 
     /// Every row of every group (a ragged last one) against one to four activation rows of
@@ -520,7 +520,7 @@ mod tests {
         }
     }
 
-    /// The AVX2 q2_k::BYTES kernel.
+    /// The AVX2 Q2_K kernel.
     #[test]
     fn q2k_avx2_kernel_is_bit_identical_to_the_portable_one() {
         if crate::simd::cpu::lacks(crate::simd::cpu::detected().avx2, "avx2") {
@@ -538,7 +538,7 @@ mod tests {
         });
     }
 
-    /// The AVX-512 VNNI q2_k::BYTES kernel.
+    /// The AVX-512 VNNI Q2_K kernel.
     #[test]
     fn q2k_vnni_kernel_is_bit_identical_to_the_portable_one() {
         if crate::simd::cpu::lacks(crate::simd::cpu::detected().vnni, "vnni") {
@@ -556,7 +556,7 @@ mod tests {
         });
     }
 
-    /// The layout's fields land where the module says, for a hand-made q5_k::BYTES super-block
+    /// The layout's fields land where the module says, for a hand-made Q5_K super-block
     /// whose every value, scale and minimum differs.
     #[test]
     fn q5k_layout_puts_each_field_where_the_module_says() {

@@ -155,21 +155,21 @@ pub enum OwnFormat {
 impl OwnFormat {
     /// Bytes per row of `cols` values.
     pub fn row_bytes(self, cols: usize) -> usize {
+        use formats::{block32::block_bytes, iq4_xs, q2_k, q3_k, q4_k, q5_1, q5_k, q6_k};
+        let super_blocks = cols / q8k::QK_K;
         match self {
             Self::Blocks(f) => f.row_bytes(cols),
             Self::Q4_0Repacked => BlockFormat::Q4_0.row_bytes(cols),
-            Self::Q5_1 => cols / 32 * formats::block32::block_bytes::<formats::q5_1::Q5_1>(),
-            Self::Q4K => cols / crate::quant::q8k::QK_K * crate::quant::formats::q4_k::BYTES,
-            Self::Q5K => cols / crate::quant::q8k::QK_K * crate::quant::formats::q5_k::BYTES,
-            Self::Q3K => cols / crate::quant::q8k::QK_K * crate::quant::formats::q3_k::BYTES,
-            Self::Q2KRepacked => {
-                cols / crate::quant::q8k::QK_K * crate::quant::formats::q2_k::BYTES
-            }
-            Self::Iq4Xs => cols / crate::quant::q8k::QK_K * crate::quant::formats::iq4_xs::BYTES,
+            Self::Q5_1 => cols / 32 * block_bytes::<q5_1::Q5_1>(),
+            Self::Q4K => super_blocks * q4_k::BYTES,
+            Self::Q5K => super_blocks * q5_k::BYTES,
+            Self::Q3K => super_blocks * q3_k::BYTES,
+            Self::Q2KRepacked => super_blocks * q2_k::BYTES,
+            Self::Iq4Xs => super_blocks * iq4_xs::BYTES,
             Self::Iq4NlRepacked => cols / 32 * iq4::IQ4_NL,
             Self::F32 => cols * 4,
             Self::F16 | Self::Bf16 => cols * 2,
-            Self::Q6K => cols / crate::quant::q8k::QK_K * crate::quant::formats::q6_k::BYTES,
+            Self::Q6K => super_blocks * q6_k::BYTES,
             Self::Listed(f) => f.row_bytes(cols),
         }
     }
@@ -179,7 +179,7 @@ impl OwnFormat {
         match self {
             Self::Blocks(_) | Self::Q4_0Repacked | Self::Q5_1 | Self::Iq4NlRepacked => 32,
             Self::Q2KRepacked | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K | Self::Iq4Xs => {
-                crate::quant::q8k::QK_K
+                q8k::QK_K
             }
             Self::F32 | Self::F16 => 16,
             Self::Bf16 => 32,
@@ -231,7 +231,7 @@ enum Activations {
     Q8(Vec<q8::Q8Row>, Vec<ActTile>, block_lanes::StartsOnce),
     /// Q8_K rows, and the sums the Q5_K / IQ4_XS / Q6_K kernels add, each computed by the
     /// first chunk that needs them.
-    Q8K(Vec<crate::quant::q8k::Q8KRow>, pair_lanes::SumsOnce),
+    Q8K(Vec<q8k::Q8KRow>, pair_lanes::SumsOnce),
     /// Float rows, row-major, for F32 weights.
     Float(Vec<f32>),
     /// Rows rounded to BF16 (held as f32), row-major, for BF16 weights; and the same as
@@ -268,7 +268,7 @@ impl Activations {
             }
             // Only the repacked Q4_K GEMM quantizes its rows differently.
             ActivationKind::Q8KByKernel => Self::Q8K(
-                rows.map(|(r, &kernel)| crate::quant::q8k::quantize_row_q8k(r, kernel))
+                rows.map(|(r, &kernel)| q8k::quantize_row_q8k(r, kernel))
                     .collect(),
                 Default::default(),
             ),
@@ -284,7 +284,7 @@ impl Activations {
                 Self::Brain(rounded, narrowed)
             }
             ActivationKind::Q8KGemv => Self::Q8K(
-                rows.map(|(r, _)| crate::quant::q8k::quantize_row_q8k(r, RowKernel::Gemv))
+                rows.map(|(r, _)| q8k::quantize_row_q8k(r, RowKernel::Gemv))
                     .collect(),
                 Default::default(),
             ),
@@ -735,9 +735,9 @@ mod tests {
                             OwnFormat::Blocks(f) => {
                                 f.dot_portable(w, &q8::quantize_row_portable(xt))
                             }
-                            OwnFormat::Q4K => crate::quant::formats::q4_k::dot(
+                            OwnFormat::Q4K => formats::q4_k::dot(
                                 w,
-                                &crate::quant::q8k::quantize_row_q8k(xt, kernels[t]),
+                                &q8k::quantize_row_q8k(xt, kernels[t]),
                                 kernels[t],
                             ),
                             OwnFormat::F32 => {
@@ -778,33 +778,29 @@ mod tests {
                                     kernels[t].batched(),
                                 )
                             }
-                            OwnFormat::Iq4Xs => crate::quant::formats::iq4_xs::dot(
-                                w,
-                                &crate::quant::q8k::quantize_row_q8k(xt, RowKernel::Gemv),
-                            ),
+                            OwnFormat::Iq4Xs => {
+                                formats::iq4_xs::dot(w, &q8k::quantize_row_q8k(xt, RowKernel::Gemv))
+                            }
                             OwnFormat::Iq4NlRepacked => formats::table4::dot::<
                                 formats::iq4_nl::Iq4Nl,
                             >(
                                 w, &q8::quantize_row_portable(xt)
                             ),
                             OwnFormat::Listed(_) => unreachable!("not among the formats tried"),
-                            OwnFormat::Q2KRepacked => crate::quant::formats::q2_k::dot_repacked(
+                            OwnFormat::Q2KRepacked => formats::q2_k::dot_repacked(
                                 w,
-                                &crate::quant::q8k::quantize_row_q8k(xt, kernels[t]),
+                                &q8k::quantize_row_q8k(xt, kernels[t]),
                                 kernels[t],
                             ),
-                            OwnFormat::Q3K => crate::quant::formats::q3_k::dot(
-                                w,
-                                &crate::quant::q8k::quantize_row_q8k(xt, RowKernel::Gemv),
-                            ),
-                            OwnFormat::Q5K => crate::quant::formats::q5_k::dot(
-                                w,
-                                &crate::quant::q8k::quantize_row_q8k(xt, RowKernel::Gemv),
-                            ),
-                            OwnFormat::Q6K => crate::quant::formats::q6_k::dot(
-                                w,
-                                &crate::quant::q8k::quantize_row_q8k(xt, RowKernel::Gemv),
-                            ),
+                            OwnFormat::Q3K => {
+                                formats::q3_k::dot(w, &q8k::quantize_row_q8k(xt, RowKernel::Gemv))
+                            }
+                            OwnFormat::Q5K => {
+                                formats::q5_k::dot(w, &q8k::quantize_row_q8k(xt, RowKernel::Gemv))
+                            }
+                            OwnFormat::Q6K => {
+                                formats::q6_k::dot(w, &q8k::quantize_row_q8k(xt, RowKernel::Gemv))
+                            }
                         };
                         assert_eq!(
                             want.to_bits(),

@@ -1,4 +1,4 @@
-//! q5_k::BYTES and iq4_xs::BYTES weights laid out two rows to a 512-bit vector, for their AVX-512 VNNI
+//! Q5_K and IQ4_XS weights laid out two rows to a 512-bit vector, for their AVX-512 VNNI
 //! kernel. llama.cpp does not repack these formats: it multiplies them with its eight-lane
 //! `vec_dot` (`ggml_vec_dot_q5_K_q8_K`, `ggml_vec_dot_iq4_xs_q8_K`), where lane `l` of a
 //! sub-block of 32 takes values `4l..4l + 4` times the sub-block's scale, one fused
@@ -10,19 +10,19 @@
 //!
 //! Per pair of rows (an odd last row paired with a zero row) and super-block, a few
 //! 64-byte lines:
-//! - a header: the rows' `d` as `f32` at bytes 0 and 4, q5_k::BYTES's `dmin` at 8 and 12, the
-//!   sub-blocks' scales as bytes at 16 (the first row's eight, then the second's; iq4_xs::BYTES's
-//!   signed), and q5_k::BYTES's minimums as `i16` at 32 (likewise);
+//! - a header: the rows' `d` as `f32` at bytes 0 and 4, Q5_K's `dmin` at 8 and 12, the
+//!   sub-blocks' scales as bytes at 16 (the first row's eight, then the second's; IQ4_XS's
+//!   signed), and Q5_K's minimums as `i16` at 32 (likewise);
 //! - four lines of 4-bit values: line `p` holds per row 32 bytes, byte `k` with value `k`
-//!   of sub-block `2p` in its low nibble and of sub-block `2p + 1` in its high one (q5_k::BYTES's
-//!   own `qs` layout; iq4_xs::BYTES's table indices are moved into it);
-//! - for q5_k::BYTES, one line of fifth bits: per row its 32 `qh` bytes, bit `j` of byte `k`
+//!   of sub-block `2p` in its low nibble and of sub-block `2p + 1` in its high one (Q5_K's
+//!   own `qs` layout; IQ4_XS's table indices are moved into it);
+//! - for Q5_K, one line of fifth bits: per row its 32 `qh` bytes, bit `j` of byte `k`
 //!   being the fifth bit of value `k` of sub-block `j`.
 //!
 //! Rows of micro-batches of 8 or more take the tiled kernel (`tiled`), whose arithmetic is
 //! that of llama.cpp's tiled matmul, which it uses for them.
 //!
-//! `vpdpbusd` multiplies unsigned by signed bytes. q5_k::BYTES's values are unsigned; iq4_xs::BYTES's
+//! `vpdpbusd` multiplies unsigned by signed bytes. Q5_K's values are unsigned; IQ4_XS's
 //! table values are signed, so the kernel looks them up 128 higher and starts each lane's
 //! sum at −128 times the sum of its four activations ([`LaneSums`]).
 
@@ -46,9 +46,9 @@ use crate::simd::convert::f16_at;
 /// The formats this layout takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PairFormat {
-    /// q5_k::BYTES.
+    /// Q5_K.
     Q5K,
-    /// iq4_xs::BYTES.
+    /// IQ4_XS.
     Iq4Xs,
 }
 
@@ -70,7 +70,7 @@ impl PairFormat {
     }
 }
 
-/// A q5_k::BYTES or iq4_xs::BYTES matrix in the two-row layout (see the module).
+/// A Q5_K or IQ4_XS matrix in the two-row layout (see the module).
 pub struct PairLanes {
     format: PairFormat,
     rows: usize,
@@ -119,7 +119,7 @@ impl PairLanes {
     }
 }
 
-/// Writes one q5_k::BYTES super-block as row `half` (0 or 1) of its pair's lines.
+/// Writes one Q5_K super-block as row `half` (0 or 1) of its pair's lines.
 fn lay_q5k(block: &[u8], half: usize, out: &mut [Line]) {
     let head = &mut out[0].0;
     head[4 * half..4 * half + 4].copy_from_slice(&f16_at(block, 0).to_le_bytes());
@@ -136,7 +136,7 @@ fn lay_q5k(block: &[u8], half: usize, out: &mut [Line]) {
     out[5].0[32 * half..32 * half + 32].copy_from_slice(&block[16..48]);
 }
 
-/// Writes one iq4_xs::BYTES super-block as row `half` (0 or 1) of its pair's lines.
+/// Writes one IQ4_XS super-block as row `half` (0 or 1) of its pair's lines.
 fn lay_iq4xs(block: &[u8], half: usize, out: &mut [Line]) {
     let head = &mut out[0].0;
     head[4 * half..4 * half + 4].copy_from_slice(&f16_at(block, 0).to_le_bytes());
@@ -160,8 +160,8 @@ fn lay_iq4xs(block: &[u8], half: usize, out: &mut [Line]) {
 }
 
 /// Sums of one activation row's values that the kernels add besides the products: the sum
-/// of each sub-block of 32 (for q5_k::BYTES's minimum terms, and for the tiled kernel's iq4_xs::BYTES
-/// table offset), and for iq4_xs::BYTES −128 times the sum of each lane's four values (which
+/// of each sub-block of 32 (for Q5_K's minimum terms, and for the tiled kernel's IQ4_XS
+/// table offset), and for IQ4_XS −128 times the sum of each lane's four values (which
 /// undoes the table's offset in the one-row kernel).
 pub struct LaneSums {
     /// Per super-block, the eight sub-blocks' sums.

@@ -1,4 +1,4 @@
-//! q4_k::BYTES weights interleaved sixteen rows at a time, one weight row per 32-bit lane, for the
+//! Q4_K weights interleaved sixteen rows at a time, one weight row per 32-bit lane, for the
 //! AVX-512 VNNI kernel: one multiply-add instruction takes four consecutive values of each
 //! of sixteen rows against the same four activations (broadcast), so every lane keeps one
 //! weight row's sum and no horizontal sums are ever needed. CPUs with AVX2 alone take the
@@ -40,14 +40,14 @@ pub const LINES: usize = 37;
 const MINS: usize = 3;
 const VALUES: usize = 5;
 
-/// A q4_k::BYTES matrix in the sixteen-row layout (see the module).
+/// A Q4_K matrix in the sixteen-row layout (see the module).
 pub struct Q4kLanes {
     blocks: usize,
     lines: Vec<Line>,
 }
 
 impl Q4kLanes {
-    /// Interleaves row-major q4_k::BYTES super-blocks (`rows` rows of `blocks` each).
+    /// Interleaves row-major Q4_K super-blocks (`rows` rows of `blocks` each).
     pub fn new(raw: &[u8], rows: usize, blocks: usize) -> Self {
         assert_eq!(raw.len(), rows * blocks * q4_k::BYTES);
         let groups = rows.div_ceil(ROWS);
@@ -230,7 +230,7 @@ impl Layout for Q4kLanes {
 
     fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
         let Activations::Q8K(a, _) = acts else {
-            unreachable!("q4_k::BYTES takes Q8_K activations");
+            unreachable!("Q4_K takes Q8_K activations");
         };
         #[cfg(target_arch = "x86_64")]
         {

@@ -1,4 +1,4 @@
-//! q6_k::BYTES weights interleaved sixteen rows at a time, one weight row per 32-bit lane, for the
+//! Q6_K weights interleaved sixteen rows at a time, one weight row per 32-bit lane, for the
 //! AVX-512 VNNI kernel (as [`super::q4k_lanes`] does for Q4_K): one instruction multiplies
 //! four consecutive values of sixteen rows by the same four activations, so every lane
 //! keeps one weight row's sums and none are ever summed across lanes. CPUs with AVX2 alone
@@ -51,14 +51,14 @@ pub const LINES: usize = 53;
 const SCALES: usize = 1;
 const VALUES: usize = 5;
 
-/// A q6_k::BYTES matrix in the sixteen-row layout (see the module).
+/// A Q6_K matrix in the sixteen-row layout (see the module).
 pub struct Q6kLanes {
     blocks: usize,
     lines: Vec<Line>,
 }
 
 impl Q6kLanes {
-    /// Interleaves row-major q6_k::BYTES super-blocks (`rows` rows of `blocks` each).
+    /// Interleaves row-major Q6_K super-blocks (`rows` rows of `blocks` each).
     pub fn new(raw: &[u8], rows: usize, blocks: usize) -> Self {
         assert_eq!(raw.len(), rows * blocks * q6_k::BYTES);
         let groups = rows.div_ceil(ROWS);
@@ -274,7 +274,7 @@ impl Layout for Q6kLanes {
 
     fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
         let Activations::Q8K(a, once) = acts else {
-            unreachable!("q6_k::BYTES takes Q8_K activations");
+            unreachable!("Q6_K takes Q8_K activations");
         };
         #[cfg(target_arch = "x86_64")]
         {
@@ -343,7 +343,7 @@ mod tests {
     use crate::quant::{OwnFormat, RowKernel};
     use crate::simd::prefetch::Upcoming;
 
-    /// A random `rows × cols` q6_k::BYTES matrix (raw and laid out) and `n` activation rows.
+    /// A random `rows × cols` Q6_K matrix (raw and laid out) and `n` activation rows.
     fn sample_matrix(
         seed: u64,
         rows: usize,

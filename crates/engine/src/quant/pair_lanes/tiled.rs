@@ -1,6 +1,6 @@
 //! The two-row layout's kernel for micro-batches of 8 or more activation rows, with the
 //! arithmetic of llama.cpp's tiled matmul (`ggml-cpu/tiled`, its AVX-512 VNNI
-//! microkernel), which llama.cpp takes for such a matmul of q5_k::BYTES or IQ4_XS weights: per
+//! microkernel), which llama.cpp takes for such a matmul of Q5_K or IQ4_XS weights: per
 //! super-block one exact integer sum of the scaled sub-block products (and of the minimum
 //! terms), one float result, added times the activation's scale to a running sum. The
 //! portable twins are `crate::quant::formats::q5_k::dot_tiled` and `crate::quant::formats::iq4_xs::dot_tiled`.
@@ -33,12 +33,12 @@ struct Tile {
     codes: [Line; 64],
     /// Per sub-block, the rows' scales (IQ4_XS's signed).
     scales: [[i32; ROWS]; 8],
-    /// Per pair of sub-blocks `2i, 2i + 1`, the rows' two minimums (q5_k::BYTES) or two scales
+    /// Per pair of sub-blocks `2i, 2i + 1`, the rows' two minimums (Q5_K) or two scales
     /// (IQ4_XS) as 16-bit halves of a lane.
     pairs: [[i32; ROWS]; 4],
     /// The rows' `d`.
     d: [f32; ROWS],
-    /// The rows' `dmin` (q5_k::BYTES).
+    /// The rows' `dmin` (Q5_K).
     dmin: [f32; ROWS],
 }
 

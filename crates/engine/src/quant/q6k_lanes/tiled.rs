@@ -1,4 +1,4 @@
-//! The sixteen-row q6_k::BYTES layout's kernel for rows of micro-batches of 8 or more, with the
+//! The sixteen-row Q6_K layout's kernel for rows of micro-batches of 8 or more, with the
 //! arithmetic of llama.cpp's tiled matmul (`ggml-cpu/tiled`, its AVX-512 VNNI
 //! microkernel), which llama.cpp takes for them: per super-block one exact integer sum of
 //! the sixteen sub-blocks' scaled products (the values stored 32 higher, less 32 times the
@@ -22,7 +22,7 @@ use crate::quant::q8k::QK_K;
 const PASS: usize = 8;
 
 /// Output features `range` of `m` (a multiple of 16 from its start) for activation rows
-/// `rows` of `a`, whose q6_k::BYTES offsets (`SumsOnce::q6k_offsets`) are `offsets`.
+/// `rows` of `a`, whose Q6_K offsets (`SumsOnce::q6k_offsets`) are `offsets`.
 ///
 /// # Safety
 /// AVX-512 (F, VL, BW) and VNNI must be available.
