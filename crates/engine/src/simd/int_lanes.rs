@@ -53,16 +53,3 @@ pub fn pair16(low: i32, high: i32) -> i32 {
 pub fn lanes_avx2(x: __m256i, y: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1))
 }
-
-/// The eight 32-bit integer lanes of `v`.
-///
-/// # Safety
-/// Register-only: safe to call from code compiled with AVX2; from other code the call
-/// is `unsafe`, and the CPU must have AVX2.
-#[target_feature(enable = "avx2")]
-pub fn i32_lanes(v: __m256i) -> [i32; 8] {
-    let mut out = [0i32; 8];
-    // SAFETY: `out` holds the eight values stored.
-    unsafe { _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, v) };
-    out
-}

@@ -30,6 +30,7 @@ pub fn reduce_add_16(v: &[f32; 16]) -> f32 {
 /// Register-only: safe to call from code compiled with AVX2; from other code the call
 /// is `unsafe`, and the CPU must have AVX2.
 #[target_feature(enable = "avx2")]
+#[inline]
 pub fn hsum_m256(acc: std::arch::x86_64::__m256) -> f32 {
     hsum8(&f32_lanes(acc))
 }
@@ -41,6 +42,7 @@ pub fn hsum_m256(acc: std::arch::x86_64::__m256) -> f32 {
 /// Register-only: safe to call from code compiled with AVX2; from other code the call
 /// is `unsafe`, and the CPU must have AVX2.
 #[target_feature(enable = "avx2")]
+#[inline]
 pub fn f32_lanes(v: std::arch::x86_64::__m256) -> [f32; 8] {
     let mut lanes = [0f32; 8];
     // SAFETY: `lanes` holds the eight values stored.
