@@ -12,7 +12,9 @@ stay up together while the file is measured: `--rounds` times (default 5), each 
 turn (the order alternating from round to round), a prefill (TTFT of a ~500-token prompt
 that no prefix cache holds) and a decode (64 streamed tokens, single stream), each under
 bench/quiet.py (the idle server sleeps). With `--ik-llama-server`, ik_llama.cpp's server
-is measured the same way beside them. The machine's memory bandwidth is measured before
+is measured the same way beside them, and with `--baseline-ferrite` another build of
+ferrite (an earlier commit's `target/release/ferrite`, to see what a change did to speed).
+The machine's memory bandwidth is measured before
 and after (benches/memory_bandwidth.rs), and ferrite's decode is stated as the weights it
 reads per second (the file's size per token: every matrix is read once per token) and as
 a share of that bandwidth. This machine's speed drifts by a third within
@@ -23,7 +25,8 @@ table.
 
     cargo build --release
     python3 bench/formats.py --llama-server /path/to/llama-server \
-        [--ik-llama-server /path/to/ik/llama-server] [--types q4_k_m q8_0 ...]
+        [--ik-llama-server /path/to/ik/llama-server] [--baseline-ferrite /path/to/ferrite] \
+        [--types q4_k_m q8_0 ...]
 """
 
 import argparse
@@ -91,6 +94,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama-server", required=True)
     ap.add_argument("--ik-llama-server", help="ik_llama.cpp's llama-server, measured too")
+    ap.add_argument("--baseline-ferrite", help="another build of ferrite, measured too")
     ap.add_argument("--types", nargs="+", default=["q4_k_m", "q5_k_m", "q8_0", "iq4_xs", "f16"])
     ap.add_argument("--rounds", type=int, default=5, help="turns of each server per file")
     ap.add_argument("--json-out")
@@ -117,6 +121,8 @@ def main():
                         "--tokenizer-from", str(tokenizer), "--out", str(path)], check=True)
         weight_bytes[ty] = path.stat().st_size
         binaries = {"ferrite": None, "llama-server": args.llama_server}
+        if args.baseline_ferrite:
+            binaries["ferrite-baseline"] = args.baseline_ferrite
         if args.ik_llama_server:
             binaries["ik_llama.cpp"] = args.ik_llama_server
         kinds = list(binaries)
@@ -148,7 +154,8 @@ def main():
             }
         path.unlink()
     bandwidth.append(memory_bandwidth())
-    others = [k for k in ("llama-server", "ik_llama.cpp") if (args.types[0], k) in table]
+    others = [k for k in ("ferrite-baseline", "llama-server", "ik_llama.cpp")
+              if (args.types[0], k) in table]
     head = ["weights (1B shape)"]
     for phase in ("prefill", "decode"):
         head.append(f"{phase} tok/s ferrite")
