@@ -7,7 +7,13 @@ use half::{bf16, f16};
 /// The little-endian f16 at `bytes[at..at + 2]`, as f32.
 #[inline]
 pub fn f16_at(bytes: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
+    f16_le([bytes[at], bytes[at + 1]])
+}
+
+/// A little-endian f16 as stored (a block's scale field), as f32.
+#[inline]
+pub fn f16_le(bytes: [u8; 2]) -> f32 {
+    f16::from_le_bytes(bytes).to_f32()
 }
 
 /// Activations rounded to BF16 and back, as llama.cpp converts them for BF16 weights

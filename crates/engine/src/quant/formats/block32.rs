@@ -105,25 +105,6 @@ pub(in crate::quant) const fn info<F: Block32>() -> FormatInfo {
     }
 }
 
-/// The 32 values of sixteen bytes of nibbles (low nibbles the first sixteen), each
-/// with bit `j` of `high` as its fifth bit where given, less `offset`.
-pub(in crate::quant) fn nibbles(qs: &[u8; 16], high: Option<u32>, offset: i32) -> [i32; 32] {
-    let high = high.unwrap_or(0);
-    std::array::from_fn(|e| {
-        let nibble = if e < 16 {
-            qs[e] & 0x0F
-        } else {
-            qs[e - 16] >> 4
-        };
-        (nibble as i32 | (((high >> e) & 1) << 4) as i32) - offset
-    })
-}
-
-/// An f16 as stored (little-endian bytes), as f32.
-pub(in crate::quant) fn f16(bytes: [u8; 2]) -> f32 {
-    half::f16::from_le_bytes(bytes).to_f32()
-}
-
 #[cfg(test)]
 pub(in crate::quant) mod tests {
     use super::*;

@@ -7,10 +7,12 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::super::q8k::Q8KRow;
-use super::super::{iq4, OwnFormat, QMatrix};
-use super::block32::f16;
+use super::super::{OwnFormat, QMatrix};
+use super::iq4_nl::Iq4Nl;
 use super::kquant::{self, add_lanes, super_block, SuperBlock};
+use super::table4;
 use super::{blocks, FormatInfo, MatrixReader};
+use crate::simd::convert::f16_le;
 
 /// A super-block as stored.
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -58,15 +60,7 @@ impl Iq4Xs {
 
     /// The 32 table values of block `ib`.
     fn values(&self, ib: usize) -> [i32; 32] {
-        let qs = &self.qs[16 * ib..16 * ib + 16];
-        std::array::from_fn(|e| {
-            let nibble = if e < 16 {
-                qs[e] & 0x0F
-            } else {
-                qs[e - 16] >> 4
-            };
-            iq4::VALUES[nibble as usize] as i32
-        })
+        table4::indexed::<Iq4Nl>(&self.qs[16 * ib..16 * ib + 16])
     }
 }
 
@@ -82,7 +76,7 @@ pub(in crate::quant) fn dot(w: &[u8], a: &Q8KRow) -> f32 {
             let products: [i32; 32] = std::array::from_fn(|e| values[e] * q8[e] as i32);
             add_lanes(&mut lanes, &products, block.scale(ib));
         }
-        let d = f16(block.d) * a.d[b];
+        let d = f16_le(block.d) * a.d[b];
         for (l, &lane) in lanes.iter().enumerate() {
             acc[l] = d.mul_add(lane as f32, acc[l]);
         }
@@ -105,7 +99,7 @@ pub(in crate::quant) fn dot_tiled(w: &[u8], a: &Q8KRow) -> f32 {
             let raw: i32 = (0..32).map(|e| values[e] * q8[32 * ib + e] as i32).sum();
             s1 = s1.wrapping_add(block.scale(ib).wrapping_mul(raw));
         }
-        acc = (s1 as f32 * f16(block.d)).mul_add(a.d[b], acc);
+        acc = (s1 as f32 * f16_le(block.d)).mul_add(a.d[b], acc);
     }
     acc
 }
@@ -120,7 +114,7 @@ pub(in crate::quant) fn dot_tile(w: &[u8], a: &[&Q8KRow], tiled: bool) -> [f32; 
 /// scale `d · (ls − 32)` first, then times the table value.
 pub(in crate::quant) fn dequantize(row: &[u8], out: &mut Vec<f32>) {
     for block in blocks::<Iq4Xs>(row) {
-        let d = f16(block.d);
+        let d = f16_le(block.d);
         for ib in 0..8 {
             let dl = d * block.scale(ib) as f32;
             out.extend(block.values(ib).iter().map(|&v| dl * v as f32));
@@ -131,6 +125,7 @@ pub(in crate::quant) fn dequantize(row: &[u8], out: &mut Vec<f32>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quant::formats::kquant::tests::assert_close;
     use crate::quant::q8k::{quantize_row_q8k, QK_K};
     use crate::quant::RowKernel;
 
@@ -145,10 +140,7 @@ mod tests {
         dequantize(&xs, &mut w);
         let exact: f32 = (0..QK_K).map(|i| w[i] * a.d[0] * a.qs[i] as f32).sum();
         let got = dot(&xs, &a);
-        assert!(
-            (got - exact).abs() < 1e-3 * exact.abs().max(1.0),
-            "{got} vs {exact}"
-        );
+        assert_close(got, exact);
     }
 
     #[test]

@@ -133,14 +133,45 @@ pub(in crate::quant) fn super_block(a: &Q8KRow, b: usize) -> (&[i8], &[i32]) {
 
 #[cfg(test)]
 pub(in crate::quant) mod tests {
-    use super::super::super::q8k::QK_K;
+    use super::super::super::q8k::{quantize_row_q8k, Q8KRow, QK_K};
+    use super::super::super::sample::Xorshift;
+    use super::RowKernel;
+
+    /// `got` is `exact` up to the rounding of a float product of 256 terms.
+    pub(in crate::quant) fn assert_close(got: f32, exact: f32) {
+        assert!(
+            (got - exact).abs() < 1e-3 * exact.abs().max(1.0),
+            "{got} vs {exact}"
+        );
+    }
+
+    /// Each of `dots` of one random super-block of `dtype` (`bytes` long, the f16 fields at
+    /// `scales` set to the values given) with random activations is the product of candle's
+    /// dequantization of it.
+    pub(in crate::quant) fn dots_match_candle(
+        dtype: candle_core::quantized::GgmlDType,
+        bytes: usize,
+        scales: &[(usize, f32)],
+        dots: &[fn(&[u8], &Q8KRow) -> f32],
+        seed: u64,
+    ) {
+        let mut rng = Xorshift::new(seed);
+        let x: Vec<f32> = (0..QK_K).map(|_| rng.next_f32() * 2.0).collect();
+        let a = quantize_row_q8k(&x, RowKernel::Gemv);
+        let mut block: Vec<u8> = (0..bytes).map(|_| rng.next_u64() as u8).collect();
+        for &(at, value) in scales {
+            block[at..at + 2].copy_from_slice(&half::f16::from_f32(value).to_le_bytes());
+        }
+        let w = candle_dequantized(&block, dtype);
+        let exact: f32 = (0..QK_K).map(|i| w[i] * a.d[0] * a.qs[i] as f32).sum();
+        for dot in dots {
+            assert_close(dot(&block, &a), exact);
+        }
+    }
 
     /// The weights of one super-block as candle decodes them (an independent reading of
     /// the format).
-    pub(in crate::quant) fn candle_dequantized(
-        block: &[u8],
-        dtype: candle_core::quantized::GgmlDType,
-    ) -> Vec<f32> {
+    fn candle_dequantized(block: &[u8], dtype: candle_core::quantized::GgmlDType) -> Vec<f32> {
         use candle_core::quantized::{QStorage, QTensor};
         use candle_core::Device;
         let storage =

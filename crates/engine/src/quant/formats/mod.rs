@@ -140,6 +140,20 @@ pub static FORMATS: &[FormatInfo] = &[
     mxfp4::INFO,
 ];
 
+/// The 32 values of sixteen bytes of nibbles (low nibbles the first sixteen), each
+/// with bit `j` of `high` as its fifth bit where given, less `offset`.
+pub(in crate::quant) fn nibbles(qs: &[u8; 16], high: Option<u32>, offset: i32) -> [i32; 32] {
+    let high = high.unwrap_or(0);
+    std::array::from_fn(|e| {
+        let nibble = if e < 16 {
+            qs[e] & 0x0F
+        } else {
+            qs[e - 16] >> 4
+        };
+        (nibble as i32 | (((high >> e) & 1) << 4) as i32) - offset
+    })
+}
+
 /// The whole blocks of a row of a format whose block is `F`.
 pub(in crate::quant) fn blocks<F: bytemuck::Pod>(row: &[u8]) -> &[F] {
     let whole = row.len() / size_of::<F>() * size_of::<F>();

@@ -7,9 +7,9 @@ use candle_core::quantized::GgmlDType;
 
 use super::super::q8k::Q8KRow;
 use super::super::RowKernel;
-use super::block32::f16;
 use super::kquant::{self, super_block, PairSums, SuperBlock};
 use super::{blocks, FormatInfo};
+use crate::simd::convert::f16_le;
 
 /// A super-block as stored.
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -45,7 +45,7 @@ pub(super) const INFO: FormatInfo = kquant::info::<Q2K>(GgmlDType::Q2K);
 pub(in crate::quant) fn dot_repacked(w: &[u8], a: &Q8KRow, kernel: RowKernel) -> f32 {
     let mut sums = PairSums::new(kernel);
     for (b, block) in blocks::<Q2K>(w).iter().enumerate() {
-        let (dd, dm) = (f16(block.d) * a.d[b], f16(block.dmin) * a.d[b]);
+        let (dd, dm) = (f16_le(block.d) * a.d[b], f16_le(block.dmin) * a.d[b]);
         let (q8, bsums) = super_block(a, b);
         for half in 0..2 {
             let (mut psum, mut pmin) = (0i32, 0i32);

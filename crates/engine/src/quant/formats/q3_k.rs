@@ -7,9 +7,9 @@ use bytemuck::{Pod, Zeroable};
 use candle_core::quantized::GgmlDType;
 
 use super::super::q8k::Q8KRow;
-use super::block32::f16;
 use super::kquant::{self, add_lanes, super_block, SuperBlock};
 use super::{blocks, FormatInfo};
+use crate::simd::convert::f16_le;
 use crate::simd::reduce::hsum8;
 
 /// A super-block as stored.
@@ -94,7 +94,7 @@ impl Q3K {
 pub(in crate::quant) fn dot(w: &[u8], a: &Q8KRow) -> f32 {
     let mut acc = [0f32; 8];
     for (b, block) in blocks::<Q3K>(w).iter().enumerate() {
-        let d = a.d[b] * f16(block.d);
+        let d = a.d[b] * f16_le(block.d);
         let lanes = block.lanes(super_block(a, b).0);
         for (l, &lane) in lanes.iter().enumerate() {
             acc[l] = d.mul_add(lane as f32, acc[l]);
@@ -112,7 +112,7 @@ pub(in crate::quant) fn dot_tiled(w: &[u8], a: &Q8KRow) -> f32 {
     for (b, block) in blocks::<Q3K>(w).iter().enumerate() {
         let lanes = block.lanes(super_block(a, b).0);
         let s1 = lanes.iter().fold(0i32, |s, &l| s.wrapping_add(l));
-        acc = (s1 as f32 * f16(block.d)).mul_add(a.d[b], acc);
+        acc = (s1 as f32 * f16_le(block.d)).mul_add(a.d[b], acc);
     }
     acc
 }
@@ -126,25 +126,10 @@ pub(in crate::quant) fn dot_tile(w: &[u8], a: &[&Q8KRow], tiled: bool) -> [f32; 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::formats::kquant::tests::candle_dequantized;
-    use crate::quant::q8k::{quantize_row_q8k, QK_K};
-    use crate::quant::RowKernel;
-    use half::f16;
+    use crate::quant::formats::kquant::tests::dots_match_candle;
 
     #[test]
     fn both_dot_products_match_candles_dequantized_product() {
-        let mut rng = crate::quant::sample::Xorshift::new(5);
-        let x: Vec<f32> = (0..QK_K).map(|_| rng.next_f32() * 2.0).collect();
-        let a = quantize_row_q8k(&x, RowKernel::Gemv);
-        let mut block: Vec<u8> = (0..BYTES).map(|_| rng.next_u64() as u8).collect();
-        block[108..110].copy_from_slice(&f16::from_f32(0.01).to_le_bytes());
-        let w = candle_dequantized(&block, GgmlDType::Q3K);
-        let exact: f32 = (0..QK_K).map(|i| w[i] * a.d[0] * a.qs[i] as f32).sum();
-        for got in [dot(&block, &a), dot_tiled(&block, &a)] {
-            assert!(
-                (got - exact).abs() < 1e-3 * exact.abs().max(1.0),
-                "{got} vs {exact}"
-            );
-        }
+        dots_match_candle(GgmlDType::Q3K, BYTES, &[(108, 0.01)], &[dot, dot_tiled], 5);
     }
 }

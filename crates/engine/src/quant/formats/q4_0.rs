@@ -3,8 +3,9 @@
 use bytemuck::{Pod, Zeroable};
 use candle_core::quantized::GgmlDType;
 
-use super::block32::{self, f16, nibbles, Block32};
-use super::FormatInfo;
+use super::block32::{self, Block32};
+use super::{nibbles, FormatInfo};
+use crate::simd::convert::f16_le;
 
 /// A block as stored.
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -21,7 +22,7 @@ impl Block32 for Q4_0 {
     const GGML_TYPE: u32 = 2;
     const CANDLE: GgmlDType = GgmlDType::Q4_0;
     fn scale(&self) -> f32 {
-        f16(self.d)
+        f16_le(self.d)
     }
     fn values(&self) -> [i32; 32] {
         nibbles(&self.qs, None, 8)

@@ -3,8 +3,9 @@
 use bytemuck::{Pod, Zeroable};
 use candle_core::quantized::GgmlDType;
 
-use super::block32::{self, f16, nibbles, Block32};
-use super::FormatInfo;
+use super::block32::{self, Block32};
+use super::{nibbles, FormatInfo};
+use crate::simd::convert::f16_le;
 
 /// A block as stored.
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -23,10 +24,10 @@ impl Block32 for Q4_1 {
     const GGML_TYPE: u32 = 3;
     const CANDLE: GgmlDType = GgmlDType::Q4_1;
     fn scale(&self) -> f32 {
-        f16(self.d)
+        f16_le(self.d)
     }
     fn minimum(&self) -> Option<f32> {
-        Some(f16(self.m))
+        Some(f16_le(self.m))
     }
     fn values(&self) -> [i32; 32] {
         nibbles(&self.qs, None, 0)

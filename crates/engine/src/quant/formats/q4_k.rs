@@ -9,9 +9,9 @@ use candle_core::quantized::GgmlDType;
 
 use super::super::q8k::Q8KRow;
 use super::super::RowKernel;
-use super::block32::f16;
 use super::kquant::{self, scale_min_k4, super_block, PairSums, SuperBlock};
 use super::{blocks, FormatInfo};
+use crate::simd::convert::f16_le;
 
 /// A super-block as stored.
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -43,7 +43,7 @@ pub(in crate::quant) fn dot(w: &[u8], a: &Q8KRow, kernel: RowKernel) -> f32 {
     let mut sums = PairSums::new(kernel);
     for (b, block) in blocks::<Q4K>(w).iter().enumerate() {
         let (q8, bsums) = super_block(a, b);
-        let (dd, dm) = (f16(block.d) * a.d[b], f16(block.dmin) * a.d[b]);
+        let (dd, dm) = (f16_le(block.d) * a.d[b], f16_le(block.dmin) * a.d[b]);
         for pair in 0..4 {
             let (mut psum, mut pmin) = (0i32, 0i32);
             for half in 0..2 {
@@ -82,7 +82,7 @@ pub(in crate::quant) mod tests {
     /// Dequantizes a Q4_K block the reference way.
     fn dequantized(block: &[u8]) -> Vec<f32> {
         let block: &Q4K = super::super::view(block);
-        let (d, dmin) = (f16(block.d), f16(block.dmin));
+        let (d, dmin) = (f16_le(block.d), f16_le(block.dmin));
         let mut out = vec![0f32; QK_K];
         for j in 0..8 {
             let (sc, m) = scale_min_k4(j, &block.scales);

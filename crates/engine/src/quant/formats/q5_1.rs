@@ -3,8 +3,9 @@
 use bytemuck::{Pod, Zeroable};
 use candle_core::quantized::GgmlDType;
 
-use super::block32::{self, f16, nibbles, Block32};
-use super::FormatInfo;
+use super::block32::{self, Block32};
+use super::{nibbles, FormatInfo};
+use crate::simd::convert::f16_le;
 
 /// A block as stored.
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -25,10 +26,10 @@ impl Block32 for Q5_1 {
     const GGML_TYPE: u32 = 7;
     const CANDLE: GgmlDType = GgmlDType::Q5_1;
     fn scale(&self) -> f32 {
-        f16(self.d)
+        f16_le(self.d)
     }
     fn minimum(&self) -> Option<f32> {
-        Some(f16(self.m))
+        Some(f16_le(self.m))
     }
     fn values(&self) -> [i32; 32] {
         nibbles(&self.qs, Some(u32::from_le_bytes(self.qh)), 0)

@@ -7,9 +7,9 @@ use bytemuck::{Pod, Zeroable};
 use candle_core::quantized::GgmlDType;
 
 use super::super::q8k::Q8KRow;
-use super::block32::f16;
 use super::kquant::{self, add_lanes, scale_min_k4, super_block, SuperBlock};
 use super::{blocks, FormatInfo};
+use crate::simd::convert::f16_le;
 use crate::simd::reduce::hsum8;
 
 /// A super-block as stored.
@@ -58,8 +58,8 @@ pub(in crate::quant) fn dot(w: &[u8], a: &Q8KRow) -> f32 {
     let mut acc = [0f32; 8];
     let mut mins = 0f32;
     for (b, block) in blocks::<Q5K>(w).iter().enumerate() {
-        let d = a.d[b] * f16(block.d);
-        let dmin = -a.d[b] * f16(block.dmin);
+        let d = a.d[b] * f16_le(block.d);
+        let dmin = -a.d[b] * f16_le(block.dmin);
         let (q8, bsums) = super_block(a, b);
         let mut imin = 0i32;
         let mut lanes = [0i32; 8];
@@ -91,7 +91,7 @@ pub(in crate::quant) fn dot(w: &[u8], a: &Q8KRow) -> f32 {
 pub(in crate::quant) fn dot_tiled(w: &[u8], a: &Q8KRow) -> f32 {
     let mut acc = 0f32;
     for (b, block) in blocks::<Q5K>(w).iter().enumerate() {
-        let (d, dmin) = (f16(block.d), f16(block.dmin));
+        let (d, dmin) = (f16_le(block.d), f16_le(block.dmin));
         let (q8, bsums) = super_block(a, b);
         let (mut s1, mut s2) = (0i32, 0i32);
         for j in 0..8 {
@@ -116,26 +116,11 @@ pub(in crate::quant) fn dot_tile(w: &[u8], a: &[&Q8KRow], tiled: bool) -> [f32; 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::formats::kquant::tests::candle_dequantized;
-    use crate::quant::q8k::{quantize_row_q8k, QK_K};
-    use crate::quant::RowKernel;
-    use half::f16;
+    use crate::quant::formats::kquant::tests::dots_match_candle;
 
     #[test]
     fn both_dot_products_match_candles_dequantized_product() {
-        let mut rng = crate::quant::sample::Xorshift::new(5);
-        let x: Vec<f32> = (0..QK_K).map(|_| rng.next_f32() * 2.0).collect();
-        let a = quantize_row_q8k(&x, RowKernel::Gemv);
-        let mut block: Vec<u8> = (0..BYTES).map(|_| rng.next_u64() as u8).collect();
-        block[0..2].copy_from_slice(&f16::from_f32(0.01).to_le_bytes());
-        block[2..4].copy_from_slice(&f16::from_f32(0.02).to_le_bytes());
-        let w = candle_dequantized(&block, GgmlDType::Q5K);
-        let exact: f32 = (0..QK_K).map(|i| w[i] * a.d[0] * a.qs[i] as f32).sum();
-        for got in [dot(&block, &a), dot_tiled(&block, &a)] {
-            assert!(
-                (got - exact).abs() < 1e-3 * exact.abs().max(1.0),
-                "{got} vs {exact}"
-            );
-        }
+        let scales = [(0, 0.01), (2, 0.02)];
+        dots_match_candle(GgmlDType::Q5K, BYTES, &scales, &[dot, dot_tiled], 5);
     }
 }

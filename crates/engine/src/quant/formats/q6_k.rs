@@ -7,9 +7,9 @@ use bytemuck::{Pod, Zeroable};
 use candle_core::quantized::GgmlDType;
 
 use super::super::q8k::{Q8KRow, QK_K};
-use super::block32::f16;
 use super::kquant::{self, super_block, SuperBlock};
 use super::{blocks, FormatInfo};
+use crate::simd::convert::f16_le;
 use crate::simd::reduce::hsum8;
 
 /// A super-block as stored.
@@ -63,7 +63,7 @@ pub(in crate::quant) fn dot(w: &[u8], a: &Q8KRow) -> f32 {
     let mut acc = [0f32; 8];
     for (b, block) in blocks::<Q6K>(w).iter().enumerate() {
         let sc = block.scales.map(|s| s as i8 as i32);
-        let d = a.d[b] * f16(block.d);
+        let d = a.d[b] * f16_le(block.d);
         let (q8, bsums) = super_block(a, b);
         let mut lanes = [0i32; 8];
         for j in 0..2 {
@@ -109,7 +109,7 @@ pub(in crate::quant) fn dot_tiled(w: &[u8], a: &Q8KRow) -> f32 {
                 .sum();
             s1 = s1.wrapping_add((scale as i8 as i32).wrapping_mul(raw));
         }
-        acc = (s1 as f32 * f16(block.d)).mul_add(a.d[b], acc);
+        acc = (s1 as f32 * f16_le(block.d)).mul_add(a.d[b], acc);
     }
     acc
 }
@@ -124,7 +124,7 @@ pub(in crate::quant) fn dot_tile(w: &[u8], a: &[&Q8KRow], tiled: bool) -> [f32; 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::formats::kquant::tests::candle_dequantized;
+    use crate::quant::formats::kquant::tests::{assert_close, dots_match_candle};
     use crate::quant::q8k::quantize_row_q8k;
     use crate::quant::RowKernel;
     use half::f16;
@@ -158,28 +158,13 @@ mod tests {
                 }
             }
         }
-        let got = dot_tile(&block, &[&a], false)[0];
-        assert!(
-            (got - exact).abs() < 1e-3 * exact.abs().max(1.0),
-            "{got} vs {exact}"
-        );
+        assert_close(dot_tile(&block, &[&a], false)[0], exact);
     }
 
     /// The tiled product is the dequantized product (candle's dequantization), up to
     /// rounding.
     #[test]
     fn the_tiled_dot_product_matches_candles_dequantized_product() {
-        let mut rng = crate::quant::sample::Xorshift::new(7);
-        let x: Vec<f32> = (0..QK_K).map(|_| rng.next_f32() * 2.0).collect();
-        let a = quantize_row_q8k(&x, RowKernel::Gemv);
-        let mut block: Vec<u8> = (0..BYTES).map(|_| rng.next_u64() as u8).collect();
-        block[208..210].copy_from_slice(&f16::from_f32(0.01).to_le_bytes());
-        let w = candle_dequantized(&block, GgmlDType::Q6K);
-        let exact: f32 = (0..QK_K).map(|i| w[i] * a.d[0] * a.qs[i] as f32).sum();
-        let got = dot_tiled(&block, &a);
-        assert!(
-            (got - exact).abs() < 1e-3 * exact.abs().max(1.0),
-            "{got} vs {exact}"
-        );
+        dots_match_candle(GgmlDType::Q6K, BYTES, &[(208, 0.01)], &[dot_tiled], 7);
     }
 }

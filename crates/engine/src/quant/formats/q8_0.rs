@@ -3,8 +3,9 @@
 use bytemuck::{Pod, Zeroable};
 use candle_core::quantized::GgmlDType;
 
-use super::block32::{self, f16, Block32};
+use super::block32::{self, Block32};
 use super::FormatInfo;
+use crate::simd::convert::f16_le;
 
 /// A block as stored.
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -21,7 +22,7 @@ impl Block32 for Q8_0 {
     const GGML_TYPE: u32 = 8;
     const CANDLE: GgmlDType = GgmlDType::Q8_0;
     fn scale(&self) -> f32 {
-        f16(self.d)
+        f16_le(self.d)
     }
     fn values(&self) -> [i32; 32] {
         self.qs.map(|q| q as i8 as i32)

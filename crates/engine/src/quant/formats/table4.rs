@@ -56,8 +56,9 @@ fn values<F: Table4>(block: &[u8]) -> [i32; 32] {
     indexed::<F>(&block[scale_bytes::<F>()..])
 }
 
-/// The 32 table values of a block's 16 bytes of indices, in order.
-fn indexed<F: Table4>(qs: &[u8]) -> [i32; 32] {
+/// The 32 table values of a block's 16 bytes of indices, in order (IQ4_XS's blocks of
+/// 32 index IQ4_NL's table the same way).
+pub(in crate::quant) fn indexed<F: Table4>(qs: &[u8]) -> [i32; 32] {
     let mut out = [0i32; 32];
     for (j, &b) in qs.iter().enumerate() {
         out[j] = F::VALUES[(b & 0x0F) as usize] as i32;
