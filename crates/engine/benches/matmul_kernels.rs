@@ -12,7 +12,7 @@
 use std::time::Instant;
 
 use ferrite_engine::quant::sample::{self, Xorshift};
-use ferrite_engine::quant::{BlockFormat, OwnFormat, QMatrix, RowKernel};
+use ferrite_engine::quant::{OwnFormat, QMatrix, RowKernel};
 
 /// The matrix's default shape.
 const ROWS: usize = 2048;
@@ -53,24 +53,24 @@ fn main() {
 
 fn run(rows: usize, cols: usize, only: Option<&str>, batches: &[usize]) {
     let formats = [
-        ("Q4_0", OwnFormat::Blocks(BlockFormat::Q4_0)),
+        ("Q4_0", OwnFormat::Q4_0),
         // Q4_0 as real models' matrices take it (rows a multiple of eight: llama.cpp's
         // repacked arithmetic).
-        ("Q4_0R", OwnFormat::Q4_0Repacked),
-        ("Q4_1", OwnFormat::Blocks(BlockFormat::Q4_1)),
-        ("Q5_0", OwnFormat::Blocks(BlockFormat::Q5_0)),
-        ("Q8_0", OwnFormat::Blocks(BlockFormat::Q8_0)),
-        ("Q4_K", OwnFormat::Q4K),
-        ("Q5_K", OwnFormat::Q5K),
-        ("Q6_K", OwnFormat::Q6K),
-        ("IQ4_XS", OwnFormat::Iq4Xs),
-        ("Q3_K", OwnFormat::Q3K),
+        ("Q4_0R", OwnFormat::Q4_0_REPACKED),
+        ("Q4_1", OwnFormat::Q4_1),
+        ("Q5_0", OwnFormat::Q5_0),
+        ("Q8_0", OwnFormat::Q8_0),
+        ("Q4_K", OwnFormat::Q4_K),
+        ("Q5_K", OwnFormat::Q5_K),
+        ("Q6_K", OwnFormat::Q6_K),
+        ("IQ4_XS", OwnFormat::IQ4_XS),
+        ("Q3_K", OwnFormat::Q3_K),
         // Portable kernels only, on every CPU.
-        ("Q2_K", OwnFormat::Q2KRepacked),
+        ("Q2_K", OwnFormat::Q2_K_REPACKED),
         ("Q5_1", OwnFormat::Q5_1),
-        ("IQ4_NL", OwnFormat::Iq4NlRepacked),
+        ("IQ4_NL", OwnFormat::IQ4_NL_REPACKED),
         ("F16", OwnFormat::F16),
-        ("BF16", OwnFormat::Bf16),
+        ("BF16", OwnFormat::BF16),
         ("F32", OwnFormat::F32),
     ];
     let mut rng = Xorshift::new(1);

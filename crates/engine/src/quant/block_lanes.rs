@@ -519,6 +519,9 @@ impl Layout for BlockLanes {
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
+    use crate::quant::formats::iq4_nl::Iq4Nl;
+    use crate::quant::formats::{block32, q4_0::Q4_0, q4_1::Q4_1, q5_0::Q5_0, q5_1::Q5_1};
+    use crate::quant::formats::{q8_0::Q8_0, table4};
     use crate::quant::q8::quantize_row;
     use crate::quant::sample::{self, Xorshift};
     use crate::quant::OwnFormat;
@@ -548,13 +551,16 @@ mod tests {
         for (seed, &format) in (21..).zip(formats) {
             let mut rng = Xorshift::new(seed);
             let (rows, cols) = (37, 7 * 32);
-            let own = match format {
-                LaneFormat::Q8_0 => OwnFormat::Blocks(BlockFormat::Q8_0),
-                LaneFormat::Q4_1 => OwnFormat::Blocks(BlockFormat::Q4_1),
-                LaneFormat::Q5_0 => OwnFormat::Blocks(BlockFormat::Q5_0),
-                LaneFormat::Q4_0 => OwnFormat::Q4_0Repacked,
-                LaneFormat::Q5_1 => OwnFormat::Q5_1,
-                LaneFormat::Iq4Nl => OwnFormat::Iq4NlRepacked,
+            // The matrix's format, and its portable kernel (Q4_0's and IQ4_NL's the
+            // repacked kernels' arithmetic, see the module).
+            type Portable = fn(&[u8], &Q8Row) -> f32;
+            let (own, portable): (&OwnFormat, Portable) = match format {
+                LaneFormat::Q8_0 => (OwnFormat::Q8_0, block32::dot::<Q8_0>),
+                LaneFormat::Q4_1 => (OwnFormat::Q4_1, block32::dot::<Q4_1>),
+                LaneFormat::Q5_0 => (OwnFormat::Q5_0, block32::dot::<Q5_0>),
+                LaneFormat::Q4_0 => (OwnFormat::Q4_0_REPACKED, block32::dot_repacked::<Q4_0>),
+                LaneFormat::Q5_1 => (OwnFormat::Q5_1, block32::dot::<Q5_1>),
+                LaneFormat::Iq4Nl => (OwnFormat::IQ4_NL_REPACKED, table4::dot::<Iq4Nl>),
             };
             let mut raw = sample::weights(own, rows, cols, &mut rng);
             let (blocks, bytes) = (cols / 32, format.block_bytes());
@@ -599,26 +605,9 @@ mod tests {
                             for (lane, got) in got.iter().enumerate() {
                                 let r = g * ROWS + lane;
                                 let w = || &raw[r * row_bytes..][..row_bytes];
-                                let want = match (r < rows, own) {
-                                    (false, _) => 0.0,
-                                    // The repacked kernels' arithmetic (see the module).
-                                    (true, OwnFormat::Q4_0Repacked) => {
-                                        crate::quant::formats::block32::dot_repacked::<
-                                            crate::quant::formats::q4_0::Q4_0,
-                                        >(w(), &acts[t])
-                                    }
-                                    (true, OwnFormat::Iq4NlRepacked) => {
-                                        crate::quant::formats::table4::dot::<
-                                            crate::quant::formats::iq4_nl::Iq4Nl,
-                                        >(w(), &acts[t])
-                                    }
-                                    (true, OwnFormat::Q5_1) => {
-                                        crate::quant::formats::block32::dot::<
-                                            crate::quant::formats::q5_1::Q5_1,
-                                        >(w(), &acts[t])
-                                    }
-                                    (true, OwnFormat::Blocks(f)) => f.dot_portable(w(), &acts[t]),
-                                    (true, other) => unreachable!("{other:?}"),
+                                let want = match r < rows {
+                                    true => portable(w(), &acts[t]),
+                                    false => 0.0,
                                 };
                                 assert_eq!(
                                     want.to_bits(),

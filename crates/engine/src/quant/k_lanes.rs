@@ -364,7 +364,7 @@ mod tests {
     /// activation row) and the portable tiled product (one to four rows, in every position
     /// of a pass) bit for bit, over activations of very different scales.
     fn assert_plans_match_the_portable_ones(
-        cases: &[(KLaneFormat, OwnFormat, Dot, Dot)],
+        cases: &[(KLaneFormat, &OwnFormat, Dot, Dot)],
         kernel: unsafe fn(&KLanes, usize, &[Q8KRow]) -> Plans,
     ) {
         for &(format, own, dot, tiled) in cases {
@@ -435,12 +435,22 @@ mod tests {
         if crate::simd::cpu::lacks(crate::simd::cpu::detected().avx2, "avx2") {
             return;
         }
-        let cases: [(KLaneFormat, OwnFormat, Dot, Dot); 3] = [
-            (KLaneFormat::Q3K, OwnFormat::Q3K, q3_k::dot, q3_k::dot_tiled),
-            (KLaneFormat::Q5K, OwnFormat::Q5K, q5_k::dot, q5_k::dot_tiled),
+        let cases: [(KLaneFormat, &OwnFormat, Dot, Dot); 3] = [
+            (
+                KLaneFormat::Q3K,
+                OwnFormat::Q3_K,
+                q3_k::dot,
+                q3_k::dot_tiled,
+            ),
+            (
+                KLaneFormat::Q5K,
+                OwnFormat::Q5_K,
+                q5_k::dot,
+                q5_k::dot_tiled,
+            ),
             (
                 KLaneFormat::Iq4Xs,
-                OwnFormat::Iq4Xs,
+                OwnFormat::IQ4_XS,
                 iq4_xs::dot,
                 iq4_xs::dot_tiled,
             ),
@@ -457,8 +467,12 @@ mod tests {
         if crate::simd::cpu::lacks(crate::simd::cpu::detected().vnni, "vnni") {
             return;
         }
-        let cases: [(KLaneFormat, OwnFormat, Dot, Dot); 1] =
-            [(KLaneFormat::Q3K, OwnFormat::Q3K, q3_k::dot, q3_k::dot_tiled)];
+        let cases: [(KLaneFormat, &OwnFormat, Dot, Dot); 1] = [(
+            KLaneFormat::Q3K,
+            OwnFormat::Q3_K,
+            q3_k::dot,
+            q3_k::dot_tiled,
+        )];
         // SAFETY: the kernel's CPU features were checked above.
         assert_plans_match_the_portable_ones(&cases, |m, g, acts| unsafe {
             plans!(vnni::dot_group_q3k, m, g, acts)
@@ -474,9 +488,9 @@ mod tests {
     fn assert_q2k_kernel_matches_the_portable_one(kernel: Q2kKernel) {
         let mut rng = Xorshift::new(37);
         let (rows, cols) = (37, 3 * QK_K);
-        let mut raw = sample::weights(OwnFormat::Q2KRepacked, rows, cols, &mut rng);
+        let mut raw = sample::weights(OwnFormat::Q2_K_REPACKED, rows, cols, &mut rng);
         // Row 5's values, scales and minimums all the highest.
-        let row_bytes = OwnFormat::Q2KRepacked.row_bytes(cols);
+        let row_bytes = OwnFormat::Q2_K_REPACKED.row_bytes(cols);
         for block in raw[5 * row_bytes..6 * row_bytes].chunks_exact_mut(q2_k::BYTES) {
             block[..80].fill(0xff);
         }

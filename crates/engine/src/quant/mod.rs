@@ -15,7 +15,8 @@
 //! Q4_0, Q2_K and IQ4_NL in a matrix whose rows are a multiple of eight follow llama.cpp's
 //! repacked kernels, which is what it runs on x86 CPUs with AVX2 (AVX-512 for Q2_K).
 //!
-//! How each matrix holds its weights is chosen once at load (`layout.rs`): every layout
+//! How each matrix holds its weights is chosen once at load, by its format's row of the
+//! kernels' table (`own.rs`): every layout
 //! (repacked block-of-32 rows, the sixteen-row block-of-32 and Q4_K/Q6_K vectors of AVX2
 //! and AVX-512 VNNI, the Q5_K/IQ4_XS vectors of two rows (AVX-512 VNNI) and the
 //! Q2_K/Q3_K/Q5_K/IQ4_XS ones of sixteen (AVX2; Q2_K's and Q3_K's AVX-512 VNNI too), plain
@@ -30,7 +31,6 @@
 
 mod act_tile;
 mod bf16_simd;
-mod choose;
 mod float;
 mod float_rows;
 mod float_simd;
@@ -42,6 +42,7 @@ mod iq4;
 mod k_lanes;
 mod layout;
 mod output;
+mod own;
 pub mod packed;
 mod pair_lanes;
 mod q4k_lanes;
@@ -50,7 +51,7 @@ mod q8;
 mod rows;
 pub mod sample;
 
-use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::quantized::{QMatMul, QTensor};
 use rayon::prelude::*;
 
 use crate::error::EngineError;
@@ -69,6 +70,7 @@ enum Results {
 }
 
 pub use formats::block_format::BlockFormat;
+pub use own::OwnFormat;
 
 /// Which of llama.cpp's kernels a row's arithmetic follows. They compute the same sums and
 /// differ only in rounding: llama.cpp multiplies a prompt's rows four at a time (GEMM) and
@@ -116,81 +118,9 @@ impl RowKernel {
     }
 }
 
-/// Weight formats with kernels of our own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OwnFormat {
-    /// A block-of-32 format against Q8 activations.
-    Blocks(BlockFormat),
-    /// Q4_K against Q8_K activations.
-    Q4K,
-    /// Q5_K against Q8_K activations.
-    Q5K,
-    /// Q6_K against Q8_K activations.
-    Q6K,
-    /// F32 against f32 activations (llama.cpp's tinyBLAS and vector dot product).
-    F32,
-    /// F16 against activations rounded to F16 (likewise).
-    F16,
-    /// BF16 against activations rounded to BF16 (llama.cpp's AVX512-BF16 kernels).
-    Bf16,
-    /// Q4_0 in a matrix llama.cpp repacks (rows a multiple of eight), against Q8
-    /// activations.
-    Q4_0Repacked,
-    /// Q5_1 against Q8 activations.
-    Q5_1,
-    /// Q3_K against Q8_K activations.
-    Q3K,
-    /// Q2_K in a matrix llama.cpp repacks (rows a multiple of eight), against Q8_K
-    /// activations quantized as each row's kernel does.
-    Q2KRepacked,
-    /// IQ4_XS against Q8_K activations.
-    Iq4Xs,
-    /// IQ4_NL in a matrix llama.cpp repacks (rows a multiple of eight), against Q8
-    /// activations.
-    Iq4NlRepacked,
-    /// A format of a generic family of the registry ([`formats`]), laid out by it.
-    Listed(&'static formats::FormatInfo),
-}
-
-impl OwnFormat {
-    /// Bytes per row of `cols` values.
-    pub fn row_bytes(self, cols: usize) -> usize {
-        use formats::{block32::block_bytes, iq4_xs, q2_k, q3_k, q4_k, q5_1, q5_k, q6_k};
-        let super_blocks = cols / q8k::QK_K;
-        match self {
-            Self::Blocks(f) => f.row_bytes(cols),
-            Self::Q4_0Repacked => BlockFormat::Q4_0.row_bytes(cols),
-            Self::Q5_1 => cols / 32 * block_bytes::<q5_1::Q5_1>(),
-            Self::Q4K => super_blocks * q4_k::BYTES,
-            Self::Q5K => super_blocks * q5_k::BYTES,
-            Self::Q3K => super_blocks * q3_k::BYTES,
-            Self::Q2KRepacked => super_blocks * q2_k::BYTES,
-            Self::Iq4Xs => super_blocks * iq4_xs::BYTES,
-            Self::Iq4NlRepacked => cols / 32 * iq4::IQ4_NL,
-            Self::F32 => cols * 4,
-            Self::F16 | Self::Bf16 => cols * 2,
-            Self::Q6K => super_blocks * q6_k::BYTES,
-            Self::Listed(f) => f.row_bytes(cols),
-        }
-    }
-
-    /// Values per block.
-    pub fn block_len(self) -> usize {
-        match self {
-            Self::Blocks(_) | Self::Q4_0Repacked | Self::Q5_1 | Self::Iq4NlRepacked => 32,
-            Self::Q2KRepacked | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K | Self::Iq4Xs => {
-                q8k::QK_K
-            }
-            Self::F32 | Self::F16 => 16,
-            Self::Bf16 => 32,
-            Self::Listed(f) => f.block_values,
-        }
-    }
-}
-
 /// The kinds of quantized activations the formats' dot products take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ActivationKind {
+pub(crate) enum ActivationKind {
     /// Q8 blocks of 32 (every block-of-32 format).
     Q8,
     /// Q8_K super-blocks, each row quantized as its kernel says (Q4_K).
@@ -203,23 +133,6 @@ enum ActivationKind {
     F16,
     /// The rows rounded to BF16.
     Bf16,
-}
-
-impl ActivationKind {
-    fn of(format: OwnFormat) -> Self {
-        match format {
-            OwnFormat::Blocks(_)
-            | OwnFormat::Q4_0Repacked
-            | OwnFormat::Q5_1
-            | OwnFormat::Iq4NlRepacked
-            | OwnFormat::Listed(_) => Self::Q8,
-            OwnFormat::Q4K | OwnFormat::Q2KRepacked => Self::Q8KByKernel,
-            OwnFormat::Q3K | OwnFormat::Q5K | OwnFormat::Q6K | OwnFormat::Iq4Xs => Self::Q8KGemv,
-            OwnFormat::F32 => Self::F32,
-            OwnFormat::F16 => Self::F16,
-            OwnFormat::Bf16 => Self::Bf16,
-        }
-    }
 }
 
 /// Quantized activation rows, in the form a format's dot products take.
@@ -296,8 +209,8 @@ impl Activations {
 pub enum QMatrix {
     /// A format with our own kernels.
     Own {
-        /// Block format of the rows.
-        format: OwnFormat,
+        /// The format of the rows.
+        format: &'static OwnFormat,
         /// The weights, laid out for this CPU's kernels.
         data: LaidOut,
         /// Output features.
@@ -312,40 +225,10 @@ pub enum QMatrix {
 impl QMatrix {
     /// Wraps a GGUF tensor (`[rows, cols]`).
     pub fn new(tensor: QTensor) -> Result<Self, EngineError> {
-        let format = match tensor.dtype() {
-            // llama.cpp repacks Q4_0 eight rows at a time where the rows allow it.
-            GgmlDType::Q4_0 if tensor.shape().dims2()?.0.is_multiple_of(8) => {
-                Some(OwnFormat::Q4_0Repacked)
-            }
-            GgmlDType::Q4_0 => Some(OwnFormat::Blocks(BlockFormat::Q4_0)),
-            GgmlDType::Q4_1 => Some(OwnFormat::Blocks(BlockFormat::Q4_1)),
-            GgmlDType::Q5_0 => Some(OwnFormat::Blocks(BlockFormat::Q5_0)),
-            GgmlDType::Q5_1 => Some(OwnFormat::Q5_1),
-            GgmlDType::Q8_0 => Some(OwnFormat::Blocks(BlockFormat::Q8_0)),
-            GgmlDType::Q4K => Some(OwnFormat::Q4K),
-            GgmlDType::Q3K => Some(OwnFormat::Q3K),
-            // llama.cpp repacks Q2_K eight rows at a time on AVX-512 CPUs.
-            GgmlDType::Q2K if tensor.shape().dims2()?.0.is_multiple_of(8) => {
-                Some(OwnFormat::Q2KRepacked)
-            }
-            GgmlDType::Q5K => Some(OwnFormat::Q5K),
-            GgmlDType::Q6K => Some(OwnFormat::Q6K),
-            dtype @ (GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) => {
-                let (rows, cols) = tensor.shape().dims2()?;
-                let format = match dtype {
-                    GgmlDType::F32 => OwnFormat::F32,
-                    GgmlDType::F16 => OwnFormat::F16,
-                    _ => OwnFormat::Bf16,
-                };
-                float::tinyblas_takes(rows, cols, format == OwnFormat::Bf16).then_some(format)
-            }
-            _ => None,
-        };
+        let (rows, cols) = tensor.shape().dims2()?;
+        let format = OwnFormat::of_tensor(tensor.dtype(), rows, cols);
         match format {
-            Some(format) => {
-                let (rows, cols) = tensor.shape().dims2()?;
-                Self::from_slice(format, &tensor.data()?, rows, cols)
-            }
+            Some(format) => Self::from_slice(format, &tensor.data()?, rows, cols),
             None => Ok(Self::Candle(QMatMul::from_qtensor(tensor)?)),
         }
     }
@@ -367,7 +250,7 @@ impl QMatrix {
 
     /// A `rows × cols` matrix of `format` from its raw blocks, row after row.
     pub fn from_blocks(
-        format: OwnFormat,
+        format: &'static OwnFormat,
         data: Vec<u8>,
         rows: usize,
         cols: usize,
@@ -377,8 +260,8 @@ impl QMatrix {
 
     /// [`Self::from_blocks`] from borrowed blocks: a block-of-32 format is repacked
     /// straight from them, so loading never holds a second full copy of the matrix.
-    fn from_slice(
-        format: OwnFormat,
+    pub(super) fn from_slice(
+        format: &'static OwnFormat,
         data: &[u8],
         rows: usize,
         cols: usize,
@@ -394,7 +277,7 @@ impl QMatrix {
                 "quantized tensor has the wrong size".into(),
             ));
         }
-        let data = LaidOut(choose::lay_out(format, data, rows, cols));
+        let data = LaidOut(format.laid_out(data, rows, cols));
         Ok(Self::Own {
             format,
             data,
@@ -415,17 +298,7 @@ impl QMatrix {
     /// Whether a row's result depends on its [`RowKernel`] (only the Q4_K kernels round
     /// differently as GEMV and GEMM).
     pub fn rounds_by_kernel(&self) -> bool {
-        matches!(
-            self,
-            Self::Own {
-                format: OwnFormat::Q4K
-                    | OwnFormat::Q2KRepacked
-                    | OwnFormat::F32
-                    | OwnFormat::F16
-                    | OwnFormat::Bf16,
-                ..
-            }
-        )
+        matches!(self, Self::Own { format, .. } if format.rounds_by_kernel)
     }
 
     /// `x · Wᵀ` for the activation rows of `x` (row-major), one per entry of `kernels`,
@@ -486,14 +359,14 @@ impl QMatrix {
                 inputs.push(None);
                 continue;
             };
-            let kind = ActivationKind::of(*format);
+            let kind = format.activations;
             let i = match acts.iter().position(|(k, _)| *k == kind) {
                 Some(i) => i,
                 None => {
                     // Tiles only where a matrix taking this kind reads them.
                     let tiles = matrices.iter().any(|m| match m {
                         Self::Own { format, data, .. } => {
-                            ActivationKind::of(*format) == kind && data.0.reads_act_tiles()
+                            format.activations == kind && data.0.reads_act_tiles()
                         }
                         Self::Candle(_) => false,
                     });
@@ -604,17 +477,14 @@ impl QMatrix {
     /// layout of a float matrix depends on the task size.
     fn chunk_rows(&self) -> usize {
         match self {
-            Self::Own {
-                format: OwnFormat::F16 | OwnFormat::Bf16 | OwnFormat::F32,
-                ..
-            } => 2 * CHUNK,
-            _ => CHUNK,
+            Self::Own { format, .. } => format.chunk_rows,
+            Self::Candle(_) => CHUNK,
         }
     }
 }
 
-/// A matrix's weights in the layout `choose::lay_out` chose for them (opaque outside
-/// this module).
+/// A matrix's weights in the layout its format's row chose for them (`OwnFormat::laid_out`;
+/// opaque outside this module).
 pub struct LaidOut(Box<dyn Layout>);
 
 /// A token embedding: rows looked up by token id, as f32.
@@ -694,25 +564,7 @@ mod tests {
     fn matmul_equals_the_portable_dot_product_of_every_row() {
         let mut rng = Xorshift::new(21);
         let (rows, cols) = (37, 512);
-        let formats = [
-            OwnFormat::Blocks(BlockFormat::Q4_0),
-            OwnFormat::Blocks(BlockFormat::Q4_1),
-            OwnFormat::Blocks(BlockFormat::Q5_0),
-            OwnFormat::Blocks(BlockFormat::Q8_0),
-            OwnFormat::Q4K,
-            OwnFormat::Q5K,
-            OwnFormat::Q6K,
-            OwnFormat::F32,
-            OwnFormat::F16,
-            OwnFormat::Bf16,
-            OwnFormat::Q4_0Repacked,
-            OwnFormat::Q5_1,
-            OwnFormat::Q3K,
-            OwnFormat::Q2KRepacked,
-            OwnFormat::Iq4Xs,
-            OwnFormat::Iq4NlRepacked,
-        ];
-        for format in formats {
+        for format in OwnFormat::ALL {
             let data = sample::weights(format, rows, cols, &mut rng);
             let m = QMatrix::from_blocks(format, data.clone(), rows, cols).unwrap();
             for n in [1, 3, 4, 7, 8, 13, 21] {
@@ -731,77 +583,7 @@ mod tests {
                     let xt = &x[t * cols..(t + 1) * cols];
                     for r in 0..rows {
                         let w = &data[r * format.row_bytes(cols)..(r + 1) * format.row_bytes(cols)];
-                        let want = match format {
-                            OwnFormat::Blocks(f) => {
-                                f.dot_portable(w, &q8::quantize_row_portable(xt))
-                            }
-                            OwnFormat::Q4K => formats::q4_k::dot(
-                                w,
-                                &q8k::quantize_row_q8k(xt, kernels[t]),
-                                kernels[t],
-                            ),
-                            OwnFormat::F32 => {
-                                let w: Vec<f32> = w
-                                    .chunks_exact(4)
-                                    .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-                                    .collect();
-                                float::dot_f32(&w, xt, kernels[t].batched())
-                            }
-                            OwnFormat::F16 => {
-                                let w: Vec<half::f16> = w
-                                    .chunks_exact(2)
-                                    .map(|b| half::f16::from_le_bytes(b.try_into().unwrap()))
-                                    .collect();
-                                float::dot_f16(
-                                    &w,
-                                    &crate::simd::convert::round_to_f16(xt),
-                                    kernels[t].batched(),
-                                )
-                            }
-                            OwnFormat::Q5_1 => formats::block32::dot::<formats::q5_1::Q5_1>(
-                                w,
-                                &q8::quantize_row_portable(xt),
-                            ),
-                            OwnFormat::Q4_0Repacked => formats::block32::dot_repacked::<
-                                formats::q4_0::Q4_0,
-                            >(
-                                w, &q8::quantize_row_portable(xt)
-                            ),
-                            OwnFormat::Bf16 => {
-                                let w: Vec<half::bf16> = w
-                                    .chunks_exact(2)
-                                    .map(|b| half::bf16::from_le_bytes(b.try_into().unwrap()))
-                                    .collect();
-                                float::dot_bf16(
-                                    &w,
-                                    &crate::simd::convert::round_to_bf16(xt),
-                                    kernels[t].batched(),
-                                )
-                            }
-                            OwnFormat::Iq4Xs => {
-                                formats::iq4_xs::dot(w, &q8k::quantize_row_q8k(xt, RowKernel::Gemv))
-                            }
-                            OwnFormat::Iq4NlRepacked => formats::table4::dot::<
-                                formats::iq4_nl::Iq4Nl,
-                            >(
-                                w, &q8::quantize_row_portable(xt)
-                            ),
-                            OwnFormat::Listed(_) => unreachable!("not among the formats tried"),
-                            OwnFormat::Q2KRepacked => formats::q2_k::dot_repacked(
-                                w,
-                                &q8k::quantize_row_q8k(xt, kernels[t]),
-                                kernels[t],
-                            ),
-                            OwnFormat::Q3K => {
-                                formats::q3_k::dot(w, &q8k::quantize_row_q8k(xt, RowKernel::Gemv))
-                            }
-                            OwnFormat::Q5K => {
-                                formats::q5_k::dot(w, &q8k::quantize_row_q8k(xt, RowKernel::Gemv))
-                            }
-                            OwnFormat::Q6K => {
-                                formats::q6_k::dot(w, &q8k::quantize_row_q8k(xt, RowKernel::Gemv))
-                            }
-                        };
+                        let want = (format.dot)(w, xt, kernels[t]);
                         assert_eq!(
                             want.to_bits(),
                             got[t * rows + r].to_bits(),

@@ -325,7 +325,13 @@ mod tests {
             BlockFormat::Q5_0,
             BlockFormat::Q8_0,
         ] {
-            let raw = sample::weights(OwnFormat::Blocks(format), rows, cols, &mut rng);
+            let own = match format {
+                BlockFormat::Q4_0 => OwnFormat::Q4_0,
+                BlockFormat::Q4_1 => OwnFormat::Q4_1,
+                BlockFormat::Q5_0 => OwnFormat::Q5_0,
+                BlockFormat::Q8_0 => OwnFormat::Q8_0,
+            };
+            let raw = sample::weights(own, rows, cols, &mut rng);
             let packed = PackedRows::new(format, &raw, rows, cols);
             let row_bytes = format.row_bytes(cols);
             for r in 0..rows {

@@ -548,8 +548,8 @@ mod tests {
         let mut rng = Xorshift::new(17);
         let (rows, cols) = (7, 3 * QK_K);
         for (format, own) in [
-            (PairFormat::Q5K, OwnFormat::Q5K),
-            (PairFormat::Iq4Xs, OwnFormat::Iq4Xs),
+            (PairFormat::Q5K, OwnFormat::Q5_K),
+            (PairFormat::Iq4Xs, OwnFormat::IQ4_XS),
         ] {
             let raw = sample::weights(own, rows, cols, &mut rng);
             let m = PairLanes::new(format, &raw, rows, cols / QK_K);

@@ -285,7 +285,7 @@ mod tests {
     fn assert_matches_the_portable_kernel(dot: GroupKernel) {
         let mut rng = Xorshift::new(9);
         let (rows, cols) = (37, 3 * QK_K);
-        let raw = sample::weights(OwnFormat::Q4K, rows, cols, &mut rng);
+        let raw = sample::weights(OwnFormat::Q4_K, rows, cols, &mut rng);
         let m = Q4kLanes::new(&raw, rows, cols / QK_K);
         let kernels = [
             RowKernel::Gemm4,

@@ -351,7 +351,7 @@ mod tests {
         n: usize,
     ) -> (Vec<u8>, Q6kLanes, Vec<Q8KRow>) {
         let mut rng = Xorshift::new(seed);
-        let raw = sample::weights(OwnFormat::Q6K, rows, cols, &mut rng);
+        let raw = sample::weights(OwnFormat::Q6_K, rows, cols, &mut rng);
         let m = Q6kLanes::new(&raw, rows, cols / QK_K);
         let acts = (0..n)
             .map(|_| {

@@ -7,29 +7,40 @@
 
 use std::ops::Range;
 
-use super::formats::block32;
-use super::formats::iq4_nl::Iq4Nl;
-use super::formats::q4_0::Q4_0;
-use super::formats::q5_1::Q5_1;
-use super::formats::table4;
 use super::layout::Layout;
 use super::output::Columns;
-use super::{Activations, OwnFormat, RowKernel, ACT_TILE};
+use super::q8::Q8Row;
+use super::q8k::Q8KRow;
+use super::{Activations, RowKernel, ACT_TILE};
 
-/// A matrix of `format` row after row.
+/// One weight row by up to four Q8_K activation rows, given their kernels and whether
+/// they are in a wide micro-batch.
+pub type TileDot = fn(&[u8], &[&Q8KRow], &[RowKernel], bool) -> [f32; 4];
+
+/// A format's portable kernel, as this layout calls it.
+#[derive(Clone, Copy)]
+pub enum RowDot {
+    /// One weight row by one Q8 activation row.
+    Q8(fn(&[u8], &Q8Row) -> f32),
+    /// One weight row by up to four Q8_K activation rows (a super-block decoded once for
+    /// them all).
+    Q8K(TileDot),
+}
+
+/// A matrix row after row, with its format's portable kernel.
 pub struct RowMajor {
-    format: OwnFormat,
+    dot: RowDot,
     data: Vec<u8>,
     row_bytes: usize,
 }
 
 impl RowMajor {
-    /// The raw rows (`cols` values each) of `format`, copied.
-    pub fn new(format: OwnFormat, data: &[u8], cols: usize) -> Self {
+    /// The raw rows (`rows` of them), copied.
+    pub fn new(dot: RowDot, data: &[u8], rows: usize) -> Self {
         Self {
-            format,
+            dot,
             data: data.to_vec(),
-            row_bytes: format.row_bytes(cols),
+            row_bytes: data.len().checked_div(rows).unwrap_or(0),
         }
     }
 }
@@ -40,28 +51,28 @@ impl Layout for RowMajor {
     }
 
     fn chunk(&self, acts: &Activations, kernels: &[RowKernel], range: Range<usize>, out: &Columns) {
-        let (format, data, row_bytes) = (&self.format, &self.data, self.row_bytes);
+        let (data, row_bytes) = (&self.data, self.row_bytes);
         let (n, start, end) = (kernels.len(), range.start, range.end);
         match acts {
             Activations::Q8(a, _, _) => {
+                let RowDot::Q8(dot) = self.dot else {
+                    unreachable!("Q8 activations go to a Q8 kernel");
+                };
                 for r in start..end {
                     let w = &data[r * row_bytes..(r + 1) * row_bytes];
                     for (t, a) in a.iter().enumerate() {
-                        let v = match format {
-                            OwnFormat::Q5_1 => block32::dot::<Q5_1>(w, a),
-                            OwnFormat::Iq4NlRepacked => table4::dot::<Iq4Nl>(w, a),
-                            // Repacked Q4_0 on CPUs without AVX2 (`block_lanes` elsewhere).
-                            _ => block32::dot_repacked::<Q4_0>(w, a),
-                        };
-                        out.set(t, r, v);
+                        out.set(t, r, dot(w, a));
                     }
                 }
             }
             Activations::Q8K(a, _) => {
+                let RowDot::Q8K(dot) = self.dot else {
+                    unreachable!("Q8_K activations go to a Q8_K kernel");
+                };
                 // One weight row by up to four activation rows (the layout of the K-quants
                 // without a lane layout on this CPU): each super-block is decoded once for
                 // all of them.
-                let a: Vec<&crate::quant::q8k::Q8KRow> = a.iter().collect();
+                let a: Vec<&Q8KRow> = a.iter().collect();
                 for t0 in (0..n).step_by(ACT_TILE) {
                     let t1 = (t0 + ACT_TILE).min(n);
                     for r in start..end {
@@ -76,32 +87,7 @@ impl Layout for RowMajor {
                                 .find(|&k| kernels[k].in_wide_batch() != wide)
                                 .unwrap_or((t + 4).min(t1));
                             let g = t..stop;
-                            let got = match format {
-                                OwnFormat::Q4K => crate::quant::formats::q4_k::dot_tile(
-                                    w,
-                                    &a[g.clone()],
-                                    &kernels[g.clone()],
-                                ),
-                                OwnFormat::Q5K => {
-                                    crate::quant::formats::q5_k::dot_tile(w, &a[g.clone()], wide)
-                                }
-                                OwnFormat::Q3K => {
-                                    crate::quant::formats::q3_k::dot_tile(w, &a[g.clone()], wide)
-                                }
-                                OwnFormat::Iq4Xs => {
-                                    crate::quant::formats::iq4_xs::dot_tile(w, &a[g.clone()], wide)
-                                }
-                                OwnFormat::Q2KRepacked => {
-                                    let mut got = [0f32; 4];
-                                    for (k, t) in g.clone().enumerate() {
-                                        got[k] = crate::quant::formats::q2_k::dot_repacked(
-                                            w, a[t], kernels[t],
-                                        );
-                                    }
-                                    got
-                                }
-                                _ => crate::quant::formats::q6_k::dot_tile(w, &a[g.clone()], wide),
-                            };
+                            let got = dot(w, &a[g.clone()], &kernels[g.clone()], wide);
                             for (k, &v) in got.iter().enumerate().take(g.len()) {
                                 out.set(t + k, r, v);
                             }

@@ -2,13 +2,8 @@
 //! kernel benchmark: every byte random except the f16 scales, which are kept small and
 //! finite as in real models.
 
-use crate::quant::formats::q4_k;
-use crate::quant::formats::q5_k;
-use crate::quant::formats::q6_k;
 use half::f16;
 
-use super::formats::block32::block_bytes;
-use super::formats::q5_1::Q5_1 as Q5_1Block;
 use super::OwnFormat;
 
 /// A small deterministic generator (xorshift64*), so tests need no seed plumbing.
@@ -34,58 +29,28 @@ impl Xorshift {
     }
 }
 
-/// Where a format's f16 scales sit in its block, and the block's size.
-fn scale_offsets(format: OwnFormat) -> (&'static [usize], usize) {
-    use super::BlockFormat::*;
-    match format {
-        OwnFormat::Blocks(Q4_0) | OwnFormat::Q4_0Repacked => (&[0], Q4_0.block_bytes()),
-        OwnFormat::Q5_1 => (&[0, 2], block_bytes::<Q5_1Block>()),
-        OwnFormat::Blocks(Q4_1) => (&[0, 2], Q4_1.block_bytes()),
-        OwnFormat::Blocks(Q5_0) => (&[0], Q5_0.block_bytes()),
-        OwnFormat::Blocks(Q8_0) => (&[0], Q8_0.block_bytes()),
-        OwnFormat::Q4K => (&[0, 2], q4_k::BYTES),
-        OwnFormat::Q5K => (&[0, 2], q5_k::BYTES),
-        OwnFormat::Q3K => (&[108], crate::quant::formats::q3_k::BYTES),
-        OwnFormat::Q2KRepacked => (&[80, 82], crate::quant::formats::q2_k::BYTES),
-        OwnFormat::Iq4Xs => (&[0], crate::quant::formats::iq4_xs::BYTES),
-        OwnFormat::Iq4NlRepacked => (&[0], super::iq4::IQ4_NL),
-        OwnFormat::Q6K => (&[208], q6_k::BYTES),
-        OwnFormat::Listed(f) => unreachable!("{f:?}'s tests make their own blocks"),
-        OwnFormat::F32 | OwnFormat::F16 | OwnFormat::Bf16 => {
-            unreachable!("float formats have no scales")
-        }
-    }
-}
-
-/// `rows × cols` random weights of `format`, row after row.
-pub fn weights(format: OwnFormat, rows: usize, cols: usize, rng: &mut Xorshift) -> Vec<u8> {
-    let values = (0..rows * cols).map(|_| rng.next_f32() * 0.05);
-    match format {
-        OwnFormat::F32 => return values.flat_map(f32::to_le_bytes).collect(),
-        OwnFormat::F16 => {
-            return values
-                .flat_map(|v| f16::from_f32(v).to_le_bytes())
-                .collect()
-        }
-        OwnFormat::Bf16 => {
-            return values
+/// `rows × cols` random weights of `format`, row after row: small values for a float
+/// format; random bytes but for the f16 scales otherwise, small and finite as in real
+/// models.
+pub fn weights(format: &OwnFormat, rows: usize, cols: usize, rng: &mut Xorshift) -> Vec<u8> {
+    if format.is_float() {
+        let values = (0..rows * cols).map(|_| rng.next_f32() * 0.05);
+        return match format.block_bytes {
+            4 => values.flat_map(f32::to_le_bytes).collect(),
+            _ if *format == *OwnFormat::BF16 => values
                 .flat_map(|v| half::bf16::from_f32(v).to_le_bytes())
-                .collect()
-        }
-        _ => {}
+                .collect(),
+            _ => values
+                .flat_map(|v| f16::from_f32(v).to_le_bytes())
+                .collect(),
+        };
     }
     let mut data: Vec<u8> = (0..rows * format.row_bytes(cols))
         .map(|_| rng.next_u64() as u8)
         .collect();
-    let (offsets, block) = scale_offsets(format);
-    for b in data.chunks_exact_mut(block) {
-        for &at in offsets {
-            let scale = 0.002 + 0.02 * rng.next_f32().abs();
-            let scale = if at == 2 && format == OwnFormat::Blocks(super::BlockFormat::Q4_1) {
-                -scale * 8.0
-            } else {
-                scale
-            };
+    for b in data.chunks_exact_mut(format.block_bytes) {
+        for &(at, factor) in format.scales {
+            let scale = (0.002 + 0.02 * rng.next_f32().abs()) * factor;
             b[at..at + 2].copy_from_slice(&f16::from_f32(scale).to_le_bytes());
         }
     }

@@ -5,8 +5,9 @@
 //! gives any of them dequantization and the dot products with Q8 activations in
 //! llama.cpp's two arithmetics (its `vec_dot`, [`dot`]; its repacked GEMV/GEMM, [`dot_repacked`]).
 //!
-//! Their SIMD layouts (`packed.rs`, `block_lanes.rs`) are still chosen by a runtime tag,
-//! `BlockFormat` (`block_format.rs`), and checked against these products bit for bit.
+//! Their SIMD layouts (`packed.rs`, `block_lanes.rs`) are chosen by the formats' rows of
+//! the kernels' table (`quant/own.rs`) and checked against these products bit for bit;
+//! the layouts themselves still take the runtime tag `BlockFormat` (`block_format.rs`).
 
 use bytemuck::Pod;
 use candle_core::quantized::GgmlDType;
@@ -101,7 +102,6 @@ pub(in crate::quant) const fn info<F: Block32>() -> FormatInfo {
         block_bytes: block_bytes::<F>(),
         matrix: MatrixReader::Candle(F::CANDLE),
         dequantize: None,
-        lay_out: None,
     }
 }
 

@@ -30,9 +30,8 @@ impl Table4 for Iq4Nl {
 pub(super) const INFO: FormatInfo = FormatInfo {
     matrix: MatrixReader::Raw(|data, rows, cols| {
         rows.is_multiple_of(8)
-            .then(|| QMatrix::from_slice(OwnFormat::Iq4NlRepacked, data, rows, cols))
+            .then(|| QMatrix::from_slice(OwnFormat::IQ4_NL_REPACKED, data, rows, cols))
     }),
-    lay_out: None,
     ..table4::info::<Iq4Nl>()
 };
 

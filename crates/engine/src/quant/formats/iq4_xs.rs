@@ -44,10 +44,9 @@ pub(super) const INFO: FormatInfo = FormatInfo {
     block_values: 256,
     block_bytes: BYTES,
     matrix: MatrixReader::Raw(|data, rows, cols| {
-        Some(QMatrix::from_slice(OwnFormat::Iq4Xs, data, rows, cols))
+        Some(QMatrix::from_slice(OwnFormat::IQ4_XS, data, rows, cols))
     }),
     dequantize: Some(dequantize),
-    lay_out: None,
 };
 
 impl Iq4Xs {

@@ -8,7 +8,8 @@
 //! and the products of one row with up to four activation rows.
 //!
 //! Their SIMD layouts (`q4k_lanes.rs`, `q6k_lanes.rs`, `k_lanes.rs`, `pair_lanes.rs`) are
-//! chosen in `quant/choose.rs` and checked against these products bit for bit.
+//! chosen by the formats' rows of the kernels' table (`quant/own.rs`) and checked against
+//! these products bit for bit.
 
 use bytemuck::Pod;
 use candle_core::quantized::GgmlDType;
@@ -35,7 +36,6 @@ pub(in crate::quant) const fn info<F: SuperBlock>(candle: GgmlDType) -> FormatIn
         block_bytes: size_of::<F>(),
         matrix: MatrixReader::Candle(candle),
         dequantize: None,
-        lay_out: None,
     }
 }
 

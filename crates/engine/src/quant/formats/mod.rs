@@ -8,15 +8,15 @@
 //! per block: IQ4_NL, MXFP4), read and laid out by the family; `block32::Block32` (32
 //! small integers, an f16 scale and perhaps a minimum: Q4_0 … Q8_0) and
 //! `kquant::SuperBlock` (256 values in sub-blocks with scales of their own: Q2_K … Q6_K,
-//! IQ4_XS), whose block structs, values and products are in their files and whose SIMD
-//! layouts are still chosen in `choose.rs`. A new format of such a family is that file and
-//! its line below. The other formats still go through candle's tensors, whose
-//! matrices `QMatrix::new` gives the kernels of their own modules (`choose.rs`), or
-//! through the raw readers named in their rows.
+//! IQ4_XS), whose block structs, values and products are in their files. How a matrix of a
+//! format is multiplied (its activations, its layout on this CPU) is its row of the
+//! kernels' table, `quant/own.rs` (as ggml-cpu's type traits beside ggml's); `table4` makes
+//! the rows of its members. A new format of that family is its file and its line below.
+//! The floats are rows candle reads, whose matrices `QMatrix::new` gives kernels of our
+//! own where llama.cpp's tinyBLAS takes them.
 
 use candle_core::quantized::GgmlDType;
 
-use super::layout::Layout;
 use super::QMatrix;
 use crate::error::EngineError;
 
@@ -43,8 +43,6 @@ pub(super) type Dequantize = fn(&[u8], &mut Vec<f32>);
 /// Reads a `rows × cols` matrix from the file's bytes; `None` where there is no kernel
 /// for that shape.
 pub type ReadRaw = fn(&[u8], usize, usize) -> Option<Result<QMatrix, EngineError>>;
-/// Lays a `rows × cols` matrix's raw rows out for this CPU's kernels.
-pub(super) type LayOut = fn(&[u8], usize, usize) -> Box<dyn Layout>;
 
 /// How a format's matrices are read.
 pub enum MatrixReader {
@@ -70,9 +68,6 @@ pub struct FormatInfo {
     pub matrix: MatrixReader,
     /// How an embedding's rows are dequantized where candle does not read the format.
     pub(super) dequantize: Option<Dequantize>,
-    /// The layout of a matrix of a format of a generic family (the matrix's rows and
-    /// columns), chosen for this CPU.
-    pub(super) lay_out: Option<LayOut>,
 }
 
 impl FormatInfo {
@@ -116,7 +111,6 @@ const fn candle(
         block_bytes: block.1,
         matrix: MatrixReader::Candle(dtype),
         dequantize: None,
-        lay_out: None,
     }
 }
 

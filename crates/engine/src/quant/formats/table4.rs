@@ -22,9 +22,10 @@ use std::ops::Range;
 
 use super::super::layout::Layout;
 use super::super::output::Columns;
-use super::super::q8::Q8Row;
-use super::super::{Activations, OwnFormat, QMatrix, RowKernel};
-use super::{find, FormatInfo, MatrixReader};
+use super::super::own::quantized;
+use super::super::q8::{quantize_row_portable, Q8Row};
+use super::super::{ActivationKind, Activations, OwnFormat, QMatrix, RowKernel};
+use super::{FormatInfo, MatrixReader};
 use crate::error::EngineError;
 
 #[cfg(target_arch = "x86_64")]
@@ -141,7 +142,6 @@ pub(in crate::quant) const fn info<F: Table4>() -> FormatInfo {
         block_bytes: F::BLOCK_BYTES,
         matrix: MatrixReader::Raw(matrix::<F>),
         dequantize: Some(dequantize::<F>),
-        lay_out: Some(lay_out::<F>),
     }
 }
 
@@ -151,13 +151,12 @@ fn matrix<F: Table4>(
     rows: usize,
     cols: usize,
 ) -> Option<Result<QMatrix, EngineError>> {
-    let info = find(F::GGML_TYPE).expect("the family's formats are registered");
-    Some(QMatrix::from_slice(
-        OwnFormat::Listed(info),
-        data,
-        rows,
-        cols,
-    ))
+    Some(QMatrix::from_slice(Rows8::<F>::OWN, data, rows, cols))
+}
+
+/// [`dot`] of a weight row with an f32 activation row, quantized to Q8.
+fn reference<F: Table4>(w: &[u8], x: &[f32], _: RowKernel) -> f32 {
+    dot::<F>(w, &quantize_row_portable(x))
 }
 
 /// [`Rows8`] of the raw rows, as a layout.
@@ -196,6 +195,19 @@ pub(in crate::quant) struct Rows8<F> {
     blocks: usize,
     kernel: Kernel,
     format: PhantomData<F>,
+}
+
+impl<F: Table4> Rows8<F> {
+    /// The kernels' row of a format of the family: Q8 activations, this layout, [`dot`]
+    /// the reference (a matrix whose rows are not a multiple of eight takes
+    /// [`dot_plain`]'s arithmetic instead, as llama.cpp does).
+    const OWN: &'static OwnFormat = &quantized(
+        F::NAME,
+        (32, F::BLOCK_BYTES),
+        ActivationKind::Q8,
+        lay_out::<F>,
+        reference::<F>,
+    );
 }
 
 impl<F: Table4> Rows8<F> {

@@ -352,8 +352,8 @@ mod tests {
         let mut rng = Xorshift::new(5);
         let (rows, cols) = (21, 2 * QK_K);
         for (format, own) in [
-            (PairFormat::Q5K, OwnFormat::Q5K),
-            (PairFormat::Iq4Xs, OwnFormat::Iq4Xs),
+            (PairFormat::Q5K, OwnFormat::Q5_K),
+            (PairFormat::Iq4Xs, OwnFormat::IQ4_XS),
         ] {
             let raw = sample::weights(own, rows, cols, &mut rng);
             let m = PairLanes::new(format, &raw, rows, cols / QK_K);
@@ -395,8 +395,8 @@ mod tests {
         let mut rng = Xorshift::new(23);
         let (rows, cols, n) = (37, 3 * QK_K, 11);
         for (format, own) in [
-            (PairFormat::Q5K, OwnFormat::Q5K),
-            (PairFormat::Iq4Xs, OwnFormat::Iq4Xs),
+            (PairFormat::Q5K, OwnFormat::Q5_K),
+            (PairFormat::Iq4Xs, OwnFormat::IQ4_XS),
         ] {
             let raw = sample::weights(own, rows, cols, &mut rng);
             let m = PairLanes::new(format, &raw, rows, cols / QK_K);

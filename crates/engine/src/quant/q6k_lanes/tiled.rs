@@ -196,7 +196,7 @@ mod tests {
         }
         let mut rng = Xorshift::new(29);
         let (rows, cols, n) = (37, 3 * QK_K, 12);
-        let raw = sample::weights(OwnFormat::Q6K, rows, cols, &mut rng);
+        let raw = sample::weights(OwnFormat::Q6_K, rows, cols, &mut rng);
         let m = Q6kLanes::new(&raw, rows, cols / QK_K);
         let acts: Vec<Q8KRow> = (0..n)
             .map(|t| {
