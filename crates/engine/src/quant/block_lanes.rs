@@ -79,6 +79,7 @@
 //! [`super::formats::block32::dot`]); IQ4_NL is Q4_0's repacked arithmetic on the table's values
 //! ([`super::iq4::dot_iq4_nl_repacked`]).
 
+use std::marker::PhantomData;
 use std::ops::Range;
 use std::sync::OnceLock;
 
@@ -86,7 +87,10 @@ use std::sync::OnceLock;
 mod avx2;
 
 use super::act_tile::Line;
-use super::formats::block_format::BlockFormat;
+use super::formats::block32::block_bytes;
+use super::formats::iq4_nl::Iq4Nl;
+use super::formats::{q4_0::Q4_0, q4_1::Q4_1, q5_0::Q5_0, q5_1::Q5_1, q8_0::Q8_0};
+use super::iq4;
 use super::layout::Layout;
 #[cfg(target_arch = "x86_64")]
 use super::layout::{lane_groups, LANE_ROWS};
@@ -99,80 +103,151 @@ pub use crate::simd::LANES_512 as ROWS;
 /// Groups of four values per block: the kernel's lanes.
 const QUADS: usize = 8;
 
-/// The formats this layout holds.
+/// How a format's values sit in a group's value lines (see the module).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LaneFormat {
-    /// 8-bit values with a scale.
-    Q8_0,
-    /// 4-bit values with a scale and a minimum.
-    Q4_1,
-    /// 5-bit values less 16, with a scale.
-    Q5_0,
-    /// 4-bit values less 8, with a scale, in llama.cpp's repacked arithmetic.
-    Q4_0,
-    /// 5-bit values with a scale and a minimum.
-    Q5_1,
-    /// 4-bit indices into IQ4_NL's table, with a scale, in llama.cpp's repacked
-    /// arithmetic.
-    Iq4Nl,
+pub enum Values {
+    /// Eight lines of bytes, each value stored [`LaneBlock::OFFSET`] higher: Q8_0's (128
+    /// higher, the file's signed bytes flipped) and Q5_0's decoded once (16 higher).
+    Bytes,
+    /// Four lines of nibbles: Q4_1's and Q4_0's.
+    Nibbles,
+    /// A line of fifth bits, then four lines of nibbles: Q5_0's and Q5_1's.
+    FiveBits,
+    /// Four lines of nibbles that index IQ4_NL's table.
+    Table,
 }
 
-impl LaneFormat {
-    /// Bytes per block of 32 values in the file.
-    fn block_bytes(self) -> usize {
-        match self {
-            Self::Q8_0 => BlockFormat::Q8_0.block_bytes(),
-            Self::Q4_1 => BlockFormat::Q4_1.block_bytes(),
-            Self::Q5_0 => BlockFormat::Q5_0.block_bytes(),
-            Self::Q4_0 => BlockFormat::Q4_0.block_bytes(),
-            Self::Q5_1 => super::formats::block32::block_bytes::<super::formats::q5_1::Q5_1>(),
-            Self::Iq4Nl => super::iq4::IQ4_NL,
-        }
-    }
+/// A format this layout holds, as its kernels are written over it (llama.cpp's repack
+/// templates are over the block type): the layout and the kernels are generic over it,
+/// and each format's facts are its impl below.
+pub trait LaneBlock: Send + Sync + 'static {
+    /// ggml's name.
+    const NAME: &'static str;
+    /// Bytes per block of 32 values in the file: an f16 scale, then (with a minimum) an
+    /// f16 minimum, then (with fifth bits) their four bytes, then the values.
+    const BLOCK_BYTES: usize;
+    /// How its values sit in the lines.
+    const VALUES: Values;
+    /// Whether a block has a minimum (its rows add `m · s_a`): Q4_1's and Q5_1's.
+    const MINIMUMS: bool;
+    /// Whether a block's 32 products are one integer per row, as in llama.cpp's repacked
+    /// arithmetic (Q4_0's, IQ4_NL's), rather than eight lanes of four.
+    const ONE_SUM: bool;
+    /// What the values the VNNI kernel multiplies are above the values they stand for;
+    /// the lanes start from `-OFFSET ·` their activations' sum ([`lane_starts`]).
+    const OFFSET: i32;
 }
 
-impl From<BlockFormat> for LaneFormat {
-    fn from(format: BlockFormat) -> Self {
-        match format {
-            BlockFormat::Q8_0 => Self::Q8_0,
-            BlockFormat::Q4_1 => Self::Q4_1,
-            BlockFormat::Q5_0 => Self::Q5_0,
-            BlockFormat::Q4_0 => Self::Q4_0,
-        }
-    }
+impl LaneBlock for Q8_0 {
+    const NAME: &'static str = "Q8_0";
+    const BLOCK_BYTES: usize = block_bytes::<Self>();
+    const VALUES: Values = Values::Bytes;
+    const MINIMUMS: bool = false;
+    const ONE_SUM: bool = false;
+    const OFFSET: i32 = 128;
 }
 
-/// How a format's blocks are grouped into units of lines: (blocks per unit, value lines
-/// per block); a unit is one header line and its blocks' value lines.
-fn unit(format: LaneFormat) -> (usize, usize) {
-    match format {
-        LaneFormat::Q8_0 => (2, 8),
-        LaneFormat::Q4_1 => (1, 4),
-        LaneFormat::Q5_0 => (2, 5),
-        LaneFormat::Q4_0 | LaneFormat::Iq4Nl => (2, 4),
-        LaneFormat::Q5_1 => (1, 5),
-    }
+impl LaneBlock for Q4_1 {
+    const NAME: &'static str = "Q4_1";
+    const BLOCK_BYTES: usize = block_bytes::<Self>();
+    const VALUES: Values = Values::Nibbles;
+    const MINIMUMS: bool = true;
+    const ONE_SUM: bool = false;
+    const OFFSET: i32 = 0;
+}
+
+impl LaneBlock for Q5_0 {
+    const NAME: &'static str = "Q5_0";
+    const BLOCK_BYTES: usize = block_bytes::<Self>();
+    const VALUES: Values = Values::FiveBits;
+    const MINIMUMS: bool = false;
+    const ONE_SUM: bool = false;
+    const OFFSET: i32 = 16;
+}
+
+/// Q4_0 in llama.cpp's repacked arithmetic (the layout holds the matrices it repacks).
+impl LaneBlock for Q4_0 {
+    const NAME: &'static str = "Q4_0";
+    const BLOCK_BYTES: usize = block_bytes::<Self>();
+    const VALUES: Values = Values::Nibbles;
+    const MINIMUMS: bool = false;
+    const ONE_SUM: bool = true;
+    const OFFSET: i32 = 8;
+}
+
+impl LaneBlock for Q5_1 {
+    const NAME: &'static str = "Q5_1";
+    const BLOCK_BYTES: usize = block_bytes::<Self>();
+    const VALUES: Values = Values::FiveBits;
+    const MINIMUMS: bool = true;
+    const ONE_SUM: bool = false;
+    const OFFSET: i32 = 0;
+}
+
+/// IQ4_NL in llama.cpp's repacked arithmetic; the VNNI kernel looks its indices up in a
+/// copy of the table 128 higher.
+impl LaneBlock for Iq4Nl {
+    const NAME: &'static str = "IQ4_NL";
+    const BLOCK_BYTES: usize = iq4::IQ4_NL;
+    const VALUES: Values = Values::Table;
+    const MINIMUMS: bool = false;
+    const ONE_SUM: bool = true;
+    const OFFSET: i32 = 128;
+}
+
+/// A Q5_0 group decoded once into Q8_0's lines, each value 16 higher
+/// (`expand_q5_0_with`): what the kernels read it as.
+#[cfg(target_arch = "x86_64")]
+struct Expanded;
+
+#[cfg(target_arch = "x86_64")]
+impl LaneBlock for Expanded {
+    const NAME: &'static str = "Q5_0 decoded once";
+    // Never laid out from a file.
+    const BLOCK_BYTES: usize = block_bytes::<Q5_0>();
+    const VALUES: Values = Values::Bytes;
+    const MINIMUMS: bool = false;
+    const ONE_SUM: bool = false;
+    const OFFSET: i32 = 16;
+}
+
+/// How `L`'s blocks are grouped into units of lines: (blocks per unit, value lines per
+/// block); a unit is one header line (sixteen scales for each of its blocks, or sixteen
+/// scales and sixteen minimums) and its blocks' value lines.
+const fn unit<L: LaneBlock>() -> (usize, usize) {
+    let value_lines = match L::VALUES {
+        Values::Bytes => 8,
+        Values::FiveBits => 5,
+        Values::Nibbles | Values::Table => 4,
+    };
+    (if L::MINIMUMS { 1 } else { 2 }, value_lines)
+}
+
+/// Whether `L`'s groups are decoded once into bytes against many activation rows
+/// ([`Expanded`]): five-bit values with an offset, Q5_0's.
+const fn expands<L: LaneBlock>() -> bool {
+    matches!(L::VALUES, Values::FiveBits) && L::OFFSET != 0
 }
 
 /// Where block `b` of a group is: (its unit's header line, the byte of its scales in that
 /// line, its first value line), in lines and bytes from the group's start.
 #[inline(always)]
-fn place(format: LaneFormat, b: usize) -> (usize, usize, usize) {
-    let (per_unit, value_lines) = unit(format);
+fn place<L: LaneBlock>(b: usize) -> (usize, usize, usize) {
+    let (per_unit, value_lines) = unit::<L>();
     let header = b / per_unit * (1 + per_unit * value_lines);
     let within = b % per_unit;
     (header, 32 * within, header + 1 + within * value_lines)
 }
 
-/// A matrix of one of the [`LaneFormat`]s in the sixteen-row layout.
-pub struct BlockLanes {
-    format: LaneFormat,
+/// A matrix of format `L` in the sixteen-row layout.
+pub struct BlockLanes<L> {
     /// The kernel that reads it, which Q5_0's and Q5_1's fifth bits are laid out for.
     kernel: Kernel,
     blocks: usize,
     /// Lines per group.
     group_lines: usize,
     lines: Vec<Line>,
+    format: PhantomData<L>,
 }
 
 /// Which kernel reads a matrix, chosen once at load. It decides how a block's fifth bits
@@ -199,27 +274,21 @@ impl Kernel {
     }
 }
 
-impl BlockLanes {
-    /// Interleaves row-major blocks of `format` (`rows` rows of `cols / 32` blocks each)
-    /// for the kernel this CPU runs on it.
-    pub fn new(format: LaneFormat, raw: &[u8], rows: usize, cols: usize) -> Self {
-        Self::for_kernel(format, Kernel::for_this_cpu(), raw, rows, cols)
+impl<L: LaneBlock> BlockLanes<L> {
+    /// Interleaves row-major blocks of `L` (`rows` rows of `cols / 32` blocks each) for
+    /// the kernel this CPU runs on it.
+    pub fn new(raw: &[u8], rows: usize, cols: usize) -> Self {
+        Self::for_kernel(Kernel::for_this_cpu(), raw, rows, cols)
     }
 
     /// [`BlockLanes::new`] for the kernel `kernel`.
-    fn for_kernel(
-        format: LaneFormat,
-        kernel: Kernel,
-        raw: &[u8],
-        rows: usize,
-        cols: usize,
-    ) -> Self {
-        let bytes = format.block_bytes();
-        let (per_unit, value_lines) = unit(format);
+    fn for_kernel(kernel: Kernel, raw: &[u8], rows: usize, cols: usize) -> Self {
+        let bytes = L::BLOCK_BYTES;
+        let (per_unit, value_lines) = unit::<L>();
         let blocks = cols / 32;
         assert_eq!(raw.len(), rows * blocks * bytes);
         let group_lines = blocks.div_ceil(per_unit) * (1 + per_unit * value_lines);
-        let minimums = matches!(format, LaneFormat::Q4_1 | LaneFormat::Q5_1);
+        let minimums = L::MINIMUMS;
         // Padding rows keep zero bytes: their scales are zero, so their values never count.
         let mut lines = vec![Line([0; 64]); rows.div_ceil(ROWS) * group_lines];
         for r in 0..rows {
@@ -227,21 +296,19 @@ impl BlockLanes {
             let group = &mut lines[g * group_lines..][..group_lines];
             for b in 0..blocks {
                 let block = &raw[(r * blocks + b) * bytes..][..bytes];
-                let (header, at, values) = place(format, b);
+                let (header, at, values) = place::<L>(b);
                 let header = &mut group[header].0;
                 header[at + 2 * lane..at + 2 * lane + 2].copy_from_slice(&block[..2]);
                 if minimums {
                     header[32 + 2 * lane..32 + 2 * lane + 2].copy_from_slice(&block[2..4]);
                 }
-                let (quants, values) = match format {
-                    LaneFormat::Q8_0 | LaneFormat::Q4_0 | LaneFormat::Iq4Nl => {
-                        (&block[2..], values)
-                    }
-                    LaneFormat::Q4_1 => (&block[4..], values),
-                    LaneFormat::Q5_0 | LaneFormat::Q5_1 => {
+                // The values (or their low four bits) follow the scale and the minimum.
+                let at = if minimums { 4 } else { 2 };
+                let (quants, values) = match L::VALUES {
+                    Values::Bytes | Values::Nibbles | Values::Table => (&block[at..], values),
+                    Values::FiveBits => {
                         // Value j's fifth bit is bit j of the block's qh (after the scale,
                         // and Q5_1's minimum).
-                        let at = if minimums { 4 } else { 2 };
                         let qh = u32::from_le_bytes(block[at..at + 4].try_into().unwrap());
                         let line = &mut group[values].0;
                         for j in 0..32 {
@@ -262,7 +329,8 @@ impl BlockLanes {
                 for (l, four) in quants.chunks_exact(4).enumerate() {
                     let line = &mut group[values + l].0[4 * lane..4 * lane + 4];
                     for (to, &v) in line.iter_mut().zip(four) {
-                        *to = if format == LaneFormat::Q8_0 {
+                        // Q8_0's signed bytes, 128 higher.
+                        *to = if matches!(L::VALUES, Values::Bytes) {
                             v ^ 0x80
                         } else {
                             v
@@ -272,11 +340,11 @@ impl BlockLanes {
             }
         }
         Self {
-            format,
             kernel,
             blocks,
             group_lines,
             lines,
+            format: PhantomData,
         }
     }
 
@@ -286,36 +354,25 @@ impl BlockLanes {
     }
 }
 
-/// What the values the VNNI kernel multiplies are above the values they stand for: 128
-/// for Q8_0 (as stored) and IQ4_NL (as looked up), 16 for Q5_0, 8 for Q4_0 (Q4_1's and
-/// Q5_1's bits are their values).
-fn offset(format: LaneFormat) -> i32 {
-    match format {
-        LaneFormat::Q8_0 | LaneFormat::Iq4Nl => 128,
-        LaneFormat::Q5_0 => 16,
-        LaneFormat::Q4_0 => 8,
-        LaneFormat::Q4_1 | LaneFormat::Q5_1 => 0,
-    }
-}
-
-/// How many starts a block of `format` takes: one per group of four values (a lane of
-/// the kernel), Q4_0's and IQ4_NL's one for the block (their one integer per row and
-/// block).
-fn starts_per_block(format: LaneFormat) -> usize {
-    match format {
-        LaneFormat::Q4_0 | LaneFormat::Iq4Nl => 1,
-        _ => QUADS,
+/// How many starts a block of `L` takes: one per group of four values (a lane of the
+/// kernel), or one for the block where its products are one integer per row
+/// ([`LaneBlock::ONE_SUM`]).
+const fn starts_per_block<L: LaneBlock>() -> usize {
+    if L::ONE_SUM {
+        1
+    } else {
+        QUADS
     }
 }
 
 /// Where the kernel's integers start for activation row `a` (its first `blocks` blocks)
-/// against a matrix of `format`: per block, and per group of four values but for Q4_0
-/// and IQ4_NL ([`starts_per_block`]), `-offset ·` the values' sum, so that the offset the
-/// kernel's weights carry ([`offset`]) cancels (all zero for the formats without one).
-pub fn lane_starts(a: &Q8Row, blocks: usize, format: LaneFormat) -> Vec<i32> {
-    let offset = offset(format);
+/// against a matrix of `L`: per block, and per group of four values where it has lanes
+/// ([`starts_per_block`]), `-OFFSET ·` the values' sum, so that the offset the kernel's
+/// weights carry ([`LaneBlock::OFFSET`]) cancels (all zero for the formats without one).
+pub fn lane_starts<L: LaneBlock>(a: &Q8Row, blocks: usize) -> Vec<i32> {
+    let offset = L::OFFSET;
     a.qs[..blocks * 32]
-        .chunks_exact(32 / starts_per_block(format))
+        .chunks_exact(32 / starts_per_block::<L>())
         .map(|values| -offset * values.iter().map(|&v| v as i32).sum::<i32>())
         .collect()
 }
@@ -341,15 +398,15 @@ fn rows_cover(a: &[&Q8Row], starts: &[&[i32]], blocks: usize, per_block: usize) 
 /// from values `4q..4q + 4` of the block whose line of fifth bits (masks or a plane, as the
 /// instruction set's kernel reads them) and nibble lines are `from`.
 #[cfg(target_arch = "x86_64")]
-fn expand_q5_0_with(
-    m: &BlockLanes,
+fn expand_q5_0_with<L: LaneBlock>(
+    m: &BlockLanes<L>,
     g: usize,
     into: &mut Vec<Line>,
     mut write: impl FnMut(&[Line], usize, &mut Line),
 ) {
-    assert_eq!(m.format, LaneFormat::Q5_0);
+    assert!(expands::<L>(), "{} is not decoded once", L::NAME);
     let (blocks, group) = (m.blocks, m.group(g));
-    let (per_unit, value_lines) = unit(LaneFormat::Q8_0);
+    let (per_unit, value_lines) = unit::<Expanded>();
     // Every line a block reads is written below: a buffer of the right length is reused
     // as it is (an odd last block's second half is never read).
     into.resize(
@@ -357,8 +414,8 @@ fn expand_q5_0_with(
         Line([0; 64]),
     );
     for b in 0..blocks {
-        let (header, _, values) = place(LaneFormat::Q5_0, b);
-        let (to_header, _, to_values) = place(LaneFormat::Q8_0, b);
+        let (header, _, values) = place::<L>(b);
+        let (to_header, _, to_values) = place::<Expanded>(b);
         if b % per_unit == 0 {
             into[to_header] = group[header];
         }
@@ -368,28 +425,27 @@ fn expand_q5_0_with(
     }
 }
 
-/// Every row's [`lane_starts`] for one matrix product, Q8_0's, Q5_0's, Q4_0's and
-/// IQ4_NL's, each computed by the first chunk that needs them and shared by the others.
+/// Every row's [`lane_starts`] for one matrix product, one slot for each kind the formats
+/// take (Q8_0's, Q5_0's, Q4_0's and IQ4_NL's), each computed by the first chunk that needs
+/// them and shared by the others.
 #[derive(Default)]
 pub struct StartsOnce([OnceLock<Vec<Vec<i32>>>; 4]);
 
 impl StartsOnce {
     /// The starts of the rows `a` (which must be the rows they were first asked for)
-    /// against a matrix of `format` (Q8_0, Q5_0, Q4_0 or IQ4_NL).
-    pub fn get(&self, a: &[Q8Row], blocks: usize, format: LaneFormat) -> &[Vec<i32>] {
-        let once = match format {
-            LaneFormat::Q5_0 => &self.0[1],
-            LaneFormat::Q4_0 => &self.0[2],
-            LaneFormat::Iq4Nl => &self.0[3],
-            _ => &self.0[0],
+    /// against a matrix of `L`.
+    pub fn get<L: LaneBlock>(&self, a: &[Q8Row], blocks: usize) -> &[Vec<i32>] {
+        // The starts depend on the offset and on how many a block takes, nothing else.
+        let once = match (L::OFFSET, starts_per_block::<L>()) {
+            (128, QUADS) => &self.0[0],
+            (16, QUADS) => &self.0[1],
+            (8, 1) => &self.0[2],
+            (128, 1) => &self.0[3],
+            kind => unreachable!("{}'s starts {kind:?} have no slot", L::NAME),
         };
-        assert!(offset(format) > 0, "{format:?} has no lane starts");
-        let starts = once.get_or_init(|| {
-            a.iter()
-                .map(|row| lane_starts(row, blocks, format))
-                .collect()
-        });
-        let per_row = blocks * starts_per_block(format);
+        let starts =
+            once.get_or_init(|| a.iter().map(|row| lane_starts::<L>(row, blocks)).collect());
+        let per_row = blocks * starts_per_block::<L>();
         assert!(starts.len() == a.len() && starts.iter().all(|s| s.len() == per_row));
         starts
     }
@@ -398,38 +454,10 @@ impl StartsOnce {
 #[cfg(target_arch = "x86_64")]
 pub use vnni::{dot_expanded, dot_group, expand_q5_0, starts_taken};
 
-/// The formats as the kernels' const parameter (a `LaneFormat` cannot be one).
-#[cfg(target_arch = "x86_64")]
-mod kernel_format {
-    use super::LaneFormat;
-
-    pub const Q8_0: u8 = 0;
-    pub const Q4_1: u8 = 1;
-    pub const Q5_0: u8 = 2;
-    pub const Q4_0: u8 = 3;
-    /// Q5_0 written out as Q8_0's lines, values 16 higher (`expand_q5_0_with`): the AVX2
-    /// kernel reads it as a format of its own, the VNNI one as Q8_0.
-    pub const EXPANDED: u8 = 4;
-    pub const Q5_1: u8 = 5;
-    pub const IQ4_NL: u8 = 6;
-
-    /// The format whose lines a kernel of parameter `f` reads.
-    pub fn of(f: u8) -> LaneFormat {
-        match f {
-            Q8_0 | EXPANDED => LaneFormat::Q8_0,
-            Q4_1 => LaneFormat::Q4_1,
-            Q4_0 => LaneFormat::Q4_0,
-            Q5_1 => LaneFormat::Q5_1,
-            IQ4_NL => LaneFormat::Iq4Nl,
-            _ => LaneFormat::Q5_0,
-        }
-    }
-}
-
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 
-impl Layout for BlockLanes {
+impl<L: LaneBlock> Layout for BlockLanes<L> {
     fn back_with_huge_pages(&self) {
         crate::huge_pages::back(&self.lines);
     }
@@ -442,11 +470,11 @@ impl Layout for BlockLanes {
         {
             let vnni = self.kernel == Kernel::Vnni;
             let needs_starts = match vnni {
-                true => starts_taken(self.format) > 0,
-                false => avx2::starts_taken(self.format) > 0,
+                true => starts_taken::<L>() > 0,
+                false => avx2::starts_taken::<L>() > 0,
             };
             let starts = match needs_starts {
-                true => starts.get(a, self.blocks, self.format),
+                true => starts.get::<L>(a, self.blocks),
                 false => &[],
             };
             let start = |t: usize| starts.get(t).map_or(&[][..], Vec::as_slice);
@@ -460,17 +488,15 @@ impl Layout for BlockLanes {
             //   group of four values at a time across eight blocks, with one accumulator
             //   per row live, slower: 16 rows Q4_1 31 against 34-42, Q5_0 decoded once 27
             //   against 33), Q4_0's and IQ4_NL's four, decoded once against more than one row.
-            let (per_pass, expand) = match vnni {
-                true => (2, self.format == LaneFormat::Q5_0 && n > 4),
-                false => match self.format {
-                    LaneFormat::Q4_0 | LaneFormat::Iq4Nl => (4, false),
-                    format => (1, format == LaneFormat::Q5_0 && n > 1),
-                },
+            let (per_pass, expand) = match (vnni, L::ONE_SUM) {
+                (true, _) => (2, expands::<L>() && n > 4),
+                (false, true) => (4, false),
+                (false, false) => (1, expands::<L>() && n > 1),
             };
             let all: Vec<usize> = (0..n).collect();
             let (mut expanded, mut decoded) = (Vec::new(), None);
             // The kernel asks for its share of the next group once a unit.
-            let (group, units) = (|g| self.group(g), self.blocks.div_ceil(unit(self.format).0));
+            let (group, units) = (|g| self.group(g), self.blocks.div_ceil(unit::<L>().0));
             lane_groups(
                 out,
                 range,
@@ -497,11 +523,11 @@ impl Layout for BlockLanes {
                         let blocks = self.blocks;
                         match (vnni, expand) {
                             (true, true) => dot_expanded::<T>(&expanded, blocks, rows, starts, soon),
-                            (true, false) => dot_group::<T>(self, g, rows, starts, soon),
+                            (true, false) => dot_group::<T, L>(self, g, rows, starts, soon),
                             (false, true) => {
                                 avx2::dot_expanded::<T>(&expanded, blocks, rows, starts, soon)
                             }
-                            (false, false) => avx2::dot_group::<T>(self, g, rows, starts, soon),
+                            (false, false) => avx2::dot_group::<T, L>(self, g, rows, starts, soon),
                         }
                     });
                     got
@@ -527,94 +553,149 @@ mod tests {
     use crate::quant::OwnFormat;
     use crate::simd::prefetch::Upcoming;
 
-    /// A kernel's group of sixteen rows against one to four activation rows, given their
-    /// lane starts for the matrix's format.
-    type GroupKernel = fn(&BlockLanes, usize, &[&Q8Row], &[&[i32]]) -> Vec<[f32; ROWS]>;
+    /// A format's portable product of a weight row with a Q8 activation row.
+    type Portable = fn(&[u8], &Q8Row) -> f32;
 
-    /// Every row of every group, against one to four activation rows (in every position of
-    /// a pass), equals the portable dot product bit for bit (Q4_0's and IQ4_NL's repacked
-    /// one), for every format of `formats` laid out for `kernel` (Q5_0 also decoded once,
-    /// `expanded`), the
-    /// extreme values included: -128 and 127 in Q8_0's weights, the lowest and highest of
-    /// the others' (IQ4_NL's -127 and 113), 127 and `lowest` in the activations (-128 for a
-    /// kernel that takes it; the quantizer never makes it). The kernel gets the lane
-    /// starts only where `takes_starts` says its format needs them, as a chunk passes them
-    /// (Q5_0's always: decoded once, it needs them too).
-    fn assert_matches_the_portable_kernel(
-        formats: &[LaneFormat],
+    /// Every format against `kernel`'s kernels (`lowest`: the lowest activation it takes),
+    /// each with its own seed, the matrix's format and its portable kernel (Q4_0's and
+    /// IQ4_NL's the repacked kernels' arithmetic, see the module).
+    fn every_format(kernel: Kernel, lowest: i8) {
+        let check = assert_matches_the_portable_kernel::<Q8_0>;
+        check(21, OwnFormat::Q8_0, block32::dot::<Q8_0>, kernel, lowest);
+        let check = assert_matches_the_portable_kernel::<Q4_1>;
+        check(22, OwnFormat::Q4_1, block32::dot::<Q4_1>, kernel, lowest);
+        let check = assert_matches_the_portable_kernel::<Q5_0>;
+        check(23, OwnFormat::Q5_0, block32::dot::<Q5_0>, kernel, lowest);
+        let check = assert_matches_the_portable_kernel::<Q4_0>;
+        check(
+            24,
+            OwnFormat::Q4_0_REPACKED,
+            block32::dot_repacked::<Q4_0>,
+            kernel,
+            lowest,
+        );
+        let check = assert_matches_the_portable_kernel::<Q5_1>;
+        check(25, OwnFormat::Q5_1, block32::dot::<Q5_1>, kernel, lowest);
+        let check = assert_matches_the_portable_kernel::<Iq4Nl>;
+        check(
+            26,
+            OwnFormat::IQ4_NL_REPACKED,
+            table4::dot::<Iq4Nl>,
+            kernel,
+            lowest,
+        );
+    }
+
+    /// `kernel`'s group of sixteen rows against one to four activation rows, given their
+    /// lane starts; or, `expanded`, the same group decoded once first (Q5_0's).
+    ///
+    /// # Safety
+    /// The CPU runs `kernel`; the activations are in its range.
+    unsafe fn group<L: LaneBlock>(
         kernel: Kernel,
-        lowest: i8,
-        takes_starts: fn(LaneFormat) -> bool,
-        dot: GroupKernel,
-        expanded: GroupKernel,
-    ) {
-        for (seed, &format) in (21..).zip(formats) {
-            let mut rng = Xorshift::new(seed);
-            let (rows, cols) = (37, 7 * 32);
-            // The matrix's format, and its portable kernel (Q4_0's and IQ4_NL's the
-            // repacked kernels' arithmetic, see the module).
-            type Portable = fn(&[u8], &Q8Row) -> f32;
-            let (own, portable): (&OwnFormat, Portable) = match format {
-                LaneFormat::Q8_0 => (OwnFormat::Q8_0, block32::dot::<Q8_0>),
-                LaneFormat::Q4_1 => (OwnFormat::Q4_1, block32::dot::<Q4_1>),
-                LaneFormat::Q5_0 => (OwnFormat::Q5_0, block32::dot::<Q5_0>),
-                LaneFormat::Q4_0 => (OwnFormat::Q4_0_REPACKED, block32::dot_repacked::<Q4_0>),
-                LaneFormat::Q5_1 => (OwnFormat::Q5_1, block32::dot::<Q5_1>),
-                LaneFormat::Iq4Nl => (OwnFormat::IQ4_NL_REPACKED, table4::dot::<Iq4Nl>),
-            };
-            let mut raw = sample::weights(own, rows, cols, &mut rng);
-            let (blocks, bytes) = (cols / 32, format.block_bytes());
-            // Row 3's values all the lowest, row 4's all the highest (Q5_0's fifth bits,
-            // bytes 2..6, with its nibbles).
-            let (from, lowest_weight, highest_weight) = match format {
-                LaneFormat::Q8_0 => (2, 0x80u8, 0x7f),
-                // Bytes 4.. (Q5_1's fifth bits among them).
-                LaneFormat::Q4_1 | LaneFormat::Q5_1 => (4, 0x00, 0xff),
-                // Bytes 2.. (Q5_0's fifth bits among them).
-                _ => (2, 0x00, 0xff),
-            };
-            for (r, v) in [(3usize, lowest_weight), (4, highest_weight)] {
-                for b in 0..blocks {
-                    raw[(r * blocks + b) * bytes + from..][..bytes - from].fill(v);
+        expanded: bool,
+        m: &BlockLanes<L>,
+        g: usize,
+        a: &[&Q8Row],
+        s: &[&[i32]],
+    ) -> Vec<[f32; ROWS]> {
+        // SAFETY: as the caller guarantees. Upcoming lines from the group itself: asking
+        // for them changes nothing.
+        unsafe {
+            let soon = Upcoming::new(m.group(0), 3);
+            let mut lines = Vec::new();
+            match (kernel, expanded) {
+                (Kernel::Vnni, false) => by_row_count!(dot_group[L], (m, g), soon, a, s),
+                (Kernel::Avx2, false) => by_row_count!(avx2::dot_group[L], (m, g), soon, a, s),
+                (Kernel::Vnni, true) => {
+                    expand_q5_0(m, g, &mut lines);
+                    by_row_count!(dot_expanded, (&lines, m.blocks), Upcoming::NONE, a, s)
+                }
+                (Kernel::Avx2, true) => {
+                    avx2::expand_q5_0(m, g, &mut lines);
+                    by_row_count!(avx2::dot_expanded, (&lines, m.blocks), Upcoming::NONE, a, s)
                 }
             }
-            let m = BlockLanes::for_kernel(format, kernel, &raw, rows, cols);
-            let mut acts: Vec<Q8Row> = (0..4)
-                .map(|_| quantize_row(&sample::activations(1, cols, 4.0, &mut rng)))
-                .collect();
-            acts[2].qs.fill(lowest);
-            acts[3].qs.fill(127);
-            let starts: Vec<Vec<i32>> = acts
-                .iter()
-                .map(|a| match takes_starts(format) {
-                    true => lane_starts(a, blocks, format),
-                    false => Vec::new(),
-                })
-                .collect();
-            let row_bytes = blocks * bytes;
-            for g in 0..rows.div_ceil(ROWS) {
-                for (first, end) in [(0, 4), (1, 2), (0, 3), (2, 4), (3, 4), (0, 1)] {
-                    let a: Vec<&Q8Row> = acts[first..end].iter().collect();
-                    let s: Vec<&[i32]> = starts[first..end].iter().map(Vec::as_slice).collect();
-                    let mut results = vec![("", dot(&m, g, &a, &s))];
-                    if format == LaneFormat::Q5_0 {
-                        results.push((", decoded once", expanded(&m, g, &a, &s)));
-                    }
-                    for (how, got) in results {
-                        for (got, t) in got.iter().zip(first..end) {
-                            for (lane, got) in got.iter().enumerate() {
-                                let r = g * ROWS + lane;
-                                let w = || &raw[r * row_bytes..][..row_bytes];
-                                let want = match r < rows {
-                                    true => portable(w(), &acts[t]),
-                                    false => 0.0,
-                                };
-                                assert_eq!(
-                                    want.to_bits(),
-                                    got.to_bits(),
-                                    "{format:?} row {r}, act {t} of {first}..{end}{how}"
-                                );
-                            }
+        }
+    }
+
+    /// Every row of every group, against one to four activation rows (in every position of
+    /// a pass), equals the portable dot product `portable` bit for bit, for a matrix of `L`
+    /// (random blocks of `own`, from `seed`) laid out for `kernel` (Q5_0 also decoded
+    /// once), the extreme values included: -128 and 127 in Q8_0's weights, the lowest and
+    /// highest of the others' (IQ4_NL's -127 and 113), 127 and `lowest` in the activations
+    /// (-128 for a kernel that takes it; the quantizer never makes it). The kernel gets the
+    /// lane starts only where it takes them, as a chunk passes them (Q5_0's always:
+    /// decoded once, it needs them too).
+    fn assert_matches_the_portable_kernel<L: LaneBlock>(
+        seed: u64,
+        own: &OwnFormat,
+        portable: Portable,
+        kernel: Kernel,
+        lowest: i8,
+    ) {
+        let takes_starts = match kernel {
+            Kernel::Vnni => starts_taken::<L>(),
+            Kernel::Avx2 => avx2::starts_taken::<L>(),
+        } > 0;
+        let mut rng = Xorshift::new(seed);
+        let (rows, cols) = (37, 7 * 32);
+        let mut raw = sample::weights(own, rows, cols, &mut rng);
+        let (blocks, bytes) = (cols / 32, L::BLOCK_BYTES);
+        // Row 3's values all the lowest, row 4's all the highest (Q5_0's fifth bits,
+        // bytes 2..6, with its nibbles).
+        // Bytes 4.. after a minimum, 2.. otherwise (the fifth bits among them).
+        let from = if L::MINIMUMS { 4 } else { 2 };
+        let (lowest_weight, highest_weight) = match L::VALUES {
+            Values::Bytes => (0x80u8, 0x7f),
+            _ => (0x00, 0xff),
+        };
+        for (r, v) in [(3usize, lowest_weight), (4, highest_weight)] {
+            for b in 0..blocks {
+                raw[(r * blocks + b) * bytes + from..][..bytes - from].fill(v);
+            }
+        }
+        let m = BlockLanes::<L>::for_kernel(kernel, &raw, rows, cols);
+        let mut acts: Vec<Q8Row> = (0..4)
+            .map(|_| quantize_row(&sample::activations(1, cols, 4.0, &mut rng)))
+            .collect();
+        acts[2].qs.fill(lowest);
+        acts[3].qs.fill(127);
+        let starts: Vec<Vec<i32>> = acts
+            .iter()
+            .map(|a| match takes_starts {
+                true => lane_starts::<L>(a, blocks),
+                false => Vec::new(),
+            })
+            .collect();
+        let row_bytes = blocks * bytes;
+        for g in 0..rows.div_ceil(ROWS) {
+            for (first, end) in [(0, 4), (1, 2), (0, 3), (2, 4), (3, 4), (0, 1)] {
+                let a: Vec<&Q8Row> = acts[first..end].iter().collect();
+                let s: Vec<&[i32]> = starts[first..end].iter().map(Vec::as_slice).collect();
+                // SAFETY: the test checked the CPU; the activations are in range.
+                let got = unsafe { group(kernel, false, &m, g, &a, &s) };
+                let mut results = vec![("", got)];
+                if expands::<L>() {
+                    // SAFETY: as above.
+                    let got = unsafe { group(kernel, true, &m, g, &a, &s) };
+                    results.push((", decoded once", got));
+                }
+                for (how, got) in results {
+                    for (got, t) in got.iter().zip(first..end) {
+                        for (lane, got) in got.iter().enumerate() {
+                            let r = g * ROWS + lane;
+                            let w = || &raw[r * row_bytes..][..row_bytes];
+                            let want = match r < rows {
+                                true => portable(w(), &acts[t]),
+                                false => 0.0,
+                            };
+                            assert_eq!(
+                                want.to_bits(),
+                                got.to_bits(),
+                                "{} row {r}, act {t} of {first}..{end}{how}",
+                                L::NAME
+                            );
                         }
                     }
                 }
@@ -629,32 +710,7 @@ mod tests {
         if crate::simd::cpu::lacks(crate::simd::cpu::detected().vnni, "vnni") {
             return;
         }
-        // Upcoming lines from the group itself: asking for them changes nothing.
-        // SAFETY (both): VNNI was checked.
-        let formats = [
-            LaneFormat::Q8_0,
-            LaneFormat::Q4_1,
-            LaneFormat::Q5_0,
-            LaneFormat::Q4_0,
-            LaneFormat::Q5_1,
-            LaneFormat::Iq4Nl,
-        ];
-        assert_matches_the_portable_kernel(
-            &formats,
-            Kernel::Vnni,
-            -128,
-            |format| starts_taken(format) > 0,
-            // SAFETY: the kernel's CPU features were checked above; the activations are in range.
-            |m, g, a, s| unsafe {
-                by_row_count!(dot_group, (m, g), Upcoming::new(m.group(0), 3), a, s)
-            },
-            // SAFETY: the kernel's CPU features were checked above; the activations are in range.
-            |m, g, a, s| unsafe {
-                let mut lines = Vec::new();
-                expand_q5_0(m, g, &mut lines);
-                by_row_count!(dot_expanded, (&lines, m.blocks), Upcoming::NONE, a, s)
-            },
-        );
+        every_format(Kernel::Vnni, -128);
     }
 
     /// The AVX2 kernels.
@@ -663,29 +719,6 @@ mod tests {
         if crate::simd::cpu::lacks(crate::simd::cpu::detected().avx2, "avx2") {
             return;
         }
-        // SAFETY (both): AVX2 was checked; the activations are in -127..=127.
-        assert_matches_the_portable_kernel(
-            &[
-                LaneFormat::Q8_0,
-                LaneFormat::Q4_1,
-                LaneFormat::Q5_0,
-                LaneFormat::Q4_0,
-                LaneFormat::Q5_1,
-                LaneFormat::Iq4Nl,
-            ],
-            Kernel::Avx2,
-            -127,
-            |format| avx2::starts_taken(format) > 0,
-            // SAFETY: the kernel's CPU features were checked above; the activations are in range.
-            |m, g, a, s| unsafe {
-                by_row_count!(avx2::dot_group, (m, g), Upcoming::new(m.group(0), 3), a, s)
-            },
-            // SAFETY: the kernel's CPU features were checked above; the activations are in range.
-            |m, g, a, s| unsafe {
-                let mut lines = Vec::new();
-                avx2::expand_q5_0(m, g, &mut lines);
-                by_row_count!(avx2::dot_expanded, (&lines, m.blocks), Upcoming::NONE, a, s)
-            },
-        );
+        every_format(Kernel::Avx2, -127);
     }
 }

@@ -29,7 +29,7 @@
 
 use candle_core::quantized::GgmlDType;
 
-use super::block_lanes::{BlockLanes, LaneFormat};
+use super::block_lanes::BlockLanes;
 use super::float::{self, dot_bf16, dot_f16, dot_f32};
 use super::float_rows::FloatRows;
 use super::formats::block_format::BlockFormat;
@@ -231,7 +231,7 @@ impl OwnFormat {
         b32::<q4_0::Q4_0>(),
         ActivationKind::Q8,
         |d, r, c| match avx2() {
-            true => Box::new(BlockLanes::new(LaneFormat::Q4_0, d, r, c)),
+            true => Box::new(BlockLanes::<q4_0::Q4_0>::new(d, r, c)),
             false => rows(RowDot::Q8(block32::dot_repacked::<q4_0::Q4_0>), d, r),
         },
         |w, x, _| block32::dot_repacked::<q4_0::Q4_0>(w, &q8(x)),
@@ -244,7 +244,7 @@ impl OwnFormat {
             b32::<q4_1::Q4_1>(),
             ActivationKind::Q8,
             |d, r, c| match avx2() {
-                true => Box::new(BlockLanes::new(LaneFormat::Q4_1, d, r, c)),
+                true => Box::new(BlockLanes::<q4_1::Q4_1>::new(d, r, c)),
                 false => Box::new(PackedRows::new(BlockFormat::Q4_1, d, r, c)),
             },
             |w, x, _| block32::dot::<q4_1::Q4_1>(w, &q8(x)),
@@ -256,7 +256,7 @@ impl OwnFormat {
         b32::<q5_0::Q5_0>(),
         ActivationKind::Q8,
         |d, r, c| match avx2() {
-            true => Box::new(BlockLanes::new(LaneFormat::Q5_0, d, r, c)),
+            true => Box::new(BlockLanes::<q5_0::Q5_0>::new(d, r, c)),
             false => Box::new(PackedRows::new(BlockFormat::Q5_0, d, r, c)),
         },
         |w, x, _| block32::dot::<q5_0::Q5_0>(w, &q8(x)),
@@ -269,7 +269,7 @@ impl OwnFormat {
             b32::<q5_1::Q5_1>(),
             ActivationKind::Q8,
             |d, r, c| match avx2() {
-                true => Box::new(BlockLanes::new(LaneFormat::Q5_1, d, r, c)),
+                true => Box::new(BlockLanes::<q5_1::Q5_1>::new(d, r, c)),
                 false => rows(RowDot::Q8(block32::dot::<q5_1::Q5_1>), d, r),
             },
             |w, x, _| block32::dot::<q5_1::Q5_1>(w, &q8(x)),
@@ -281,7 +281,7 @@ impl OwnFormat {
         b32::<q8_0::Q8_0>(),
         ActivationKind::Q8,
         |d, r, c| match avx2() {
-            true => Box::new(BlockLanes::new(LaneFormat::Q8_0, d, r, c)),
+            true => Box::new(BlockLanes::<q8_0::Q8_0>::new(d, r, c)),
             false => Box::new(PackedRows::new(BlockFormat::Q8_0, d, r, c)),
         },
         |w, x, _| block32::dot::<q8_0::Q8_0>(w, &q8(x)),
@@ -390,7 +390,7 @@ impl OwnFormat {
         (32, iq4::IQ4_NL),
         ActivationKind::Q8,
         |d, r, c| match avx2() {
-            true => Box::new(BlockLanes::new(LaneFormat::Iq4Nl, d, r, c)),
+            true => Box::new(BlockLanes::<iq4_nl::Iq4Nl>::new(d, r, c)),
             false => rows(RowDot::Q8(table4::dot::<iq4_nl::Iq4Nl>), d, r),
         },
         |w, x, _| table4::dot::<iq4_nl::Iq4Nl>(w, &q8(x)),

@@ -110,6 +110,28 @@ macro_rules! with_row_count {
 /// kernel), `T` their count; the results as a vector.
 #[cfg(all(test, target_arch = "x86_64"))]
 macro_rules! by_row_count {
+    // A kernel generic over a format too: `$dot::<T, $format>`.
+    ($($dot:ident)::+ [$format:ty], ($($lead:expr),+), $soon:expr, $a:expr, $s:expr) => {{
+        let (a, s, soon) = ($a, $s, $soon);
+        match a.len() {
+            1 => $($dot)::+::<1, $format>($($lead),+, [a[0]], [s[0]], soon).to_vec(),
+            2 => $($dot)::+::<2, $format>($($lead),+, [a[0], a[1]], [s[0], s[1]], soon).to_vec(),
+            3 => $($dot)::+::<3, $format>(
+                $($lead),+,
+                [a[0], a[1], a[2]],
+                [s[0], s[1], s[2]],
+                soon,
+            )
+            .to_vec(),
+            _ => $($dot)::+::<4, $format>(
+                $($lead),+,
+                [a[0], a[1], a[2], a[3]],
+                [s[0], s[1], s[2], s[3]],
+                soon,
+            )
+            .to_vec(),
+        }
+    }};
     ($($dot:ident)::+, ($($lead:expr),+), $soon:expr, $a:expr, $s:expr) => {{
         let (a, s, soon) = ($a, $s, $soon);
         match a.len() {

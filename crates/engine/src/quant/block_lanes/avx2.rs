@@ -34,8 +34,8 @@
 
 use std::arch::x86_64::*;
 
-use super::kernel_format::{self, EXPANDED, IQ4_NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
-use super::{place, unit, BlockLanes, Kernel, LaneFormat, Line, QUADS, ROWS};
+use super::{place, starts_per_block, unit, Values};
+use super::{BlockLanes, Expanded, Kernel, LaneBlock, Line, QUADS, ROWS};
 use crate::quant::iq4;
 use crate::quant::q8::Q8Row;
 use crate::simd::int_lanes::lanes_avx2;
@@ -53,8 +53,8 @@ const HALF: usize = ROWS / 2;
 /// AVX2, FMA and F16C must be available ([`crate::simd::avx2`]). For Q8_0 and
 /// IQ4_NL the activations must lie in -127..=127 to be exact, as [`crate::quant::q8::quantize_row`]
 /// makes them of finite values.
-pub unsafe fn dot_group<const T: usize>(
-    m: &BlockLanes,
+pub unsafe fn dot_group<const T: usize, L: LaneBlock>(
+    m: &BlockLanes<L>,
     g: usize,
     a: [&Q8Row; T],
     starts: [&[i32]; T],
@@ -64,34 +64,27 @@ pub unsafe fn dot_group<const T: usize>(
     // these operations need.
     unsafe {
         let blocks = m.blocks;
-        assert!(super::rows_cover(
-            &a,
-            &starts,
-            blocks,
-            starts_taken(m.format)
-        ));
+        assert!(super::rows_cover(&a, &starts, blocks, starts_taken::<L>()));
         assert_eq!(m.kernel, Kernel::Avx2);
-        let lines = m.group(g);
-        match m.format {
-            LaneFormat::Q8_0 => group_avx2::<T, Q8_0>(lines, blocks, a, starts, soon),
-            LaneFormat::Q4_1 => group_avx2::<T, Q4_1>(lines, blocks, a, starts, soon),
-            LaneFormat::Q5_0 => group_avx2::<T, Q5_0>(lines, blocks, a, starts, soon),
-            LaneFormat::Q4_0 => group_avx2::<T, Q4_0>(lines, blocks, a, starts, soon),
-            LaneFormat::Q5_1 => group_avx2::<T, Q5_1>(lines, blocks, a, starts, soon),
-            LaneFormat::Iq4Nl => group_avx2::<T, IQ4_NL>(lines, blocks, a, starts, soon),
-        }
+        group_avx2::<T, L>(m.group(g), blocks, a, starts, soon)
     }
 }
 
-/// How many lane starts per block this kernel reads for `format`: Q5_0's eight and Q4_0's
-/// one (their stored offsets); Q8_0's values are made signed instead, IQ4_NL's are
-/// looked up signed, and Q4_1 and Q5_1 have none.
-pub fn starts_taken(format: LaneFormat) -> usize {
-    match format {
-        LaneFormat::Q5_0 => QUADS,
-        LaneFormat::Q4_0 => 1,
-        LaneFormat::Q8_0 | LaneFormat::Q4_1 | LaneFormat::Q5_1 | LaneFormat::Iq4Nl => 0,
+/// How many lane starts per block this kernel reads for `L`: those of a format whose
+/// values are stored above their own (Q5_0's eight, Q4_0's one), but for values 128 higher,
+/// which it makes signed instead ([`signed`]); Q4_1 and Q5_1 have none.
+pub const fn starts_taken<L: LaneBlock>() -> usize {
+    match L::OFFSET {
+        0 | 128 => 0,
+        _ => starts_per_block::<L>(),
     }
+}
+
+/// Whether this kernel multiplies `L`'s values as signed bytes, as llama.cpp's AVX2
+/// kernels do (values stored 128 higher: Q8_0's flipped back, IQ4_NL's looked up in the
+/// signed table).
+const fn signed<L: LaneBlock>() -> bool {
+    L::OFFSET == 128
 }
 
 /// Group `g` of a Q5_0 matrix written out as the lines of a Q8_0 group, each value 16
@@ -101,7 +94,7 @@ pub fn starts_taken(format: LaneFormat) -> usize {
 /// # Safety
 /// AVX2 must be available.
 #[target_feature(enable = "avx2")]
-pub unsafe fn expand_q5_0(m: &BlockLanes, g: usize, into: &mut Vec<Line>) {
+pub unsafe fn expand_q5_0<L: LaneBlock>(m: &BlockLanes<L>, g: usize, into: &mut Vec<Line>) {
     assert_eq!(m.kernel, Kernel::Avx2);
     super::expand_q5_0_with(m, g, into, |from, q, to| {
         for h in 0..2 {
@@ -131,7 +124,7 @@ pub unsafe fn dot_expanded<const T: usize>(
     // these operations need.
     unsafe {
         assert!(super::rows_cover(&a, &starts, blocks, QUADS));
-        group_avx2::<T, EXPANDED>(lines, blocks, a, starts, soon)
+        group_avx2::<T, Expanded>(lines, blocks, a, starts, soon)
     }
 }
 
@@ -218,7 +211,7 @@ unsafe fn broadcast_four(a: &Q8Row, b: usize, q: usize) -> __m256i {
     }
 }
 
-/// [`dot_group`] on a group's lines of format `F`, one half (eight rows) after the other.
+/// [`dot_group`] on a group's lines of format `L`, one half (eight rows) after the other.
 /// Per block: the half's scales times each activation row's; per group of four values and
 /// activation row, the lane's exact integer (see the module), its conversion, and one
 /// fused multiply-add into that group's accumulator (Q4_0's and IQ4_NL's: per block, into
@@ -231,7 +224,7 @@ unsafe fn broadcast_four(a: &Q8Row, b: usize, q: usize) -> __m256i {
 // Indexed loops: each vector of weights goes to every activation row's accumulator.
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn group_avx2<const T: usize, const F: u8>(
+unsafe fn group_avx2<const T: usize, L: LaneBlock>(
     group: &[Line],
     blocks: usize,
     a: [&Q8Row; T],
@@ -242,8 +235,7 @@ unsafe fn group_avx2<const T: usize, const F: u8>(
     // these operations need.
     unsafe {
         let ahead = crate::simd::cpu::prefetch_ahead();
-        let format = kernel_format::of(F);
-        let (per_unit, value_lines) = unit(format);
+        let (per_unit, value_lines) = unit::<L>();
         let unit_lines = 1 + per_unit * value_lines;
         assert!(group.len() >= blocks.div_ceil(per_unit) * unit_lines);
         let flip = _mm256_set1_epi8(-128);
@@ -253,7 +245,7 @@ unsafe fn group_avx2<const T: usize, const F: u8>(
             let mut acc = [[_mm256_setzero_ps(); QUADS]; T];
             let mut extra = [_mm256_setzero_ps(); T];
             for b in 0..blocks {
-                let (header, at, values) = place(format, b);
+                let (header, at, values) = place::<L>(b);
                 if h == 0 && b % per_unit == 0 {
                     // The first half streams the group; the second finds it in the cache.
                     prefetch_span(group.as_ptr().add(header), unit_lines * 64, ahead);
@@ -266,14 +258,14 @@ unsafe fn group_avx2<const T: usize, const F: u8>(
                 for t in 0..T {
                     scale[t] = _mm256_mul_ps(d, _mm256_set1_ps(*a[t].d.get_unchecked(b)));
                 }
-                if F == Q4_1 || F == Q5_1 {
+                if L::MINIMUMS {
                     let m = half_f16(header.add(32), h);
                     for t in 0..T {
                         let s = _mm256_set1_ps(*a[t].s.get_unchecked(b));
                         extra[t] = _mm256_fmadd_ps(m, s, extra[t]);
                     }
                 }
-                if F == Q4_0 {
+                if L::ONE_SUM && matches!(L::VALUES, Values::Nibbles) {
                     // The block's pairs in 16 bits, then one integer per row.
                     let mut pairs = [_mm256_setzero_si256(); T];
                     for q in 0..QUADS {
@@ -291,7 +283,7 @@ unsafe fn group_avx2<const T: usize, const F: u8>(
                     }
                     continue;
                 }
-                if F == IQ4_NL {
+                if L::ONE_SUM && matches!(L::VALUES, Values::Table) {
                     // Each group of four's integer, as Q8_0's, into the block's one per row.
                     let mut sum = [_mm256_setzero_si256(); T];
                     for q in 0..QUADS {
@@ -312,30 +304,32 @@ unsafe fn group_avx2<const T: usize, const F: u8>(
                     // Q8_0's and the expanded lines: line `q`'s half (the nibble formats have
                     // fewer lines, so the address is only made for these).
                     let line = || (lines.add(q) as *const u8).add(32 * h) as *const __m256i;
-                    let w = match F {
-                        Q8_0 => _mm256_xor_si256(_mm256_load_si256(line()), flip),
-                        EXPANDED => _mm256_load_si256(line()),
-                        Q4_1 => nibble_values(lines, q, h),
-                        // Q5_0's and Q5_1's.
-                        _ => q5_0_values(lines, q, h),
+                    let w = match L::VALUES {
+                        Values::Bytes if signed::<L>() => {
+                            _mm256_xor_si256(_mm256_load_si256(line()), flip)
+                        }
+                        Values::Bytes => _mm256_load_si256(line()),
+                        Values::Nibbles => nibble_values(lines, q, h),
+                        Values::FiveBits => q5_0_values(lines, q, h),
+                        Values::Table => unreachable!("taken above"),
                     };
-                    let x = match F {
-                        Q8_0 => _mm256_sign_epi8(w, w),
-                        _ => w,
+                    let x = match signed::<L>() {
+                        true => _mm256_sign_epi8(w, w),
+                        false => w,
                     };
                     for t in 0..T {
                         let y = broadcast_four(a[t], b, q);
-                        let y = match F {
-                            Q8_0 => _mm256_sign_epi8(y, w),
-                            _ => y,
+                        let y = match signed::<L>() {
+                            true => _mm256_sign_epi8(y, w),
+                            false => y,
                         };
                         let lane = lanes_avx2(x, y);
-                        let lane = match F {
-                            Q5_0 | EXPANDED => {
+                        let lane = match starts_taken::<L>() {
+                            0 => lane,
+                            _ => {
                                 let start = *starts[t].get_unchecked(b * QUADS + q);
                                 _mm256_add_epi32(_mm256_set1_epi32(start), lane)
                             }
-                            _ => lane,
                         };
                         acc[t][q] = _mm256_fmadd_ps(scale[t], _mm256_cvtepi32_ps(lane), acc[t][q]);
                     }
@@ -343,20 +337,20 @@ unsafe fn group_avx2<const T: usize, const F: u8>(
             }
             for t in 0..T {
                 let l = &acc[t];
-                let sum = match F {
+                let sum = match L::ONE_SUM {
                     // Their one accumulator per row.
-                    Q4_0 | IQ4_NL => l[0],
+                    true => l[0],
                     // hsum_float_8: lanes i and i + 4 first, then (0 + 2) + (1 + 3); then
                     // Q4_1's and Q5_1's minimums (none for the others).
-                    _ => {
+                    false => {
                         let even =
                             _mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6]));
                         let odd =
                             _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7]));
                         let sum = _mm256_add_ps(even, odd);
-                        match F {
-                            Q4_1 | Q5_1 => _mm256_add_ps(sum, extra[t]),
-                            _ => sum,
+                        match L::MINIMUMS {
+                            true => _mm256_add_ps(sum, extra[t]),
+                            false => sum,
                         }
                     }
                 };

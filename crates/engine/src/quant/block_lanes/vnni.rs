@@ -3,8 +3,8 @@
 
 use std::arch::x86_64::*;
 
-use super::kernel_format::{self, IQ4_NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
-use super::{place, starts_per_block, unit, BlockLanes, Kernel, LaneFormat, Line, QUADS, ROWS};
+use super::{place, starts_per_block, unit, Values};
+use super::{BlockLanes, Expanded, Kernel, LaneBlock, Line, QUADS, ROWS};
 use crate::quant::q8::Q8Row;
 use crate::simd::prefetch::{prefetch_span, Upcoming};
 
@@ -16,8 +16,8 @@ use crate::simd::prefetch::{prefetch_span, Upcoming};
 /// # Safety
 /// AVX2, FMA, F16C and AVX-512 (F, VL, BW, VNNI) must be available
 /// ([`crate::simd::vnni`]).
-pub unsafe fn dot_group<const T: usize>(
-    m: &BlockLanes,
+pub unsafe fn dot_group<const T: usize, L: LaneBlock>(
+    m: &BlockLanes<L>,
     g: usize,
     a: [&Q8Row; T],
     starts: [&[i32]; T],
@@ -27,31 +27,18 @@ pub unsafe fn dot_group<const T: usize>(
     // these operations need.
     unsafe {
         let blocks = m.blocks;
-        assert!(super::rows_cover(
-            &a,
-            &starts,
-            blocks,
-            starts_taken(m.format)
-        ));
+        assert!(super::rows_cover(&a, &starts, blocks, starts_taken::<L>()));
         assert_eq!(m.kernel, Kernel::Vnni);
-        let lines = m.group(g);
-        match m.format {
-            LaneFormat::Q8_0 => group_vnni::<T, Q8_0>(lines, blocks, a, starts, soon),
-            LaneFormat::Q4_1 => group_vnni::<T, Q4_1>(lines, blocks, a, starts, soon),
-            LaneFormat::Q5_0 => group_vnni::<T, Q5_0>(lines, blocks, a, starts, soon),
-            LaneFormat::Q4_0 => group_vnni::<T, Q4_0>(lines, blocks, a, starts, soon),
-            LaneFormat::Q5_1 => group_vnni::<T, Q5_1>(lines, blocks, a, starts, soon),
-            LaneFormat::Iq4Nl => group_vnni::<T, IQ4_NL>(lines, blocks, a, starts, soon),
-        }
+        group_vnni::<T, L>(m.group(g), blocks, a, starts, soon)
     }
 }
 
-/// How many lane starts per block this kernel reads for `format`: all but Q4_1's and
-/// Q5_1's ([`super::starts_per_block`]; they have no offset).
-pub fn starts_taken(format: LaneFormat) -> usize {
-    match format {
-        LaneFormat::Q4_1 | LaneFormat::Q5_1 => 0,
-        format => starts_per_block(format),
+/// How many lane starts per block this kernel reads for `L`: all of a format whose values
+/// are stored above their own ([`super::starts_per_block`]), none of Q4_1's and Q5_1's.
+pub const fn starts_taken<L: LaneBlock>() -> usize {
+    match L::OFFSET {
+        0 => 0,
+        _ => starts_per_block::<L>(),
     }
 }
 
@@ -62,7 +49,7 @@ pub fn starts_taken(format: LaneFormat) -> usize {
 /// # Safety
 /// As [`dot_group`]'s.
 #[target_feature(enable = "avx512f,avx512bw")]
-pub unsafe fn expand_q5_0(m: &BlockLanes, g: usize, into: &mut Vec<Line>) {
+pub unsafe fn expand_q5_0<L: LaneBlock>(m: &BlockLanes<L>, g: usize, into: &mut Vec<Line>) {
     assert_eq!(m.kernel, Kernel::Vnni);
     super::expand_q5_0_with(m, g, into, |from, q, to| {
         // SAFETY: AVX-512 as the caller promises; both are 64-byte aligned lines.
@@ -90,8 +77,8 @@ pub unsafe fn dot_expanded<const T: usize>(
     // these operations need.
     unsafe {
         assert!(super::rows_cover(&a, &starts, blocks, QUADS));
-        // Q8_0's lines; the starts, Q5_0's, cancel its offset.
-        group_vnni::<T, Q8_0>(lines, blocks, a, starts, soon)
+        // Read as Q8_0's lines; the starts, Q5_0's, cancel its offset.
+        group_vnni::<T, Expanded>(lines, blocks, a, starts, soon)
     }
 }
 
@@ -165,7 +152,7 @@ const IQ4_NL_128: [u8; 16] = {
 // Indexed loops: each vector of weights goes to every activation row's accumulator.
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl,avx512bw")]
-unsafe fn group_vnni<const T: usize, const F: u8>(
+unsafe fn group_vnni<const T: usize, L: LaneBlock>(
     group: &[Line],
     blocks: usize,
     a: [&Q8Row; T],
@@ -176,17 +163,16 @@ unsafe fn group_vnni<const T: usize, const F: u8>(
     // these operations need.
     unsafe {
         let ahead = crate::simd::cpu::prefetch_ahead();
-        let format = kernel_format::of(F);
-        let (per_unit, value_lines) = unit(format);
+        let (per_unit, value_lines) = unit::<L>();
         assert!(group.len() >= blocks.div_ceil(per_unit) * (1 + per_unit * value_lines));
         let mut acc = [[_mm512_setzero_ps(); QUADS]; T];
         let mut extra = [_mm512_setzero_ps(); T];
         let half = |at: *const u8| _mm512_cvtph_ps(_mm256_loadu_si256(at as *const __m256i));
         // IQ4_NL's table in each 128-bit lane (`vpshufb` looks up within one).
         let table = _mm512_broadcast_i32x4(_mm_loadu_si128(IQ4_NL_128.as_ptr() as *const __m128i));
-        let minimums = F == Q4_1 || F == Q5_1;
+        let minimums = L::MINIMUMS;
         for b in 0..blocks {
-            let (header, at, values) = place(format, b);
+            let (header, at, values) = place::<L>(b);
             if b % per_unit == 0 {
                 let unit_lines = 1 + per_unit * value_lines;
                 prefetch_span(group.as_ptr().add(header), unit_lines * 64, ahead);
@@ -204,15 +190,15 @@ unsafe fn group_vnni<const T: usize, const F: u8>(
                     extra[t] = _mm512_fmadd_ps(m, s, extra[t]);
                 }
             }
-            if F == Q4_0 || F == IQ4_NL {
+            if L::ONE_SUM {
                 // One integer per row and block: it starts from the block's start, and the
                 // block's eight multiply-adds all add into it.
                 let mut sum: [__m512i; T] =
                     std::array::from_fn(|t| _mm512_set1_epi32(*starts[t].get_unchecked(b)));
                 for q in 0..QUADS {
-                    let w = match F {
-                        Q4_0 => nibble_values(lines, q),
-                        _ => _mm512_shuffle_epi8(table, nibble_values(lines, q)),
+                    let w = match L::VALUES {
+                        Values::Table => _mm512_shuffle_epi8(table, nibble_values(lines, q)),
+                        _ => nibble_values(lines, q),
                     };
                     for t in 0..T {
                         let four = a[t].qs.as_ptr().add(b * 32 + 4 * q) as *const i32;
@@ -226,10 +212,10 @@ unsafe fn group_vnni<const T: usize, const F: u8>(
                 continue;
             }
             for q in 0..QUADS {
-                let w = match F {
-                    Q8_0 => _mm512_load_si512(lines.add(q) as *const __m512i),
-                    Q4_1 => nibble_values(lines, q),
-                    _ => q5_0_values(lines, q),
+                let w = match L::VALUES {
+                    Values::Bytes => _mm512_load_si512(lines.add(q) as *const __m512i),
+                    Values::Nibbles | Values::Table => nibble_values(lines, q),
+                    Values::FiveBits => q5_0_values(lines, q),
                 };
                 for t in 0..T {
                     let four = a[t].qs.as_ptr().add(b * 32 + 4 * q) as *const i32;
@@ -246,7 +232,7 @@ unsafe fn group_vnni<const T: usize, const F: u8>(
         let mut out = [[0f32; ROWS]; T];
         for t in 0..T {
             let l = &acc[t];
-            if F == Q4_0 || F == IQ4_NL {
+            if L::ONE_SUM {
                 // Their one accumulator per row.
                 _mm512_storeu_ps(out[t].as_mut_ptr(), l[0]);
                 continue;
