@@ -63,7 +63,7 @@
 //! Here a group's eight accumulators per activation row are the eight lanes of sixteen
 //! weight rows at once, the same operations on the same values in the same order, and
 //! the horizontal sum is seven vector additions in `hsum_float_8`'s order; so results are
-//! bit-identical to [`BlockFormat::dot_portable`].
+//! bit-identical to the family's `dot` (`formats/block32.rs`).
 //!
 //! Q4_0 follows llama.cpp's other Q4_0 kernel, the one it uses once it has repacked a
 //! matrix eight rows at a time (x86 with AVX2, rows a multiple of eight, so every Q4_0

@@ -43,7 +43,7 @@ mod k_lanes;
 mod layout;
 mod output;
 mod own;
-pub mod packed;
+mod packed;
 mod pair_lanes;
 mod q4k_lanes;
 mod q6k_lanes;
@@ -69,7 +69,6 @@ enum Results {
     Rows,
 }
 
-pub use formats::block_format::BlockFormat;
 pub use own::OwnFormat;
 
 /// Which of llama.cpp's kernels a row's arithmetic follows. They compute the same sums and

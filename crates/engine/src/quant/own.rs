@@ -32,7 +32,6 @@ use candle_core::quantized::GgmlDType;
 use super::block_lanes::BlockLanes;
 use super::float::{self, dot_bf16, dot_f16, dot_f32};
 use super::float_rows::FloatRows;
-use super::formats::block_format::BlockFormat;
 use super::formats::{block32, iq4_nl, iq4_xs, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1};
 use super::formats::{q5_k, q6_k, q8_0, table4};
 use super::iq4;
@@ -222,7 +221,7 @@ impl OwnFormat {
         "Q4_0",
         b32::<q4_0::Q4_0>(),
         ActivationKind::Q8,
-        |d, r, c| Box::new(PackedRows::new(BlockFormat::Q4_0, d, r, c)),
+        |d, r, c| Box::new(PackedRows::<q4_0::Q4_0>::new(d, r, c)),
         |w, x, _| block32::dot::<q4_0::Q4_0>(w, &q8(x)),
     );
     /// Q4_0 in a matrix llama.cpp repacks (rows a multiple of eight).
@@ -245,7 +244,7 @@ impl OwnFormat {
             ActivationKind::Q8,
             |d, r, c| match avx2() {
                 true => Box::new(BlockLanes::<q4_1::Q4_1>::new(d, r, c)),
-                false => Box::new(PackedRows::new(BlockFormat::Q4_1, d, r, c)),
+                false => Box::new(PackedRows::<q4_1::Q4_1>::new(d, r, c)),
             },
             |w, x, _| block32::dot::<q4_1::Q4_1>(w, &q8(x)),
         )
@@ -257,7 +256,7 @@ impl OwnFormat {
         ActivationKind::Q8,
         |d, r, c| match avx2() {
             true => Box::new(BlockLanes::<q5_0::Q5_0>::new(d, r, c)),
-            false => Box::new(PackedRows::new(BlockFormat::Q5_0, d, r, c)),
+            false => Box::new(PackedRows::<q5_0::Q5_0>::new(d, r, c)),
         },
         |w, x, _| block32::dot::<q5_0::Q5_0>(w, &q8(x)),
     );
@@ -282,7 +281,7 @@ impl OwnFormat {
         ActivationKind::Q8,
         |d, r, c| match avx2() {
             true => Box::new(BlockLanes::<q8_0::Q8_0>::new(d, r, c)),
-            false => Box::new(PackedRows::new(BlockFormat::Q8_0, d, r, c)),
+            false => Box::new(PackedRows::<q8_0::Q8_0>::new(d, r, c)),
         },
         |w, x, _| block32::dot::<q8_0::Q8_0>(w, &q8(x)),
     );

@@ -5,8 +5,12 @@
 //! column, the eight rows' blocks are stored field by field: their f16 scales `d`, then
 //! Q4_1's minimums `m` or Q5_0's high bits, then their quantized values. The layout does
 //! not change any row's arithmetic: every (weight row, activation row) pair still takes one
-//! fused multiply-add per block in eight lanes, then `hsum_float_8`, exactly as
-//! [`BlockFormat::dot_portable`] does, so results are bit-identical to it.
+//! fused multiply-add per block in eight lanes, then `hsum_float_8`, exactly as the
+//! family's [`block32::dot`] does, so results are bit-identical to it.
+//!
+//! The layout and its kernels are generic over the format ([`Packed`], as llama.cpp's
+//! repack templates are over the block type): what differs between the formats is how
+//! many header bytes precede a block's values and how the kernels decode them.
 
 #[cfg(target_arch = "x86_64")]
 mod simd;
@@ -14,7 +18,12 @@ mod simd;
 use std::ops::Range;
 
 use super::act_tile::{ActTile, TILE_ROWS};
-use super::formats::block_format::BlockFormat;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::__m256i;
+use std::marker::PhantomData;
+
+use super::formats::block32::{self, block_bytes, Block32};
+use super::formats::{q4_0::Q4_0, q4_1::Q4_1, q5_0::Q5_0, q8_0::Q8_0};
 use super::layout::Layout;
 use super::output::Columns;
 use super::q8::{self, Q8Row};
@@ -23,30 +32,91 @@ use super::{Activations, RowKernel, ACT_TILE, CHUNK};
 /// Rows per group.
 pub const GROUP: usize = 8;
 
-/// Bytes of a format's block before its quantized values (scale, minimum, high bits).
-fn header(format: BlockFormat) -> usize {
-    match format {
-        BlockFormat::Q4_0 | BlockFormat::Q8_0 => 2,
-        BlockFormat::Q4_1 => 4,
-        BlockFormat::Q5_0 => 6,
+/// A format this layout holds: where its values start in a block, and how the kernels
+/// read a row's values from a block column (each format's impl below).
+pub(in crate::quant) trait Packed: Block32 {
+    /// Bytes of a block before its quantized values (scale, minimum, fifth bits).
+    const HEADER: usize;
+    /// Whether the kernels take its values as signed bytes: all but Q4_1's, whose
+    /// unsigned nibbles go with its minimum (the kernels add `m · s_a` where this is
+    /// false).
+    const SIGNED: bool;
+
+    /// Row `i`'s 32 values of a block column: signed bytes, or unsigned ones where
+    /// [`Self::SIGNED`] is false.
+    ///
+    /// # Safety
+    /// The CPU has AVX2; `column` is a block column of a group of this layout and
+    /// `i < GROUP`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn column_values(column: *const u8, i: usize) -> __m256i;
+}
+
+impl Packed for Q4_0 {
+    const HEADER: usize = 2;
+    const SIGNED: bool = true;
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn column_values(column: *const u8, i: usize) -> __m256i {
+        // SAFETY: as the caller guarantees; the nibbles follow the eight scales.
+        unsafe { simd::nibbles_less_8(column.add(GROUP * 2 + i * 16)) }
     }
 }
 
-/// A `rows × cols` matrix of a block-of-32 format in the eight-row layout.
-pub struct PackedRows {
-    format: BlockFormat,
+impl Packed for Q4_1 {
+    const HEADER: usize = 4;
+    const SIGNED: bool = false;
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn column_values(column: *const u8, i: usize) -> __m256i {
+        // SAFETY: as the caller guarantees; the nibbles follow the scales and minimums.
+        unsafe { crate::simd::int_lanes::nibbles(column.add(GROUP * 4 + i * 16)) }
+    }
+}
+
+impl Packed for Q5_0 {
+    const HEADER: usize = 6;
+    const SIGNED: bool = true;
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn column_values(column: *const u8, i: usize) -> __m256i {
+        // SAFETY: as the caller guarantees; the fifth bits follow the scales, the
+        // nibbles the fifth bits.
+        unsafe {
+            simd::five_bits_less_16(
+                column.add(GROUP * 2 + i * 4),
+                column.add(GROUP * 6 + i * 16),
+            )
+        }
+    }
+}
+
+impl Packed for Q8_0 {
+    const HEADER: usize = 2;
+    const SIGNED: bool = true;
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn column_values(column: *const u8, i: usize) -> __m256i {
+        // SAFETY: as the caller guarantees; the values follow the eight scales.
+        unsafe { simd::bytes(column.add(GROUP * 2 + i * 32)) }
+    }
+}
+
+/// A `rows × cols` matrix of format `F` in the eight-row layout.
+pub struct PackedRows<F> {
     data: Vec<u8>,
     rows: usize,
     blocks: usize,
+    format: PhantomData<F>,
 }
 
-impl PackedRows {
+impl<F: Packed> PackedRows<F> {
     /// Repacks row-major GGUF blocks (`rows` rows of `cols / 32` blocks).
-    pub fn new(format: BlockFormat, raw: &[u8], rows: usize, cols: usize) -> Self {
-        let bytes = format.block_bytes();
+    pub fn new(raw: &[u8], rows: usize, cols: usize) -> Self {
+        let bytes = block_bytes::<F>();
         let blocks = cols / 32;
         let groups = rows.div_ceil(GROUP);
-        let head = header(format);
+        let head = F::HEADER;
         let mut data = vec![0u8; groups * blocks * GROUP * bytes];
         for r in 0..rows {
             let (g, i) = (r / GROUP, r % GROUP);
@@ -65,33 +135,23 @@ impl PackedRows {
             }
         }
         Self {
-            format,
             data,
             rows,
             blocks,
+            format: PhantomData,
         }
-    }
-
-    /// The format of the blocks.
-    pub fn format(&self) -> BlockFormat {
-        self.format
-    }
-
-    /// Rows of the matrix (without padding).
-    pub fn rows(&self) -> usize {
-        self.rows
     }
 
     /// Group `g`'s bytes: its block columns one after another.
     fn group(&self, g: usize) -> &[u8] {
-        let len = self.blocks * GROUP * self.format.block_bytes();
+        let len = self.blocks * GROUP * block_bytes::<F>();
         &self.data[g * len..(g + 1) * len]
     }
 
     /// Row `r` in the original GGUF layout (for the portable path and tests).
     pub fn row(&self, r: usize) -> Vec<u8> {
-        let bytes = self.format.block_bytes();
-        let head = header(self.format);
+        let bytes = block_bytes::<F>();
+        let head = F::HEADER;
         let (g, i) = (r / GROUP, r % GROUP);
         let group = self.group(g);
         let mut out = Vec::with_capacity(self.blocks * bytes);
@@ -125,8 +185,7 @@ impl PackedRows {
                         // SAFETY: the CPU features were checked; the group holds `blocks`
                         // columns and every activation row as many blocks.
                         let got = unsafe {
-                            simd::dot_group::<$n, $r>(
-                                self.format,
+                            simd::dot_group::<$n, $r, F>(
                                 group,
                                 self.blocks,
                                 first,
@@ -151,7 +210,7 @@ impl PackedRows {
             if g * GROUP + i < self.rows {
                 let w = self.row(g * GROUP + i);
                 for (o, a) in out.iter_mut().zip(a) {
-                    *o = self.format.dot_portable(&w, a);
+                    *o = block32::dot::<F>(&w, a);
                 }
             }
         }
@@ -175,8 +234,7 @@ impl PackedRows {
                     // SAFETY: the CPU features were checked; the group holds `blocks`
                     // columns and every activation row as many blocks.
                     let got = unsafe {
-                        simd::dot_rows::<2, $n>(
-                            self.format,
+                        simd::dot_rows::<2, $n, F>(
                             group,
                             self.blocks,
                             first,
@@ -208,7 +266,7 @@ impl PackedRows {
         if crate::simd::vnni() {
             // SAFETY: the CPU features were checked; the group holds `blocks` columns, as
             // many as the tile's rows.
-            return unsafe { simd::dot_pair_tile(self.format, self.group(g), first, tile) };
+            return unsafe { simd::dot_pair_tile::<F>(self.group(g), first, tile) };
         }
         let rows: Vec<Q8Row> = (0..tile.rows()).map(|k| tile.row(k)).collect();
         let rows: Vec<&Q8Row> = rows.iter().collect();
@@ -229,14 +287,14 @@ impl PackedRows {
             if g * GROUP + first + i < self.rows {
                 let w = self.row(g * GROUP + first + i);
                 for (o, a) in out.iter_mut().zip(a) {
-                    *o = self.format.dot_portable(&w, a);
+                    *o = block32::dot::<F>(&w, a);
                 }
             }
         }
     }
 }
 
-impl Layout for PackedRows {
+impl<F: Packed> Layout for PackedRows<F> {
     fn back_with_huge_pages(&self) {
         crate::huge_pages::back(&self.data);
     }
@@ -318,69 +376,62 @@ mod tests {
     #[test]
     fn repacking_keeps_every_row_and_every_product() {
         let mut rng = Xorshift::new(17);
+        check::<Q4_0>(OwnFormat::Q4_0, &mut rng);
+        check::<Q4_1>(OwnFormat::Q4_1, &mut rng);
+        check::<Q5_0>(OwnFormat::Q5_0, &mut rng);
+        check::<Q8_0>(OwnFormat::Q8_0, &mut rng);
+    }
+
+    /// Random rows of `own` (`F`) come back as they were, and every kernel's product of
+    /// them equals the portable one, bit for bit.
+    fn check<F: Packed>(own: &OwnFormat, rng: &mut Xorshift) {
+        let format = F::NAME;
         let (rows, cols) = (19, 32 * 9);
-        for format in [
-            BlockFormat::Q4_0,
-            BlockFormat::Q4_1,
-            BlockFormat::Q5_0,
-            BlockFormat::Q8_0,
-        ] {
-            let own = match format {
-                BlockFormat::Q4_0 => OwnFormat::Q4_0,
-                BlockFormat::Q4_1 => OwnFormat::Q4_1,
-                BlockFormat::Q5_0 => OwnFormat::Q5_0,
-                BlockFormat::Q8_0 => OwnFormat::Q8_0,
-            };
-            let raw = sample::weights(own, rows, cols, &mut rng);
-            let packed = PackedRows::new(format, &raw, rows, cols);
-            let row_bytes = format.row_bytes(cols);
-            for r in 0..rows {
-                assert_eq!(packed.row(r), raw[r * row_bytes..(r + 1) * row_bytes]);
+        let raw = sample::weights(own, rows, cols, rng);
+        let packed = PackedRows::<F>::new(&raw, rows, cols);
+        let row_bytes = own.row_bytes(cols);
+        for r in 0..rows {
+            assert_eq!(packed.row(r), raw[r * row_bytes..(r + 1) * row_bytes]);
+        }
+        let wide: Vec<Q8Row> = (0..TILE_ROWS)
+            .map(|_| quantize_row(&sample::activations(1, cols, 3.0, rng)))
+            .collect();
+        // Weight row `r` (zero past the matrix) times `a`, as the portable code has it.
+        let want = |r: usize, a: &Q8Row| {
+            if r < rows {
+                block32::dot::<F>(&raw[r * row_bytes..][..row_bytes], a)
+            } else {
+                0.0
             }
-            let wide: Vec<Q8Row> = (0..TILE_ROWS)
-                .map(|_| quantize_row(&sample::activations(1, cols, 3.0, &mut rng)))
-                .collect();
-            // Weight row `r` (zero past the matrix) times `a`, as the portable code has it.
-            let want = |r: usize, a: &Q8Row| {
-                if r < rows {
-                    format.dot_portable(&raw[r * row_bytes..][..row_bytes], a)
-                } else {
-                    0.0
-                }
-            };
-            for g in 0..rows.div_ceil(GROUP) {
-                for n in 1..=TILE_ROWS {
-                    let a: Vec<&Q8Row> = wide[..n].iter().collect();
-                    let tile = ActTile::new(&a, packed.blocks);
-                    for first in (0..GROUP).step_by(2) {
-                        let got = packed.dot_pair_tile(g, first, &tile);
-                        let narrow = (n <= 4).then(|| packed.dot_pair(g, first, &a));
-                        for i in 0..2 {
-                            let r = g * GROUP + first + i;
-                            for (k, a) in a.iter().enumerate() {
-                                let msg = format!("{format:?} tile: row {r}, activation row {k}");
-                                assert_eq!(want(r, a).to_bits(), got[i][k].to_bits(), "{msg}");
-                                if let Some(narrow) = narrow {
-                                    let msg = format!("{format:?} pair: row {r}, row {k}");
-                                    assert_eq!(
-                                        want(r, a).to_bits(),
-                                        narrow[i][k].to_bits(),
-                                        "{msg}"
-                                    );
-                                }
+        };
+        for g in 0..rows.div_ceil(GROUP) {
+            for n in 1..=TILE_ROWS {
+                let a: Vec<&Q8Row> = wide[..n].iter().collect();
+                let tile = ActTile::new(&a, packed.blocks);
+                for first in (0..GROUP).step_by(2) {
+                    let got = packed.dot_pair_tile(g, first, &tile);
+                    let narrow = (n <= 4).then(|| packed.dot_pair(g, first, &a));
+                    for i in 0..2 {
+                        let r = g * GROUP + first + i;
+                        for (k, a) in a.iter().enumerate() {
+                            let msg = format!("{format} tile: row {r}, activation row {k}");
+                            assert_eq!(want(r, a).to_bits(), got[i][k].to_bits(), "{msg}");
+                            if let Some(narrow) = narrow {
+                                let msg = format!("{format} pair: row {r}, row {k}");
+                                assert_eq!(want(r, a).to_bits(), narrow[i][k].to_bits(), "{msg}");
                             }
-                            let zeros = &got[i][n..];
-                            assert!(zeros.iter().all(|&v| v == 0.0), "{format:?}: past the tile");
                         }
+                        let zeros = &got[i][n..];
+                        assert!(zeros.iter().all(|&v| v == 0.0), "{format}: past the tile");
                     }
-                    if n <= 4 {
-                        let got = packed.dot_group(g, &a);
-                        for (i, got) in got.iter().enumerate() {
-                            let r = g * GROUP + i;
-                            for (k, a) in a.iter().enumerate() {
-                                let msg = format!("{format:?} group: row {r}, activation row {k}");
-                                assert_eq!(want(r, a).to_bits(), got[k].to_bits(), "{msg}");
-                            }
+                }
+                if n <= 4 {
+                    let got = packed.dot_group(g, &a);
+                    for (i, got) in got.iter().enumerate() {
+                        let r = g * GROUP + i;
+                        for (k, a) in a.iter().enumerate() {
+                            let msg = format!("{format} group: row {r}, activation row {k}");
+                            assert_eq!(want(r, a).to_bits(), got[k].to_bits(), "{msg}");
                         }
                     }
                 }

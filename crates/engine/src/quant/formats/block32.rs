@@ -5,9 +5,9 @@
 //! gives any of them dequantization and the dot products with Q8 activations in
 //! llama.cpp's two arithmetics (its `vec_dot`, [`dot`]; its repacked GEMV/GEMM, [`dot_repacked`]).
 //!
-//! Their SIMD layouts (`packed.rs`, `block_lanes.rs`) are chosen by the formats' rows of
-//! the kernels' table (`quant/own.rs`) and checked against these products bit for bit;
-//! the layouts themselves still take the runtime tag `BlockFormat` (`block_format.rs`).
+//! Their SIMD layouts (`packed.rs`, `block_lanes.rs`) are generic over the member (each
+//! layout's trait says what its kernels need of it), chosen by the formats' rows of the
+//! kernels' table (`quant/own.rs`), and checked against these products bit for bit.
 
 use bytemuck::Pod;
 use candle_core::quantized::GgmlDType;

@@ -21,7 +21,6 @@ use super::QMatrix;
 use crate::error::EngineError;
 
 pub(super) mod block32;
-pub(super) mod block_format;
 pub(super) mod iq4_nl;
 pub(super) mod iq4_xs;
 pub(super) mod kquant;

@@ -2,17 +2,17 @@
 //! [`super`]: per block column, one conversion gives the eight rows' scales (and
 //! Q4_1's minimums), one multiplication their products with an activation row's scale,
 //! and one fused multiply-add Q4_1's minimum terms; each (weight row, activation row) pair
-//! then accumulates exactly as [`BlockFormat::dot_portable`] does. The VNNI
-//! kernels work on 512-bit vectors holding two pairs' eight lanes each, one loop compiled
-//! per format.
+//! then accumulates exactly as the family's `dot` does. The kernels are generic over the
+//! format ([`Packed`]), one loop compiled per format; the VNNI kernels work on 512-bit
+//! vectors holding two pairs' eight lanes each.
 
 #![cfg(target_arch = "x86_64")]
 
 use std::arch::x86_64::*;
 
-use super::GROUP;
+use super::{Packed, GROUP};
 use crate::quant::act_tile::{ActTile, TILE_ROWS};
-use crate::quant::formats::block_format::BlockFormat;
+use crate::quant::formats::block32::block_bytes;
 use crate::quant::q8::Q8Row;
 use crate::simd::convert::f16_at_ptr;
 use crate::simd::int_lanes::{bit_bytes, lanes_avx2, nibbles};
@@ -25,8 +25,7 @@ use crate::simd::reduce::hsum_m256;
 /// # Safety
 /// AVX2, FMA and F16C must be available; `group` holds `blocks` columns, every activation
 /// row at least `blocks` blocks, and `first + R <= GROUP`.
-pub unsafe fn dot_group<const N: usize, const R: usize>(
-    format: BlockFormat,
+pub unsafe fn dot_group<const N: usize, const R: usize, F: Packed>(
     group: &[u8],
     blocks: usize,
     first: usize,
@@ -35,16 +34,11 @@ pub unsafe fn dot_group<const N: usize, const R: usize>(
     // SAFETY: the caller upholds this function's safety contract, all that
     // these operations need.
     unsafe {
-        assert!(group.len() >= blocks * GROUP * format.block_bytes() && first + R <= GROUP);
+        assert!(group.len() >= blocks * GROUP * block_bytes::<F>() && first + R <= GROUP);
         if crate::simd::vnni() {
-            match format {
-                BlockFormat::Q4_0 => group_vnni_format::<N, R, Q4_0>(group, blocks, first, a),
-                BlockFormat::Q4_1 => group_vnni_format::<N, R, Q4_1>(group, blocks, first, a),
-                BlockFormat::Q5_0 => group_vnni_format::<N, R, Q5_0>(group, blocks, first, a),
-                BlockFormat::Q8_0 => group_vnni_format::<N, R, Q8_0>(group, blocks, first, a),
-            }
+            group_vnni::<N, R, F>(group, blocks, first, a)
         } else {
-            group_avx2(format, group, blocks, first, a)
+            group_avx2::<N, R, F>(group, blocks, first, a)
         }
     }
 }
@@ -56,15 +50,15 @@ pub unsafe fn dot_group<const N: usize, const R: usize>(
 /// The CPU must have AVX2; `column` is a block column of the group's layout and `i` is
 /// below `GROUP`.
 #[inline(always)]
-unsafe fn values(format: BlockFormat, column: *const u8, i: usize) -> (__m256i, Option<__m256i>) {
+unsafe fn values<F: Packed>(column: *const u8, i: usize) -> (__m256i, Option<__m256i>) {
     // SAFETY: the caller upholds this function's safety contract, all that
     // these operations need.
     unsafe {
-        if format == BlockFormat::Q4_1 {
-            return (nibbles(column.add(GROUP * 4 + i * 16)), None);
+        let x = F::column_values(column, i);
+        match F::SIGNED {
+            true => (_mm256_sign_epi8(x, x), Some(x)),
+            false => (x, None),
         }
-        let x = signed_values(format, column, i);
-        (_mm256_sign_epi8(x, x), Some(x))
     }
 }
 
@@ -73,8 +67,7 @@ unsafe fn values(format: BlockFormat, column: *const u8, i: usize) -> (__m256i, 
 /// # Safety
 /// As for [`dot_group`].
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn group_avx2<const N: usize, const R: usize>(
-    format: BlockFormat,
+unsafe fn group_avx2<const N: usize, const R: usize, F: Packed>(
     group: &[u8],
     blocks: usize,
     first: usize,
@@ -84,8 +77,8 @@ unsafe fn group_avx2<const N: usize, const R: usize>(
     // these operations need.
     unsafe {
         let ahead = crate::simd::cpu::prefetch_ahead();
-        let stride = GROUP * format.block_bytes();
-        let minimums = format == BlockFormat::Q4_1;
+        let stride = GROUP * block_bytes::<F>();
+        let minimums = !F::SIGNED;
         let mut acc = [[_mm256_setzero_ps(); N]; R];
         // Q4_1's Σ m·s, one lane per weight row.
         let mut extra = [_mm256_setzero_ps(); N];
@@ -109,7 +102,7 @@ unsafe fn group_avx2<const N: usize, const R: usize>(
                 }
             }
             for (i, acc) in acc.iter_mut().enumerate() {
-                let (x, sign) = values(format, column, first + i);
+                let (x, sign) = values::<F>(column, first + i);
                 let lane = _mm256_set1_epi32((first + i) as i32);
                 for r in 0..N {
                     let y = match sign {
@@ -139,8 +132,7 @@ unsafe fn group_avx2<const N: usize, const R: usize>(
 ///
 /// # Safety
 /// As for [`dot_group`], with `first + M <= GROUP`.
-pub unsafe fn dot_rows<const M: usize, const N: usize>(
-    format: BlockFormat,
+pub unsafe fn dot_rows<const M: usize, const N: usize, F: Packed>(
     group: &[u8],
     blocks: usize,
     first: usize,
@@ -149,8 +141,8 @@ pub unsafe fn dot_rows<const M: usize, const N: usize>(
     // SAFETY: the caller upholds this function's safety contract, all that
     // these operations need.
     unsafe {
-        assert!(group.len() >= blocks * GROUP * format.block_bytes() && first + M <= GROUP);
-        rows_avx2(format, group, blocks, first, a)
+        assert!(group.len() >= blocks * GROUP * block_bytes::<F>() && first + M <= GROUP);
+        rows_avx2::<M, N, F>(group, blocks, first, a)
     }
 }
 
@@ -159,8 +151,7 @@ pub unsafe fn dot_rows<const M: usize, const N: usize>(
 /// # Safety
 /// As for [`dot_rows`].
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows_avx2<const M: usize, const N: usize>(
-    format: BlockFormat,
+unsafe fn rows_avx2<const M: usize, const N: usize, F: Packed>(
     group: &[u8],
     blocks: usize,
     first: usize,
@@ -169,14 +160,14 @@ unsafe fn rows_avx2<const M: usize, const N: usize>(
     // SAFETY: the caller upholds this function's safety contract, all that
     // these operations need.
     unsafe {
-        let stride = GROUP * format.block_bytes();
-        let minimums = format == BlockFormat::Q4_1;
+        let stride = GROUP * block_bytes::<F>();
+        let minimums = !F::SIGNED;
         let mut acc = [[_mm256_setzero_ps(); N]; M];
         let mut extra = [[0f32; N]; M];
         for b in 0..blocks {
             let column = group.as_ptr().add(b * stride);
             let x: [(__m256i, Option<__m256i>); M] =
-                std::array::from_fn(|i| values(format, column, first + i));
+                std::array::from_fn(|i| values::<F>(column, first + i));
             let d: [f32; M] = std::array::from_fn(|i| f16_at_ptr(column.add((first + i) * 2)));
             let m: [f32; M] = std::array::from_fn(|i| {
                 if minimums {
@@ -212,34 +203,43 @@ unsafe fn rows_avx2<const M: usize, const N: usize>(
     }
 }
 
-/// Row `i`'s 32 values of one block column as signed bytes.
+/// 32 values less 8 from sixteen bytes of nibbles at `p` (Q4_0's), as signed bytes.
 ///
 /// # Safety
-/// The CPU must have AVX2; `column` is a block column of the group's layout and `i` is
-/// below `GROUP`.
+/// The CPU must have AVX2; `p` points at 16 readable bytes.
 #[inline(always)]
-unsafe fn signed_values(format: BlockFormat, column: *const u8, i: usize) -> __m256i {
+pub unsafe fn nibbles_less_8(p: *const u8) -> __m256i {
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe { _mm256_sub_epi8(nibbles(p), _mm256_set1_epi8(8)) }
+}
+
+/// 32 values less 16 from their fifth bits at `qh` (a little-endian u32) and sixteen bytes
+/// of their low nibbles at `qs` (Q5_0's), as signed bytes: a value whose fifth bit is
+/// clear gets 0xF0 (its nibble less 16), one whose bit is set is its nibble.
+///
+/// # Safety
+/// The CPU must have AVX2; `qh` points at 4 readable bytes, `qs` at 16.
+#[inline(always)]
+pub unsafe fn five_bits_less_16(qh: *const u8, qs: *const u8) -> __m256i {
     // SAFETY: the caller upholds this function's safety contract, all that
     // these operations need.
     unsafe {
-        match format {
-            BlockFormat::Q4_0 => {
-                _mm256_sub_epi8(nibbles(column.add(GROUP * 2 + i * 16)), _mm256_set1_epi8(8))
-            }
-            BlockFormat::Q5_0 => {
-                let qh = (column.add(GROUP * 2 + i * 4) as *const u32).read_unaligned();
-                let high = _mm256_andnot_si256(
-                    bit_bytes(u32::from_le(qh)),
-                    _mm256_set1_epi8(0xF0u8 as i8),
-                );
-                _mm256_or_si256(nibbles(column.add(GROUP * 6 + i * 16)), high)
-            }
-            BlockFormat::Q8_0 => {
-                _mm256_loadu_si256(column.add(GROUP * 2 + i * 32) as *const __m256i)
-            }
-            BlockFormat::Q4_1 => unreachable!("Q4_1's values are unsigned"),
-        }
+        let qh = (qh as *const u32).read_unaligned();
+        let high = _mm256_andnot_si256(bit_bytes(u32::from_le(qh)), _mm256_set1_epi8(0xF0u8 as i8));
+        _mm256_or_si256(nibbles(qs), high)
     }
+}
+
+/// 32 signed bytes at `p` (Q8_0's).
+///
+/// # Safety
+/// The CPU must have AVX2; `p` points at 32 readable bytes.
+#[inline(always)]
+pub unsafe fn bytes(p: *const u8) -> __m256i {
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe { _mm256_loadu_si256(p as *const __m256i) }
 }
 
 /// Products of weight rows `first` and `first + 1` of one group with a tile's activation
@@ -248,8 +248,7 @@ unsafe fn signed_values(format: BlockFormat, column: *const u8, i: usize) -> __m
 /// # Safety
 /// AVX2, FMA, F16C and AVX-512 (F, VL, VNNI) must be available ([`crate::simd::vnni`]);
 /// `group` holds `tile.blocks()` columns and `first + 2 <= GROUP`.
-pub unsafe fn dot_pair_tile(
-    format: BlockFormat,
+pub unsafe fn dot_pair_tile<F: Packed>(
     group: &[u8],
     first: usize,
     tile: &ActTile,
@@ -257,16 +256,11 @@ pub unsafe fn dot_pair_tile(
     // SAFETY: the caller upholds this function's safety contract, all that
     // these operations need.
     unsafe {
-        assert!(group.len() >= tile.blocks() * GROUP * format.block_bytes() && first + 2 <= GROUP);
+        assert!(group.len() >= tile.blocks() * GROUP * block_bytes::<F>() && first + 2 <= GROUP);
         macro_rules! pairs {
         ($($p:literal)*) => {
             match tile.pairs() {
-                $($p => match format {
-                    BlockFormat::Q4_0 => tile_vnni_format::<$p, Q4_0>(group, first, tile),
-                    BlockFormat::Q4_1 => tile_vnni_format::<$p, Q4_1>(group, first, tile),
-                    BlockFormat::Q5_0 => tile_vnni_format::<$p, Q5_0>(group, first, tile),
-                    BlockFormat::Q8_0 => tile_vnni_format::<$p, Q8_0>(group, first, tile),
-                },)*
+                $($p => tile_vnni::<$p, F>(group, first, tile),)*
                 _ => unreachable!("a tile holds one to eight pairs"),
             }
         };
@@ -274,12 +268,6 @@ pub unsafe fn dot_pair_tile(
         pairs!(1 2 3 4 5 6 7 8)
     }
 }
-
-/// Block formats as constants, for loops compiled once per format.
-const Q4_0: u8 = 0;
-const Q5_0: u8 = 1;
-const Q8_0: u8 = 2;
-const Q4_1: u8 = 3;
 
 /// [`dot_pair_tile`] for format `F` and a tile of `P` pairs of activation rows, in
 /// 512-bit vectors: each weight row's 32 values broadcast to both halves against a pair's
@@ -293,9 +281,9 @@ const Q4_1: u8 = 3;
 /// the tile's rows (one lane each).
 ///
 /// # Safety
-/// As for [`dot_pair_tile`], with `F` the code of the tile's format.
+/// As for [`dot_pair_tile`].
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
-unsafe fn tile_vnni_format<const P: usize, const F: u8>(
+unsafe fn tile_vnni<const P: usize, F: Packed>(
     group: &[u8],
     first: usize,
     tile: &ActTile,
@@ -304,9 +292,8 @@ unsafe fn tile_vnni_format<const P: usize, const F: u8>(
     // these operations need.
     unsafe {
         assert!(P == tile.pairs() && 2 * P <= TILE_ROWS);
-        let format = format_of::<F>();
-        let minimums = F == Q4_1;
-        let stride = GROUP * format.block_bytes();
+        let minimums = !F::SIGNED;
+        let stride = GROUP * block_bytes::<F>();
         let per_block = 2 * P + 1;
         let lines = tile.lines();
         assert!(lines.len() >= tile.blocks() * per_block);
@@ -317,7 +304,7 @@ unsafe fn tile_vnni_format<const P: usize, const F: u8>(
             let column = group.as_ptr().add(b * stride);
             let line = |k: usize| lines.as_ptr().add(b * per_block + k);
             let x: [__m512i; 2] = std::array::from_fn(|i| {
-                _mm512_broadcast_i64x4(vnni_values(format, column, first + i))
+                _mm512_broadcast_i64x4(F::column_values(column, first + i))
             });
             let start = x.map(|x| vnni_start(true, x));
             let d: [__m512; 2] =
@@ -391,10 +378,9 @@ unsafe fn hsum_quads(a: __m512, b: __m512) -> [f32; 4] {
 /// from a start of `-128 · Σ x` ([`vnni_start`]).
 ///
 /// # Safety
-/// As for [`dot_group`], and AVX-512 (F, VL, VNNI) besides, with `F` the code of the
-/// group's format.
+/// As for [`dot_group`], and AVX-512 (F, VL, VNNI) besides.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
-unsafe fn group_vnni_format<const N: usize, const R: usize, const F: u8>(
+unsafe fn group_vnni<const N: usize, const R: usize, F: Packed>(
     group: &[u8],
     blocks: usize,
     first: usize,
@@ -405,9 +391,8 @@ unsafe fn group_vnni_format<const N: usize, const R: usize, const F: u8>(
     unsafe {
         let ahead = crate::simd::cpu::prefetch_ahead();
         assert!(R.is_multiple_of(2) && R <= GROUP && N <= 4);
-        let format = format_of::<F>();
-        let signed = F != Q4_1;
-        let stride = GROUP * format.block_bytes();
+        let signed = F::SIGNED;
+        let stride = GROUP * block_bytes::<F>();
         let flip = _mm512_set1_epi8(-128);
         let mut acc = [[_mm512_setzero_ps(); N]; GROUP / 2];
         // Q4_1's Σ m·s, one lane per weight row.
@@ -442,7 +427,7 @@ unsafe fn group_vnni_format<const N: usize, const R: usize, const F: u8>(
                 }
             }
             for k in 0..R / 2 {
-                let v = |i| vnni_values(format, column, first + 2 * k + i);
+                let v = |i| F::column_values(column, first + 2 * k + i);
                 let x = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(v(0)), v(1));
                 let start = vnni_start(signed, x);
                 for r in 0..N {
@@ -463,35 +448,6 @@ unsafe fn group_vnni_format<const N: usize, const R: usize, const F: u8>(
             }
         }
         out
-    }
-}
-
-/// The block format numbered `F`.
-fn format_of<const F: u8>() -> BlockFormat {
-    match F {
-        Q4_0 => BlockFormat::Q4_0,
-        Q4_1 => BlockFormat::Q4_1,
-        Q5_0 => BlockFormat::Q5_0,
-        _ => BlockFormat::Q8_0,
-    }
-}
-
-/// Row `i`'s 32 values of one block column as the VNNI kernels take them: Q4_1's
-/// unsigned nibbles, or a signed format's values.
-///
-/// # Safety
-/// The CPU must have AVX2; `column` is a block column of the group's layout and `i` is
-/// below `GROUP`.
-#[inline(always)]
-unsafe fn vnni_values(format: BlockFormat, column: *const u8, i: usize) -> __m256i {
-    // SAFETY: the caller upholds this function's safety contract, all that
-    // these operations need.
-    unsafe {
-        if format == BlockFormat::Q4_1 {
-            nibbles(column.add(GROUP * 4 + i * 16))
-        } else {
-            signed_values(format, column, i)
-        }
     }
 }
 
