@@ -16,7 +16,7 @@
 //! second for one activation row (BENCHMARKS.md, 2026-11-27).
 //!
 //! Per group of sixteen rows (the last one padded with zero rows) and per super-block,
-//! [`KLaneFormat::lines`] lines:
+//! [`block_lines`] lines:
 //! - a header: the rows' `d` (the file's `f16`) at `2r`, Q2_K's and Q5_K's `dmin` at
 //!   `32 + 2r`;
 //! - lines of scales as bytes, per sub-block the sixteen rows' (the sixteen sub-blocks of
@@ -49,14 +49,15 @@
 //! of the scaled values and one of the minimums, folded in per half for a row of a four-row
 //! group and per super-block otherwise.
 
+use std::marker::PhantomData;
+use std::ops::Range;
+
 use crate::quant::formats::iq4_xs::{self, Iq4Xs};
 use crate::quant::formats::kquant;
-use crate::quant::formats::q2_k;
-use crate::quant::formats::q3_k;
-use crate::quant::formats::q3_k::Q3K;
-use crate::quant::formats::q5_k;
+use crate::quant::formats::q2_k::{self, Q2K};
+use crate::quant::formats::q3_k::{self, Q3K};
+use crate::quant::formats::q5_k::{self, Q5K};
 use crate::quant::formats::view;
-use std::ops::Range;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -77,70 +78,155 @@ pub use crate::simd::LANES_512 as ROWS;
 const SCALES: usize = 1;
 const MINS: usize = 3;
 
-/// The formats this layout takes.
+/// How a format's values are held in a chunk's lines (see the module).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KLaneFormat {
-    /// Q2_K (in a matrix llama.cpp repacks: rows a multiple of eight).
-    Q2K,
-    /// Q3_K.
-    Q3K,
-    /// Q5_K.
-    Q5K,
-    /// IQ4_XS.
-    Iq4Xs,
+pub enum Bits {
+    /// Two lines of two bits (Q2_K's unsigned values).
+    Two,
+    /// A line of high bits, then two lines of two bits (Q3_K's values, less 4).
+    Three,
+    /// Four lines of 4-bit indices into IQ4_NL's table (IQ4_XS's).
+    Table,
+    /// A line of fifth bits, then four lines of the low four (Q5_K's unsigned values).
+    Five,
 }
 
-impl KLaneFormat {
-    /// Bytes of one of the format's super-blocks.
-    fn block_bytes(self) -> usize {
-        match self {
-            Self::Q2K => q2_k::BYTES,
-            Self::Q3K => q3_k::BYTES,
-            Self::Q5K => q5_k::BYTES,
-            Self::Iq4Xs => iq4_xs::BYTES,
-        }
+/// A format this layout holds, as its kernels are written over it (llama.cpp's repack
+/// templates are over the block type): the layout and the kernels are generic over it,
+/// and each format's facts are its impl below.
+pub(in crate::quant) trait KLane: Send + Sync + 'static {
+    /// ggml's name.
+    const NAME: &'static str;
+    /// Bytes of one super-block in the file.
+    const BYTES: usize;
+    /// How its values are held.
+    const BITS: Bits;
+    /// Where the file's `d` sits in a super-block, and its `dmin` where it has one.
+    const D: (usize, Option<usize>);
+    /// Its sub-blocks' scales, as the layout stores them (a byte each): sixteen for
+    /// sub-blocks of 16 values (Q2_K, Q3_K), eight for sub-blocks of 32.
+    fn scales(block: &[u8]) -> Vec<i32>;
+    /// Its sub-blocks' minimums where they are apart from the scales (Q5_K's).
+    fn minimums(_block: &[u8]) -> Option<[u8; 8]> {
+        None
     }
+    /// Value `e` of chunk `j` (values `32j..32j + 32`), all its bits (Q3_K's stored 4
+    /// higher).
+    fn value(block: &[u8], j: usize, e: usize) -> u8;
+}
 
-    /// Lines per group and super-block.
-    pub(super) fn lines(self) -> usize {
-        self.chunk_line(8)
+impl KLane for Q2K {
+    const NAME: &'static str = "Q2_K";
+    const BYTES: usize = q2_k::BYTES;
+    const BITS: Bits = Bits::Two;
+    const D: (usize, Option<usize>) = (80, Some(82));
+    /// A byte a sub-block of 16: its scale, and its minimum on top.
+    fn scales(block: &[u8]) -> Vec<i32> {
+        block[0..16].iter().map(|&both| both as i32).collect()
     }
-
-    /// Where chunk `j`'s lines (values `32j..32j + 32`) start: Q3_K's high bits or Q5_K's
-    /// fifth bits, then the rest.
-    pub(super) fn chunk_line(self, j: usize) -> usize {
-        match self {
-            Self::Q2K => 5 + 2 * j,
-            Self::Q3K => 5 + 3 * j,
-            Self::Q5K => 5 + 5 * j,
-            Self::Iq4Xs => 3 + 4 * j,
-        }
-    }
-
-    /// Chunk `j`'s line of 4-bit values `8i..8i + 8` (Q5_K, IQ4_XS).
-    pub(super) fn nibble_line(self, j: usize, i: usize) -> usize {
-        self.chunk_line(j + 1) - 4 + i
-    }
-
-    /// Chunk `j`'s line `k` (0 or 1) of 2-bit values, quads `4k..4k + 4` (Q2_K, Q3_K).
-    pub(super) fn two_bit_line(self, j: usize, k: usize) -> usize {
-        self.chunk_line(j + 1) - 2 + k
+    fn value(block: &[u8], j: usize, e: usize) -> u8 {
+        (block[16 + 32 * (j / 4) + e] >> (2 * (j % 4))) & 3
     }
 }
 
-/// A Q2_K, Q3_K, Q5_K or IQ4_XS matrix in the sixteen-row layout (see the module).
-pub struct KLanes {
-    format: KLaneFormat,
+impl KLane for Q3K {
+    const NAME: &'static str = "Q3_K";
+    const BYTES: usize = q3_k::BYTES;
+    const BITS: Bits = Bits::Three;
+    const D: (usize, Option<usize>) = (108, None);
+    fn scales(block: &[u8]) -> Vec<i32> {
+        view::<Q3K>(block).scales().to_vec()
+    }
+    fn value(block: &[u8], j: usize, e: usize) -> u8 {
+        let (hmask, qs) = (&block[0..32], &block[32..96]);
+        let low = (qs[32 * (j / 4) + e] >> (2 * (j % 4))) & 3;
+        low | (((hmask[e] >> j) & 1) << 2)
+    }
+}
+
+impl KLane for Q5K {
+    const NAME: &'static str = "Q5_K";
+    const BYTES: usize = q5_k::BYTES;
+    const BITS: Bits = Bits::Five;
+    const D: (usize, Option<usize>) = (0, Some(2));
+    fn scales(block: &[u8]) -> Vec<i32> {
+        (0..8)
+            .map(|j| kquant::scale_min_k4(j, &block[4..16]).0)
+            .collect()
+    }
+    fn minimums(block: &[u8]) -> Option<[u8; 8]> {
+        Some(std::array::from_fn(|j| {
+            kquant::scale_min_k4(j, &block[4..16]).1 as u8
+        }))
+    }
+    fn value(block: &[u8], j: usize, e: usize) -> u8 {
+        let (qh, qs) = (&block[16..48], &block[48..176]);
+        let low = (qs[(j / 2) * 32 + e] >> (4 * (j % 2))) & 0x0F;
+        low | (((qh[e] >> j) & 1) << 4)
+    }
+}
+
+impl KLane for Iq4Xs {
+    const NAME: &'static str = "IQ4_XS";
+    const BYTES: usize = iq4_xs::BYTES;
+    const BITS: Bits = Bits::Table;
+    const D: (usize, Option<usize>) = (0, None);
+    fn scales(block: &[u8]) -> Vec<i32> {
+        (0..8).map(|j| view::<Iq4Xs>(block).scale(j)).collect()
+    }
+    /// The indices in IQ4_XS's order: a sub-block's sixteen low nibbles, then its sixteen
+    /// high ones.
+    fn value(block: &[u8], j: usize, e: usize) -> u8 {
+        let byte = block[8 + 16 * j + e % 16];
+        if e < 16 {
+            byte & 0x0F
+        } else {
+            byte >> 4
+        }
+    }
+}
+
+/// Where chunk `j`'s lines (values `32j..32j + 32`) start in a super-block's lines of `F`:
+/// after the header, the lines of scales and (Q5_K's) minimums, and the earlier chunks;
+/// Q3_K's high bits or Q5_K's fifth bits first, then the rest.
+pub(super) const fn chunk_line<F: KLane>(j: usize) -> usize {
+    match F::BITS {
+        Bits::Two => 5 + 2 * j,
+        Bits::Three => 5 + 3 * j,
+        Bits::Five => 5 + 5 * j,
+        Bits::Table => 3 + 4 * j,
+    }
+}
+
+/// Lines per group and super-block.
+pub(super) const fn block_lines<F: KLane>() -> usize {
+    chunk_line::<F>(8)
+}
+
+/// Chunk `j`'s line of 4-bit values `8i..8i + 8` (Q5_K, IQ4_XS).
+pub(super) const fn nibble_line<F: KLane>(j: usize, i: usize) -> usize {
+    chunk_line::<F>(j + 1) - 4 + i
+}
+
+/// Chunk `j`'s line `k` (0 or 1) of 2-bit values, quads `4k..4k + 4` (Q2_K, Q3_K).
+pub(super) const fn two_bit_line<F: KLane>(j: usize, k: usize) -> usize {
+    chunk_line::<F>(j + 1) - 2 + k
+}
+
+/// A matrix of format `F` (Q2_K, Q3_K, Q5_K or IQ4_XS) in the sixteen-row layout (see
+/// the module).
+pub struct KLanes<F> {
     blocks: usize,
     lines: Vec<Line>,
+    format: PhantomData<F>,
 }
 
-impl KLanes {
-    /// Interleaves row-major super-blocks of `format` (`rows` rows of `blocks` each).
-    pub fn new(format: KLaneFormat, raw: &[u8], rows: usize, blocks: usize) -> Self {
-        let block_bytes = format.block_bytes();
+impl<F: KLane> KLanes<F> {
+    /// Interleaves row-major super-blocks of `F` (`rows` rows of `blocks` each).
+    pub fn new(raw: &[u8], rows: usize, blocks: usize) -> Self {
+        let block_bytes = F::BYTES;
         assert_eq!(raw.len(), rows * blocks * block_bytes);
-        let per = format.lines();
+        let per = block_lines::<F>();
         let groups = rows.div_ceil(ROWS);
         let mut lines = vec![Line([0; 64]); groups * blocks * per];
         for r in 0..rows {
@@ -148,90 +234,38 @@ impl KLanes {
             for b in 0..blocks {
                 let block = &raw[(r * blocks + b) * block_bytes..][..block_bytes];
                 let out = &mut lines[(g * blocks + b) * per..][..per];
-                let mut scale = |s: usize, value: i32| {
+                for (s, value) in F::scales(block).into_iter().enumerate() {
                     out[SCALES + s / 4].0[(s % 4) * ROWS + lane] = value as i8 as u8;
-                };
-                // Value `e` of chunk `j`, all its bits (Q3_K's stored 4 higher).
-                let value: Box<dyn Fn(usize, usize) -> u8> = match format {
-                    KLaneFormat::Q2K => {
-                        // A byte a sub-block of 16: its scale, and its minimum on top.
-                        for (s, &both) in block[0..16].iter().enumerate() {
-                            scale(s, both as i32);
-                        }
-                        let qs = &block[16..80];
-                        Box::new(move |j, e| (qs[32 * (j / 4) + e] >> (2 * (j % 4))) & 3)
-                    }
-                    KLaneFormat::Q3K => {
-                        for (s, &value) in view::<Q3K>(block).scales().iter().enumerate() {
-                            scale(s, value);
-                        }
-                        let (hmask, qs) = (&block[0..32], &block[32..96]);
-                        Box::new(move |j, e| {
-                            let low = (qs[32 * (j / 4) + e] >> (2 * (j % 4))) & 3;
-                            low | (((hmask[e] >> j) & 1) << 2)
-                        })
-                    }
-                    KLaneFormat::Q5K => {
-                        for j in 0..8 {
-                            scale(j, kquant::scale_min_k4(j, &block[4..16]).0);
-                        }
-                        let (qh, qs) = (&block[16..48], &block[48..176]);
-                        Box::new(move |j, e| {
-                            let low = (qs[(j / 2) * 32 + e] >> (4 * (j % 2))) & 0x0F;
-                            low | (((qh[e] >> j) & 1) << 4)
-                        })
-                    }
-                    KLaneFormat::Iq4Xs => {
-                        for j in 0..8 {
-                            scale(j, view::<Iq4Xs>(block).scale(j));
-                        }
-                        let qs = &block[8..136];
-                        Box::new(move |j, e| {
-                            let byte = qs[16 * j + e % 16];
-                            if e < 16 {
-                                byte & 0x0F
-                            } else {
-                                byte >> 4
-                            }
-                        })
-                    }
-                };
-                // Where the file's `d` and (Q2_K's, Q5_K's) `dmin` sit in a super-block.
-                let (d, dmin) = match format {
-                    KLaneFormat::Q2K => (80, Some(82)),
-                    KLaneFormat::Q3K => (108, None),
-                    KLaneFormat::Q5K => (0, Some(2)),
-                    KLaneFormat::Iq4Xs => (0, None),
-                };
+                }
+                let (d, dmin) = F::D;
                 out[0].0[2 * lane..2 * lane + 2].copy_from_slice(&block[d..d + 2]);
                 if let Some(dmin) = dmin {
                     let at = 32 + 2 * lane;
                     out[0].0[at..at + 2].copy_from_slice(&block[dmin..dmin + 2]);
                 }
-                if format == KLaneFormat::Q5K {
-                    for j in 0..8 {
+                if let Some(minimums) = F::minimums(block) {
+                    for (j, &min) in minimums.iter().enumerate() {
                         let pair = j / 2;
-                        let min = kquant::scale_min_k4(j, &block[4..16]).1 as u8;
                         out[MINS + pair / 2].0[32 * (pair % 2) + 2 * lane + j % 2] = min;
                     }
                 }
                 for j in 0..8 {
-                    let first = format.chunk_line(j);
+                    let first = chunk_line::<F>(j);
                     for e in 0..32 {
                         // Values 4q..4q + 4 of the chunk: the dot product's lane q.
-                        let (q, at, u) = (e / 4, 4 * lane + e % 4, value(j, e));
-                        match format {
-                            KLaneFormat::Q2K | KLaneFormat::Q3K => {
-                                if format == KLaneFormat::Q3K {
+                        let (q, at, u) = (e / 4, 4 * lane + e % 4, F::value(block, j, e));
+                        match F::BITS {
+                            Bits::Two | Bits::Three => {
+                                if F::BITS == Bits::Three {
                                     out[first].0[at] |= (u >> 2) << q;
                                 }
-                                let line = format.two_bit_line(j, q / 4);
+                                let line = two_bit_line::<F>(j, q / 4);
                                 out[line].0[at] |= (u & 3) << (2 * (q % 4));
                             }
-                            KLaneFormat::Q5K | KLaneFormat::Iq4Xs => {
-                                out[format.nibble_line(j, q / 2)].0[at] |=
+                            Bits::Five | Bits::Table => {
+                                out[nibble_line::<F>(j, q / 2)].0[at] |=
                                     (u & 0x0F) << (4 * (q % 2));
-                                if format == KLaneFormat::Q5K {
+                                if F::BITS == Bits::Five {
                                     out[first].0[at] |= (u >> 4) << q;
                                 }
                             }
@@ -241,20 +275,20 @@ impl KLanes {
             }
         }
         Self {
-            format,
             blocks,
             lines,
+            format: PhantomData,
         }
     }
 
     /// Group `g`'s lines, super-block after super-block.
     fn group(&self, g: usize) -> &[Line] {
-        let len = self.blocks * self.format.lines();
+        let len = self.blocks * block_lines::<F>();
         &self.lines[g * len..(g + 1) * len]
     }
 }
 
-impl Layout for KLanes {
+impl<F: KLane> Layout for KLanes<F> {
     fn back_with_huge_pages(&self) {
         crate::huge_pages::back(&self.lines);
     }
@@ -270,7 +304,7 @@ impl Layout for KLanes {
             // Q2_K and Q3_K have VNNI kernels; Q5_K and IQ4_XS take this layout only
             // without VNNI.
             let vnni = crate::simd::vnni();
-            if m.format == KLaneFormat::Q2K {
+            if F::BITS == Bits::Two {
                 // Q2_K follows llama.cpp's repacked kernels, whose rounding each row's
                 // kernel names: every row, four a pass.
                 let all: Vec<usize> = (0..kernels.len()).collect();
@@ -282,15 +316,15 @@ impl Layout for KLanes {
                         let a = std::array::from_fn(|k| &a[four[k]]);
                         let kernels = std::array::from_fn(|k| kernels[four[k]]);
                         match vnni {
-                            true => vnni::dot_group_q2k::<T>(m, g, a, kernels, soon),
-                            false => avx2::dot_group_q2k::<T>(m, g, a, kernels, soon),
+                            true => vnni::dot_group_q2k::<T, F>(m, g, a, kernels, soon),
+                            false => avx2::dot_group_q2k::<T, F>(m, g, a, kernels, soon),
                         }
                     });
                     got
                 });
                 return;
             }
-            let vnni = vnni && m.format == KLaneFormat::Q3K;
+            let vnni = vnni && F::BITS == Bits::Three;
             let tiled = |g, four: &[usize], soon| {
                 let mut got = [[0f32; LANE_ROWS]; 4];
                 // SAFETY: the layout is only built where the CPU has AVX2, and the VNNI
@@ -298,8 +332,8 @@ impl Layout for KLanes {
                 with_row_count!(four.len(), got, T => unsafe {
                     let a = std::array::from_fn(|k| &a[four[k]]);
                     match vnni {
-                        true => vnni::dot_group_q3k::<T, true>(m, g, a, soon),
-                        false => avx2::dot_group::<T, true>(m, g, a, soon),
+                        true => vnni::dot_group_q3k::<T, true, F>(m, g, a, soon),
+                        false => avx2::dot_group::<T, true, F>(m, g, a, soon),
                     }
                 });
                 got
@@ -307,8 +341,8 @@ impl Layout for KLanes {
             // SAFETY: as above.
             let dot = |g, t: usize, soon| unsafe {
                 match vnni {
-                    true => vnni::dot_group_q3k::<1, false>(m, g, [&a[t]], soon)[0],
-                    false => avx2::dot_group::<1, false>(m, g, [&a[t]], soon)[0],
+                    true => vnni::dot_group_q3k::<1, false, F>(m, g, [&a[t]], soon)[0],
+                    false => avx2::dot_group::<1, false, F>(m, g, [&a[t]], soon)[0],
                 }
             };
             lane_groups_by_plan(out, range, kernels, groups, tiled, dot);
@@ -346,80 +380,77 @@ mod tests {
     /// `$kernel::<T, TILED>` in the passes [`Plans`] lists.
     macro_rules! plans {
         ($($kernel:ident)::+, $m:expr, $g:expr, $acts:expr) => {{
-            let (m, g, acts): (&KLanes, usize, &[Q8KRow]) = ($m, $g, $acts);
+            let (m, g, acts): (&KLanes<_>, usize, &[Q8KRow]) = ($m, $g, $acts);
             let soon = || Upcoming::new(m.group(0), 3);
             let a = |t: [usize; 4]| t.map(|t| &acts[t]);
             (
-                $($kernel)::+::<1, false>(m, g, [&acts[2]], soon()),
-                $($kernel)::+::<4, true>(m, g, a([0, 1, 2, 3]), soon()),
-                $($kernel)::+::<3, true>(m, g, [&acts[3], &acts[1], &acts[0]], soon()),
-                $($kernel)::+::<2, true>(m, g, [&acts[2], &acts[0]], soon()),
-                $($kernel)::+::<1, true>(m, g, [&acts[1]], soon()),
+                $($kernel)::+::<1, false, _>(m, g, [&acts[2]], soon()),
+                $($kernel)::+::<4, true, _>(m, g, a([0, 1, 2, 3]), soon()),
+                $($kernel)::+::<3, true, _>(m, g, [&acts[3], &acts[1], &acts[0]], soon()),
+                $($kernel)::+::<2, true, _>(m, g, [&acts[2], &acts[0]], soon()),
+                $($kernel)::+::<1, true, _>(m, g, [&acts[1]], soon()),
             )
         }};
     }
 
-    /// Both plans of a kernel (`kernel`, see [`Plans`]) for the formats of `cases`: every
-    /// row of every group (a ragged last one) equals the portable dot product (one
-    /// activation row) and the portable tiled product (one to four rows, in every position
-    /// of a pass) bit for bit, over activations of very different scales.
-    fn assert_plans_match_the_portable_ones(
-        cases: &[(KLaneFormat, &OwnFormat, Dot, Dot)],
-        kernel: unsafe fn(&KLanes, usize, &[Q8KRow]) -> Plans,
+    /// Both plans of a kernel (`kernel`, see [`Plans`]) for `F` (random blocks of `own`):
+    /// every row of every group (a ragged last one) equals the portable dot product `dot`
+    /// (one activation row) and the portable tiled product `tiled` (one to four rows, in
+    /// every position of a pass) bit for bit, over activations of very different scales.
+    fn assert_plans_match_the_portable_ones<F: KLane>(
+        own: &OwnFormat,
+        (dot, tiled): (Dot, Dot),
+        kernel: unsafe fn(&KLanes<F>, usize, &[Q8KRow]) -> Plans,
     ) {
-        for &(format, own, dot, tiled) in cases {
-            let mut rng = Xorshift::new(31);
-            let (rows, cols) = (37, 3 * QK_K);
-            let mut raw = sample::weights(own, rows, cols, &mut rng);
-            let row_bytes = own.row_bytes(cols);
-            if format == KLaneFormat::Q3K {
-                // Row 5's values all the lowest (-4: high bits and low bits clear), its
-                // scales as they were; row 6's scales all the lowest (-32), row 7's all the
-                // highest (31).
-                for block in raw[5 * row_bytes..6 * row_bytes].chunks_exact_mut(q3_k::BYTES) {
-                    block[..96].fill(0);
-                }
-                for (r, byte) in [(6, 0x00), (7, 0xff)] {
-                    for block in
-                        raw[r * row_bytes..(r + 1) * row_bytes].chunks_exact_mut(q3_k::BYTES)
-                    {
-                        block[96..108].fill(byte);
-                    }
+        let mut rng = Xorshift::new(31);
+        let (rows, cols) = (37, 3 * QK_K);
+        let mut raw = sample::weights(own, rows, cols, &mut rng);
+        let row_bytes = own.row_bytes(cols);
+        if F::BITS == Bits::Three {
+            // Row 5's values all the lowest (-4: high bits and low bits clear), its
+            // scales as they were; row 6's scales all the lowest (-32), row 7's all the
+            // highest (31).
+            for block in raw[5 * row_bytes..6 * row_bytes].chunks_exact_mut(q3_k::BYTES) {
+                block[..96].fill(0);
+            }
+            for (r, byte) in [(6, 0x00), (7, 0xff)] {
+                for block in raw[r * row_bytes..(r + 1) * row_bytes].chunks_exact_mut(q3_k::BYTES) {
+                    block[96..108].fill(byte);
                 }
             }
-            let m = KLanes::new(format, &raw, rows, cols / QK_K);
-            let mut acts: Vec<Q8KRow> = [4.0, 0.01, 300.0, 1.0]
-                .iter()
-                .map(|&scale| {
-                    let values = sample::activations(1, cols, scale, &mut rng);
-                    quantize_row_q8k(&values, RowKernel::Gemv)
-                })
-                .collect();
-            // Activation row 2, which the dot product's plan takes too, all the lowest (its
-            // sums kept consistent).
-            acts[2].qs.fill(-127);
-            acts[2].bsums.fill(-127 * 16);
-            let row = |r: usize| &raw[r * row_bytes..][..row_bytes];
-            for g in 0..rows.div_ceil(ROWS) {
-                // SAFETY: the caller checked the CPU.
-                let (one, four, three, two, alone) = unsafe { kernel(&m, g, &acts) };
-                for lane in 0..ROWS {
-                    let r = g * ROWS + lane;
-                    let real = r < rows;
-                    let want = |f: Dot, t: usize| if real { f(row(r), &acts[t]) } else { 0.0 };
-                    let at = format!("{format:?} row {r}");
-                    assert_eq!(want(dot, 2).to_bits(), one[0][lane].to_bits(), "{at}, dot");
-                    let passes: [(&[usize], &[[f32; ROWS]]); 4] = [
-                        (&[0, 1, 2, 3], &four),
-                        (&[3, 1, 0], &three),
-                        (&[2, 0], &two),
-                        (&[1], &alone),
-                    ];
-                    for (order, got) in passes {
-                        for (k, &t) in order.iter().enumerate() {
-                            let (want, got) = (want(tiled, t), got[k][lane]);
-                            assert_eq!(want.to_bits(), got.to_bits(), "{at}, act {t} of {order:?}");
-                        }
+        }
+        let m = KLanes::<F>::new(&raw, rows, cols / QK_K);
+        let mut acts: Vec<Q8KRow> = [4.0, 0.01, 300.0, 1.0]
+            .iter()
+            .map(|&scale| {
+                let values = sample::activations(1, cols, scale, &mut rng);
+                quantize_row_q8k(&values, RowKernel::Gemv)
+            })
+            .collect();
+        // Activation row 2, which the dot product's plan takes too, all the lowest (its
+        // sums kept consistent).
+        acts[2].qs.fill(-127);
+        acts[2].bsums.fill(-127 * 16);
+        let row = |r: usize| &raw[r * row_bytes..][..row_bytes];
+        for g in 0..rows.div_ceil(ROWS) {
+            // SAFETY: the caller checked the CPU.
+            let (one, four, three, two, alone) = unsafe { kernel(&m, g, &acts) };
+            for lane in 0..ROWS {
+                let r = g * ROWS + lane;
+                let real = r < rows;
+                let want = |f: Dot, t: usize| if real { f(row(r), &acts[t]) } else { 0.0 };
+                let at = format!("{} row {r}", F::NAME);
+                assert_eq!(want(dot, 2).to_bits(), one[0][lane].to_bits(), "{at}, dot");
+                let passes: [(&[usize], &[[f32; ROWS]]); 4] = [
+                    (&[0, 1, 2, 3], &four),
+                    (&[3, 1, 0], &three),
+                    (&[2, 0], &two),
+                    (&[1], &alone),
+                ];
+                for (order, got) in passes {
+                    for (k, &t) in order.iter().enumerate() {
+                        let (want, got) = (want(tiled, t), got[k][lane]);
+                        assert_eq!(want.to_bits(), got.to_bits(), "{at}, act {t} of {order:?}");
                     }
                 }
             }
@@ -435,30 +466,24 @@ mod tests {
         if crate::simd::cpu::lacks(crate::simd::cpu::detected().avx2, "avx2") {
             return;
         }
-        let cases: [(KLaneFormat, &OwnFormat, Dot, Dot); 3] = [
-            (
-                KLaneFormat::Q3K,
-                OwnFormat::Q3_K,
-                q3_k::dot,
-                q3_k::dot_tiled,
-            ),
-            (
-                KLaneFormat::Q5K,
-                OwnFormat::Q5_K,
-                q5_k::dot,
-                q5_k::dot_tiled,
-            ),
-            (
-                KLaneFormat::Iq4Xs,
-                OwnFormat::IQ4_XS,
-                iq4_xs::dot,
-                iq4_xs::dot_tiled,
-            ),
-        ];
-        // SAFETY: the kernel's CPU features were checked above.
-        assert_plans_match_the_portable_ones(&cases, |m, g, acts| unsafe {
-            plans!(avx2::dot_group, m, g, acts)
-        });
+        assert_plans_match_the_portable_ones::<Q3K>(
+            OwnFormat::Q3_K,
+            (q3_k::dot, q3_k::dot_tiled),
+            // SAFETY: the kernel's CPU features were checked above.
+            |m, g, acts| unsafe { plans!(avx2::dot_group, m, g, acts) },
+        );
+        assert_plans_match_the_portable_ones::<Q5K>(
+            OwnFormat::Q5_K,
+            (q5_k::dot, q5_k::dot_tiled),
+            // SAFETY: the kernel's CPU features were checked above.
+            |m, g, acts| unsafe { plans!(avx2::dot_group, m, g, acts) },
+        );
+        assert_plans_match_the_portable_ones::<Iq4Xs>(
+            OwnFormat::IQ4_XS,
+            (iq4_xs::dot, iq4_xs::dot_tiled),
+            // SAFETY: the kernel's CPU features were checked above.
+            |m, g, acts| unsafe { plans!(avx2::dot_group, m, g, acts) },
+        );
     }
 
     /// Both plans of the AVX-512 VNNI Q3_K kernel.
@@ -467,20 +492,16 @@ mod tests {
         if crate::simd::cpu::lacks(crate::simd::cpu::detected().vnni, "vnni") {
             return;
         }
-        let cases: [(KLaneFormat, &OwnFormat, Dot, Dot); 1] = [(
-            KLaneFormat::Q3K,
+        assert_plans_match_the_portable_ones::<Q3K>(
             OwnFormat::Q3_K,
-            q3_k::dot,
-            q3_k::dot_tiled,
-        )];
-        // SAFETY: the kernel's CPU features were checked above.
-        assert_plans_match_the_portable_ones(&cases, |m, g, acts| unsafe {
-            plans!(vnni::dot_group_q3k, m, g, acts)
-        });
+            (q3_k::dot, q3_k::dot_tiled),
+            // SAFETY: the kernel's CPU features were checked above.
+            |m, g, acts| unsafe { plans!(vnni::dot_group_q3k, m, g, acts) },
+        );
     }
 
     /// A Q2_K kernel's group of sixteen rows against one to four activation rows.
-    type Q2kKernel = unsafe fn(&KLanes, usize, &[&Q8KRow], &[RowKernel]) -> Vec<[f32; ROWS]>;
+    type Q2kKernel = unsafe fn(&KLanes<Q2K>, usize, &[&Q8KRow], &[RowKernel]) -> Vec<[f32; ROWS]>;
 
     /// Every row of every group (a ragged last one) against one to four activation rows of
     /// each rounding and of very different scales, in every position of a pass, equals the
@@ -494,7 +515,7 @@ mod tests {
         for block in raw[5 * row_bytes..6 * row_bytes].chunks_exact_mut(q2_k::BYTES) {
             block[..80].fill(0xff);
         }
-        let m = KLanes::new(KLaneFormat::Q2K, &raw, rows, cols / QK_K);
+        let m = KLanes::<Q2K>::new(&raw, rows, cols / QK_K);
         let kernels = [
             RowKernel::Gemm4,
             RowKernel::Gemv,
@@ -543,7 +564,7 @@ mod tests {
         // SAFETY: the kernel's CPU features were checked above.
         assert_q2k_kernel_matches_the_portable_one(|m, g, a, k| unsafe {
             by_row_count!(
-                avx2::dot_group_q2k,
+                avx2::dot_group_q2k[Q2K],
                 (m, g),
                 Upcoming::new(m.group(0), 3),
                 a,
@@ -561,7 +582,7 @@ mod tests {
         // SAFETY: the kernel's CPU features were checked above.
         assert_q2k_kernel_matches_the_portable_one(|m, g, a, k| unsafe {
             by_row_count!(
-                vnni::dot_group_q2k,
+                vnni::dot_group_q2k[Q2K],
                 (m, g),
                 Upcoming::new(m.group(0), 3),
                 a,
@@ -585,7 +606,7 @@ mod tests {
         // Two rows: the block as row 1, zeros as row 0.
         let mut raw = vec![0u8; q5_k::BYTES];
         raw.extend_from_slice(&block);
-        let m = KLanes::new(KLaneFormat::Q5K, &raw, 2, 1);
+        let m = KLanes::<Q5K>::new(&raw, 2, 1);
         let lines = m.group(0);
         let lane = 1;
         assert_eq!(&lines[0].0[2..4], &block[0..2]);

@@ -35,7 +35,7 @@ use super::float_rows::FloatRows;
 use super::formats::{block32, iq4_nl, iq4_xs, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1};
 use super::formats::{q5_k, q6_k, q8_0, table4};
 use super::iq4;
-use super::k_lanes::{KLaneFormat, KLanes};
+use super::k_lanes::KLanes;
 use super::layout::Layout;
 use super::packed::PackedRows;
 use super::pair_lanes::{PairFormat, PairLanes};
@@ -294,7 +294,7 @@ impl OwnFormat {
             (QK_K, q2_k::BYTES),
             ActivationKind::Q8KByKernel,
             |d, r, c| match avx2() {
-                true => Box::new(KLanes::new(KLaneFormat::Q2K, d, r, c / QK_K)),
+                true => Box::new(KLanes::<q2_k::Q2K>::new(d, r, c / QK_K)),
                 false => rows(
                     RowDot::Q8K(|w, a, kernels, _| {
                         std::array::from_fn(|t| match a.get(t) {
@@ -317,7 +317,7 @@ impl OwnFormat {
             (QK_K, q3_k::BYTES),
             ActivationKind::Q8KGemv,
             |d, r, c| match avx2() {
-                true => Box::new(KLanes::new(KLaneFormat::Q3K, d, r, c / QK_K)),
+                true => Box::new(KLanes::<q3_k::Q3K>::new(d, r, c / QK_K)),
                 false => rows(
                     RowDot::Q8K(|w, a, _, wide| q3_k::dot_tile(w, a, wide)),
                     d,
@@ -354,7 +354,7 @@ impl OwnFormat {
             ActivationKind::Q8KGemv,
             |d, r, c| match (vnni(), avx2()) {
                 (true, _) => Box::new(PairLanes::new(PairFormat::Q5K, d, r, c / QK_K)),
-                (false, true) => Box::new(KLanes::new(KLaneFormat::Q5K, d, r, c / QK_K)),
+                (false, true) => Box::new(KLanes::<q5_k::Q5K>::new(d, r, c / QK_K)),
                 _ => rows(
                     RowDot::Q8K(|w, a, _, wide| q5_k::dot_tile(w, a, wide)),
                     d,
@@ -401,7 +401,7 @@ impl OwnFormat {
         ActivationKind::Q8KGemv,
         |d, r, c| match (vnni(), avx2()) {
             (true, _) => Box::new(PairLanes::new(PairFormat::Iq4Xs, d, r, c / QK_K)),
-            (false, true) => Box::new(KLanes::new(KLaneFormat::Iq4Xs, d, r, c / QK_K)),
+            (false, true) => Box::new(KLanes::<iq4_xs::Iq4Xs>::new(d, r, c / QK_K)),
             _ => rows(
                 RowDot::Q8K(|w, a, _, wide| iq4_xs::dot_tile(w, a, wide)),
                 d,

@@ -20,7 +20,8 @@
 
 use std::arch::x86_64::*;
 
-use super::{KLaneFormat, KLanes, Line, MINS, ROWS, SCALES};
+use super::{block_lines, chunk_line, nibble_line, two_bit_line, Bits, KLane};
+use super::{KLanes, Line, MINS, ROWS, SCALES};
 use crate::quant::iq4;
 use crate::quant::q8k::Q8KRow;
 use crate::quant::q8k::QK_K;
@@ -38,8 +39,8 @@ const HALF: usize = ROWS / 2;
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available ([`crate::simd::avx2`]).
-pub unsafe fn dot_group<const T: usize, const TILED: bool>(
-    m: &KLanes,
+pub unsafe fn dot_group<const T: usize, const TILED: bool, F: KLane>(
+    m: &KLanes<F>,
     g: usize,
     a: [&Q8KRow; T],
     soon: Upcoming,
@@ -52,20 +53,10 @@ pub unsafe fn dot_group<const T: usize, const TILED: bool>(
             "the dot product's eight lanes take one activation row"
         );
         assert!(a.iter().all(|row| row.has_blocks(m.blocks)));
-        let lines = m.group(g);
-        match m.format {
-            KLaneFormat::Q2K => unreachable!("Q2_K takes dot_group_q2k"),
-            KLaneFormat::Q3K => group_avx2::<T, TILED, Q3>(lines, m.blocks, a, soon),
-            KLaneFormat::Q5K => group_avx2::<T, TILED, Q5>(lines, m.blocks, a, soon),
-            KLaneFormat::Iq4Xs => group_avx2::<T, TILED, IQ4>(lines, m.blocks, a, soon),
-        }
+        assert!(F::BITS != Bits::Two, "Q2_K takes dot_group_q2k");
+        group_avx2::<T, TILED, F>(m.group(g), m.blocks, a, soon)
     }
 }
-
-/// [`group_avx2`]'s format parameter (`KLaneFormat` as a number).
-const Q3: u8 = 0;
-const Q5: u8 = 1;
-const IQ4: u8 = 2;
 
 /// Bit `from` of each byte of `bits` moved to bit `to`, the others cleared (`from` and
 /// `to` known when the caller's loops are unrolled). Shifts of 16-bit lanes: the bits a
@@ -87,14 +78,14 @@ unsafe fn bit_to(bits: __m256i, from: usize, to: usize) -> __m256i {
     }
 }
 
-/// [`dot_group`] on a group's lines, for the format `F` stands for.
+/// [`dot_group`] on a group's lines of `F`.
 ///
 /// # Safety
 ///
 /// The CPU has AVX2, FMA and F16C; the arguments are [`dot_group`]'s, as its caller
 /// guarantees them.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn group_avx2<const T: usize, const TILED: bool, const F: u8>(
+unsafe fn group_avx2<const T: usize, const TILED: bool, F: KLane>(
     lines: &[Line],
     blocks: usize,
     a: [&Q8KRow; T],
@@ -103,12 +94,7 @@ unsafe fn group_avx2<const T: usize, const TILED: bool, const F: u8>(
     // SAFETY: the caller upholds this function's safety contract, all that
     // these operations need.
     unsafe {
-        let format = match F {
-            Q3 => KLaneFormat::Q3K,
-            Q5 => KLaneFormat::Q5K,
-            _ => KLaneFormat::Iq4Xs,
-        };
-        let per = format.lines();
+        let per = block_lines::<F>();
         let ahead = crate::simd::cpu::prefetch_ahead();
         assert!(lines.len() >= blocks * per);
         let zero = _mm256_setzero_si256();
@@ -140,24 +126,24 @@ unsafe fn group_avx2<const T: usize, const TILED: bool, const F: u8>(
                 let mut lanes = [[zero; 8]; T];
                 for j in 0..8 {
                     // Q3_K's sub-blocks are 16 values: two scales a chunk of 32.
-                    let scales = match F {
-                        Q3 => [scale(2 * j), scale(2 * j + 1)],
+                    let scales = match F::BITS {
+                        Bits::Three => [scale(2 * j), scale(2 * j + 1)],
                         _ => [scale(j); 2],
                     };
                     // Q3_K's high bits or Q5_K's fifth bits, and Q3_K's low bits.
-                    let first = format.chunk_line(j);
-                    let top = match F {
-                        IQ4 => zero,
+                    let first = chunk_line::<F>(j);
+                    let top = match F::BITS {
+                        Bits::Table => zero,
                         _ => load(first, h),
                     };
-                    let low2 = match F {
-                        Q3 => [0, 1].map(|k| load(format.two_bit_line(j, k), h)),
+                    let low2 = match F::BITS {
+                        Bits::Three => [0, 1].map(|k| load(two_bit_line::<F>(j, k), h)),
                         _ => [zero; 2],
                     };
                     for i in 0..4 {
-                        let v = match F {
-                            Q3 => zero,
-                            _ => load(format.nibble_line(j, i), h),
+                        let v = match F::BITS {
+                            Bits::Three => zero,
+                            _ => load(nibble_line::<F>(j, i), h),
                         };
                         for n in 0..2 {
                             // Values 4q..4q + 4 of the chunk: the dot product's lane q.
@@ -167,8 +153,8 @@ unsafe fn group_avx2<const T: usize, const TILED: bool, const F: u8>(
                                 _ => _mm256_and_si256(_mm256_srli_epi16::<4>(v), low),
                             };
                             // The values as bytes: Q5_K's unsigned, the others' signed.
-                            let x = match F {
-                                Q3 => {
+                            let x = match F::BITS {
+                                Bits::Three => {
                                     let bits = _mm256_srl_epi16(
                                         low2[q / 4],
                                         _mm_cvtsi32_si128(2 * (q % 4) as i32),
@@ -179,13 +165,15 @@ unsafe fn group_avx2<const T: usize, const TILED: bool, const F: u8>(
                                     );
                                     _mm256_sub_epi8(u, _mm256_set1_epi8(4))
                                 }
-                                Q5 => _mm256_or_si256(nibbles, bit_to(top, q, 4)),
-                                _ => _mm256_shuffle_epi8(table, nibbles),
+                                Bits::Five => _mm256_or_si256(nibbles, bit_to(top, q, 4)),
+                                Bits::Table => _mm256_shuffle_epi8(table, nibbles),
+                                Bits::Two => unreachable!("Q2_K takes dot_group_q2k"),
                             };
-                            let ax = if F == Q5 { x } else { _mm256_abs_epi8(x) };
+                            let unsigned = F::BITS == Bits::Five;
+                            let ax = if unsigned { x } else { _mm256_abs_epi8(x) };
                             for t in 0..T {
                                 let y = _mm256_set1_epi32(q8[t].add(8 * j + q).read_unaligned());
-                                let y = if F == Q5 { y } else { _mm256_sign_epi8(y, x) };
+                                let y = if unsigned { y } else { _mm256_sign_epi8(y, x) };
                                 let p =
                                     _mm256_madd_epi16(_mm256_maddubs_epi16(ax, y), scales[i / 2]);
                                 let lane = &mut lanes[t][if TILED { 0 } else { q }];
@@ -197,7 +185,7 @@ unsafe fn group_avx2<const T: usize, const TILED: bool, const F: u8>(
                 // Q5_K's minimum terms: per pair of sub-blocks one 16-bit multiply-add of the
                 // rows' two minimums by the activations' sums.
                 let mut imin = [zero; T];
-                if F == Q5 {
+                if F::BITS == Bits::Five {
                     for pair in 0..4 {
                         let mins = at(MINS + pair / 2, 32 * (pair % 2) + 16 * h);
                         let mins = _mm256_cvtepu8_epi16(_mm_load_si128(mins.cast()));
@@ -210,8 +198,8 @@ unsafe fn group_avx2<const T: usize, const TILED: bool, const F: u8>(
                         }
                     }
                 }
-                let dmin = match F {
-                    Q5 => _mm256_cvtph_ps(_mm_load_si128(at(0, 32 + 16 * h).cast())),
+                let dmin = match F::BITS {
+                    Bits::Five => _mm256_cvtph_ps(_mm_load_si128(at(0, 32 + 16 * h).cast())),
                     _ => _mm256_setzero_ps(),
                 };
                 for t in 0..T {
@@ -219,7 +207,7 @@ unsafe fn group_avx2<const T: usize, const TILED: bool, const F: u8>(
                     if TILED {
                         // s1·d − dmin·s2, then times the activation's scale.
                         let mut result = _mm256_mul_ps(_mm256_cvtepi32_ps(lanes[t][0]), d);
-                        if F == Q5 {
+                        if F::BITS == Bits::Five {
                             result = _mm256_fnmadd_ps(dmin, _mm256_cvtepi32_ps(imin[t]), result);
                         }
                         tiled[t][h] = _mm256_fmadd_ps(result, da, tiled[t][h]);
@@ -228,7 +216,7 @@ unsafe fn group_avx2<const T: usize, const TILED: bool, const F: u8>(
                         for (acc, &lane) in acc[h].iter_mut().zip(&lanes[t]) {
                             *acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lane), *acc);
                         }
-                        if F == Q5 {
+                        if F::BITS == Bits::Five {
                             let dm = _mm256_mul_ps(da, dmin);
                             let m = _mm256_cvtepi32_ps(imin[t]);
                             acc_min[h] = _mm256_fnmadd_ps(m, dm, acc_min[h]);
@@ -248,8 +236,8 @@ unsafe fn group_avx2<const T: usize, const TILED: bool, const F: u8>(
                         let r = [0, 1, 2, 3].map(|i| _mm256_add_ps(a[i], a[i + 4]));
                         let sum =
                             _mm256_add_ps(_mm256_add_ps(r[0], r[2]), _mm256_add_ps(r[1], r[3]));
-                        match F {
-                            Q5 => _mm256_add_ps(sum, acc_min[h]),
+                        match F::BITS {
+                            Bits::Five => _mm256_add_ps(sum, acc_min[h]),
                             _ => sum,
                         }
                     }
@@ -268,8 +256,8 @@ unsafe fn group_avx2<const T: usize, const TILED: bool, const F: u8>(
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available ([`crate::simd::avx2`]).
-pub unsafe fn dot_group_q2k<const T: usize>(
-    m: &KLanes,
+pub unsafe fn dot_group_q2k<const T: usize, F: KLane>(
+    m: &KLanes<F>,
     g: usize,
     a: [&Q8KRow; T],
     kernels: [RowKernel; T],
@@ -278,9 +266,9 @@ pub unsafe fn dot_group_q2k<const T: usize>(
     // SAFETY: the caller upholds this function's safety contract, all that
     // these operations need.
     unsafe {
-        assert_eq!(m.format, KLaneFormat::Q2K);
+        assert!(F::BITS == Bits::Two, "{} is not Q2_K", F::NAME);
         assert!(a.iter().all(|row| row.has_blocks(m.blocks)));
-        group_q2k_avx2(m.group(g), m.blocks, a, kernels, soon)
+        group_q2k_avx2::<T, F>(m.group(g), m.blocks, a, kernels, soon)
     }
 }
 
@@ -297,7 +285,7 @@ pub unsafe fn dot_group_q2k<const T: usize>(
 /// The CPU has AVX2, FMA and F16C; the arguments are [`dot_group_q2k`]'s, as its caller
 /// guarantees them.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn group_q2k_avx2<const T: usize>(
+unsafe fn group_q2k_avx2<const T: usize, F: KLane>(
     lines: &[Line],
     blocks: usize,
     a: [&Q8KRow; T],
@@ -307,8 +295,7 @@ unsafe fn group_q2k_avx2<const T: usize>(
     // SAFETY: the caller upholds this function's safety contract, all that
     // these operations need.
     unsafe {
-        let format = KLaneFormat::Q2K;
-        let per = format.lines();
+        let per = block_lines::<F>();
         let ahead = crate::simd::cpu::prefetch_ahead();
         assert!(lines.len() >= blocks * per);
         let per_half = kernels.map(RowKernel::in_group_of_four);
@@ -354,9 +341,8 @@ unsafe fn group_q2k_avx2<const T: usize>(
                                 _mm256_set1_epi32(0xF0),
                             )),
                         );
-                        let low2 = [0, 1].map(|k| {
-                            _mm256_load_si256(at(format.two_bit_line(j, k), 32 * h).cast())
-                        });
+                        let low2 = [0, 1]
+                            .map(|k| _mm256_load_si256(at(two_bit_line::<F>(j, k), 32 * h).cast()));
                         for q in 0..8 {
                             // Values 4q..4q + 4 of the chunk, sub-block 2j + q / 4.
                             let bits = _mm256_srl_epi16(

@@ -16,7 +16,9 @@
 
 use std::arch::x86_64::*;
 
-use super::{KLaneFormat, KLanes, Line, ROWS, SCALES};
+use super::{block_lines, chunk_line, two_bit_line, Bits, KLane};
+use super::{KLanes, Line, ROWS, SCALES};
+use crate::quant::formats::{q2_k::Q2K, q3_k::Q3K};
 use crate::quant::q8k::Q8KRow;
 use crate::quant::q8k::QK_K;
 use crate::quant::RowKernel;
@@ -31,8 +33,8 @@ use crate::simd::prefetch::{prefetch_span, Upcoming};
 /// # Safety
 /// AVX2, FMA, F16C and AVX-512 (F, VL, BW, VNNI) must be available
 /// ([`crate::simd::vnni`]).
-pub unsafe fn dot_group_q2k<const T: usize>(
-    m: &KLanes,
+pub unsafe fn dot_group_q2k<const T: usize, F: KLane>(
+    m: &KLanes<F>,
     g: usize,
     a: [&Q8KRow; T],
     kernels: [RowKernel; T],
@@ -41,7 +43,8 @@ pub unsafe fn dot_group_q2k<const T: usize>(
     // SAFETY: the caller upholds this function's safety contract, all that
     // these operations need.
     unsafe {
-        assert_eq!(m.format, KLaneFormat::Q2K);
+        // Its lines are Q2_K's.
+        assert!(F::BITS == Bits::Two, "{} is not Q2_K", F::NAME);
         assert!(a.iter().all(|row| row.has_blocks(m.blocks)));
         group_q2k_vnni(m.group(g), m.blocks, a, kernels, soon)
     }
@@ -70,8 +73,7 @@ unsafe fn group_q2k_vnni<const T: usize>(
     // SAFETY: the caller upholds this function's safety contract, all that
     // these operations need.
     unsafe {
-        let format = KLaneFormat::Q2K;
-        let per = format.lines();
+        let per = block_lines::<Q2K>();
         let ahead = crate::simd::cpu::prefetch_ahead();
         assert!(lines.len() >= blocks * per);
         let per_half = kernels.map(RowKernel::in_group_of_four);
@@ -109,7 +111,7 @@ unsafe fn group_q2k_vnni<const T: usize>(
                         _mm512_slli_epi32::<12>(_mm512_and_si512(raw[1], _mm512_set1_epi32(0xF0))),
                     );
                     let low2 =
-                        [0, 1].map(|k| _mm512_load_si512(at(format.two_bit_line(j, k), 0).cast()));
+                        [0, 1].map(|k| _mm512_load_si512(at(two_bit_line::<Q2K>(j, k), 0).cast()));
                     // Sub-block 2j + k: quads 4k..4k + 4 of the chunk, in line k.
                     for k in 0..2 {
                         let mut dot = [zero; T];
@@ -171,8 +173,8 @@ unsafe fn group_q2k_vnni<const T: usize>(
 /// # Safety
 /// AVX2, FMA, F16C and AVX-512 (F, VL, BW, VNNI) must be available
 /// ([`crate::simd::vnni`]).
-pub unsafe fn dot_group_q3k<const T: usize, const TILED: bool>(
-    m: &KLanes,
+pub unsafe fn dot_group_q3k<const T: usize, const TILED: bool, F: KLane>(
+    m: &KLanes<F>,
     g: usize,
     a: [&Q8KRow; T],
     soon: Upcoming,
@@ -184,7 +186,8 @@ pub unsafe fn dot_group_q3k<const T: usize, const TILED: bool>(
             TILED || T == 1,
             "the dot product's eight lanes take one activation row"
         );
-        assert_eq!(m.format, KLaneFormat::Q3K);
+        // Its lines are Q3_K's.
+        assert!(F::BITS == Bits::Three, "{} is not Q3_K", F::NAME);
         assert!(a.iter().all(|row| row.has_blocks(m.blocks)));
         group_q3k_vnni::<T, TILED>(m.group(g), m.blocks, a, soon)
     }
@@ -212,8 +215,7 @@ unsafe fn group_q3k_vnni<const T: usize, const TILED: bool>(
     // SAFETY: the caller upholds this function's safety contract, all that
     // these operations need.
     unsafe {
-        let format = KLaneFormat::Q3K;
-        let per = format.lines();
+        let per = block_lines::<Q3K>();
         let ahead = crate::simd::cpu::prefetch_ahead();
         assert!(lines.len() >= blocks * per);
         let zero = _mm512_setzero_si512();
@@ -246,8 +248,8 @@ unsafe fn group_q3k_vnni<const T: usize, const TILED: bool>(
             let d = _mm512_cvtph_ps(_mm256_load_si256(at(0, 0).cast()));
             let mut lanes = [[zero; 8]; T];
             for j in 0..8 {
-                let top = load(format.chunk_line(j));
-                let low2 = [0, 1].map(|k| load(format.two_bit_line(j, k)));
+                let top = load(chunk_line::<Q3K>(j));
+                let low2 = [0, 1].map(|k| load(two_bit_line::<Q3K>(j, k)));
                 // Sub-block 2j + k: groups of four 4k..4k + 4 of the chunk.
                 for k in 0..2 {
                     let s = 2 * j + k;
