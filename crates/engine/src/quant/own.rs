@@ -38,7 +38,7 @@ use super::iq4;
 use super::k_lanes::KLanes;
 use super::layout::Layout;
 use super::packed::PackedRows;
-use super::pair_lanes::{PairFormat, PairLanes};
+use super::pair_lanes::PairLanes;
 use super::q4k_lanes::Q4kLanes;
 use super::q6k_lanes::Q6kLanes;
 use super::q8::{quantize_row_portable, Q8Row};
@@ -353,7 +353,7 @@ impl OwnFormat {
             (QK_K, q5_k::BYTES),
             ActivationKind::Q8KGemv,
             |d, r, c| match (vnni(), avx2()) {
-                (true, _) => Box::new(PairLanes::new(PairFormat::Q5K, d, r, c / QK_K)),
+                (true, _) => Box::new(PairLanes::<q5_k::Q5K>::new(d, r, c / QK_K)),
                 (false, true) => Box::new(KLanes::<q5_k::Q5K>::new(d, r, c / QK_K)),
                 _ => rows(
                     RowDot::Q8K(|w, a, _, wide| q5_k::dot_tile(w, a, wide)),
@@ -400,7 +400,7 @@ impl OwnFormat {
         (QK_K, iq4_xs::BYTES),
         ActivationKind::Q8KGemv,
         |d, r, c| match (vnni(), avx2()) {
-            (true, _) => Box::new(PairLanes::new(PairFormat::Iq4Xs, d, r, c / QK_K)),
+            (true, _) => Box::new(PairLanes::<iq4_xs::Iq4Xs>::new(d, r, c / QK_K)),
             (false, true) => Box::new(KLanes::<iq4_xs::Iq4Xs>::new(d, r, c / QK_K)),
             _ => rows(
                 RowDot::Q8K(|w, a, _, wide| iq4_xs::dot_tile(w, a, wide)),

@@ -28,8 +28,9 @@
 
 use crate::quant::formats::iq4_xs::{self, Iq4Xs};
 use crate::quant::formats::kquant;
-use crate::quant::formats::q5_k;
+use crate::quant::formats::q5_k::{self, Q5K};
 use crate::quant::formats::view;
+use std::marker::PhantomData;
 use std::ops::Range;
 use std::sync::OnceLock;
 
@@ -43,68 +44,68 @@ use crate::quant::q8k::Q8KRow;
 use crate::quant::q8k::QK_K;
 use crate::simd::convert::f16_at;
 
-/// The formats this layout takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PairFormat {
-    /// Q5_K.
-    Q5K,
-    /// IQ4_XS.
-    Iq4Xs,
-}
-
-impl PairFormat {
+/// A format this layout holds, as its kernels are written over it: the layout and the
+/// kernels are generic over it, and each format's facts are its impl below.
+pub(in crate::quant) trait PairLane: Send + Sync + 'static {
+    /// ggml's name.
+    const NAME: &'static str;
+    /// Bytes of one super-block in the file.
+    const BYTES: usize;
     /// Lines per pair of rows and super-block.
-    fn lines(self) -> usize {
-        match self {
-            Self::Q5K => 6,
-            Self::Iq4Xs => 5,
-        }
-    }
+    const LINES: usize;
+    /// Whether its values are Q5_K's five bits with minimums, not IQ4_XS's table indices.
+    const FIVE_BITS: bool;
+    /// Writes one super-block as row `half` (0 or 1) of its pair's lines.
+    fn lay(block: &[u8], half: usize, out: &mut [Line]);
+}
 
-    /// Bytes of one of the format's super-blocks.
-    fn block_bytes(self) -> usize {
-        match self {
-            Self::Q5K => q5_k::BYTES,
-            Self::Iq4Xs => iq4_xs::BYTES,
-        }
+impl PairLane for Q5K {
+    const NAME: &'static str = "Q5_K";
+    const BYTES: usize = q5_k::BYTES;
+    const LINES: usize = 6;
+    const FIVE_BITS: bool = true;
+    fn lay(block: &[u8], half: usize, out: &mut [Line]) {
+        lay_q5k(block, half, out)
     }
 }
 
-/// A Q5_K or IQ4_XS matrix in the two-row layout (see the module).
-pub struct PairLanes {
-    format: PairFormat,
+impl PairLane for Iq4Xs {
+    const NAME: &'static str = "IQ4_XS";
+    const BYTES: usize = iq4_xs::BYTES;
+    const LINES: usize = 5;
+    const FIVE_BITS: bool = false;
+    fn lay(block: &[u8], half: usize, out: &mut [Line]) {
+        lay_iq4xs(block, half, out)
+    }
+}
+
+/// A matrix of format `F` (Q5_K or IQ4_XS) in the two-row layout (see the module).
+pub struct PairLanes<F> {
     rows: usize,
     blocks: usize,
     lines: Vec<Line>,
+    format: PhantomData<F>,
 }
 
-impl PairLanes {
-    /// Lays out row-major super-blocks of `format` (`rows` rows of `blocks` each).
-    pub fn new(format: PairFormat, raw: &[u8], rows: usize, blocks: usize) -> Self {
-        let (block_bytes, per) = (format.block_bytes(), format.lines());
-        assert_eq!(raw.len(), rows * blocks * block_bytes);
+impl<F: PairLane> PairLanes<F> {
+    /// Lays out row-major super-blocks of `F` (`rows` rows of `blocks` each).
+    pub fn new(raw: &[u8], rows: usize, blocks: usize) -> Self {
+        let (block_bytes, per) = (F::BYTES, F::LINES);
+        assert_eq!(raw.len(), rows * blocks * block_bytes, "{} rows", F::NAME);
         let mut lines = vec![Line([0; 64]); rows.div_ceil(2) * blocks * per];
         for r in 0..rows {
             for b in 0..blocks {
                 let block = &raw[(r * blocks + b) * block_bytes..][..block_bytes];
                 let out = &mut lines[((r / 2) * blocks + b) * per..][..per];
-                match format {
-                    PairFormat::Q5K => lay_q5k(block, r % 2, out),
-                    PairFormat::Iq4Xs => lay_iq4xs(block, r % 2, out),
-                }
+                F::lay(block, r % 2, out);
             }
         }
         Self {
-            format,
             rows,
             blocks,
             lines,
+            format: PhantomData,
         }
-    }
-
-    /// The format of the rows.
-    pub fn format(&self) -> PairFormat {
-        self.format
     }
 
     /// Rows of the matrix (without padding).
@@ -114,7 +115,7 @@ impl PairLanes {
 
     /// Pair `p`'s lines, super-block after super-block.
     fn pair(&self, p: usize) -> &[Line] {
-        let len = self.blocks * self.format.lines();
+        let len = self.blocks * F::LINES;
         &self.lines[p * len..(p + 1) * len]
     }
 }
@@ -171,17 +172,17 @@ pub struct LaneSums {
 }
 
 impl LaneSums {
-    /// The sums `format`'s kernels take for activation row `a`.
-    pub fn new(format: PairFormat, a: &Q8KRow) -> Self {
+    /// The sums `F`'s kernels take for activation row `a`.
+    pub fn new<F: PairLane>(a: &Q8KRow) -> Self {
         // A sub-block of 32 sums to at most 32 · 128 in magnitude: an i16.
         let pairs = a
             .bsums
             .chunks_exact(2)
             .map(|two| (two[0] + two[1]) as i16)
             .collect();
-        let offsets = match format {
-            PairFormat::Q5K => Vec::new(),
-            PairFormat::Iq4Xs => {
+        let offsets = match F::FIVE_BITS {
+            true => Vec::new(),
+            false => {
                 a.qs.chunks_exact(4)
                     .map(|four| -128 * four.iter().map(|&q| q as i32).sum::<i32>())
                     .collect()
@@ -190,13 +191,11 @@ impl LaneSums {
         Self { pairs, offsets }
     }
 
-    /// Whether the sums cover `blocks` super-blocks for `format`.
-    fn covers(&self, format: PairFormat, blocks: usize) -> bool {
-        match format {
-            PairFormat::Q5K => self.pairs.len() >= blocks * 8,
-            PairFormat::Iq4Xs => {
-                self.pairs.len() >= blocks * 8 && self.offsets.len() >= blocks * QK_K / 4
-            }
+    /// Whether the sums cover `blocks` super-blocks for `F`.
+    fn covers<F: PairLane>(&self, blocks: usize) -> bool {
+        match F::FIVE_BITS {
+            true => self.pairs.len() >= blocks * 8,
+            false => self.pairs.len() >= blocks * 8 && self.offsets.len() >= blocks * QK_K / 4,
         }
     }
 }
@@ -212,13 +211,13 @@ pub struct SumsOnce {
 }
 
 impl SumsOnce {
-    /// `format`'s sums of the rows `a` (which must be the rows they were first asked for).
-    pub fn get(&self, format: PairFormat, a: &[Q8KRow]) -> &[LaneSums] {
-        let once = match format {
-            PairFormat::Q5K => &self.q5k,
-            PairFormat::Iq4Xs => &self.iq4xs,
+    /// `F`'s sums of the rows `a` (which must be the rows they were first asked for).
+    pub fn get<F: PairLane>(&self, a: &[Q8KRow]) -> &[LaneSums] {
+        let once = match F::FIVE_BITS {
+            true => &self.q5k,
+            false => &self.iq4xs,
         };
-        let sums = once.get_or_init(|| a.iter().map(|a| LaneSums::new(format, a)).collect());
+        let sums = once.get_or_init(|| a.iter().map(LaneSums::new::<F>).collect());
         assert_eq!(sums.len(), a.len());
         sums
     }
@@ -248,7 +247,7 @@ pub use simd::dot_pair;
 mod simd {
     use std::arch::x86_64::*;
 
-    use super::{hsum8, LaneSums, Line, PairFormat, PairLanes};
+    use super::{hsum8, LaneSums, Line, PairLane, PairLanes};
     use crate::quant::q8k::Q8KRow;
     use crate::quant::q8k::QK_K;
     use crate::simd::prefetch::prefetch_span;
@@ -259,8 +258,8 @@ mod simd {
     /// # Safety
     /// AVX2, FMA, F16C and AVX-512 (F, VL, BW, VNNI) must be available
     /// ([`crate::simd::vnni`]).
-    pub unsafe fn dot_pair<const T: usize>(
-        m: &PairLanes,
+    pub unsafe fn dot_pair<const T: usize, F: PairLane>(
+        m: &PairLanes<F>,
         p: usize,
         a: [&Q8KRow; T],
         sums: [&LaneSums; T],
@@ -269,11 +268,11 @@ mod simd {
         // these operations need.
         unsafe {
             assert!(a.iter().all(|row| row.has_blocks(m.blocks)));
-            assert!(sums.iter().all(|s| s.covers(m.format, m.blocks)));
+            assert!(sums.iter().all(|s| s.covers::<F>(m.blocks)));
             let lines = m.pair(p);
-            match m.format {
-                PairFormat::Q5K => pair_q5k(lines, m.blocks, a, sums),
-                PairFormat::Iq4Xs => pair_iq4xs(lines, m.blocks, a, sums),
+            match F::FIVE_BITS {
+                true => pair_q5k(lines, m.blocks, a, sums),
+                false => pair_iq4xs(lines, m.blocks, a, sums),
             }
         }
     }
@@ -474,7 +473,7 @@ mod simd {
     }
 }
 
-impl Layout for PairLanes {
+impl<F: PairLane> Layout for PairLanes<F> {
     fn back_with_huge_pages(&self) {
         crate::huge_pages::back(&self.lines);
     }
@@ -486,7 +485,7 @@ impl Layout for PairLanes {
         #[cfg(target_arch = "x86_64")]
         {
             let (m, start, end) = (self, range.start, range.end);
-            let sums = once.get(m.format(), a);
+            let sums = once.get::<F>(a);
             // Rows of wide micro-batches take the tiled kernel, as in llama.cpp; the rest
             // the one-row arithmetic.
             let (wide, alone): (Vec<usize>, Vec<usize>) =
@@ -503,7 +502,7 @@ impl Layout for PairLanes {
                         let mut got = [[0f32; 2]; 4];
                         // SAFETY: the layout is only built where the CPU has AVX-512 VNNI.
                         with_row_count!(rows.len(), got, T => unsafe {
-                            dot_pair::<T>(
+                            dot_pair::<T, F>(
                                 m,
                                 p,
                                 std::array::from_fn(|k| &a[rows[k]]),
@@ -546,57 +545,48 @@ mod tests {
             return;
         }
         let mut rng = Xorshift::new(17);
+        check::<Q5K>(OwnFormat::Q5_K, q5_k::dot, &mut rng);
+        check::<Iq4Xs>(OwnFormat::IQ4_XS, iq4_xs::dot, &mut rng);
+    }
+
+    /// [`pair_kernel_is_bit_identical_to_the_portable_one`] for `F` (random blocks of
+    /// `own`), whose portable product is `dot`.
+    fn check<F: PairLane>(own: &OwnFormat, dot: fn(&[u8], &Q8KRow) -> f32, rng: &mut Xorshift) {
         let (rows, cols) = (7, 3 * QK_K);
-        for (format, own) in [
-            (PairFormat::Q5K, OwnFormat::Q5_K),
-            (PairFormat::Iq4Xs, OwnFormat::IQ4_XS),
-        ] {
-            let raw = sample::weights(own, rows, cols, &mut rng);
-            let m = PairLanes::new(format, &raw, rows, cols / QK_K);
-            // Large activations too, so that every lane's sums reach their extremes.
-            let acts: Vec<Q8KRow> = [4.0, 0.01, 300.0, 1.0]
-                .iter()
-                .map(|&s| {
-                    quantize_row_q8k(&sample::activations(1, cols, s, &mut rng), RowKernel::Gemv)
-                })
-                .collect();
-            let sums: Vec<LaneSums> = acts.iter().map(|a| LaneSums::new(format, a)).collect();
-            let row_bytes = own.row_bytes(cols);
-            let want = |r: usize, a: &Q8KRow| {
-                let w = &raw[r * row_bytes..][..row_bytes];
-                match format {
-                    PairFormat::Q5K => q5_k::dot(w, a),
-                    PairFormat::Iq4Xs => crate::quant::formats::iq4_xs::dot(w, a),
-                }
+        let raw = sample::weights(own, rows, cols, rng);
+        let m = PairLanes::<F>::new(&raw, rows, cols / QK_K);
+        // Large activations too, so that every lane's sums reach their extremes.
+        let acts: Vec<Q8KRow> = [4.0, 0.01, 300.0, 1.0]
+            .iter()
+            .map(|&s| quantize_row_q8k(&sample::activations(1, cols, s, rng), RowKernel::Gemv))
+            .collect();
+        let sums: Vec<LaneSums> = acts.iter().map(LaneSums::new::<F>).collect();
+        let row_bytes = own.row_bytes(cols);
+        let want = |r: usize, a: &Q8KRow| dot(&raw[r * row_bytes..][..row_bytes], a);
+        for p in 0..rows.div_ceil(2) {
+            // SAFETY: VNNI was checked.
+            let four = unsafe {
+                dot_pair::<4, F>(
+                    &m,
+                    p,
+                    std::array::from_fn(|t| &acts[t]),
+                    std::array::from_fn(|t| &sums[t]),
+                )
             };
-            for p in 0..rows.div_ceil(2) {
-                // SAFETY: VNNI was checked.
-                let four = unsafe {
-                    dot_pair::<4>(
-                        &m,
-                        p,
-                        std::array::from_fn(|t| &acts[t]),
-                        std::array::from_fn(|t| &sums[t]),
-                    )
-                };
-                // SAFETY: as above: VNNI was checked.
-                let one = unsafe { dot_pair::<1>(&m, p, [&acts[2]], [&sums[2]]) };
-                for h in 0..2 {
-                    let r = 2 * p + h;
-                    for t in 0..4 {
-                        let want = if r < rows { want(r, &acts[t]) } else { 0.0 };
-                        assert_eq!(
-                            want.to_bits(),
-                            four[t][h].to_bits(),
-                            "{format:?} row {r} act {t}"
-                        );
-                        if t == 2 {
-                            assert_eq!(
-                                want.to_bits(),
-                                one[0][h].to_bits(),
-                                "{format:?} row {r} alone"
-                            );
-                        }
+            // SAFETY: as above: VNNI was checked.
+            let one = unsafe { dot_pair::<1, F>(&m, p, [&acts[2]], [&sums[2]]) };
+            for h in 0..2 {
+                let r = 2 * p + h;
+                for t in 0..4 {
+                    let want = if r < rows { want(r, &acts[t]) } else { 0.0 };
+                    let name = F::NAME;
+                    assert_eq!(
+                        want.to_bits(),
+                        four[t][h].to_bits(),
+                        "{name} row {r} act {t}"
+                    );
+                    if t == 2 {
+                        assert_eq!(want.to_bits(), one[0][h].to_bits(), "{name} row {r} alone");
                     }
                 }
             }

@@ -13,7 +13,7 @@
 
 use std::ops::Range;
 
-use super::{LaneSums, PairFormat, PairLanes};
+use super::{LaneSums, PairLane, PairLanes};
 use crate::quant::act_tile::Line;
 use crate::quant::iq4;
 use crate::quant::output::Columns;
@@ -54,8 +54,8 @@ impl Tile {
     }
 
     /// Decodes super-block `b` of rows `r0..r0 + 16` (zeros past the matrix's pairs).
-    fn decode(&mut self, m: &PairLanes, r0: usize, b: usize) {
-        let per = m.format.lines();
+    fn decode<F: PairLane>(&mut self, m: &PairLanes<F>, r0: usize, b: usize) {
+        let per = F::LINES;
         for i in 0..ROWS {
             let (p, h) = ((r0 + i) / 2, (r0 + i) % 2);
             if p >= m.rows.div_ceil(2) {
@@ -75,23 +75,23 @@ impl Tile {
             let head = &lines[0].0;
             let f32_at = |at: usize| f32::from_le_bytes(head[at..at + 4].try_into().unwrap());
             self.d[i] = f32_at(4 * h);
-            self.dmin[i] = match m.format {
-                PairFormat::Q5K => f32_at(8 + 4 * h),
-                PairFormat::Iq4Xs => 0.0,
+            self.dmin[i] = match F::FIVE_BITS {
+                true => f32_at(8 + 4 * h),
+                false => 0.0,
             };
             let mut second = [0i32; 8];
             for s in 0..8 {
                 let byte = head[16 + 8 * h + s];
-                self.scales[s][i] = match m.format {
-                    PairFormat::Q5K => byte as i32,
-                    PairFormat::Iq4Xs => byte as i8 as i32,
+                self.scales[s][i] = match F::FIVE_BITS {
+                    true => byte as i32,
+                    false => byte as i8 as i32,
                 };
-                second[s] = match m.format {
-                    PairFormat::Q5K => {
+                second[s] = match F::FIVE_BITS {
+                    true => {
                         let at = 32 + 16 * h + 2 * s;
                         i16::from_le_bytes([head[at], head[at + 1]]) as i32
                     }
-                    PairFormat::Iq4Xs => self.scales[s][i],
+                    false => self.scales[s][i],
                 };
             }
             for (k, pair) in self.pairs.iter_mut().enumerate() {
@@ -108,8 +108,8 @@ impl Tile {
     }
 
     /// The codes of [`Tile::decode`] in portable code.
-    fn decode_codes(&mut self, m: &PairLanes, r0: usize, b: usize) {
-        let per = m.format.lines();
+    fn decode_codes<F: PairLane>(&mut self, m: &PairLanes<F>, r0: usize, b: usize) {
+        let per = F::LINES;
         let table: [u8; 16] = iq4::VALUES.map(|v| (v as i32 + 128) as u8);
         for i in 0..ROWS {
             let (p, h) = ((r0 + i) / 2, (r0 + i) % 2);
@@ -121,9 +121,9 @@ impl Tile {
                 let nibbles = &lines[1 + s / 2].0[32 * h..32 * h + 32];
                 for (k, &byte) in nibbles.iter().enumerate() {
                     let index = (byte >> (4 * (s % 2))) & 0x0F;
-                    let code = match m.format {
-                        PairFormat::Q5K => index | (((lines[5].0[32 * h + k] >> s) & 1) << 4),
-                        PairFormat::Iq4Xs => table[index as usize],
+                    let code = match F::FIVE_BITS {
+                        true => index | (((lines[5].0[32 * h + k] >> s) & 1) << 4),
+                        false => table[index as usize],
                     };
                     self.codes[8 * s + k / 4].0[4 * i + k % 4] = code;
                 }
@@ -138,8 +138,8 @@ impl Tile {
 /// # Safety
 /// AVX-512 (F, VL, BW) and VNNI must be available.
 #[cfg(target_arch = "x86_64")]
-pub(super) unsafe fn chunk(
-    m: &PairLanes,
+pub(super) unsafe fn chunk<F: PairLane>(
+    m: &PairLanes<F>,
     a: &[Q8KRow],
     sums: &[LaneSums],
     rows: &[usize],
@@ -166,14 +166,14 @@ pub(super) unsafe fn chunk(
                     let (a, sums) = (&a[t0..], &sums[t0..]);
                     let acc = &mut acc[t0 * ROWS..];
                     match (n - t0).min(PASS) {
-                        1 => simd::pass::<1>(m.format, &tile, b, a, sums, acc),
-                        2 => simd::pass::<2>(m.format, &tile, b, a, sums, acc),
-                        3 => simd::pass::<3>(m.format, &tile, b, a, sums, acc),
-                        4 => simd::pass::<4>(m.format, &tile, b, a, sums, acc),
-                        5 => simd::pass::<5>(m.format, &tile, b, a, sums, acc),
-                        6 => simd::pass::<6>(m.format, &tile, b, a, sums, acc),
-                        7 => simd::pass::<7>(m.format, &tile, b, a, sums, acc),
-                        _ => simd::pass::<8>(m.format, &tile, b, a, sums, acc),
+                        1 => simd::pass::<1, F>(&tile, b, a, sums, acc),
+                        2 => simd::pass::<2, F>(&tile, b, a, sums, acc),
+                        3 => simd::pass::<3, F>(&tile, b, a, sums, acc),
+                        4 => simd::pass::<4, F>(&tile, b, a, sums, acc),
+                        5 => simd::pass::<5, F>(&tile, b, a, sums, acc),
+                        6 => simd::pass::<6, F>(&tile, b, a, sums, acc),
+                        7 => simd::pass::<7, F>(&tile, b, a, sums, acc),
+                        _ => simd::pass::<8, F>(&tile, b, a, sums, acc),
                     }
                 }
             }
@@ -188,7 +188,7 @@ pub(super) unsafe fn chunk(
 mod simd {
     use std::arch::x86_64::*;
 
-    use super::{iq4, LaneSums, Line, PairFormat, PairLanes, Q8KRow, Tile, QK_K, ROWS};
+    use super::{iq4, LaneSums, Line, PairLane, PairLanes, Q8KRow, Tile, QK_K, ROWS};
 
     /// [`Tile::decode`]'s codes: per sub-block, each pair's 64 values decoded in one
     /// vector (the first row's 32, then the second's), then the eight vectors transposed
@@ -197,11 +197,16 @@ mod simd {
     /// # Safety
     /// AVX-512 (F, VL, BW) must be available.
     #[target_feature(enable = "avx2,avx512f,avx512vl,avx512bw")]
-    pub(super) unsafe fn decode_codes(m: &PairLanes, r0: usize, b: usize, codes: &mut [Line; 64]) {
+    pub(super) unsafe fn decode_codes<F: PairLane>(
+        m: &PairLanes<F>,
+        r0: usize,
+        b: usize,
+        codes: &mut [Line; 64],
+    ) {
         // SAFETY: the caller upholds this function's safety contract, all that
         // these operations need.
         unsafe {
-            let (per, pairs) = (m.format.lines(), m.rows.div_ceil(2));
+            let (per, pairs) = (F::LINES, m.rows.div_ceil(2));
             let low = _mm512_set1_epi8(0x0F);
             let bit4 = _mm512_set1_epi8(0x10);
             let table: [u8; 16] = iq4::VALUES.map(|v| (v as i32 + 128) as u8);
@@ -222,8 +227,8 @@ mod simd {
                         0 => _mm512_and_si512(v, low),
                         _ => _mm512_and_si512(_mm512_srli_epi16::<4>(v), low),
                     };
-                    let values = match m.format {
-                        PairFormat::Q5K => {
+                    let values = match F::FIVE_BITS {
+                        true => {
                             let qh = _mm512_load_si512(lines.add(5) as *const __m512i);
                             // Bit s of each qh byte moved to bit 4 (16-bit shifts: bit 4 of a
                             // byte comes from the same byte for shifts of at most four).
@@ -233,7 +238,7 @@ mod simd {
                             };
                             _mm512_ternarylogic_epi32::<0xF8>(index, high, bit4)
                         }
-                        PairFormat::Iq4Xs => _mm512_shuffle_epi8(table, index),
+                        false => _mm512_shuffle_epi8(table, index),
                     };
                     *x = _mm512_permutexvar_epi32(interleave, values);
                 }
@@ -271,8 +276,7 @@ mod simd {
     /// AVX-512 (F, VL, BW) and VNNI must be available; `a` and `sums` hold at least `T`
     /// rows covering super-block `b`, `acc` at least `16T` values.
     #[target_feature(enable = "avx2,fma,avx512f,avx512vnni,avx512vl,avx512bw")]
-    pub(super) unsafe fn pass<const T: usize>(
-        format: PairFormat,
+    pub(super) unsafe fn pass<const T: usize, F: PairLane>(
         tile: &Tile,
         b: usize,
         a: &[&Q8KRow],
@@ -316,12 +320,12 @@ mod simd {
             let dmin = _mm512_loadu_ps(tile.dmin.as_ptr());
             for t in 0..T {
                 let d1 = _mm512_set1_ps(*a.get_unchecked(t).d.get_unchecked(b));
-                let result = match format {
-                    PairFormat::Q5K => {
+                let result = match F::FIVE_BITS {
+                    true => {
                         let f1 = _mm512_mul_ps(_mm512_cvtepi32_ps(s1[t]), d);
                         _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(s2[t]), f1)
                     }
-                    PairFormat::Iq4Xs => {
+                    false => {
                         let exact = _mm512_sub_epi32(s1[t], _mm512_slli_epi32::<7>(s2[t]));
                         _mm512_mul_ps(_mm512_cvtepi32_ps(exact), d)
                     }
@@ -336,7 +340,8 @@ mod simd {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::formats::q5_k;
+    use crate::quant::formats::iq4_xs::{self, Iq4Xs};
+    use crate::quant::formats::q5_k::{self, Q5K};
     use crate::quant::output::Output;
     use crate::quant::q8k::quantize_row_q8k;
     use crate::quant::sample::{self, Xorshift};
@@ -350,34 +355,33 @@ mod tests {
             return;
         }
         let mut rng = Xorshift::new(5);
+        codes_alike::<Q5K>(OwnFormat::Q5_K, &mut rng);
+        codes_alike::<Iq4Xs>(OwnFormat::IQ4_XS, &mut rng);
+    }
+
+    /// [`codes_decode_alike_in_both_ways`] for `F` (random blocks of `own`).
+    fn codes_alike<F: PairLane>(own: &OwnFormat, rng: &mut Xorshift) {
         let (rows, cols) = (21, 2 * QK_K);
-        for (format, own) in [
-            (PairFormat::Q5K, OwnFormat::Q5_K),
-            (PairFormat::Iq4Xs, OwnFormat::IQ4_XS),
-        ] {
-            let raw = sample::weights(own, rows, cols, &mut rng);
-            let m = PairLanes::new(format, &raw, rows, cols / QK_K);
-            for (r0, b) in [(0, 0), (16, 1)] {
-                let (mut simd, mut portable) = (Tile::new(), Tile::new());
-                // The portable decode alone, over a tile whose pairs past the matrix are
-                // zero (as `decode` leaves them) and whose other bytes start as garbage.
-                portable.codes = [Line([0xAA; 64]); 64];
-                for i in 0..ROWS {
-                    if (r0 + i) / 2 >= rows.div_ceil(2) {
-                        for g in 0..64 {
-                            portable.codes[g].0[4 * i..4 * i + 4].fill(0);
-                        }
+        let raw = sample::weights(own, rows, cols, rng);
+        let m = PairLanes::<F>::new(&raw, rows, cols / QK_K);
+        for (r0, b) in [(0, 0), (16, 1)] {
+            let (mut simd, mut portable) = (Tile::new(), Tile::new());
+            // The portable decode alone, over a tile whose pairs past the matrix are
+            // zero (as `decode` leaves them) and whose other bytes start as garbage.
+            portable.codes = [Line([0xAA; 64]); 64];
+            for i in 0..ROWS {
+                if (r0 + i) / 2 >= rows.div_ceil(2) {
+                    for g in 0..64 {
+                        portable.codes[g].0[4 * i..4 * i + 4].fill(0);
                     }
                 }
-                portable.decode_codes(&m, r0, b);
-                // SAFETY: VNNI was checked.
-                unsafe { simd::decode_codes(&m, r0, b, &mut simd.codes) };
-                for g in 0..64 {
-                    assert_eq!(
-                        simd.codes[g].0, portable.codes[g].0,
-                        "{format:?} {r0} {b} {g}"
-                    );
-                }
+            }
+            portable.decode_codes(&m, r0, b);
+            // SAFETY: VNNI was checked.
+            unsafe { simd::decode_codes(&m, r0, b, &mut simd.codes) };
+            for g in 0..64 {
+                let name = F::NAME;
+                assert_eq!(simd.codes[g].0, portable.codes[g].0, "{name} {r0} {b} {g}");
             }
         }
     }
@@ -393,61 +397,62 @@ mod tests {
             return;
         }
         let mut rng = Xorshift::new(23);
+        tiled_alike::<Q5K>(OwnFormat::Q5_K, q5_k::dot_tiled, &mut rng);
+        tiled_alike::<Iq4Xs>(OwnFormat::IQ4_XS, iq4_xs::dot_tiled, &mut rng);
+    }
+
+    /// [`tiled_kernel_is_bit_identical_to_the_portable_one`] for `F` (random blocks of
+    /// `own`), whose portable tiled product is `dot`.
+    fn tiled_alike<F: PairLane>(
+        own: &OwnFormat,
+        dot: fn(&[u8], &Q8KRow) -> f32,
+        rng: &mut Xorshift,
+    ) {
         let (rows, cols, n) = (37, 3 * QK_K, 11);
-        for (format, own) in [
-            (PairFormat::Q5K, OwnFormat::Q5_K),
-            (PairFormat::Iq4Xs, OwnFormat::IQ4_XS),
-        ] {
-            let raw = sample::weights(own, rows, cols, &mut rng);
-            let m = PairLanes::new(format, &raw, rows, cols / QK_K);
-            // Large and tiny activations too, so that the sums reach their extremes.
-            let acts: Vec<Q8KRow> = (0..n)
-                .map(|t| {
-                    let scale = [4.0, 0.01, 300.0, 1.0][t % 4];
-                    quantize_row_q8k(
-                        &sample::activations(1, cols, scale, &mut rng),
-                        RowKernel::Gemv,
-                    )
-                })
-                .collect();
-            let sums: Vec<LaneSums> = acts.iter().map(|a| LaneSums::new(format, a)).collect();
-            let mut got = vec![f32::NAN; n * rows];
-            let output = Output::new(&mut got, n, rows);
-            for start in (0..rows).step_by(32) {
-                // SAFETY: disjoint ranges, one at a time; VNNI was checked.
-                unsafe {
-                    let columns = output.columns(start..(start + 32).min(rows));
-                    // Rows with gaps: the left-out ones must stay untouched.
-                    let some: Vec<usize> = (0..n).filter(|t| t % 3 != 1).collect();
-                    chunk(
-                        &m,
-                        &acts,
-                        &sums,
-                        &some,
-                        start..(start + 32).min(rows),
-                        &columns,
-                    );
-                }
+        let raw = sample::weights(own, rows, cols, rng);
+        let m = PairLanes::<F>::new(&raw, rows, cols / QK_K);
+        // Large and tiny activations too, so that the sums reach their extremes.
+        let acts: Vec<Q8KRow> = (0..n)
+            .map(|t| {
+                let scale = [4.0, 0.01, 300.0, 1.0][t % 4];
+                quantize_row_q8k(&sample::activations(1, cols, scale, rng), RowKernel::Gemv)
+            })
+            .collect();
+        let sums: Vec<LaneSums> = acts.iter().map(LaneSums::new::<F>).collect();
+        let mut got = vec![f32::NAN; n * rows];
+        let output = Output::new(&mut got, n, rows);
+        for start in (0..rows).step_by(32) {
+            // SAFETY: disjoint ranges, one at a time; VNNI was checked.
+            unsafe {
+                let columns = output.columns(start..(start + 32).min(rows));
+                // Rows with gaps: the left-out ones must stay untouched.
+                let some: Vec<usize> = (0..n).filter(|t| t % 3 != 1).collect();
+                chunk(
+                    &m,
+                    &acts,
+                    &sums,
+                    &some,
+                    start..(start + 32).min(rows),
+                    &columns,
+                );
             }
-            let row_bytes = own.row_bytes(cols);
-            for r in 0..rows {
-                let w = &raw[r * row_bytes..][..row_bytes];
-                for (t, a) in acts.iter().enumerate() {
-                    if t % 3 == 1 {
-                        assert!(got[t * rows + r].is_nan(), "row {r} act {t} was left out");
-                        continue;
-                    }
-                    let want = match format {
-                        PairFormat::Q5K => q5_k::dot_tiled(w, a),
-                        PairFormat::Iq4Xs => crate::quant::formats::iq4_xs::dot_tiled(w, a),
-                    };
-                    assert_eq!(
-                        want.to_bits(),
-                        got[t * rows + r].to_bits(),
-                        "{format:?} row {r} act {t}: {want} against {}",
-                        got[t * rows + r]
-                    );
+        }
+        let row_bytes = own.row_bytes(cols);
+        for r in 0..rows {
+            let w = &raw[r * row_bytes..][..row_bytes];
+            for (t, a) in acts.iter().enumerate() {
+                if t % 3 == 1 {
+                    assert!(got[t * rows + r].is_nan(), "row {r} act {t} was left out");
+                    continue;
                 }
+                let want = dot(w, a);
+                assert_eq!(
+                    want.to_bits(),
+                    got[t * rows + r].to_bits(),
+                    "{} row {r} act {t}: {want} against {}",
+                    F::NAME,
+                    got[t * rows + r]
+                );
             }
         }
     }
