@@ -40,6 +40,7 @@ pub fn round_to_f16(x: &[f32]) -> Vec<f16> {
 ///
 /// # Safety
 /// The CPU must have AVX2 and F16C, and `p` must point at two readable bytes.
+#[inline]
 #[target_feature(enable = "avx2,f16c")]
 pub unsafe fn f16_at_ptr(p: *const u8) -> f32 {
     // SAFETY: the caller gives two readable bytes at `p`.

@@ -10,6 +10,7 @@ use std::arch::x86_64::*;
 ///
 /// # Safety
 /// The CPU must have AVX2, and `p` must point at 16 readable bytes.
+#[inline]
 #[target_feature(enable = "avx2")]
 pub unsafe fn nibbles(p: *const u8) -> __m256i {
     // SAFETY: the caller gives 16 readable bytes at `p`.
@@ -23,6 +24,7 @@ pub unsafe fn nibbles(p: *const u8) -> __m256i {
 /// # Safety
 /// Register-only: safe to call from code compiled with AVX2; from other code the call
 /// is `unsafe`, and the CPU must have AVX2.
+#[inline]
 #[target_feature(enable = "avx2")]
 pub fn bit_bytes(bits: u32) -> __m256i {
     let spread = _mm256_shuffle_epi8(
@@ -49,6 +51,7 @@ pub fn pair16(low: i32, high: i32) -> i32 {
 /// # Safety
 /// Register-only: safe to call from code compiled with AVX2; from other code the call
 /// is `unsafe`, and the CPU must have AVX2.
+#[inline]
 #[target_feature(enable = "avx2")]
 pub fn lanes_avx2(x: __m256i, y: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1))
