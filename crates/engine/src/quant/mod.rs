@@ -224,10 +224,12 @@ pub enum QMatrix {
 impl QMatrix {
     /// Wraps a GGUF tensor (`[rows, cols]`).
     pub fn new(tensor: QTensor) -> Result<Self, EngineError> {
-        let (rows, cols) = tensor.shape().dims2()?;
-        let format = OwnFormat::of_tensor(tensor.dtype(), rows, cols);
+        let format = OwnFormat::of_tensor(&tensor)?;
         match format {
-            Some(format) => Self::from_slice(format, &tensor.data()?, rows, cols),
+            Some(format) => {
+                let (rows, cols) = tensor.shape().dims2()?;
+                Self::from_slice(format, &tensor.data()?, rows, cols)
+            }
             None => Ok(Self::Candle(QMatMul::from_qtensor(tensor)?)),
         }
     }

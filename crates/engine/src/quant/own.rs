@@ -1,10 +1,10 @@
 //! The formats with kernels of our own, one row each ([`OwnFormat`], as ggml-cpu's
 //! `type_traits_cpu` beside ggml's type table, [`super::formats::FORMATS`]): the
 //! activations a format's products take, whether its rows round by kernel, and the one
-//! place its layout is chosen for this CPU, once, at load ([`OwnFormat::lay_out`]). A
+//! place its layout is chosen for this CPU, once, at load ([`OwnFormat::laid_out`]). A
 //! format of the registry's families is a row made by its family (`table4`); the others
 //! are the rows below, each naming the format's portable product, the reference every
-//! layout of it matches bit for bit (the test at the end).
+//! layout of it matches bit for bit (`QMatrix`'s test, in `mod.rs`).
 //!
 //! The layouts, and the modules that hold them with their kernels:
 //! - Q8_0, Q4_1, Q5_0, Q4_0, Q5_1 and IQ4_NL (Q4_0 and IQ4_NL with llama.cpp's repacked
@@ -27,7 +27,7 @@
 //! However a matrix is laid out, each row's arithmetic is that of its format's portable
 //! kernel, so the choice changes speed only.
 
-use candle_core::quantized::GgmlDType;
+use candle_core::quantized::{GgmlDType, QTensor};
 
 use super::block_lanes::BlockLanes;
 use super::float::{self, dot_bf16, dot_f16, dot_f32};
@@ -45,6 +45,7 @@ use super::q8::{quantize_row_portable, Q8Row};
 use super::q8k::{quantize_row_q8k, Q8KRow, QK_K};
 use super::rows::{RowDot, RowMajor};
 use super::{ActivationKind, RowKernel, CHUNK};
+use crate::error::EngineError;
 use crate::simd::{avx2, vnni};
 
 /// Lays a `rows × cols` matrix's raw rows out for this CPU's kernels.
@@ -96,13 +97,23 @@ impl OwnFormat {
         self.scales.is_empty()
     }
 
-    /// The row of a GGUF tensor of `dtype` (`rows × cols`) if we multiply it ourselves:
-    /// Q4_0 and Q2_K as llama.cpp does once it has repacked them where the rows allow it
-    /// (rows a multiple of eight; Q2_K not otherwise), the floats where llama.cpp's
-    /// tinyBLAS takes the shape.
-    pub(super) fn of_tensor(dtype: GgmlDType, rows: usize, cols: usize) -> Option<&'static Self> {
+    /// The row of a GGUF tensor if we multiply it ourselves: Q4_0 and Q2_K as llama.cpp
+    /// does once it has repacked them where the rows allow it (rows a multiple of eight;
+    /// Q2_K not otherwise), the floats where llama.cpp's tinyBLAS takes the shape. A
+    /// tensor of one of these types must be a matrix.
+    pub(super) fn of_tensor(tensor: &QTensor) -> Result<Option<&'static Self>, EngineError> {
+        use GgmlDType::*;
+        let dtype = tensor.dtype();
+        if !matches!(
+            dtype,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K
+        ) && !matches!(dtype, F32 | F16 | BF16)
+        {
+            return Ok(None);
+        }
+        let (rows, cols) = tensor.shape().dims2()?;
         let eights = rows.is_multiple_of(8);
-        Some(match dtype {
+        Ok(Some(match dtype {
             GgmlDType::Q4_0 if eights => Self::Q4_0_REPACKED,
             GgmlDType::Q4_0 => Self::Q4_0,
             GgmlDType::Q4_1 => Self::Q4_1,
@@ -117,8 +128,8 @@ impl OwnFormat {
             GgmlDType::F32 if float::tinyblas_takes(rows, cols, false) => Self::F32,
             GgmlDType::F16 if float::tinyblas_takes(rows, cols, false) => Self::F16,
             GgmlDType::BF16 if float::tinyblas_takes(rows, cols, true) => Self::BF16,
-            _ => return None,
-        })
+            _ => return Ok(None),
+        }))
     }
 
     /// `rows × cols` weights of this format (raw blocks, row after row, sizes already
@@ -168,18 +179,20 @@ pub(super) const fn quantized(
     }
 }
 
-/// A float row: twice the task size (`super::QMatrix::chunk_rows`), rounded by kernel.
+/// A float row: twice the task size (`super::QMatrix::chunk_rows`), rounded by kernel;
+/// its "blocks" are the values its kernels take at a time (`(values, bytes)`), of which
+/// a row must be a whole number.
 const fn floating(
     name: &'static str,
-    bytes: usize,
+    (block_values, block_bytes): (usize, usize),
     activations: ActivationKind,
     lay_out: LayOut,
     dot: Dot,
 ) -> OwnFormat {
     OwnFormat {
         name,
-        block_values: 1,
-        block_bytes: bytes,
+        block_values,
+        block_bytes,
         activations,
         rounds_by_kernel: true,
         chunk_rows: 2 * CHUNK,
@@ -413,7 +426,7 @@ impl OwnFormat {
     /// F32 against f32 activations (llama.cpp's tinyBLAS and vector dot product).
     pub const F32: &'static Self = &floating(
         "F32",
-        4,
+        (16, 64),
         ActivationKind::F32,
         |d, _, c| Box::new(FloatRows::<f32>::new(d, c)),
         |w, x, kernel| {
@@ -424,7 +437,7 @@ impl OwnFormat {
     /// F16 against activations rounded to F16 (likewise).
     pub const F16: &'static Self = &floating(
         "F16",
-        2,
+        (16, 32),
         ActivationKind::F16,
         |d, _, c| Box::new(FloatRows::<half::f16>::new(d, c)),
         |w, x, kernel| {
@@ -437,7 +450,7 @@ impl OwnFormat {
     /// BF16 against activations rounded to BF16 (llama.cpp's AVX512-BF16 kernels).
     pub const BF16: &'static Self = &floating(
         "BF16",
-        2,
+        (32, 64),
         ActivationKind::Bf16,
         |d, _, c| Box::new(FloatRows::<half::bf16>::new(d, c)),
         |w, x, kernel| {
@@ -455,20 +468,20 @@ impl OwnFormat {
     /// Every row of the table (not the families' rows).
     pub const ALL: [&'static Self; 16] = [
         Self::Q4_0,
-        Self::Q4_0_REPACKED,
         Self::Q4_1,
         Self::Q5_0,
-        Self::Q5_1,
         Self::Q8_0,
-        Self::Q2_K_REPACKED,
-        Self::Q3_K,
         Self::Q4_K,
         Self::Q5_K,
         Self::Q6_K,
-        Self::IQ4_NL_REPACKED,
-        Self::IQ4_XS,
         Self::F32,
         Self::F16,
         Self::BF16,
+        Self::Q4_0_REPACKED,
+        Self::Q5_1,
+        Self::Q3_K,
+        Self::Q2_K_REPACKED,
+        Self::IQ4_XS,
+        Self::IQ4_NL_REPACKED,
     ];
 }

@@ -35,9 +35,9 @@ impl Xorshift {
 pub fn weights(format: &OwnFormat, rows: usize, cols: usize, rng: &mut Xorshift) -> Vec<u8> {
     if format.is_float() {
         let values = (0..rows * cols).map(|_| rng.next_f32() * 0.05);
-        return match format.block_bytes {
-            4 => values.flat_map(f32::to_le_bytes).collect(),
-            _ if *format == *OwnFormat::BF16 => values
+        return match format {
+            f if f == OwnFormat::F32 => values.flat_map(f32::to_le_bytes).collect(),
+            f if f == OwnFormat::BF16 => values
                 .flat_map(|v| half::bf16::from_f32(v).to_le_bytes())
                 .collect(),
             _ => values
