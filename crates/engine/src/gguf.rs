@@ -314,7 +314,7 @@ fn type_geometry(id: u32) -> Option<(usize, usize)> {
 fn candle_type(id: u32) -> Option<GgmlDType> {
     match formats::find(id)?.matrix {
         MatrixReader::Candle(dtype) => Some(dtype),
-        MatrixReader::Raw(_) => None,
+        MatrixReader::Raw(_) | MatrixReader::Table => None,
     }
 }
 

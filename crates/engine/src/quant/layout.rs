@@ -1,7 +1,7 @@
 //! The one trait every weight layout implements ([`Layout`]: multiply a chunk of its
 //! rows), and what the interleaved layouts share (their lane groups, and the passes of
 //! activation rows over them). Which layout a matrix gets is chosen by its format's row of
-//! the kernels' table ([`super::own`]), apart from the trait it chooses among.
+//! the kernels' table ([`super::table`]), apart from the trait it chooses among.
 
 use std::ops::Range;
 

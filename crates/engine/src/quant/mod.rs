@@ -16,7 +16,7 @@
 //! repacked kernels, which is what it runs on x86 CPUs with AVX2 (AVX-512 for Q2_K).
 //!
 //! How each matrix holds its weights is chosen once at load, by its format's row of the
-//! kernels' table (`own.rs`): every layout
+//! kernels' table (`table.rs`): every layout
 //! (repacked block-of-32 rows, the sixteen-row block-of-32 and Q4_K/Q6_K vectors of AVX2
 //! and AVX-512 VNNI, the Q5_K/IQ4_XS vectors of two rows (AVX-512 VNNI) and the
 //! Q2_K/Q3_K/Q5_K/IQ4_XS ones of sixteen (AVX2; Q2_K's and Q3_K's AVX-512 VNNI too), plain
@@ -50,6 +50,7 @@ mod q6k_lanes;
 mod q8;
 mod rows;
 pub mod sample;
+mod table;
 
 use candle_core::quantized::{QMatMul, QTensor};
 use rayon::prelude::*;
@@ -234,17 +235,23 @@ impl QMatrix {
         }
     }
 
-    /// A matrix of a type candle does not read, from the file's bytes, by the registry's
-    /// reader for it ([`formats::MatrixReader::Raw`]); `None` for a type ferrite does not
-    /// read this way or a shape it has no kernel for.
+    /// A matrix of a type candle does not read, from the file's bytes: by the registry's
+    /// reader for it ([`formats::MatrixReader::Raw`]), or as the kernels' table says
+    /// ([`formats::MatrixReader::Table`]); `None` for a type ferrite does not read this way
+    /// or a shape it has no kernel for.
     pub fn from_raw(
         ggml_type: u32,
         data: &[u8],
         rows: usize,
         cols: usize,
     ) -> Option<Result<Self, EngineError>> {
-        match formats::find(ggml_type)?.matrix {
+        let format = formats::find(ggml_type)?;
+        match format.matrix {
             formats::MatrixReader::Raw(read) => read(data, rows, cols),
+            formats::MatrixReader::Table => {
+                let own = OwnFormat::of_raw(format, rows)?;
+                Some(Self::from_slice(own, data, rows, cols))
+            }
             formats::MatrixReader::Candle(_) => None,
         }
     }

@@ -7,7 +7,7 @@
 //!
 //! Their SIMD layouts (`packed.rs`, `block_lanes.rs`) are generic over the member (each
 //! layout's trait says what its kernels need of it), chosen by the formats' rows of the
-//! kernels' table (`quant/own.rs`), and checked against these products bit for bit.
+//! kernels' table (`quant/table.rs`), and checked against these products bit for bit.
 
 use bytemuck::Pod;
 use candle_core::quantized::GgmlDType;

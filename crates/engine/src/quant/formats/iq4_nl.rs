@@ -6,7 +6,6 @@
 //! for this format: it refuses them.
 
 use super::super::iq4;
-use super::super::{OwnFormat, QMatrix};
 use super::table4::{self, Table4};
 use super::{FormatInfo, MatrixReader};
 use crate::simd::convert::f16_at;
@@ -25,13 +24,10 @@ impl Table4 for Iq4Nl {
     }
 }
 
-/// The registry's row: the family's, with the lanes of the matrices llama.cpp repacks and
-/// no other matrices.
+/// The registry's row: the family's, but its matrices multiplied as the kernels' table
+/// says (the sixteen-row lanes where llama.cpp repacks them, and no other matrices).
 pub(super) const INFO: FormatInfo = FormatInfo {
-    matrix: MatrixReader::Raw(|data, rows, cols| {
-        rows.is_multiple_of(8)
-            .then(|| QMatrix::from_slice(OwnFormat::IQ4_NL_REPACKED, data, rows, cols))
-    }),
+    matrix: MatrixReader::Table,
     ..table4::info::<Iq4Nl>()
 };
 

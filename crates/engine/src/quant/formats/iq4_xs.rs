@@ -7,7 +7,6 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::super::q8k::Q8KRow;
-use super::super::{OwnFormat, QMatrix};
 use super::iq4_nl::Iq4Nl;
 use super::kquant::{self, add_lanes, super_block, SuperBlock};
 use super::table4;
@@ -43,9 +42,7 @@ pub(super) const INFO: FormatInfo = FormatInfo {
     ggml_type: Iq4Xs::GGML_TYPE,
     block_values: 256,
     block_bytes: BYTES,
-    matrix: MatrixReader::Raw(|data, rows, cols| {
-        Some(QMatrix::from_slice(OwnFormat::IQ4_XS, data, rows, cols))
-    }),
+    matrix: MatrixReader::Table,
     dequantize: Some(dequantize),
 };
 

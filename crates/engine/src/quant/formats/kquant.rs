@@ -8,7 +8,7 @@
 //! and the products of one row with up to four activation rows.
 //!
 //! Their SIMD layouts (`q4k_lanes.rs`, `q6k_lanes.rs`, `k_lanes.rs`, `pair_lanes.rs`) are
-//! chosen by the formats' rows of the kernels' table (`quant/own.rs`) and checked against
+//! chosen by the formats' rows of the kernels' table (`quant/table.rs`) and checked against
 //! these products bit for bit.
 
 use bytemuck::Pod;

@@ -10,7 +10,7 @@
 //! `kquant::SuperBlock` (256 values in sub-blocks with scales of their own: Q2_K … Q6_K,
 //! IQ4_XS), whose block structs, values and products are in their files. How a matrix of a
 //! format is multiplied (its activations, its layout on this CPU) is its row of the
-//! kernels' table, `quant/own.rs` (as ggml-cpu's type traits beside ggml's); `table4` makes
+//! kernels' table, `quant/table.rs` (as ggml-cpu's type traits beside ggml's); `table4` makes
 //! the rows of its members. A new format of that family is its file and its line below.
 //! The floats are rows candle reads, whose matrices `QMatrix::new` gives kernels of our
 //! own where llama.cpp's tinyBLAS takes them.
@@ -48,9 +48,12 @@ pub enum MatrixReader {
     /// Through candle's tensor of this type (`QMatrix::new` then picks kernels of our own
     /// where it has them).
     Candle(GgmlDType),
-    /// From the file's bytes by ferrite (`rows`, `cols`); `None` where it has no kernel for
-    /// that shape.
+    /// From the file's bytes by ferrite (`rows`, `cols`), with its family's kernels;
+    /// `None` where it has no kernel for that shape.
     Raw(ReadRaw),
+    /// From the file's bytes by ferrite, multiplied as the kernels' table says
+    /// (`OwnFormat::of_raw`, `quant/table.rs`).
+    Table,
 }
 
 /// One weight format: a row of the registry.
@@ -183,7 +186,9 @@ mod tests {
                     assert_eq!(dtype.block_size(), f.block_values, "{f:?}");
                     assert_eq!(dtype.type_size(), f.block_bytes, "{f:?}");
                 }
-                MatrixReader::Raw(_) => assert!(f.dequantize.is_some(), "{f:?} has no embedding"),
+                MatrixReader::Raw(_) | MatrixReader::Table => {
+                    assert!(f.dequantize.is_some(), "{f:?} has no embedding")
+                }
             }
         }
         assert_eq!(find(23).map(|f| f.name), Some("IQ4_XS"));
