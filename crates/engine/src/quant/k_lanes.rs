@@ -52,11 +52,11 @@
 use std::marker::PhantomData;
 use std::ops::Range;
 
-use crate::quant::formats::iq4_xs::{self, Iq4Xs};
-use crate::quant::formats::kquant;
-use crate::quant::formats::q2_k::{self, Q2K};
-use crate::quant::formats::q3_k::{self, Q3K};
-use crate::quant::formats::q5_k::{self, Q5K};
+use crate::quant::formats::iq4_xs::Iq4Xs;
+use crate::quant::formats::kquant::{self, SuperBlock};
+use crate::quant::formats::q2_k::Q2K;
+use crate::quant::formats::q3_k::Q3K;
+use crate::quant::formats::q5_k::Q5K;
 use crate::quant::formats::view;
 
 #[cfg(target_arch = "x86_64")]
@@ -94,11 +94,7 @@ pub enum Bits {
 /// A format this layout holds, as its kernels are written over it (llama.cpp's repack
 /// templates are over the block type): the layout and the kernels are generic over it,
 /// and each format's facts are its impl below.
-pub(in crate::quant) trait KLane: Send + Sync + 'static {
-    /// ggml's name.
-    const NAME: &'static str;
-    /// Bytes of one super-block in the file.
-    const BYTES: usize;
+pub(in crate::quant) trait KLane: SuperBlock {
     /// How its values are held.
     const BITS: Bits;
     /// Where the file's `d` sits in a super-block, and its `dmin` where it has one.
@@ -116,8 +112,6 @@ pub(in crate::quant) trait KLane: Send + Sync + 'static {
 }
 
 impl KLane for Q2K {
-    const NAME: &'static str = "Q2_K";
-    const BYTES: usize = q2_k::BYTES;
     const BITS: Bits = Bits::Two;
     const D: (usize, Option<usize>) = (80, Some(82));
     /// A byte a sub-block of 16: its scale, and its minimum on top.
@@ -130,8 +124,6 @@ impl KLane for Q2K {
 }
 
 impl KLane for Q3K {
-    const NAME: &'static str = "Q3_K";
-    const BYTES: usize = q3_k::BYTES;
     const BITS: Bits = Bits::Three;
     const D: (usize, Option<usize>) = (108, None);
     fn scales(block: &[u8]) -> Vec<i32> {
@@ -145,8 +137,6 @@ impl KLane for Q3K {
 }
 
 impl KLane for Q5K {
-    const NAME: &'static str = "Q5_K";
-    const BYTES: usize = q5_k::BYTES;
     const BITS: Bits = Bits::Five;
     const D: (usize, Option<usize>) = (0, Some(2));
     fn scales(block: &[u8]) -> Vec<i32> {
@@ -167,8 +157,6 @@ impl KLane for Q5K {
 }
 
 impl KLane for Iq4Xs {
-    const NAME: &'static str = "IQ4_XS";
-    const BYTES: usize = iq4_xs::BYTES;
     const BITS: Bits = Bits::Table;
     const D: (usize, Option<usize>) = (0, None);
     fn scales(block: &[u8]) -> Vec<i32> {
@@ -224,7 +212,7 @@ pub struct KLanes<F> {
 impl<F: KLane> KLanes<F> {
     /// Interleaves row-major super-blocks of `F` (`rows` rows of `blocks` each).
     pub fn new(raw: &[u8], rows: usize, blocks: usize) -> Self {
-        let block_bytes = F::BYTES;
+        let block_bytes = size_of::<F>();
         assert_eq!(raw.len(), rows * blocks * block_bytes);
         let per = block_lines::<F>();
         let groups = rows.div_ceil(ROWS);
@@ -358,6 +346,7 @@ impl<F: KLane> Layout for KLanes<F> {
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
+    use crate::quant::formats::{iq4_xs, q2_k, q3_k, q5_k};
 
     use crate::quant::q8k::quantize_row_q8k;
     use crate::quant::q8k::Q8KRow;

@@ -26,9 +26,9 @@
 //! table values are signed, so the kernel looks them up 128 higher and starts each lane's
 //! sum at −128 times the sum of its four activations ([`LaneSums`]).
 
-use crate::quant::formats::iq4_xs::{self, Iq4Xs};
-use crate::quant::formats::kquant;
-use crate::quant::formats::q5_k::{self, Q5K};
+use crate::quant::formats::iq4_xs::Iq4Xs;
+use crate::quant::formats::kquant::{self, SuperBlock};
+use crate::quant::formats::q5_k::Q5K;
 use crate::quant::formats::view;
 use std::marker::PhantomData;
 use std::ops::Range;
@@ -46,11 +46,7 @@ use crate::simd::convert::f16_at;
 
 /// A format this layout holds, as its kernels are written over it: the layout and the
 /// kernels are generic over it, and each format's facts are its impl below.
-pub(in crate::quant) trait PairLane: Send + Sync + 'static {
-    /// ggml's name.
-    const NAME: &'static str;
-    /// Bytes of one super-block in the file.
-    const BYTES: usize;
+pub(in crate::quant) trait PairLane: SuperBlock {
     /// Lines per pair of rows and super-block.
     const LINES: usize;
     /// Whether its values are Q5_K's five bits with minimums, not IQ4_XS's table indices.
@@ -60,8 +56,6 @@ pub(in crate::quant) trait PairLane: Send + Sync + 'static {
 }
 
 impl PairLane for Q5K {
-    const NAME: &'static str = "Q5_K";
-    const BYTES: usize = q5_k::BYTES;
     const LINES: usize = 6;
     const FIVE_BITS: bool = true;
     fn lay(block: &[u8], half: usize, out: &mut [Line]) {
@@ -70,8 +64,6 @@ impl PairLane for Q5K {
 }
 
 impl PairLane for Iq4Xs {
-    const NAME: &'static str = "IQ4_XS";
-    const BYTES: usize = iq4_xs::BYTES;
     const LINES: usize = 5;
     const FIVE_BITS: bool = false;
     fn lay(block: &[u8], half: usize, out: &mut [Line]) {
@@ -90,7 +82,7 @@ pub struct PairLanes<F> {
 impl<F: PairLane> PairLanes<F> {
     /// Lays out row-major super-blocks of `F` (`rows` rows of `blocks` each).
     pub fn new(raw: &[u8], rows: usize, blocks: usize) -> Self {
-        let (block_bytes, per) = (F::BYTES, F::LINES);
+        let (block_bytes, per) = (size_of::<F>(), F::LINES);
         assert_eq!(raw.len(), rows * blocks * block_bytes, "{} rows", F::NAME);
         let mut lines = vec![Line([0; 64]); rows.div_ceil(2) * blocks * per];
         for r in 0..rows {
@@ -532,6 +524,7 @@ impl<F: PairLane> Layout for PairLanes<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quant::formats::{iq4_xs, q5_k};
     use crate::quant::q8k::quantize_row_q8k;
     use crate::quant::sample::{self, Xorshift};
     use crate::quant::{OwnFormat, RowKernel};

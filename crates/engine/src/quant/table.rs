@@ -27,7 +27,7 @@
 
 use candle_core::quantized::{GgmlDType, QTensor};
 
-use super::block_lanes::BlockLanes;
+use super::block_lanes::{BlockLanes, LaneBlock};
 use super::float::{self, dot_bf16, dot_f16, dot_f32};
 use super::float_rows::FloatRows;
 use super::formats::iq4_nl::Iq4Nl;
@@ -40,7 +40,7 @@ use super::iq4;
 use super::k_lanes::KLanes;
 use super::layout::Layout;
 use super::own::{quantized, Dot, LayOut, OwnFormat};
-use super::packed::PackedRows;
+use super::packed::{Packed, PackedRows};
 use super::pair_lanes::PairLanes;
 use super::q4k_lanes::Q4kLanes;
 use super::q6k_lanes::Q6kLanes;
@@ -101,32 +101,41 @@ impl OwnFormat {
     }
 }
 
-/// A float row: twice the task size (`super::QMatrix::chunk_rows`), rounded by kernel;
-/// its "blocks" are the values its kernels take at a time (`(values, bytes)`), of which
-/// a row must be a whole number.
+/// A float row: twice the task size (`super::QMatrix::chunk_rows`), rounded by kernel, no
+/// scales; its "blocks" are the values its kernels take at a time (`(values, bytes)`), of
+/// which a row must be a whole number.
 const fn floating(
     name: &'static str,
-    (block_values, block_bytes): (usize, usize),
+    block: (usize, usize),
     activations: ActivationKind,
     lay_out: LayOut,
     dot: Dot,
 ) -> OwnFormat {
     OwnFormat {
-        name,
-        block_values,
-        block_bytes,
-        activations,
         rounds_by_kernel: true,
         chunk_rows: 2 * CHUNK,
-        lay_out,
-        dot,
         scales: &[],
+        ..quantized(name, block, activations, lay_out, dot)
     }
 }
 
 /// A block-of-32 row's geometry.
 const fn b32<F: block32::Block32>() -> (usize, usize) {
     (32, block32::block_bytes::<F>())
+}
+
+/// A block-of-32 format in the sixteen-row lanes where the CPU has AVX2, the eight-row
+/// packed layout elsewhere.
+fn lanes_or_packed<F: LaneBlock + Packed>(d: &[u8], r: usize, c: usize) -> Box<dyn Layout> {
+    match avx2() {
+        true => Box::new(BlockLanes::<F>::new(d, r, c)),
+        false => Box::new(PackedRows::<F>::new(d, r, c)),
+    }
+}
+
+/// The family's `vec_dot` product of a weight row with `x` quantized to Q8.
+fn block_dot<F: block32::Block32>(w: &[u8], x: &[f32], _: RowKernel) -> f32 {
+    block32::dot::<F>(w, &q8(x))
 }
 
 /// Row after row, with the portable kernel `dot`.
@@ -157,7 +166,7 @@ impl OwnFormat {
         b32::<q4_0::Q4_0>(),
         ActivationKind::Q8,
         |d, r, c| Box::new(PackedRows::<q4_0::Q4_0>::new(d, r, c)),
-        |w, x, _| block32::dot::<q4_0::Q4_0>(w, &q8(x)),
+        block_dot::<q4_0::Q4_0>,
     );
     /// Q4_0 in a matrix llama.cpp repacks (rows a multiple of eight).
     pub const Q4_0_REPACKED: &'static Self = &quantized(
@@ -177,11 +186,8 @@ impl OwnFormat {
             "Q4_1",
             b32::<q4_1::Q4_1>(),
             ActivationKind::Q8,
-            |d, r, c| match avx2() {
-                true => Box::new(BlockLanes::<q4_1::Q4_1>::new(d, r, c)),
-                false => Box::new(PackedRows::<q4_1::Q4_1>::new(d, r, c)),
-            },
-            |w, x, _| block32::dot::<q4_1::Q4_1>(w, &q8(x)),
+            lanes_or_packed::<q4_1::Q4_1>,
+            block_dot::<q4_1::Q4_1>,
         )
     };
     /// Q5_0.
@@ -189,11 +195,8 @@ impl OwnFormat {
         "Q5_0",
         b32::<q5_0::Q5_0>(),
         ActivationKind::Q8,
-        |d, r, c| match avx2() {
-            true => Box::new(BlockLanes::<q5_0::Q5_0>::new(d, r, c)),
-            false => Box::new(PackedRows::<q5_0::Q5_0>::new(d, r, c)),
-        },
-        |w, x, _| block32::dot::<q5_0::Q5_0>(w, &q8(x)),
+        lanes_or_packed::<q5_0::Q5_0>,
+        block_dot::<q5_0::Q5_0>,
     );
     /// Q5_1.
     pub const Q5_1: &'static Self = &OwnFormat {
@@ -206,7 +209,7 @@ impl OwnFormat {
                 true => Box::new(BlockLanes::<q5_1::Q5_1>::new(d, r, c)),
                 false => rows(RowDot::Q8(block32::dot::<q5_1::Q5_1>), d, r),
             },
-            |w, x, _| block32::dot::<q5_1::Q5_1>(w, &q8(x)),
+            block_dot::<q5_1::Q5_1>,
         )
     };
     /// Q8_0.
@@ -214,11 +217,8 @@ impl OwnFormat {
         "Q8_0",
         b32::<q8_0::Q8_0>(),
         ActivationKind::Q8,
-        |d, r, c| match avx2() {
-            true => Box::new(BlockLanes::<q8_0::Q8_0>::new(d, r, c)),
-            false => Box::new(PackedRows::<q8_0::Q8_0>::new(d, r, c)),
-        },
-        |w, x, _| block32::dot::<q8_0::Q8_0>(w, &q8(x)),
+        lanes_or_packed::<q8_0::Q8_0>,
+        block_dot::<q8_0::Q8_0>,
     );
     /// Q2_K in a matrix llama.cpp repacks (rows a multiple of eight), against Q8_K
     /// activations quantized as each row's kernel does.
