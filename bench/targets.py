@@ -31,10 +31,15 @@ bench/formats.py makes it). What is measured, in this order:
 
 Runs bench/quiet.py calls contended are retried.
 
+With `--ferrite-before BINARY` (an earlier build of ferrite), that build joins the 1B file's
+paired rounds, loads and long prompts as a fourth server, and the table adds the 1B rows of
+this build against it: a restructuring's "within noise of before", measured in the same run.
+
     cargo build --release
     pip install -r bench/requirements.txt      # matplotlib, for the plot
     python3 bench/targets.py --llama-server /path/to/llama-server \\
         --ik-llama-server /path/to/ik_llama.cpp/build/bin/llama-server \\
+        [--ferrite-before /path/to/older/ferrite] [--models llama1b-q4_k_m] \\
         [--plot bench-targets.png] [--json-out targets.json]
 """
 
@@ -61,6 +66,15 @@ ONE_B = "llama1b-q4_k_m"
 # Paragraphs of long_prompts.PARAGRAPH (about 51 tokens each) for the two prompt lengths.
 SHORT_REPEATS, LONG_REPEATS = 10, 80
 LOOKUP_WORKLOADS = ["copy a paragraph", "edit code", "extract sentences"]
+# The 1B figures compared with `--ferrite-before`: (key, label, higher is better, unit).
+BEFORE_ROWS = [("prefill_tok_s", "prefill", True, "tok/s"),
+               ("decode_tok_s", "single-stream decode", True, "tok/s"),
+               ("load_c16_tok_s", "16-stream aggregate decode", True, "tok/s"),
+               ("ttft_p50_c16_s", "TTFT p50 at 16 streams", False, "s"),
+               ("peak_rss_mib", "peak RSS at 16 streams", False, "MiB")]
+# "Within noise": this machine's paired rounds of one build against itself spread by a few
+# per cent (BENCHMARKS.md), so a build within 5% of the one before is called unchanged.
+BEFORE_NOISE = 0.95
 
 
 def loads(servers, path, work, long_prompt, rounds, ceilings):
@@ -114,7 +128,7 @@ def long_prompt_costs(kind, path, binary, work):
     """Best of three ms per prompt token at both prompt lengths, after a warm-up."""
     proc, url = bench.start_file(kind, path, binary, work, ["-np", "1", "-c", "8192"])
     try:
-        llama = kind != "ferrite"
+        llama = not kind.startswith("ferrite")
         first_token_ms(url, 2, "warm-up", llama)
         out = {}
         for name, repeats in (("short", SHORT_REPEATS), ("long", LONG_REPEATS)):
@@ -178,6 +192,17 @@ def rows_of(results):
         for key, label in (("prefill_tok_s", "prefill"), ("decode_tok_s", "single-stream decode")):
             add(f"{ONE_B}: {label} vs ik_llama.cpp", f"{f[key]:.2f} / {k[key]:.2f} tok/s",
                 paired_ratio(f, k, key), 1.0, True)
+    if f"{ONE_B}/ferrite-before" in load:
+        f, b = load[f"{ONE_B}/ferrite"], load[f"{ONE_B}/ferrite-before"]
+        for key, label, higher, unit in BEFORE_ROWS:
+            add(f"{ONE_B}: {label} vs the build before", f"{f[key]:.2f} / {b[key]:.2f} {unit}",
+                paired_ratio(f, b, key), BEFORE_NOISE if higher else 1 / BEFORE_NOISE, higher)
+        f, b = longp[f"{ONE_B}/ferrite"], longp[f"{ONE_B}/ferrite-before"]
+        for length in ("short", "long"):
+            key = f"{length}_ms_per_token"
+            add(f"{ONE_B}: ms per prompt token of the {f[f'{length}_tokens']}-token prompt vs the "
+                f"build before", f"{f[key]:.3f} / {b[key]:.3f} ms", f[key] / b[key],
+                1 / BEFORE_NOISE, False)
     if ONE_B in results["models"]:
         f = load[f"{ONE_B}/ferrite"]
         gb = results["weight_bytes"] / 1e9
@@ -257,7 +282,8 @@ def plot(results, path):
     left.set_title("issue 19's targets, one run")
     levels = [c for c, _ in bench.LOAD_LEVELS]
     for model in results["models"]:
-        for kind, style in (("ferrite", "o-"), ("llama-server", "s--"), ("ik_llama.cpp", "^:")):
+        for kind, style in (("ferrite", "o-"), ("ferrite-before", "x-."), ("llama-server", "s--"),
+                            ("ik_llama.cpp", "^:")):
             r = results["load"].get(f"{model}/{kind}")
             if r:
                 right.plot(levels, [r[f"load_c{c}_tok_s"] for c in levels], style,
@@ -279,6 +305,8 @@ def main():
     ap.add_argument("--models", nargs="+", default=[*REAL, ONE_B])
     ap.add_argument("--rounds", type=int, default=5,
                     help="turns of each server at prefill and single-stream decode")
+    ap.add_argument("--ferrite-before", help="an earlier ferrite build, paired with this one on "
+                    "the 1B file")
     ap.add_argument("--plot", help="write the plot (PNG) here")
     ap.add_argument("--json-out", help="write every figure here")
     args = ap.parse_args()
@@ -306,11 +334,13 @@ def main():
         servers = {"ferrite": None, "llama-server": args.llama_server}
         if model == ONE_B and args.ik_llama_server:
             servers["ik_llama.cpp"] = args.ik_llama_server
+        if model == ONE_B and args.ferrite_before:
+            servers["ferrite-before"] = args.ferrite_before
         print(f"loads: {', '.join(servers)} on {model} ...", file=sys.stderr, flush=True)
         figures_of = loads(servers, paths[model], work, long_prompt, args.rounds, model == ONE_B)
         for kind, figures in figures_of.items():
             results["load"][f"{model}/{kind}"] = figures
-        for kind in ("ferrite", "llama-server"):
+        for kind in [k for k in servers if k in ("ferrite", "ferrite-before", "llama-server")]:
             print(f"long prompts: {kind} on {model} ...", file=sys.stderr, flush=True)
             results["long"][f"{model}/{kind}"] = long_prompt_costs(kind, paths[model], servers[kind], work)
     if ONE_B in args.models:
