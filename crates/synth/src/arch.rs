@@ -147,6 +147,9 @@ pub enum Init {
     },
     /// Fixed `f32` values.
     Values(Vec<f32>),
+    /// An `f32` tensor of random values about this wide, whatever the file's type (a
+    /// vision tower's patch and position embeddings, which converters keep in `f32`).
+    Float(f32),
 }
 
 /// One tensor of the model: name, dimensions (outermost first) and contents.

@@ -13,6 +13,7 @@ pub mod arch;
 pub mod gguf_writer;
 pub mod quants;
 pub mod rng;
+pub mod vision;
 
 use std::fs::File;
 use std::io::{self, BufWriter};
@@ -25,6 +26,7 @@ use arch::{Init, TensorSpec};
 use gguf_writer::{GgufWriter, TensorData};
 pub use quants::WeightType;
 use rng::Rng;
+pub use vision::{write_projector, Projector, ProjectorSpec, VisionShape};
 
 /// What to generate.
 #[derive(Debug, Clone, Copy)]
@@ -203,6 +205,7 @@ fn tensor_data(spec: &Spec, t: TensorSpec, tied: bool) -> io::Result<TensorData>
             (0, f32_bytes(v))
         }
         Init::Values(v) => (0, f32_bytes(v)),
+        Init::Float(std) => (0, WeightType::F32.random(&mut rng, n, std)),
     };
     Ok(TensorData {
         name: t.name,

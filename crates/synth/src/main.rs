@@ -6,11 +6,22 @@
 //! `--mix llama-quantize` (with `--type q4_k`, `q5_k` or `iq4_xs`) gives each matrix the
 //! type `llama-quantize` would (so `q4_k` makes a Q4_K_M file); the default, `uniform`,
 //! gives every matrix the one type.
+//!
+//!     ferrite-synth --projector gemma3 --arch gemma3 [--shape small|1b] [--vision small|full] \
+//!         [--type f16] [--seed N] --out mmproj-gemma3.gguf
+//!
+//! `--projector` writes the vision projector (an `mmproj` file, llama.cpp's `clip`
+//! architecture) that pairs with the text model of that `--arch` and `--shape`: its
+//! projection ends in that model's width. `--vision full` is the real model's tower
+//! (Gemma 3 4B's SigLIP at 896 pixels); `--type` is its matrices' type (`f16` by default,
+//! as llama.cpp's converter writes them).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use ferrite_synth::{write_model, Arch, Mix, Spec, WeightType};
+use ferrite_synth::{
+    write_model, write_projector, Arch, Mix, Projector, ProjectorSpec, Spec, WeightType,
+};
 
 fn main() -> ExitCode {
     match run(std::env::args().skip(1).collect()) {
@@ -26,6 +37,7 @@ fn run(args: Vec<String>) -> Result<(), String> {
     let (mut arch, mut ty, mut shape, mut seed) = (None, None, "small".to_string(), 0u64);
     let mut mix = Mix::Uniform;
     let (mut tokenizer, mut out) = (None, None);
+    let (mut projector, mut vision) = (None, "small".to_string());
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
@@ -49,6 +61,14 @@ fn run(args: Vec<String>) -> Result<(), String> {
                 }
             }
             "--shape" => shape = value()?,
+            "--projector" => {
+                let v = value()?;
+                let names: Vec<_> = Projector::ALL.iter().map(|p| p.name()).collect();
+                projector = Some(
+                    Projector::from_name(&v).ok_or(format!("--projector {v}: one of {names:?}"))?,
+                );
+            }
+            "--vision" => vision = value()?,
             "--seed" => seed = value()?.parse().map_err(|e| format!("--seed: {e}"))?,
             "--tokenizer-from" => tokenizer = Some(PathBuf::from(value()?)),
             "--out" => out = Some(PathBuf::from(value()?)),
@@ -56,6 +76,27 @@ fn run(args: Vec<String>) -> Result<(), String> {
         }
     }
     let arch = arch.ok_or("--arch is required")?;
+    let text_shape = match shape.as_str() {
+        "small" => arch.small_shape(),
+        "1b" => arch.one_b_shape(),
+        other => return Err(format!("--shape {other}: small or 1b")),
+    };
+    if let Some(projector) = projector {
+        let shape = match vision.as_str() {
+            "small" => projector.small_shape(),
+            "full" => projector.full_shape(),
+            other => return Err(format!("--vision {other}: small or full")),
+        };
+        let spec = ProjectorSpec {
+            projector,
+            shape,
+            text_hidden: text_shape.hidden,
+            weights: ty.unwrap_or(WeightType::F16),
+            seed,
+        };
+        let out = out.ok_or("--out is required")?;
+        return write_projector(&spec, &out).map_err(|e| format!("{}: {e}", out.display()));
+    }
     let weights = ty.ok_or("--type is required")?;
     if mix == Mix::LlamaQuantize && !Mix::LLAMA_QUANTIZE_TYPES.contains(&weights) {
         return Err(format!(
@@ -63,16 +104,11 @@ fn run(args: Vec<String>) -> Result<(), String> {
             weights.name()
         ));
     }
-    let shape = match shape.as_str() {
-        "small" => arch.small_shape(),
-        "1b" => arch.one_b_shape(),
-        other => return Err(format!("--shape {other}: small or 1b")),
-    };
     let spec = Spec {
         arch,
         weights,
         mix,
-        shape,
+        shape: text_shape,
         seed,
     };
     let tokenizer = tokenizer.ok_or("--tokenizer-from is required")?;
