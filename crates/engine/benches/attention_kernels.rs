@@ -81,6 +81,7 @@ fn run(contexts: &[usize]) {
                             kv: cache.layer(layer, context),
                             n: rows,
                             kernels,
+                            bidirectional: &[],
                         };
                         std::hint::black_box(attend(&shape, input));
                     }

@@ -59,6 +59,7 @@ fn main() {
                     cache,
                     logits: Logits::Last,
                     prompt_len: prompt.len(),
+                    images: Vec::new(),
                 })
                 .collect();
             threads::with_threads_awake(|| model.forward(&mut batch)).expect("the step runs")

@@ -19,6 +19,7 @@ pub mod simd;
 pub mod stop;
 pub mod threads;
 pub mod tokenizer;
+pub mod vision;
 pub mod worker;
 
 pub use lookup::MAX_DRAFT;

@@ -17,6 +17,7 @@ use crate::constrain::Constraint;
 use crate::sampling::SamplingParams;
 use crate::stop::StopStrings;
 use crate::tokenizer::TokenId;
+use crate::vision::prompt::PromptImage;
 
 /// Everything needed to generate one completion choice.
 #[derive(Debug, Clone)]
@@ -60,6 +61,10 @@ pub struct SequenceRequest {
     pub deadline: Option<Instant>,
     /// A grammar the output must follow, compiled for this sequence.
     pub constraint: Option<Constraint>,
+    /// The prompt's images: each takes a run of placeholder tokens in `prompt`
+    /// ([`crate::vision::prompt`]), in prompt order. Only for an engine with a vision
+    /// model.
+    pub images: Vec<PromptImage>,
 }
 
 impl SequenceRequest {
@@ -83,6 +88,7 @@ impl SequenceRequest {
             prediction: Vec::new(),
             deadline: None,
             constraint: None,
+            images: Vec::new(),
         }
     }
 

@@ -63,6 +63,16 @@ pub fn with_threads_awake<R: Send>(op: impl FnOnce() -> R + Send) -> R {
     })
 }
 
+/// Runs `task(i, row)` for every `width`-wide row of `out` on the compute pool (rayon's
+/// work stealing over the rows): the large, even loops of an image's encoding, where the
+/// step loop's finer-grained [`for_each_index`] buys nothing.
+pub fn for_each_rows(out: &mut [f32], width: usize, task: impl Fn(usize, &mut [f32]) + Sync) {
+    use rayon::prelude::*;
+    out.par_chunks_mut(width.max(1))
+        .enumerate()
+        .for_each(|(i, row)| task(i, row));
+}
+
 /// Runs `task(i)` for every `i` in `0..n` on the compute pool and returns when all have
 /// run. A panicking task's panic is passed on once the others have run; where the pool
 /// has one thread (or there is one index) the tasks run in order on the caller, and a

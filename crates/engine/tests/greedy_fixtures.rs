@@ -39,6 +39,7 @@ fn replay(name: &str, data: &serde_json::Value, batching: PromptBatching) -> Vec
                     cache: &mut cache,
                     logits: Logits::Last,
                     prompt_len: prompt.len(),
+                    images: Vec::new(),
                 }])
                 .unwrap()
                 .remove(0);

@@ -62,6 +62,7 @@ fn check(
                     cache: &mut cache,
                     logits: Logits::Last,
                     prompt_len: prompt.len(),
+                    images: Vec::new(),
                 }])
                 .map_err(|e| format!("prompt {c}: {e}"))?
                 .remove(0);

@@ -111,6 +111,9 @@ pub struct AttentionInput<'a> {
     pub n: usize,
     /// The kernel of each new row.
     pub kernels: &'a [AttentionKernel],
+    /// Positions whose rows see each other both ways (an image's): a row there sees
+    /// every key up to its span's end, not only up to itself.
+    pub bidirectional: &'a [std::ops::Range<usize>],
 }
 
 /// Combines the halves of a split row as ggml's `reduce_partials` does (each half's
@@ -316,6 +319,15 @@ unsafe fn run_task(
     let offset = task.kv_head * head_dim;
     let position = |t: usize| input.kv.positions() - input.n + t;
     let first = |pos: usize| window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    // The last key a row sees: itself, or the end of its bidirectional span (whose later
+    // keys no window hides: llama.cpp masks only keys too far behind).
+    let last = |pos: usize| {
+        input
+            .bidirectional
+            .iter()
+            .find(|span| span.contains(&pos))
+            .map_or(pos, |span| span.end - 1)
+    };
     let queries =
         |t: usize| &input.q[(t * n_head + task.kv_head * group) * head_dim..][..group * head_dim];
     let mut out = vec![0.0f32; task.rows.len() * group * head_dim];
@@ -348,7 +360,7 @@ unsafe fn run_task(
                     queries(t).chunks_exact(head_dim).map(move |q| Query {
                         q,
                         first: first(pos),
-                        last: pos,
+                        last: last(pos),
                     })
                 })
                 .collect();
@@ -356,7 +368,7 @@ unsafe fn run_task(
             unsafe { (kernels.tiled)(&rows, input.kv, offset, scale, &mut out) };
         }
         AttentionKernel::Row => {
-            let (acc, partials) = attend_range(first(pos), pos);
+            let (acc, partials) = attend_range(first(pos), last(pos));
             out = acc;
             for (o, p) in out.chunks_exact_mut(head_dim).zip(&partials) {
                 normalise(o, p.sum);
@@ -365,9 +377,9 @@ unsafe fn run_task(
         AttentionKernel::Split { cells } => {
             // The second half always reaches the row's own position.
             let half = cells.div_ceil(2);
-            let bounds = [(0, half), (half, cells.max(pos + 1))];
-            let halves =
-                bounds.map(|(start, end)| attend_range(first(pos).max(start), pos.min(end - 1)));
+            let bounds = [(0, half), (half, cells.max(last(pos) + 1))];
+            let halves = bounds
+                .map(|(start, end)| attend_range(first(pos).max(start), last(pos).min(end - 1)));
             for (h, o) in out.chunks_exact_mut(head_dim).enumerate() {
                 let part = |k: usize| (halves[k].1[h], &halves[k].0[h * head_dim..][..head_dim]);
                 combine([part(0), part(1)], o);
@@ -476,6 +488,7 @@ mod tests {
             kv: c.layer(0, c.len()),
             n: kernels.len(),
             kernels,
+            bidirectional: &[],
         }
     }
 

@@ -269,6 +269,7 @@ impl Decoder {
                 architecture: architecture.into(),
                 name: gguf.meta.string("general.name").ok(),
                 n_layers: dims.n_layers,
+                hidden: dims.hidden,
                 kv_width: hyper.kv_width(),
                 vocab_size,
                 context_length: dims.context_length,
@@ -424,10 +425,7 @@ impl Model for Decoder {
         if layout.rows() == 0 {
             return Ok(Vec::new());
         }
-        let mut x = self.embedding.rows(&StepLayout::tokens(batch))?;
-        if self.embedding_scale != 1.0 {
-            x.iter_mut().for_each(|v| *v *= self.embedding_scale);
-        }
+        let mut x = layout.input_rows(batch, &self.embedding, self.embedding_scale, self.hidden)?;
         let all = &layout.kernels;
         let mut ffn_kernels = all.clone();
         for (li, block) in self.blocks.iter().enumerate() {

@@ -26,8 +26,9 @@ use std::path::Path;
 use crate::error::EngineError;
 use crate::gguf::GgufFile;
 use crate::kv_cache::SequenceCache;
-use crate::quant::RowKernel;
+use crate::quant::{Embedding, RowKernel};
 use crate::tokenizer::TokenId;
+use crate::vision::prompt::is_image_token;
 
 /// What the engine needs to know about a loaded model.
 #[derive(Debug, Clone)]
@@ -38,6 +39,8 @@ pub struct ModelInfo {
     pub name: Option<String>,
     /// Number of transformer layers.
     pub n_layers: usize,
+    /// Width of the embeddings (an image's rows must be as wide).
+    pub hidden: usize,
     /// Floats per position per layer in the KV cache.
     pub kv_width: usize,
     /// Vocabulary size (width of a logits row).
@@ -63,6 +66,23 @@ pub struct BatchEntry<'a> {
     /// Length of the sequence's prompt: tokens at earlier positions are prompt tokens,
     /// the others were generated (this decides how their rows are rounded).
     pub prompt_len: usize,
+    /// Rows that stand in for some of the new tokens' embeddings: the images among them
+    /// (whose tokens are placeholders, [`crate::vision::prompt`]).
+    pub images: Vec<StepImage<'a>>,
+}
+
+/// An image's rows in a step: embeddings its projector made, read as they are (not
+/// scaled as token embeddings are), in place of placeholder tokens.
+#[derive(Debug, Clone)]
+pub struct StepImage<'a> {
+    /// Index among the entry's new tokens of the first row.
+    pub at: usize,
+    /// The rows, each the model's width.
+    pub rows: &'a [f32],
+    /// With `Some(span)`, the absolute positions of the whole image, whose rows attend to
+    /// each other in both directions (Gemma 3's images, llama.cpp's non-causal decode of
+    /// an image); the span's rows are then all in this step.
+    pub bidirectional: Option<std::ops::Range<usize>>,
 }
 
 /// Which logits rows a batch entry wants back.
@@ -224,6 +244,8 @@ struct StepLayout {
     /// rows only: alone for a last-token row (llama.cpp picks the output rows out first),
     /// as in the other layers when an entry wants every row.
     logit_kernels: Vec<RowKernel>,
+    /// Each entry's positions whose rows attend both ways ([`StepImage::bidirectional`]).
+    bidirectional: Vec<Vec<std::ops::Range<usize>>>,
 }
 
 impl StepLayout {
@@ -235,7 +257,15 @@ impl StepLayout {
         let mut kernels = Vec::new();
         let mut attention = Vec::new();
         let mut logit_kernels = Vec::new();
+        let mut bidirectional = Vec::with_capacity(batch.len());
         for entry in batch {
+            bidirectional.push(
+                entry
+                    .images
+                    .iter()
+                    .filter_map(|image| image.bidirectional.clone())
+                    .collect(),
+            );
             let start = positions.len();
             let new = entry.cache.len()..entry.cache.len() + entry.tokens.len();
             for plan in batching.plan(entry.prompt_len, sliding_window, new.clone()) {
@@ -264,6 +294,7 @@ impl StepLayout {
             kernels,
             attention,
             logit_kernels,
+            bidirectional,
         }
     }
 
@@ -271,11 +302,35 @@ impl StepLayout {
         self.positions.len()
     }
 
+    /// The step's tokens, an image's placeholders as token 0 (their rows are replaced).
     fn tokens(batch: &[BatchEntry<'_>]) -> Vec<u32> {
         batch
             .iter()
             .flat_map(|e| e.tokens.iter().copied())
+            .map(|t| if is_image_token(t) { 0 } else { t })
             .collect()
+    }
+
+    /// The step's input rows: the tokens' embeddings times `scale`, an image's rows as
+    /// they are.
+    fn input_rows(
+        &self,
+        batch: &[BatchEntry<'_>],
+        embedding: &Embedding,
+        scale: f32,
+        hidden: usize,
+    ) -> Result<Vec<f32>, EngineError> {
+        let mut x = embedding.rows(&Self::tokens(batch))?;
+        if scale != 1.0 {
+            x.iter_mut().for_each(|v| *v *= scale);
+        }
+        for (entry, span) in batch.iter().zip(&self.spans) {
+            for image in &entry.images {
+                let at = (span.start + image.at) * hidden;
+                x[at..at + image.rows.len()].copy_from_slice(image.rows);
+            }
+        }
+        Ok(x)
     }
 }
 
@@ -299,11 +354,13 @@ fn attend_batch(
     let inputs: Vec<attention::AttentionInput<'_>> = batch
         .iter()
         .zip(&layout.spans)
-        .map(|(entry, span)| attention::AttentionInput {
+        .zip(&layout.bidirectional)
+        .map(|((entry, span), bidirectional)| attention::AttentionInput {
             q: &q[span.start * q_width..span.end * q_width],
             kv: entry.cache.layer(layer, entry.cache.len() + span.len()),
             n: span.len(),
             kernels: &layout.attention[span.clone()],
+            bidirectional,
         })
         .collect();
     attention::attend_many(shape, &inputs)

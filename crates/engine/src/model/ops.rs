@@ -189,6 +189,21 @@ pub fn gelu_mul(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// GELU (tanh approximation) of every value in place, as ggml's `gelu` computes it: the
+/// table of [`gelu_mul`] inside (-10, 10), the identity above and zero below.
+pub fn gelu_in_place(x: &mut [f32]) {
+    let table = gelu_table();
+    for v in x.iter_mut() {
+        *v = if *v <= -10.0 {
+            0.0
+        } else if *v >= 10.0 {
+            *v
+        } else {
+            table[f16::from_f32(*v).to_bits() as usize]
+        };
+    }
+}
+
 /// GELU of every f16 value, rounded to f16, indexed by the input's bits.
 fn gelu_table() -> &'static [f32] {
     static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();

@@ -13,8 +13,12 @@ use crate::sampling::{log_sum_exp, top_k, Sampler};
 use crate::sequence::{EventSender, FinishReason, PromptLogprob, SequenceEvent, SequenceRequest};
 use crate::stop::{StopCheck, StopMatcher};
 use crate::tokenizer::{IncrementalDecoder, TokenId, Tokenizer};
+use crate::vision::prompt::is_image_token;
 
 use crate::lookup::MAX_DRAFT;
+
+mod images;
+pub(crate) use images::SequenceImage;
 
 /// Most forced tokens kept as drafts at once (a long forced run is taken in pieces).
 const MAX_FORCED_DRAFT: usize = 256;
@@ -70,6 +74,8 @@ pub(crate) struct Sequence {
     pub(crate) blocked_since: Option<Instant>,
     /// The submission it belongs to (its followers too), for admission's fairness.
     pub(crate) request: u64,
+    /// Its prompt's images, in prompt order.
+    pub(crate) images: Vec<SequenceImage>,
 }
 
 impl Sequence {
@@ -120,6 +126,16 @@ impl Sequence {
             events,
             blocked_since: None,
             request: 0,
+            images: request
+                .images
+                .into_iter()
+                .map(|image| SequenceImage {
+                    image,
+                    rows: None,
+                    bidirectional: false,
+                    encoding: None,
+                })
+                .collect(),
         }
     }
 
@@ -175,7 +191,7 @@ impl Sequence {
     pub(crate) fn step_input(&self, n: usize) -> (Vec<TokenId>, Logits) {
         let start = self.cache.len();
         if self.pending_prefill() > 0 {
-            let end = start + n;
+            let end = self.chunk_end(start, start + n);
             let logits = if self.prompt_logprobs.is_some() {
                 Logits::All
             } else if end == self.prompt_len {
@@ -220,6 +236,16 @@ impl Sequence {
                 break;
             }
             let id = self.tokens[next];
+            if is_image_token(id) {
+                // An image's position predicts no token.
+                self.prompt_scores.push(PromptLogprob {
+                    id,
+                    logprob: None,
+                    rank: None,
+                    top: Vec::new(),
+                });
+                continue;
+            }
             let (log_norm, rank) = normaliser_and_rank(logits, id);
             let logprob = logits[id as usize] - log_norm;
             let top = top_logprobs(logits, k, log_norm);
@@ -292,7 +318,9 @@ impl Sequence {
             return;
         }
         let found = lookup::find(&self.tokens, &state.config, state.length.get());
-        self.draft.extend(found);
+        // An image's placeholders are never a token to draft.
+        self.draft
+            .extend(found.iter().copied().take_while(|&t| !is_image_token(t)));
         state.drafted = !self.draft.is_empty();
     }
 

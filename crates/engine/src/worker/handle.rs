@@ -15,6 +15,8 @@ use crate::error::EngineError;
 use crate::model::ModelInfo;
 use crate::sequence::{self, Events, SequenceRequest};
 use crate::tokenizer::Tokenizer;
+use crate::vision::prompt::PromptImage;
+use crate::vision::VisionModel;
 
 /// What the handle sends the engine thread.
 pub(super) enum Command {
@@ -34,6 +36,7 @@ pub struct EngineHandle {
     stats: Arc<EngineStats>,
     constraints: Arc<OnceLock<Result<ConstraintFactory, String>>>,
     closed: Arc<AtomicBool>,
+    vision: Option<Arc<VisionModel>>,
 }
 
 impl EngineHandle {
@@ -44,6 +47,7 @@ impl EngineHandle {
         info: ModelInfo,
         config: EngineConfig,
         stats: Arc<EngineStats>,
+        vision: Option<Arc<VisionModel>>,
     ) -> Self {
         Self {
             commands,
@@ -53,7 +57,13 @@ impl EngineHandle {
             stats,
             constraints: Arc::new(OnceLock::new()),
             closed: Arc::new(AtomicBool::new(false)),
+            vision,
         }
+    }
+
+    /// The vision model that reads the prompts' images, if the engine has one.
+    pub fn vision(&self) -> Option<&Arc<VisionModel>> {
+        self.vision.as_ref()
     }
 
     /// Sends the engine thread a command (it may be gone: nothing to tell then).
@@ -197,7 +207,7 @@ impl EngineHandle {
     /// [`Self::check`] but for `allowed_token_ids` (a list of up to the vocabulary's size
     /// that the choices of a request share).
     fn check_except_allowed(&self, request: &SequenceRequest) -> Result<(), EngineError> {
-        self.check_prompt(&request.prompt)?;
+        self.check_prompt_with_images(&request.prompt, &request.images)?;
         self.in_vocabulary("stop_token_ids", request.stop_token_ids.iter())?;
         self.in_vocabulary("prediction", request.prediction.iter())?;
         self.in_vocabulary(
@@ -209,10 +219,44 @@ impl EngineHandle {
     /// [`Self::check`]'s rules for a prompt alone: not empty, shorter than the context, its
     /// ids in the vocabulary (for the other prompts of a request whose first was checked).
     pub fn check_prompt(&self, prompt: &[u32]) -> Result<(), EngineError> {
+        self.check_prompt_with_images(prompt, &[])
+    }
+
+    /// [`Self::check_prompt`] for a prompt with images: each image's run of placeholders
+    /// is where it says, in prompt order, and every other id is in the vocabulary.
+    pub fn check_prompt_with_images(
+        &self,
+        prompt: &[u32],
+        images: &[PromptImage],
+    ) -> Result<(), EngineError> {
         if prompt.is_empty() {
             return Err(EngineError::invalid("prompt", "the prompt is empty"));
         }
-        self.in_vocabulary("prompt", prompt.iter())?;
+        if !images.is_empty() && self.vision.is_none() {
+            return Err(EngineError::invalid(
+                "images",
+                "this model reads text only (a vision model is served with `--mmproj`)",
+            ));
+        }
+        let mut text_from = 0;
+        for (k, image) in images.iter().enumerate() {
+            let span = image.span();
+            let placed = span.start >= text_from
+                && span.end <= prompt.len()
+                && prompt[span.clone()]
+                    .iter()
+                    .copied()
+                    .eq(image.placeholders());
+            if !placed {
+                return Err(EngineError::invalid(
+                    "images",
+                    format!("image {k} is not where the prompt holds its positions"),
+                ));
+            }
+            self.in_vocabulary("prompt", prompt[text_from..span.start].iter())?;
+            text_from = span.end;
+        }
+        self.in_vocabulary("prompt", prompt[text_from..].iter())?;
         if prompt.len() >= self.config.context_length {
             return Err(EngineError::invalid(
                 "prompt",
@@ -274,6 +318,7 @@ impl EngineHandle {
             draft_tokens_accepted: s.draft_tokens_accepted.load(Ordering::Relaxed),
             draft_tokens_fed: s.draft_tokens_fed.load(Ordering::Relaxed),
             prefix_cache_hit_tokens: s.prefix_cache_hit_tokens.load(Ordering::Relaxed),
+            images_encoded: s.images_encoded.load(Ordering::Relaxed),
         }
     }
 }

@@ -17,8 +17,10 @@ use crate::lookup::PromptLookup;
 use crate::model::Model;
 use crate::scheduler::SchedulerConfig;
 use crate::tokenizer::Tokenizer;
+use crate::vision::VisionModel;
 
 pub mod handle;
+mod images;
 mod queue;
 mod stats;
 mod step_loop;
@@ -73,19 +75,34 @@ pub struct Engine {
 
 impl Engine {
     /// Starts the engine thread for `model`.
-    pub fn start(mut model: Box<dyn Model>, tokenizer: Tokenizer, config: EngineConfig) -> Self {
+    pub fn start(model: Box<dyn Model>, tokenizer: Tokenizer, config: EngineConfig) -> Self {
+        Self::start_with_vision(model, None, tokenizer, config)
+    }
+
+    /// Starts the engine thread for `model`, with `vision` to read the prompts' images.
+    pub fn start_with_vision(
+        mut model: Box<dyn Model>,
+        vision: Option<Arc<VisionModel>>,
+        tokenizer: Tokenizer,
+        config: EngineConfig,
+    ) -> Self {
         model.set_context_length(config.context_length);
         let (tx, rx) = mpsc::channel();
         let tokenizer = Arc::new(tokenizer);
         let stats = Arc::new(EngineStats::default());
         let info = model.info().clone();
-        let worker =
-            step_loop::Worker::new(model, Arc::clone(&tokenizer), config, Arc::clone(&stats));
+        let worker = step_loop::Worker::new(
+            model,
+            vision.clone(),
+            Arc::clone(&tokenizer),
+            config,
+            Arc::clone(&stats),
+        );
         let thread = std::thread::Builder::new()
             .name("ferrite-engine".into())
             .spawn(move || worker.run(rx))
             .expect("spawning the engine thread");
-        let handle = EngineHandle::new(tx, tokenizer, info, config, stats);
+        let handle = EngineHandle::new(tx, tokenizer, info, config, stats, vision);
         Self {
             handle,
             thread: Some(thread),

@@ -19,6 +19,7 @@ pub struct EngineStats {
     pub(super) draft_tokens_accepted: AtomicU64,
     pub(super) draft_tokens_fed: AtomicU64,
     pub(super) prefix_cache_hit_tokens: AtomicU64,
+    pub(super) images_encoded: AtomicU64,
 }
 
 impl EngineStats {
@@ -59,4 +60,7 @@ pub struct StatsSnapshot {
     pub draft_tokens_fed: u64,
     /// Prompt tokens whose keys and values came from the prefix cache.
     pub prefix_cache_hit_tokens: u64,
+    /// Images run through the vision model (an image found in the embedding cache is
+    /// not counted again).
+    pub images_encoded: u64,
 }

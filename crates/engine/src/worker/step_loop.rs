@@ -12,16 +12,19 @@ use std::time::{Duration, Instant};
 use rayon::prelude::*;
 
 use super::handle::Command;
+use super::images::{ImageEncoder, DEFAULT_EMBEDDING_CACHE_BYTES};
 use super::queue::WaitQueue;
 use super::stats::EngineStats;
 use super::EngineConfig;
 use crate::error::EngineError;
-use crate::model::{BatchEntry, Logits, Model};
+use crate::model::{BatchEntry, Logits, Model, StepImage};
 use crate::prefix_cache::PrefixCache;
 use crate::running::Sequence;
 use crate::scheduler::{self, RunningView};
 use crate::sequence::SequenceEvent;
 use crate::tokenizer::Tokenizer;
+use crate::vision::prompt::whole_images_prefix;
+use crate::vision::VisionModel;
 
 /// How long a step that carries a prefill chunk may take while other sequences run:
 /// each of them waits that long for its next token. The chunk is sized from
@@ -60,12 +63,14 @@ pub(super) struct Worker {
     waiting: WaitQueue,
     running: Vec<Sequence>,
     prefix_cache: PrefixCache,
+    images: ImageEncoder,
 }
 
 impl Worker {
     /// The state of a new engine thread for `model`.
     pub fn new(
         model: Box<dyn Model>,
+        vision: Option<Arc<VisionModel>>,
         tokenizer: Arc<Tokenizer>,
         config: EngineConfig,
         stats: Arc<EngineStats>,
@@ -79,6 +84,7 @@ impl Worker {
             waiting: WaitQueue::default(),
             running: Vec::new(),
             prefix_cache: PrefixCache::new(config.prefix_cache_positions),
+            images: ImageEncoder::new(vision, DEFAULT_EMBEDDING_CACHE_BYTES),
         }
     }
 
@@ -242,6 +248,7 @@ impl Worker {
                     let model = &self.model;
                     self.prefix_cache
                         .lookup(prompt, capacity, |old_len, common| {
+                            let common = whole_images_prefix(prompt, common);
                             model.reusable_prefix(old_len, prompt.len(), common)
                         })
                 }
@@ -266,6 +273,10 @@ impl Worker {
             seq.cached_tokens = cached_tokens;
             seq.request = request;
             seq.followers = pending.followers;
+            if let Err(e) = self.images.admit(&mut seq) {
+                seq.fail(e.to_string());
+                continue;
+            }
             self.running.push(seq);
         }
         // Counted as running before their requests leave the queue's count (with the
@@ -279,18 +290,29 @@ impl Worker {
         if self.running.is_empty() {
             return;
         }
+        let encoding = ImageEncoder::pending(&self.running);
+        if encoding {
+            self.encode_images();
+        }
         let vocab = self.tokenizer.vocab_size();
         let views: Vec<RunningView> = self
             .running
             .iter()
             .map(|s| RunningView {
-                pending_prefill: s.pending_prefill(),
+                pending_prefill: s.ready_prefill(),
                 passed_over: s.passed_over,
-                blocked: s.blocked_since.is_some(),
+                // A prompt that waits for its image's encoding waits as a stalled reader
+                // does: no tokens this step.
+                blocked: s.blocked_since.is_some()
+                    || (s.pending_prefill() > 0 && s.ready_prefill() == 0),
                 max_chunk: s.max_prefill_chunk(vocab, self.config.scored_logits_bytes),
             })
             .collect();
         if views.iter().all(|v| v.blocked) {
+            if encoding {
+                // The images' encoding goes on at the next step.
+                return;
+            }
             // Nothing can go on until a reader catches up: wait for one, or for a new
             // command, rather than spin.
             std::thread::sleep(BLOCKED_POLL);
@@ -358,6 +380,25 @@ impl Worker {
             .fetch_add(prefill_tokens as u64, Ordering::Relaxed);
     }
 
+    /// A step's share of the running sequences' image encoding: as long as a prompt chunk
+    /// may take with others running (or alone); a sequence whose image fails ends with
+    /// the error.
+    fn encode_images(&mut self) {
+        let target = match self.running.len() > 1 {
+            true => PREFILL_STEP_TARGET,
+            false => PREFILL_ALONE_TARGET,
+        };
+        let deadline = Instant::now() + target;
+        let failed = self
+            .images
+            .advance(&mut self.running, deadline, &self.stats);
+        for (i, e) in failed.into_iter().rev() {
+            let mut seq = self.running.remove(i);
+            seq.fail(format!("the image could not be encoded: {e}"));
+        }
+        self.publish_counts();
+    }
+
     /// Most prompt tokens a step may carry to take about `target`, from the last
     /// prefill step's time per token (the whole step budget before any was measured).
     fn prefill_chunk(&self, target: Duration) -> usize {
@@ -381,11 +422,26 @@ impl Worker {
         let mut entries = Vec::new();
         for (seq, input) in self.running.iter_mut().zip(&inputs) {
             if let Some((tokens, logits)) = input {
+                let images = seq
+                    .image_slices(seq.cache.len(), tokens.len())
+                    .into_iter()
+                    .filter_map(|slice| {
+                        let image = &seq.images[slice.image];
+                        let rows = image.rows.as_deref()?;
+                        let width = rows.len() / image.image.tokens;
+                        Some(StepImage {
+                            at: slice.at,
+                            rows: &rows[slice.rows.start * width..slice.rows.end * width],
+                            bidirectional: image.bidirectional.then(|| image.image.span()),
+                        })
+                    })
+                    .collect();
                 entries.push(BatchEntry {
                     tokens,
                     cache: &mut seq.cache,
                     logits: *logits,
                     prompt_len: seq.prompt_len,
+                    images,
                 });
             }
         }

@@ -1,0 +1,254 @@
+//! Vision: images turned into embeddings a text model reads in place of tokens, from
+//! llama.cpp's `mmproj` files (its `clip` architecture).
+//!
+//! An image is decoded within limits ([`image`]), resized and normalised as the
+//! projector's preprocessing says ([`resize`]), run through the vision transformer every
+//! projector shares ([`tower`]), and projected into the text model's width by its
+//! projector: one small file each (`gemma3.rs`), as the text architectures are over the
+//! shared decoder.
+
+mod cache;
+mod gemma3;
+pub mod image;
+pub mod prompt;
+pub mod resize;
+pub mod tower;
+
+use std::path::Path;
+
+pub use cache::EmbeddingCache;
+use gemma3::Gemma3;
+pub use image::{content_hash, decode, ImageError, ImageLimits, RgbImage};
+use tower::Tower;
+
+use crate::error::EngineError;
+use crate::gguf::GgufFile;
+use crate::quant::{OwnFormat, QMatrix};
+
+/// A projector type, as `clip.projector_type` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProjectorKind {
+    /// Gemma 3 (4B, 12B, 27B).
+    Gemma3,
+}
+
+impl ProjectorKind {
+    /// The name in the file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Gemma3 => "gemma3",
+        }
+    }
+}
+
+/// How an image enters the prompt, known before it is encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImagePlan {
+    /// Embeddings (prompt positions) the image takes.
+    pub tokens: usize,
+}
+
+/// The text around each image's embeddings, as llama.cpp's `mtmd` writes it (each
+/// tokenised on its own, special tokens allowed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageMarkers {
+    /// Before the embeddings.
+    pub begin: &'static str,
+    /// After them.
+    pub end: &'static str,
+}
+
+/// Bytes to the tower's input: `(byte / 255 - mean) / std` per channel, in f32, as
+/// `clip` computes it, laid out plane by plane.
+pub(crate) struct Normalize {
+    mean: [f32; 3],
+    std: [f32; 3],
+}
+
+impl Normalize {
+    fn load(g: &GgufFile) -> Result<Self, EngineError> {
+        let three = |key: &str| -> Result<[f32; 3], EngineError> {
+            let v = g.meta.f32_array(key)?;
+            v.get(..3)
+                .and_then(|v| v.try_into().ok())
+                .ok_or_else(|| EngineError::InvalidModel(format!("{key} has {} values", v.len())))
+        };
+        Ok(Self {
+            mean: three("clip.vision.image_mean")?,
+            std: three("clip.vision.image_std")?,
+        })
+    }
+
+    /// The normalised planes of `image`: all of red, then green, then blue.
+    pub(crate) fn planar(&self, image: &RgbImage) -> Vec<f32> {
+        let n = image.width * image.height;
+        let mut out = vec![0f32; 3 * n];
+        for (i, px) in image.pixels.chunks_exact(3).enumerate() {
+            for c in 0..3 {
+                out[c * n + i] = (f32::from(px[c]) / 255.0 - self.mean[c]) / self.std[c];
+            }
+        }
+        out
+    }
+}
+
+/// A projector's own part.
+enum Projector {
+    Gemma3(Gemma3),
+}
+
+/// A loaded vision model: the tower and its projector.
+pub struct VisionModel {
+    tower: Tower,
+    projector: Projector,
+    normalize: Normalize,
+    kind: ProjectorKind,
+}
+
+impl VisionModel {
+    /// Reads an `mmproj` GGUF file.
+    pub fn load(path: &Path) -> Result<Self, EngineError> {
+        let mut g = GgufFile::open(path)?;
+        if !g.meta.bool("clip.has_vision_encoder").unwrap_or(false) {
+            return Err(EngineError::Unsupported(format!(
+                "{}: not a vision projector (no `clip.has_vision_encoder`)",
+                path.display()
+            )));
+        }
+        let name = g
+            .meta
+            .string("clip.projector_type")
+            .or_else(|_| g.meta.string("clip.vision.projector_type"))?;
+        let tower = Tower::load(&mut g)?;
+        let (kind, projector) = match name.as_str() {
+            "gemma3" => (
+                ProjectorKind::Gemma3,
+                Projector::Gemma3(Gemma3::load(&mut g, tower.shape())?),
+            ),
+            other => {
+                return Err(EngineError::Unsupported(format!(
+                    "vision projector type `{other}` (ferrite reads gemma3)"
+                )))
+            }
+        };
+        Ok(Self {
+            normalize: Normalize::load(&g)?,
+            tower,
+            projector,
+            kind,
+        })
+    }
+
+    /// The projector's type.
+    pub fn kind(&self) -> ProjectorKind {
+        self.kind
+    }
+
+    /// Width of the embeddings it gives: the text model's must be the same.
+    pub fn text_hidden(&self) -> usize {
+        match &self.projector {
+            Projector::Gemma3(p) => p.text_hidden(),
+        }
+    }
+
+    /// The text around each image's embeddings.
+    pub fn markers(&self) -> ImageMarkers {
+        match self.kind {
+            ProjectorKind::Gemma3 => ImageMarkers {
+                begin: "<start_of_image>",
+                end: "<end_of_image>",
+            },
+        }
+    }
+
+    /// Whether an image's embeddings attend to each other in both directions when the
+    /// text model reads them (llama.cpp's `mtmd_decode_use_non_causal`).
+    pub fn bidirectional(&self) -> bool {
+        matches!(self.kind, ProjectorKind::Gemma3)
+    }
+
+    /// How `image` enters the prompt.
+    pub fn plan(&self, _image: &RgbImage) -> ImagePlan {
+        match &self.projector {
+            Projector::Gemma3(p) => p.plan(self.tower.shape()),
+        }
+    }
+
+    /// The embeddings of `image`: [`Self::plan`]'s `tokens` rows of [`Self::text_hidden`]
+    /// values. [`Self::start_encoding`] and [`Self::continue_encoding`] in one go.
+    pub fn encode(&self, image: &RgbImage) -> Result<Vec<f32>, EngineError> {
+        let mut encoding = self.start_encoding(image);
+        loop {
+            if let Some(rows) = self.continue_encoding(&mut encoding, usize::MAX)? {
+                return Ok(rows);
+            }
+        }
+    }
+
+    /// An image's encoding, preprocessed and ready for the tower.
+    pub fn start_encoding(&self, image: &RgbImage) -> ImageEncoding {
+        let shape = self.tower.shape();
+        let pixels = match &self.projector {
+            Projector::Gemma3(p) => p.preprocess(image, shape, &self.normalize),
+        };
+        ImageEncoding {
+            run: self.tower.start(pixels),
+        }
+    }
+
+    /// Runs the next `patches` patches' share of an encoding's work (see
+    /// [`Tower::advance`]): the image's embeddings once it is done.
+    pub fn continue_encoding(
+        &self,
+        encoding: &mut ImageEncoding,
+        patches: usize,
+    ) -> Result<Option<Vec<f32>>, EngineError> {
+        if !self.tower.advance(&mut encoding.run, patches)? {
+            return Ok(None);
+        }
+        let x = encoding.run.output().expect("the tower is done");
+        let shape = self.tower.shape();
+        match &self.projector {
+            Projector::Gemma3(p) => p.project(x, shape).map(Some),
+        }
+    }
+}
+
+/// An image part way through the vision model ([`VisionModel::start_encoding`]).
+pub struct ImageEncoding {
+    run: tower::TowerRun,
+}
+
+/// A matrix stored with its input dimension outermost (`[in, out]`, as the converters
+/// write some projections) as a `[out, in]` matrix of the same type (f32 or f16).
+fn transposed_matrix(g: &mut GgufFile, name: &str, inputs: usize) -> Result<QMatrix, EngineError> {
+    let dims = g.dims(name)?;
+    let [rows, outputs] = dims[..] else {
+        return Err(EngineError::InvalidModel(format!(
+            "{name}: {dims:?}, not a matrix"
+        )));
+    };
+    if rows != inputs {
+        return Err(EngineError::InvalidModel(format!(
+            "{name}: {dims:?}, expected {inputs} rows"
+        )));
+    }
+    let (ty, bytes) = g.raw(name)?;
+    let (size, format) = match ty {
+        0 => (4, OwnFormat::F32),
+        1 => (2, OwnFormat::F16),
+        other => {
+            return Err(EngineError::Unsupported(format!(
+                "{name}: ggml type {other} (f32 or f16 expected)"
+            )))
+        }
+    };
+    let mut out = vec![0u8; bytes.len()];
+    for i in 0..inputs {
+        for o in 0..outputs {
+            let (from, to) = ((i * outputs + o) * size, (o * inputs + i) * size);
+            out[to..to + size].copy_from_slice(&bytes[from..from + size]);
+        }
+    }
+    QMatrix::from_blocks(format, out, outputs, inputs)
+}
