@@ -137,7 +137,7 @@ pub const NOT_FOR_CHAT: &[(&str, &str)] = &[
     ("echo", "`echo` is for text completions"),
     (
         "images",
-        "images come as content parts of a message (and this model reads text only)",
+        "images come as `image_url` content parts of a message",
     ),
     (
         "functions",

@@ -296,8 +296,11 @@ crate::wire_fields! {
         /// it
         #[field(Other, "object", "none", "G")]
         pub prediction: Option<Prediction>,
-        /// an empty list is fine; any image is a 400 (the models are text-only; a count that
-        /// differs from the `<image>` markers in the prompts is said so)
+        /// `data:image/…;base64,…` URIs (or bare base64) of PNG, JPEG, WebP or GIF images,
+        /// one per `<image>` marker in the one text prompt, in order; only with a vision
+        /// model (`--mmproj`), else a 400; each error names `images[i]`; at most
+        /// `--max-images`, each at most `--max-image-pixels`; not with `echo`,
+        /// `prompt_logprobs` or `suffix`
         #[field(Other, "string[]", "none", "F")]
         pub images: Option<Vec<String>>,
         /// must be `["text"]` (non-empty, only `"text"`)

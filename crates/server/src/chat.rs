@@ -115,6 +115,7 @@ impl ChatSetup {
                 .collect(),
             add_generation_prompt: input.add_generation_prompt,
             continue_final_message: input.continue_final_message,
+            images: Vec::new(),
         };
         self.render_text(&escaped).map(PromptInput::Rendered)
     }

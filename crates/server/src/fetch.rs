@@ -367,11 +367,12 @@ fn fetch_from_hub(repo: &str, file: Option<&str>) -> Result<PathBuf> {
             let info = model
                 .info()
                 .with_context(|| format!("listing {repo} on Hugging Face"))?;
+            // A vision repository's projector is not its model.
             let ggufs: Vec<String> = info
                 .siblings
                 .into_iter()
                 .map(|s| s.rfilename)
-                .filter(|f| f.ends_with(".gguf"))
+                .filter(|f| f.ends_with(".gguf") && !is_projector_file(f))
                 .collect();
             match ggufs.as_slice() {
                 [] => bail!("{repo} has no .gguf file"),
@@ -393,9 +394,76 @@ fn fetch_from_hub(repo: &str, file: Option<&str>) -> Result<PathBuf> {
         .with_context(|| format!("downloading {repo}/{file}"))
 }
 
+/// Whether a repository's file is a vision projector (llama.cpp's `mmproj` files).
+fn is_projector_file(file: &str) -> bool {
+    let name = file.rsplit('/').next().unwrap_or(file).to_ascii_lowercase();
+    name.ends_with(".gguf") && name.contains("mmproj")
+}
+
+/// The projector to take among a repository's files, as llama-server's `-hf` takes one:
+/// the F16 one where there are several, else the first by name.
+fn choose_projector(files: &[String]) -> Option<String> {
+    let mut projectors: Vec<&String> = files.iter().filter(|f| is_projector_file(f)).collect();
+    projectors.sort();
+    projectors
+        .iter()
+        .find(|f| f.to_ascii_lowercase().contains("f16"))
+        .or(projectors.first())
+        .map(|f| f.to_string())
+}
+
+/// The vision projector of a Hugging Face model spec's repository (`owner/repo`), fetched,
+/// when the repository has one (`mmproj*.gguf`); `None` for a spec that names no
+/// repository or a repository without one. Needs the network, as the model's own fetch.
+pub fn projector_of(model: Option<&str>) -> Result<Option<PathBuf>> {
+    let spec = model.unwrap_or(DEFAULT_MODEL);
+    if Path::new(spec).is_file() || known(spec).is_some() {
+        return Ok(None);
+    }
+    let Some((repo, _)) = parse_hf_spec(spec) else {
+        return Ok(None);
+    };
+    let api = hf_hub::api::sync::Api::new().context("setting up the Hugging Face client")?;
+    let model = api.model(repo.to_string());
+    let info = model
+        .info()
+        .with_context(|| format!("listing {repo} on Hugging Face"))?;
+    let files: Vec<String> = info.siblings.into_iter().map(|s| s.rfilename).collect();
+    let Some(file) = choose_projector(&files) else {
+        return Ok(None);
+    };
+    check_repo_file(&file)?;
+    tracing::info!("downloading {repo}/{file} (the vision projector) from Hugging Face");
+    let path = model
+        .get(&file)
+        .with_context(|| format!("downloading {repo}/{file}"))?;
+    Ok(Some(path))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_repositorys_projector_is_found_and_not_taken_for_its_model() {
+        let files: Vec<String> = [
+            "gemma-3-4b-it-Q4_K_M.gguf",
+            "mmproj-model-f32.gguf",
+            "mmproj-model-f16.gguf",
+            "README.md",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(
+            choose_projector(&files).as_deref(),
+            Some("mmproj-model-f16.gguf")
+        );
+        assert!(is_projector_file("sub/MMPROJ-x.gguf"));
+        assert!(!is_projector_file("gemma-3-4b-it-Q4_K_M.gguf"));
+        assert_eq!(choose_projector(&files[..1]), None);
+        let only = ["mmproj-q8_0.gguf".to_string()];
+        assert_eq!(choose_projector(&only).as_deref(), Some("mmproj-q8_0.gguf"));
+    }
 
     #[test]
     fn hf_specs_parse() {

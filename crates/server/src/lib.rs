@@ -10,6 +10,7 @@ pub mod cors;
 pub mod error;
 pub mod fetch;
 pub mod hosts;
+pub mod images;
 pub mod listen;
 pub mod metrics;
 pub mod observe;

@@ -117,6 +117,9 @@ fn run(command: Command, refused: Vec<&'static str>) -> Result<()> {
                 GgufFile::open(&path)
                     .with_context(|| format!("{} is not a GGUF model", path.display()))?;
                 eprintln!("{name}: {}", path.display());
+                if let Some(mmproj) = fetch::projector_of(Some(&model))? {
+                    eprintln!("{name} (vision projector): {}", mmproj.display());
+                }
             }
             Ok(())
         }
@@ -237,6 +240,12 @@ fn serve(args: ServeArgs) -> Result<()> {
         })
         .transpose()?;
     let (path, name) = fetch::resolve(args.model.as_deref())?;
+    // A Hugging Face repository's projector comes with its model, as with llama-server's
+    // `-hf`, unless one is named.
+    let mut args = args;
+    if args.mmproj.is_none() {
+        args.mmproj = fetch::projector_of(args.model.as_deref())?;
+    }
     let names = if args.served_model_names.is_empty() {
         vec![name]
     } else {
@@ -258,6 +267,13 @@ fn serve(args: ServeArgs) -> Result<()> {
         chat_max_tokens: args.chat_max_tokens,
         max_grammar_bytes: args.max_grammar_bytes,
         fields: args.field_limits(),
+        images: ferrite_server::images::ImageRules {
+            max_images: args.max_images,
+            limits: ferrite_engine::vision::ImageLimits {
+                max_pixels: args.max_image_pixels,
+                ..Default::default()
+            },
+        },
     };
     state.request_timeout = args.request_timeout.map(Duration::from_secs_f64);
     state.allowed_origins = allowed_origins;
@@ -514,7 +530,20 @@ fn load_engine(
             "prompt lookup on"
         );
     }
-    let engine = Engine::start(model, tokenizer, config);
+    let vision = match &args.mmproj {
+        None => None,
+        Some(mmproj) => match load_vision(mmproj, &info) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                tracing::error!(error = %e, path = %mmproj.display(), "cannot load the projector");
+                fatal(
+                    args.log_format,
+                    &format!("cannot load {}: {e}", mmproj.display()),
+                );
+            }
+        },
+    };
+    let engine = Engine::start_with_vision(model, vision, tokenizer, config);
     warm_up(&engine.handle())?;
     tracing::info!(
         architecture = %info.architecture,
@@ -525,6 +554,28 @@ fn load_engine(
     );
     let _ = state.engine.set(engine.handle());
     Ok(engine)
+}
+
+/// The vision projector in `path`, for a text model of `info`'s width.
+fn load_vision(
+    path: &Path,
+    info: &ferrite_engine::model::ModelInfo,
+) -> Result<Arc<ferrite_engine::vision::VisionModel>> {
+    let vision = std::panic::catch_unwind(|| ferrite_engine::vision::VisionModel::load(path))
+        .unwrap_or_else(|_| {
+            Err(ferrite_engine::EngineError::InvalidModel(
+                "the file is malformed (the loader failed)".into(),
+            ))
+        })?;
+    if vision.text_hidden() != info.hidden {
+        anyhow::bail!(
+            "the projector gives embeddings {} wide, but the model's are {}: they do not belong together",
+            vision.text_hidden(),
+            info.hidden
+        );
+    }
+    tracing::info!(projector = vision.kind().name(), "vision projector loaded");
+    Ok(Arc::new(vision))
 }
 
 /// Runs one short generation so the first real request does not pay for cold caches.

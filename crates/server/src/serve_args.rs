@@ -27,6 +27,17 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub served_model_names: Vec<String>,
+    /// A vision projector for the model (llama.cpp's `mmproj` GGUF): the model then reads
+    /// images (`images` on completions, `image_url` parts in chat).
+    #[arg(long, env = "FERRITE_MMPROJ")]
+    pub mmproj: Option<std::path::PathBuf>,
+    /// Most images in one request.
+    #[arg(long, default_value_t = 16, env = "FERRITE_MAX_IMAGES")]
+    pub max_images: usize,
+    /// Most pixels (width times height) of one image, checked from its header before it
+    /// is decoded.
+    #[arg(long, default_value_t = 32 << 20, env = "FERRITE_MAX_IMAGE_PIXELS")]
+    pub max_image_pixels: u64,
     /// Longest prompt plus completion, in tokens; default: the model's training context.
     #[arg(long, env = "FERRITE_CTX_SIZE")]
     pub ctx_size: Option<usize>,

@@ -12,6 +12,7 @@ use crate::chat::ChatSetup;
 use crate::cors::AllowedOrigins;
 use crate::error::ApiError;
 use crate::hosts::AllowedHosts;
+use crate::images::ImageRules;
 use crate::metrics::Metrics;
 use crate::validate::FieldLimits;
 
@@ -46,6 +47,8 @@ pub struct RequestLimits {
     pub max_grammar_bytes: usize,
     /// The sizes of the request's fields (`stop`, `logit_bias`, tool names, …).
     pub fields: FieldLimits,
+    /// How many images a request may carry, and how large each.
+    pub images: ImageRules,
 }
 
 impl Default for RequestLimits {
@@ -61,6 +64,7 @@ impl Default for RequestLimits {
             chat_max_tokens: 4096,
             max_grammar_bytes: 256 << 10,
             fields: FieldLimits::DEFAULT,
+            images: ImageRules::default(),
         }
     }
 }

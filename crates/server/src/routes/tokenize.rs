@@ -13,8 +13,10 @@ use ferrite_protocol::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, T
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
+use crate::routes::generate::encode_with_images;
 use crate::state::AppState;
-use crate::validate::{deserialize_body, tool_definitions, ChatInput, PromptInput};
+use crate::validate::{deserialize_body, tool_definitions, ChatInput, ImageMarker, PromptInput};
+use ferrite_engine::vision::prompt::is_image_token;
 
 /// Tokenizes text as a prompt would be (or without special tokens).
 pub async fn tokenize(
@@ -29,6 +31,7 @@ pub async fn tokenize(
     let tokenizer = Arc::clone(engine.tokenizer());
     let special = request.add_special_tokens.unwrap_or(true);
     let with_strs = request.return_token_strs.unwrap_or(false);
+    let mut images = Vec::new();
     let text = match (request.prompt, request.messages) {
         (Some(prompt), None) => {
             for (field, given) in [
@@ -67,6 +70,7 @@ pub async fn tokenize(
             let tools = request.tools.unwrap_or_default();
             tool_definitions(&tools, state.limits.fields.max_tool_name_bytes)?;
             input.tools = tools;
+            images = std::mem::take(&mut input.images);
             let tokenizer = Arc::clone(&tokenizer);
             let _turn = state.heavy_turn(body.len(), false).await?;
             tokio::task::spawn_blocking(move || setup.render(&input, &tokenizer))
@@ -83,7 +87,31 @@ pub async fn tokenize(
     let _turn = state.heavy_turn(text.text_bytes(), false).await?;
     // A client that leaves stops the tokenization of a long prompt.
     let (_guard, cancelled) = CancelOnDrop::new();
+    let engine_for_images = engine.clone();
+    let limits = state.limits;
     let (tokens, strs) = tokio::task::spawn_blocking(move || {
+        if !images.is_empty() {
+            // As the chat route builds the prompt: each image's positions counted.
+            let (tokens, _) = encode_with_images(
+                &engine_for_images,
+                &limits,
+                &text,
+                &images,
+                ImageMarker::Chat,
+                &cancelled,
+            )
+            .map_err(|e| e.with_param_renamed("images", "messages"))?;
+            let strs = with_strs.then(|| {
+                tokens
+                    .iter()
+                    .map(|&t| match is_image_token(t) {
+                        true => "<image>".to_string(),
+                        false => tokenizer.piece(t).unwrap_or_default().to_string(),
+                    })
+                    .collect()
+            });
+            return Ok((tokens, strs));
+        }
         // Special tokens written in the text are their ids either way, as in a Hugging
         // Face tokenizer (vLLM's): `add_special_tokens` only says whether BOS is added. So
         // lm-evaluation-harness finds the EOS id by tokenizing `eos_token`.

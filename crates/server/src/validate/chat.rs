@@ -15,6 +15,7 @@ use super::{
     deserialize_naming_the_field, drop_unknown, json_object, require, FieldLimits, GenerateParams,
 };
 use crate::error::ApiError;
+use crate::images::{image_bytes, ImageInput};
 
 /// The roles a message may have. `developer` is OpenAI's newer name for `system`.
 const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
@@ -34,6 +35,9 @@ pub struct ChatInput {
     pub continue_final_message: bool,
     /// More variables for the template (`chat_template_kwargs`).
     pub template_kwargs: Map<String, Value>,
+    /// The messages' images, in order; each stands in their text as
+    /// [`CHAT_IMAGE_MARKER`].
+    pub images: Vec<ImageInput>,
 }
 
 impl ChatInput {
@@ -45,7 +49,7 @@ impl ChatInput {
         continue_final_message: Option<bool>,
         template_kwargs: Map<String, Value>,
     ) -> Result<Self, ApiError> {
-        let messages = self::messages(messages)?;
+        let (messages, images) = self::messages(messages)?;
         let continue_final_message = continue_final_message.unwrap_or(false);
         let add_generation_prompt = add_generation_prompt.unwrap_or(!continue_final_message);
         if continue_final_message {
@@ -68,6 +72,7 @@ impl ChatInput {
             add_generation_prompt,
             continue_final_message,
             template_kwargs,
+            images,
         })
     }
 }
@@ -216,8 +221,9 @@ fn flag(map: &mut Map<String, Value>, field: &str) -> Result<Option<bool>, ApiEr
     }
 }
 
-/// Checks `messages` and puts each in the form the template reads.
-pub fn messages(value: Value) -> Result<Vec<Value>, ApiError> {
+/// Checks `messages` and puts each in the form the template reads, with the images
+/// their content parts carry, in order.
+pub fn messages(value: Value) -> Result<(Vec<Value>, Vec<ImageInput>), ApiError> {
     let Value::Array(list) = value else {
         return Err(ApiError::invalid(
             "messages",
@@ -230,14 +236,17 @@ pub fn messages(value: Value) -> Result<Vec<Value>, ApiError> {
             "`messages` must not be empty",
         ));
     }
-    list.into_iter()
+    let mut images = Vec::new();
+    let messages = list
+        .into_iter()
         .enumerate()
-        .map(|(i, m)| message(i, m))
-        .collect()
+        .map(|(i, m)| message(i, m, &mut images))
+        .collect::<Result<_, _>>()?;
+    Ok((messages, images))
 }
 
 /// One message, checked and normalized; errors name `messages[i].field`.
-fn message(i: usize, value: Value) -> Result<Value, ApiError> {
+fn message(i: usize, value: Value, images: &mut Vec<ImageInput>) -> Result<Value, ApiError> {
     let at = |field: &str| format!("messages[{i}]{field}");
     let Value::Object(m) = value else {
         return Err(ApiError::invalid(
@@ -294,7 +303,7 @@ fn message(i: usize, value: Value) -> Result<Value, ApiError> {
                 format!("`messages[{i}].content` is required for a {role} message"),
             ))
         }
-        Some(Value::Array(parts)) => content_parts(i, parts, role == "assistant")?,
+        Some(Value::Array(parts)) => content_parts(i, parts, role == "assistant", images)?,
         Some(_) => {
             return Err(ApiError::invalid(
                 at(".content"),
@@ -333,15 +342,40 @@ fn message(i: usize, value: Value) -> Result<Value, ApiError> {
     Ok(Value::Object(out))
 }
 
-/// Text parts joined by newlines (as vLLM joins them for a text template); any other part
-/// is a 400, since the model reads text only.
-fn content_parts(i: usize, parts: &[Value], assistant: bool) -> Result<String, ApiError> {
-    let mut texts = Vec::with_capacity(parts.len());
+/// The marker an image part leaves in a message's text for the template to place: random
+/// per process (as llama-server's), so that no client can write one into its text.
+pub static CHAT_IMAGE_MARKER: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    let tail: String = (0..24)
+        .map(|_| char::from(b"abcdefghijklmnopqrstuvwxyz0123456789"[rng.random_range(0..36)]))
+        .collect();
+    format!("<__image_{tail}__>")
+});
+
+/// A message's content parts as the template reads them: text parts joined by newlines
+/// (as vLLM and llama-server join them), each image part [`CHAT_IMAGE_MARKER`] with no
+/// newline on either side (llama-server's flattening) and its bytes added to `images`.
+/// Audio, video and files are a 400.
+fn content_parts(
+    i: usize,
+    parts: &[Value],
+    assistant: bool,
+    images: &mut Vec<ImageInput>,
+) -> Result<String, ApiError> {
+    let mut text = String::new();
+    let mut after_text = false;
     for (j, part) in parts.iter().enumerate() {
         let param = format!("messages[{i}].content[{j}]");
         match part.get("type").and_then(Value::as_str) {
             Some("text") => match part.get("text") {
-                Some(Value::String(t)) => texts.push(t.as_str()),
+                Some(Value::String(t)) => {
+                    if after_text {
+                        text.push('\n');
+                    }
+                    text.push_str(t);
+                    after_text = true;
+                }
                 _ => {
                     return Err(ApiError::invalid(
                         param.clone(),
@@ -351,21 +385,32 @@ fn content_parts(i: usize, parts: &[Value], assistant: bool) -> Result<String, A
             },
             // An assistant's refusal, as SDKs copy it back from an answer: not text to render.
             Some("refusal") if assistant => {}
-            Some(
-                kind @ ("image_url" | "image" | "input_image" | "input_audio" | "audio_url"
-                | "video_url" | "file"),
-            ) => {
+            Some(kind @ ("image_url" | "input_image")) => {
+                let url = image_url(part, kind).ok_or_else(|| {
+                    ApiError::invalid(
+                        param.clone(),
+                        format!("`{param}.{kind}` must be a URL string or an object with `url`"),
+                    )
+                })?;
+                images.push(image_bytes(&param, url)?);
+                text.push_str(&CHAT_IMAGE_MARKER);
+                after_text = false;
+            }
+            Some(kind @ ("image" | "input_audio" | "audio_url" | "video_url" | "file")) => {
                 return Err(ApiError::invalid(
                     param,
                     format!(
-                    "this model reads text only: a `{kind}` content part cannot be used with it"
-                ),
+                        "a `{kind}` content part cannot be used here: images come as \
+                         `image_url` parts, and the model reads text and images only"
+                    ),
                 ))
             }
             Some(other) => {
                 return Err(ApiError::invalid(
                     param,
-                    format!("content parts must have type \"text\", got {other:?}"),
+                    format!(
+                        "content parts must have type \"text\" or \"image_url\", got {other:?}"
+                    ),
                 ))
             }
             None => {
@@ -376,7 +421,17 @@ fn content_parts(i: usize, parts: &[Value], assistant: bool) -> Result<String, A
             }
         }
     }
-    Ok(texts.join("\n"))
+    Ok(text)
+}
+
+/// The URL of an image part: `image_url` as a string or `{url, detail}` (OpenAI's chat
+/// API), `input_image`'s `image_url` string (its Responses API).
+fn image_url<'a>(part: &'a Value, kind: &str) -> Option<&'a str> {
+    match &part[kind] {
+        Value::String(url) => Some(url),
+        Value::Object(o) => o.get("url").and_then(Value::as_str),
+        _ => part.get("image_url").and_then(Value::as_str),
+    }
 }
 
 /// One of an assistant message's `tool_calls`: `{"id", "type": "function", "function":

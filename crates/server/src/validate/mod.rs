@@ -21,9 +21,10 @@ use ferrite_engine::sampling::SamplingParams;
 use ferrite_protocol::{CompletionRequest, PredictionContent, Prompt};
 
 use crate::error::ApiError;
+use crate::images::{image_bytes, ImageInput};
 pub use body::{deserialize_body, deserialize_naming_the_field, parse_body};
 use body::{drop_unknown, json_object, require};
-pub use chat::{parse_chat_body, ChatInput, ChatParams, ToolChoice};
+pub use chat::{parse_chat_body, ChatInput, ChatParams, ToolChoice, CHAT_IMAGE_MARKER};
 use checks::{int_in_range, non_negative, token_ids};
 pub use constraint::{
     any_call_schema, json_layout, tool_definitions, tool_schema, OutputConstraint, ToolDefinition,
@@ -132,6 +133,30 @@ pub struct GenerateParams {
     pub constraint: Option<OutputConstraint>,
     /// End user, for the logs.
     pub user: Option<String>,
+    /// The prompt's images, in order (bytes, decoded when the prompt is prepared).
+    pub images: Vec<ImageInput>,
+    /// What marks an image's place in the prompt's text.
+    pub image_marker: ImageMarker,
+}
+
+/// What marks an image's place in a prompt's text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ImageMarker {
+    /// `<image>`, as the completions API's `images` documents it.
+    #[default]
+    Completion,
+    /// The chat route's per-process marker ([`chat::CHAT_IMAGE_MARKER`]).
+    Chat,
+}
+
+impl ImageMarker {
+    /// The marker's text.
+    pub fn text(self) -> &'static str {
+        match self {
+            Self::Completion => "<image>",
+            Self::Chat => chat::CHAT_IMAGE_MARKER.as_str(),
+        }
+    }
 }
 
 /// The prompts in their typed forms.
@@ -226,27 +251,37 @@ fn stop_strings(r: &CompletionRequest, max_bytes: usize) -> Result<Vec<String>, 
     Ok(stop)
 }
 
-/// `images`: this server's models read text only.
-fn check_images(r: &CompletionRequest, prompts: &[PromptInput]) -> Result<(), ApiError> {
+/// `images`: each a `data:` URI or base64, as many as the one text prompt has `<image>`
+/// markers. Whether the model reads images is the engine's to say, once the prompt is
+/// prepared.
+fn check_images(
+    r: &CompletionRequest,
+    prompts: &[PromptInput],
+) -> Result<Vec<ImageInput>, ApiError> {
     let Some(images) = r.images.as_ref().filter(|i| !i.is_empty()) else {
-        return Ok(());
+        return Ok(Vec::new());
     };
-    let markers: usize = prompts
+    let [PromptInput::Text(text)] = prompts else {
+        return Err(ApiError::invalid(
+            "images",
+            "`images` go with one text prompt holding an `<image>` marker for each",
+        ));
+    };
+    let markers = text.matches(ImageMarker::Completion.text()).count();
+    if markers != images.len() {
+        return Err(ApiError::invalid(
+            "images",
+            format!(
+                "{} image(s) were given for {markers} `<image>` marker(s) in the prompt; the counts must be equal",
+                images.len()
+            ),
+        ));
+    }
+    images
         .iter()
-        .map(|p| match p {
-            PromptInput::Text(t) => t.matches("<image>").count(),
-            PromptInput::Rendered(_) | PromptInput::Tokens(_) => 0,
-        })
-        .sum();
-    let message = if markers != images.len() {
-        format!(
-            "{} image(s) were given for {markers} `<image>` marker(s) in the prompt; the counts must be equal (and this model reads text only)",
-            images.len()
-        )
-    } else {
-        "this model reads text only: `images` cannot be used with it".to_string()
-    };
-    Err(ApiError::invalid("images", message))
+        .enumerate()
+        .map(|(i, reference)| image_bytes(&format!("images[{i}]"), reference))
+        .collect()
 }
 
 /// `modalities` and `audio`: only text comes out.
@@ -383,7 +418,7 @@ impl GenerateParams {
         let prediction = prediction(&r)?;
         let constraint = constraint::output_constraint(&r, limits.max_tool_name_bytes)?;
         let prompts = prompts(r.prompt.clone())?;
-        check_images(&r, &prompts)?;
+        let images = check_images(&r, &prompts)?;
         Ok(Self {
             model: r.model,
             prompts,
@@ -413,6 +448,8 @@ impl GenerateParams {
             prediction,
             constraint,
             user: r.user,
+            images,
+            image_marker: ImageMarker::Completion,
         })
     }
 }

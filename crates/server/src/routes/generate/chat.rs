@@ -18,8 +18,8 @@ use crate::error::ApiError;
 use crate::routes::body::RawBody;
 use crate::state::AppState;
 use crate::validate::{
-    any_call_schema, parse_chat_body, tool_schema, ChatParams, OutputConstraint, ToolChoice,
-    ToolDefinition,
+    any_call_schema, parse_chat_body, tool_schema, ChatParams, ImageMarker, OutputConstraint,
+    ToolChoice, ToolDefinition,
 };
 
 /// Whether `piece` is one control token of the vocabulary.
@@ -39,7 +39,7 @@ pub async fn chat_completions(
     let setup = Arc::clone(state.chat()?);
     let ChatParams {
         mut generate,
-        input,
+        mut input,
         tool_choice,
         tools,
         parallel_tool_calls,
@@ -77,6 +77,8 @@ pub async fn chat_completions(
     // Rendering runs the template's code: off the async workers (its fuel bounds it), and
     // over long messages a few at a time (the turn ends before the prompt's own).
     let tokenizer = Arc::clone(engine.tokenizer());
+    generate.images = std::mem::take(&mut input.images);
+    generate.image_marker = ImageMarker::Chat;
     let prompt = {
         let _turn = state.heavy_turn(body.len(), false).await?;
         tokio::task::spawn_blocking(move || setup.render(&input, &tokenizer))
@@ -93,7 +95,10 @@ pub async fn chat_completions(
         "chatcmpl",
     )
     .await
-    .map_err(|e| e.with_param_renamed("prompt", "messages"))
+    .map_err(|e| {
+        e.with_param_renamed("prompt", "messages")
+            .with_param_renamed("images", "messages")
+    })
 }
 
 /// With `tool_choice: auto` in the Hermes syntax, the output is free until the model

@@ -8,6 +8,7 @@ pub(crate) mod chat;
 mod collect;
 mod logprobs;
 mod prepare;
+pub(crate) use prepare::encode_with_images;
 mod reply;
 mod stream;
 mod timed;

@@ -3,15 +3,18 @@
 //! against the vocabulary, and one group of sequences per prompt.
 
 use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferrite_engine::constrain::Constraint;
 use ferrite_engine::tokenizer::{TokenId, Tokenizer};
+use ferrite_engine::vision::prompt::PromptImage;
 use ferrite_engine::{EngineHandle, SequenceRequest};
 
 use crate::error::ApiError;
+use crate::images::{check_count, decode_all, ImageInput};
 use crate::state::RequestLimits;
-use crate::validate::{GenerateParams, Overflow, PromptInput};
+use crate::validate::{GenerateParams, ImageMarker, Overflow, PromptInput};
 
 /// The prompt as `echo` returns it: its tokens decoded (special tokens spelled out only
 /// with `skip_special_tokens: false`), and the characters each token adds, so that the
@@ -82,8 +85,22 @@ pub fn prepare(
     // Each choice gets its own copy of the compiled grammar.
     template.constraint = constraint;
     let mut prompts = Vec::with_capacity(params.prompts.len());
+    let mut prompt_images = Vec::new();
     for (p, input) in params.prompts.iter().enumerate() {
         let tokens = match input {
+            _ if !params.images.is_empty() => {
+                refuse_textless_fields(params)?;
+                let (tokens, images) = encode_with_images(
+                    engine,
+                    limits,
+                    input,
+                    &params.images,
+                    params.image_marker,
+                    cancelled,
+                )?;
+                prompt_images = images;
+                tokens
+            }
             PromptInput::Text(text) => match (&params.suffix, fim) {
                 (Some(suffix), true) => tokenizer
                     .encode_fill_in_middle(text, suffix)
@@ -95,7 +112,14 @@ pub fn prepare(
             }
             PromptInput::Tokens(ids) => ids.clone(),
         };
+        let before = tokens.len();
         let (tokens, mut max_tokens) = fit_context(params, tokens, context)?;
+        if !prompt_images.is_empty() && tokens.len() != before {
+            return Err(ApiError::invalid(
+                "truncate_sequence",
+                "a prompt with images is not cut to fit the context: shorten its text or send fewer images",
+            ));
+        }
         if params.max_tokens.is_none() {
             max_tokens = default_within_limits(max_tokens, tokens.len(), params, limits);
         }
@@ -103,6 +127,7 @@ pub fn prepare(
             .map(|j| {
                 let mut r = template.clone();
                 r.prompt = tokens.clone();
+                r.images = prompt_images.clone();
                 r.max_tokens = max_tokens;
                 r.min_tokens = params.min_tokens.min(max_tokens);
                 r.sampling.seed = choice_seed(base_seed, p * params.best_of + j);
@@ -133,6 +158,91 @@ pub fn prepare(
         prompts,
         appended_suffix: params.suffix.clone().filter(|_| !fim),
     })
+}
+
+/// A 400 for the fields that need a prompt's text where images have none.
+fn refuse_textless_fields(params: &GenerateParams) -> Result<(), ApiError> {
+    for (field, asked) in [
+        ("echo", params.output.echo),
+        ("prompt_logprobs", params.output.prompt_logprobs.is_some()),
+        ("suffix", params.suffix.is_some()),
+    ] {
+        if asked {
+            return Err(ApiError::invalid(
+                field,
+                format!("`{field}` cannot be used with images (an image's positions have no text)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The tokens of a prompt with images, and its images: the text's pieces between the
+/// image markers tokenized apart (the first with the model's BOS), and in each marker's
+/// place the projector's text before an image, the image's placeholder positions, and its
+/// text after (llama.cpp's `mtmd` chunks). The images are decoded here, off the async
+/// workers, within the server's limits; an error about them all names `images`.
+pub fn encode_with_images(
+    engine: &EngineHandle,
+    limits: &RequestLimits,
+    input: &PromptInput,
+    images: &[ImageInput],
+    marker: ImageMarker,
+    cancelled: &AtomicBool,
+) -> Result<(Vec<TokenId>, Vec<PromptImage>), ApiError> {
+    let Some(vision) = engine.vision() else {
+        return Err(ApiError::invalid(
+            "images",
+            "this model reads text only: images need a vision model (`ferrite serve --mmproj`)",
+        ));
+    };
+    check_count("images", images.len(), &limits.images)?;
+    let decoded = decode_all(images, &limits.images)?;
+    let tokenizer = engine.tokenizer();
+    let (text, rendered) = match input {
+        PromptInput::Text(text) => (text, false),
+        PromptInput::Rendered(text) => (text, true),
+        PromptInput::Tokens(_) => {
+            return Err(ApiError::invalid("images", "images go with a text prompt"))
+        }
+    };
+    let pieces: Vec<&str> = text.split(marker.text()).collect();
+    if pieces.len() != decoded.len() + 1 {
+        return Err(ApiError::invalid(
+            "images",
+            format!(
+                "the prompt has {} image marker(s) for {} image(s)",
+                pieces.len() - 1,
+                decoded.len()
+            ),
+        ));
+    }
+    let markers = vision.markers();
+    let mut tokens = Vec::new();
+    let mut images = Vec::with_capacity(decoded.len());
+    for (k, piece) in pieces.iter().enumerate() {
+        let first = k == 0;
+        tokens.extend(match (rendered, first) {
+            (true, _) => tokenizer.encode_rendered_until(piece, first, cancelled)?,
+            (false, true) => tokenizer.encode_prompt_until(piece, cancelled)?,
+            (false, false) => tokenizer.encode_until(piece, true, cancelled)?,
+        });
+        let Some(image) = decoded.get(k) else {
+            break;
+        };
+        tokens.extend(tokenizer.encode(markers.begin, true));
+        let plan = vision.plan(&image.image);
+        let prompt_image = PromptImage {
+            start: tokens.len(),
+            tokens: plan.tokens,
+            hash: image.hash,
+            image: Arc::new(image.image.clone()),
+        };
+        tokens.extend(prompt_image.placeholders());
+        images.push(prompt_image);
+        tokens.extend(tokenizer.encode(markers.end, true));
+    }
+    Ok((tokens, images))
 }
 
 /// A 400 when the request's prompts together are longer than `--max-prompt-tokens`, or
