@@ -220,4 +220,4 @@ def test_a_text_only_model_refuses_images(server):
     r = httpx.post(f"{server.base}/v1/chat/completions", timeout=60, json={
         "model": "default", "max_tokens": 1, "messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": one}}]}]})
-    assert error_param(r) == "messages"
+    assert error_param(r) == "messages[0].content[0]"

@@ -191,8 +191,13 @@ pub fn encode_with_images(
     cancelled: &AtomicBool,
 ) -> Result<(Vec<TokenId>, Vec<PromptImage>), ApiError> {
     let Some(vision) = engine.vision() else {
+        // A chat request's error names the part; a completion's its `images`.
+        let field = match (marker, images.first()) {
+            (ImageMarker::Chat, Some(first)) => first.field.as_str(),
+            _ => "images",
+        };
         return Err(ApiError::invalid(
-            "images",
+            field,
             "this model reads text only: images need a vision model (`ferrite serve --mmproj`)",
         ));
     };
