@@ -42,5 +42,6 @@ fn run(data: &[u8]) {
         cache: &mut cache,
         logits: Logits::Last,
         prompt_len: tokens.len(),
+        images: Vec::new(),
     }]);
 }
