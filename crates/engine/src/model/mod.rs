@@ -27,8 +27,7 @@ use crate::error::EngineError;
 use crate::gguf::GgufFile;
 use crate::kv_cache::SequenceCache;
 use crate::quant::{Embedding, RowKernel};
-use crate::tokenizer::TokenId;
-use crate::vision::prompt::is_image_token;
+use crate::tokenizer::{is_image_token, TokenId};
 
 /// What the engine needs to know about a loaded model.
 #[derive(Debug, Clone)]

@@ -26,6 +26,15 @@ use specials::{Fragment, SpecialSplitter};
 /// A token id.
 pub type TokenId = u32;
 
+/// Token ids from here on are images' placeholders, not tokens (no vocabulary comes near
+/// 2^31): see [`crate::vision::prompt`].
+pub const IMAGE_TOKEN_BASE: TokenId = 1 << 31;
+
+/// Whether `id` is an image's placeholder rather than a token.
+pub fn is_image_token(id: TokenId) -> bool {
+    id >= IMAGE_TOKEN_BASE
+}
+
 /// Merges run between two looks at a cancel flag (a few hundred microseconds).
 const MERGES_PER_CHECK: usize = 4096;
 

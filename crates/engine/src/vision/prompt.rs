@@ -11,13 +11,7 @@ use std::sync::Arc;
 use super::image::RgbImage;
 use crate::tokenizer::TokenId;
 
-/// Placeholder ids start here: no vocabulary comes near 2^31 tokens.
-pub const IMAGE_TOKEN_BASE: TokenId = 1 << 31;
-
-/// Whether `id` is an image's placeholder rather than a token.
-pub fn is_image_token(id: TokenId) -> bool {
-    id >= IMAGE_TOKEN_BASE
-}
+pub use crate::tokenizer::{is_image_token, IMAGE_TOKEN_BASE};
 
 /// The placeholder of position `i` of the image whose content hash is `hash`: 31 bits
 /// mixed from the hash's first 64 and the position.
