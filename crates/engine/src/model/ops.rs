@@ -177,15 +177,7 @@ pub fn fast_exp(x: f32) -> f32 {
 pub fn gelu_mul(gate: &mut [f32], up: &[f32]) {
     let table = gelu_table();
     for (g, u) in gate.iter_mut().zip(up) {
-        let x = *g;
-        let y = if x <= -10.0 {
-            0.0
-        } else if x >= 10.0 {
-            x
-        } else {
-            table[f16::from_f32(x).to_bits() as usize]
-        };
-        *g = y * u;
+        *g = gelu_by_table(table, *g) * u;
     }
 }
 
@@ -194,13 +186,19 @@ pub fn gelu_mul(gate: &mut [f32], up: &[f32]) {
 pub fn gelu_in_place(x: &mut [f32]) {
     let table = gelu_table();
     for v in x.iter_mut() {
-        *v = if *v <= -10.0 {
-            0.0
-        } else if *v >= 10.0 {
-            *v
-        } else {
-            table[f16::from_f32(*v).to_bits() as usize]
-        };
+        *v = gelu_by_table(table, *v);
+    }
+}
+
+/// ggml's table-driven GELU of one value: zero at or below -10, the value itself at or
+/// above 10, else the table's entry for the value rounded to f16.
+fn gelu_by_table(table: &[f32], x: f32) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x
+    } else {
+        table[f16::from_f32(x).to_bits() as usize]
     }
 }
 

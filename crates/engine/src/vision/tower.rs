@@ -218,16 +218,10 @@ impl Tower {
         &self.shape
     }
 
-    /// The tower's output for an image of normalised pixels, planar (all of red, then
-    /// green, then blue, each row by row) and `image_size` on a side: one row of `hidden`
-    /// values per patch, raster order. [`Self::start`] and [`Self::advance`] in one go.
-    pub fn forward(&self, pixels: Vec<f32>) -> Result<Vec<f32>, EngineError> {
-        let mut run = self.start(pixels);
-        while !self.advance(&mut run, usize::MAX)? {}
-        Ok(run.x)
-    }
-
-    /// An image's way through the tower, not yet started.
+    /// An image's way through the tower, not yet started: its normalised pixels, planar
+    /// (all of red, then green, then blue, each row by row) and `image_size` on a side.
+    /// [`Self::advance`] runs it; its output is one row of `hidden` values per patch, raster
+    /// order.
     pub fn start(&self, pixels: Vec<f32>) -> TowerRun {
         TowerRun {
             pixels,
