@@ -221,3 +221,15 @@ def test_a_text_only_model_refuses_images(server):
         "model": "default", "max_tokens": 1, "messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": one}}]}]})
     assert error_param(r) == "messages[0].content[0]"
+
+
+def test_tokenize_with_messages_counts_the_images_positions(vision):
+    server, fixture = vision
+    for case in fixture["cases"][:2] + fixture["cases"][-2:]:
+        r = httpx.post(f"{server.base}/tokenize", timeout=60, json={
+            "model": "default", "messages": messages(case["parts"]), "return_token_strs": True})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["count"] == case["usage"]["prompt_tokens"], case["name"]
+        images_in = sum(1 for p in case["parts"] if p[0] == "image")
+        assert body["token_strs"].count("<image>") == 16 * images_in, case["name"]

@@ -90,9 +90,12 @@ pub async fn tokenize(
     let engine_for_images = engine.clone();
     let limits = state.limits;
     let (tokens, strs) = tokio::task::spawn_blocking(move || {
-        if !images.is_empty() {
+        // Special tokens written in the text are their ids either way, as in a Hugging
+        // Face tokenizer (vLLM's): `add_special_tokens` only says whether BOS is added. So
+        // lm-evaluation-harness finds the EOS id by tokenizing `eos_token`.
+        let tokens = match (&text, special) {
             // As the chat route builds the prompt: each image's positions counted.
-            let (tokens, _) = encode_with_images(
+            _ if !images.is_empty() => encode_with_images(
                 &engine_for_images,
                 &limits,
                 &text,
@@ -100,35 +103,25 @@ pub async fn tokenize(
                 ImageMarker::Chat,
                 &cancelled,
             )
-            .map_err(|e| e.with_param_renamed("images", "messages"))?;
-            let strs = with_strs.then(|| {
-                tokens
-                    .iter()
-                    .map(|&t| match is_image_token(t) {
-                        true => "<image>".to_string(),
-                        false => tokenizer.piece(t).unwrap_or_default().to_string(),
-                    })
-                    .collect()
-            });
-            return Ok((tokens, strs));
-        }
-        // Special tokens written in the text are their ids either way, as in a Hugging
-        // Face tokenizer (vLLM's): `add_special_tokens` only says whether BOS is added. So
-        // lm-evaluation-harness finds the EOS id by tokenizing `eos_token`.
-        let tokens = match (&text, special) {
+            .map(|(tokens, _)| tokens)
+            .map_err(|e| e.with_param_renamed("images", "messages"))?,
             (PromptInput::Rendered(text), _) => {
-                tokenizer.encode_rendered_until(text, special, &cancelled)
+                tokenizer.encode_rendered_until(text, special, &cancelled)?
             }
-            (PromptInput::Text(text), true) => tokenizer.encode_prompt_until(text, &cancelled),
-            (PromptInput::Text(text), false) => tokenizer.encode_until(text, true, &cancelled),
-            (PromptInput::Tokens(ids), _) => Ok(ids.clone()),
-        }?;
+            (PromptInput::Text(text), true) => tokenizer.encode_prompt_until(text, &cancelled)?,
+            (PromptInput::Text(text), false) => tokenizer.encode_until(text, true, &cancelled)?,
+            (PromptInput::Tokens(ids), _) => ids.clone(),
+        };
         // The vocabulary's own strings, as a Hugging Face tokenizer's
-        // `convert_ids_to_tokens` gives them (vLLM's `token_strs`), not decoded text.
+        // `convert_ids_to_tokens` gives them (vLLM's `token_strs`), not decoded text; an
+        // image's positions `<image>`.
         let strs = with_strs.then(|| {
             tokens
                 .iter()
-                .map(|&t| tokenizer.piece(t).unwrap_or_default().to_string())
+                .map(|&t| match is_image_token(t) {
+                    true => "<image>".to_string(),
+                    false => tokenizer.piece(t).unwrap_or_default().to_string(),
+                })
                 .collect()
         });
         Ok::<_, ApiError>((tokens, strs))
