@@ -137,6 +137,32 @@ def test_the_openai_sdk_sends_an_image_url_part(vision):
     close(got, case, case["name"], fixture.get("recorded_on"))
 
 
+def test_langchain_chat_openai_sends_an_image_message(vision):
+    """LangChain's `ChatOpenAI` with a `HumanMessage` of a text block and an `image_url`
+    block (e2e/clients/vision.py, in the clients' own virtualenv) gets the answer the
+    openai SDK gets, invoked and streamed."""
+    server, fixture = vision
+    python = ROOT / ".venv-clients" / "bin" / "python"
+    assert python.exists(), f"{python} is missing: run scripts/test.sh"
+    case = fixture["cases"][2]
+    (text,) = [p[1] for p in case["parts"] if p[0] == "text"]
+    (image,) = [images.data_uri(*p[1:]) for p in case["parts"] if p[0] == "image"]
+    p = subprocess.run([str(python), str(ROOT / "e2e" / "clients" / "vision.py"), f"{server.base}/v1",
+                        "default", str(case["max_tokens"])],
+                       input=json.dumps({"text": text, "image": image}), capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0, timeout=300)
+    expected = client.chat.completions.create(
+        model="default", messages=messages(case["parts"]), max_tokens=case["max_tokens"],
+        temperature=0)
+    assert expected.choices[0].message.content
+    assert out["invoke"] == expected.choices[0].message.content
+    assert "".join(out["stream"]) == out["invoke"]
+    assert out["usage"]["input_tokens"] == case["usage"]["prompt_tokens"]
+
+
 def test_an_image_sent_again_is_not_encoded_again(vision):
     server, fixture = vision
     case = fixture["cases"][1]
@@ -145,11 +171,14 @@ def test_an_image_sent_again_is_not_encoded_again(vision):
     again = chat_answer(server, case)
     assert first["tokens"] == again["tokens"]
     after = server.metrics()["ferrite_images_encoded_total"]
-    # The fixture's earlier tests may have sent it already: at most one encoding.
-    assert after - before <= 1, (before, after)
+    # The metric counts views (a tiling projector's tiles and global view); the fixture's
+    # earlier tests may have sent the image already: at most one encoding of each.
+    image = next(p for p in case["parts"] if p[0] == "image")
+    assert after - before <= views(fixture, *image[1:3]), (before, after)
     other = {"parts": [["text", "Describe"], ["image", 64, 48, 77]], "max_tokens": 1}
     chat_answer(server, other)
-    assert server.metrics()["ferrite_images_encoded_total"] == after + 1, "a new image is encoded"
+    assert server.metrics()["ferrite_images_encoded_total"] == after + views(fixture, 64, 48), \
+        "a new image is encoded"
 
 
 def png_header(width, height):
@@ -231,5 +260,24 @@ def test_tokenize_with_messages_counts_the_images_positions(vision):
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["count"] == case["usage"]["prompt_tokens"], case["name"]
-        images_in = sum(1 for p in case["parts"] if p[0] == "image")
-        assert body["token_strs"].count("<image>") == 16 * images_in, case["name"]
+        positions = sum(image_positions(fixture, p[1], p[2]) for p in case["parts"] if p[0] == "image")
+        assert body["token_strs"].count("<image>") == positions, case["name"]
+
+
+def views(fixture, width, height):
+    """The views of an image on the fixture's small tower: Gemma 3's one, or Idefics3's
+    128-pixel tiles of the image scaled to 384 on its longer side (the shorter side
+    truncated, then made even) and its global view."""
+    if fixture["mmproj"][fixture["mmproj"].index("--projector") + 1] == "gemma3":
+        return 1
+    if width >= height:
+        w, h = 384, int(384 / (width / height))
+    else:
+        w, h = int(384 * (width / height)), 384
+    w, h = w + w % 2, h + h % 2
+    return -(-w // 128) * -(-h // 128) + 1
+
+
+def image_positions(fixture, width, height):
+    """The prompt positions an image takes: 16 for each of its views."""
+    return 16 * views(fixture, width, height)

@@ -167,7 +167,7 @@ impl Metrics {
                 ("ferrite_draft_tokens_accepted_total", "counter", "Draft tokens (predicted, forced by a grammar, or found by prompt lookup) accepted: generated without a forward step of their own.", s.draft_tokens_accepted as f64),
                 ("ferrite_draft_tokens_fed_total", "counter", "Draft tokens fed to forward steps for verification, accepted or not.", s.draft_tokens_fed as f64),
                 ("ferrite_kv_cache_budget_positions", "gauge", "KV cache positions the running sequences may reserve together.", s.kv_budget as f64),
-                ("ferrite_images_encoded_total", "counter", "Images run through the vision model (an image seen again comes from the embedding cache and is not counted).", s.images_encoded as f64),
+                ("ferrite_images_encoded_total", "counter", "Image views run through the vision model: one for an image, or each tile and the global view of an image a projector tiles (a view seen again comes from the embedding cache and is not counted).", s.images_encoded as f64),
             ];
             for (name, kind, help, value) in engine_metrics {
                 single(name, kind, help, value);

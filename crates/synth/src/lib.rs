@@ -41,6 +41,9 @@ pub struct Spec {
     pub shape: Shape,
     /// The seed of every tensor's values.
     pub seed: u64,
+    /// The projector whose prompt tokens are added to the copied vocabulary (as special
+    /// tokens at its end), for a text model that pairs with it.
+    pub image_tokens: Option<Projector>,
 }
 
 impl Spec {
@@ -52,6 +55,7 @@ impl Spec {
             mix: Mix::Uniform,
             shape: arch.small_shape(),
             seed: 0,
+            image_tokens: None,
         }
     }
 
@@ -126,7 +130,10 @@ pub fn write_model(spec: &Spec, tokenizer_from: &Path, out: &Path) -> io::Result
 /// The model `spec` describes, assembled but not written (so that a test can change a
 /// key before writing it).
 pub fn model_file(spec: &Spec, tokenizer_from: &Path) -> io::Result<GgufWriter> {
-    let tokenizer = tokenizer_metadata(tokenizer_from)?;
+    let mut tokenizer = tokenizer_metadata(tokenizer_from)?;
+    if let Some(projector) = spec.image_tokens {
+        add_special_tokens(&mut tokenizer, &projector.added_tokens());
+    }
     let vocab = match tokenizer.iter().find(|(k, _)| k == "tokenizer.ggml.tokens") {
         Some((_, Value::Array(tokens))) => tokens.len(),
         _ => {
@@ -179,6 +186,23 @@ fn tokenizer_metadata(path: &Path) -> io::Result<Vec<(String, Value)>> {
         .collect();
     out.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(out)
+}
+
+/// `tokens` appended to a vocabulary's token list as control tokens (type 3), with a
+/// score of zero where the vocabulary has scores.
+fn add_special_tokens(tokenizer: &mut [(String, Value)], tokens: &[String]) {
+    for (key, value) in tokenizer.iter_mut() {
+        let Value::Array(values) = value else {
+            continue;
+        };
+        let extra = |v: fn(&String) -> Value| tokens.iter().map(v).collect::<Vec<_>>();
+        match key.as_str() {
+            "tokenizer.ggml.tokens" => values.extend(extra(|t| Value::String(t.clone()))),
+            "tokenizer.ggml.token_type" => values.extend(extra(|_| Value::I32(3))),
+            "tokenizer.ggml.scores" => values.extend(extra(|_| Value::F32(0.0))),
+            _ => {}
+        }
+    }
 }
 
 fn tensor_data(spec: &Spec, t: TensorSpec, tied: bool) -> io::Result<TensorData> {

@@ -10,6 +10,9 @@
 //!     ferrite-synth --projector gemma3 --arch gemma3 [--shape small|1b] [--vision small|full] \
 //!         [--type f16] [--seed N] --out mmproj-gemma3.gguf
 //!
+//! `--image-tokens idefics3` adds that projector's prompt tokens (`<global-img>`,
+//! `<row_1_col_1>`, ...) to the copied vocabulary, for a text model that pairs with it.
+//!
 //! `--projector` writes the vision projector (an `mmproj` file, llama.cpp's `clip`
 //! architecture) that pairs with the text model of that `--arch` and `--shape`: its
 //! projection ends in that model's width. `--vision full` is the real model's tower
@@ -38,6 +41,7 @@ fn run(args: Vec<String>) -> Result<(), String> {
     let mut mix = Mix::Uniform;
     let (mut tokenizer, mut out) = (None, None);
     let (mut projector, mut vision) = (None, "small".to_string());
+    let mut image_tokens = None;
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
@@ -69,6 +73,14 @@ fn run(args: Vec<String>) -> Result<(), String> {
                 );
             }
             "--vision" => vision = value()?,
+            "--image-tokens" => {
+                let v = value()?;
+                let names: Vec<_> = Projector::ALL.iter().map(|p| p.name()).collect();
+                image_tokens = Some(
+                    Projector::from_name(&v)
+                        .ok_or(format!("--image-tokens {v}: one of {names:?}"))?,
+                );
+            }
             "--seed" => seed = value()?.parse().map_err(|e| format!("--seed: {e}"))?,
             "--tokenizer-from" => tokenizer = Some(PathBuf::from(value()?)),
             "--out" => out = Some(PathBuf::from(value()?)),
@@ -110,6 +122,7 @@ fn run(args: Vec<String>) -> Result<(), String> {
         mix,
         shape: text_shape,
         seed,
+        image_tokens,
     };
     let tokenizer = tokenizer.ok_or("--tokenizer-from is required")?;
     let out = out.ok_or("--out is required")?;

@@ -20,6 +20,9 @@ use crate::rng::Rng;
 pub enum Projector {
     /// Gemma 3: SigLIP, 4x4 average pooling, an RMS norm, one projection.
     Gemma3,
+    /// Idefics3 (SmolVLM): SigLIP over tiles and a global view, pixel shuffle, one
+    /// projection.
+    Idefics3,
 }
 
 /// A vision tower's size.
@@ -37,8 +40,12 @@ pub struct VisionShape {
     pub heads: usize,
     /// Feed-forward width.
     pub ffn: usize,
-    /// Side of the pooling window (Gemma 3's average pooling).
+    /// Side of the pooling window (Gemma 3's average pooling) or of the pixel shuffle
+    /// (Idefics3's).
     pub merge: usize,
+    /// The longer side an image is scaled to before it is tiled (Idefics3's
+    /// `preproc_image_size`; 0 where the projector does not tile).
+    pub longest_edge: usize,
 }
 
 impl VisionShape {
@@ -65,12 +72,30 @@ pub struct ProjectorSpec {
 
 impl Projector {
     /// Every projector type.
-    pub const ALL: [Self; 1] = [Self::Gemma3];
+    pub const ALL: [Self; 2] = [Self::Gemma3, Self::Idefics3];
 
     /// The name `clip.projector_type` holds (and the command line takes).
     pub fn name(self) -> &'static str {
         match self {
             Self::Gemma3 => "gemma3",
+            Self::Idefics3 => "idefics3",
+        }
+    }
+
+    /// The special tokens its prompt layout uses that a text model's vocabulary may lack
+    /// (Gemma's tokenizer has its own).
+    pub fn added_tokens(self) -> Vec<String> {
+        match self {
+            Self::Gemma3 => Vec::new(),
+            Self::Idefics3 => {
+                let mut out: Vec<String> = ["<fake_token_around_image>", "<image>", "<global-img>"]
+                    .map(String::from)
+                    .into();
+                for r in 1..=6 {
+                    out.extend((1..=6).map(|c| format!("<row_{r}_col_{c}>")));
+                }
+                out
+            }
         }
     }
 
@@ -79,10 +104,12 @@ impl Projector {
         Self::ALL.into_iter().find(|p| p.name() == name)
     }
 
-    /// The small tower tests use: 224-pixel images in 14-pixel patches (256 patches,
-    /// 16 image tokens after pooling), two blocks.
+    /// The small tower tests use, two blocks. Gemma 3: 224-pixel images in 14-pixel
+    /// patches (256 patches, 16 image tokens after pooling). Idefics3: 128-pixel tiles in
+    /// 16-pixel patches (64 patches, 16 tokens after the 2x2 shuffle), images scaled to
+    /// 384 pixels on their longer side first (up to 3x3 tiles).
     pub fn small_shape(self) -> VisionShape {
-        VisionShape {
+        let small = VisionShape {
             image_size: 224,
             patch_size: 14,
             hidden: 128,
@@ -90,26 +117,51 @@ impl Projector {
             heads: 4,
             ffn: 256,
             merge: 4,
+            longest_edge: 0,
+        };
+        match self {
+            Self::Gemma3 => small,
+            Self::Idefics3 => VisionShape {
+                image_size: 128,
+                patch_size: 16,
+                merge: 2,
+                longest_edge: 384,
+                ..small
+            },
         }
     }
 
-    /// Gemma 3 4B's tower (SigLIP-So400m at 896 pixels), for benchmarks.
+    /// The real model's tower, for benchmarks: Gemma 3 4B's (SigLIP-So400m at 896
+    /// pixels), SmolVLM-256M's (SigLIP-B at 512 pixels, 2048-pixel images).
     pub fn full_shape(self) -> VisionShape {
-        VisionShape {
-            image_size: 896,
-            patch_size: 14,
-            hidden: 1152,
-            layers: 27,
-            heads: 16,
-            ffn: 4304,
-            merge: 4,
+        match self {
+            Self::Gemma3 => VisionShape {
+                image_size: 896,
+                patch_size: 14,
+                hidden: 1152,
+                layers: 27,
+                heads: 16,
+                ffn: 4304,
+                merge: 4,
+                longest_edge: 0,
+            },
+            Self::Idefics3 => VisionShape {
+                image_size: 512,
+                patch_size: 16,
+                hidden: 768,
+                layers: 12,
+                heads: 12,
+                ffn: 3072,
+                merge: 4,
+                longest_edge: 2048,
+            },
         }
     }
 
     /// The `clip.*` metadata llama.cpp's loader reads, with the types it insists on.
     fn metadata(self, s: &VisionShape, text_hidden: usize) -> Vec<(String, Value)> {
         let half = Value::Array(vec![Value::F32(0.5); 3]);
-        vec![
+        let mut out = vec![
             ("general.architecture".into(), Value::String("clip".into())),
             ("general.type".into(), Value::String("mmproj".into())),
             ("clip.has_vision_encoder".into(), Value::Bool(true)),
@@ -156,7 +208,14 @@ impl Projector {
             ),
             ("clip.vision.image_mean".into(), half.clone()),
             ("clip.vision.image_std".into(), half),
-        ]
+        ];
+        if self == Self::Idefics3 {
+            out.push((
+                "clip.vision.preproc_image_size".into(),
+                Value::U32(s.longest_edge as u32),
+            ));
+        }
+        out
     }
 
     /// Every tensor, in the order llama.cpp's converter writes them (dimensions outermost
@@ -218,6 +277,11 @@ impl Projector {
                 ));
                 out.push(t("mm.soft_emb_norm.weight", vec![d], vector(1.0, 0.2)));
             }
+            Self::Idefics3 => out.push(t(
+                "mm.model.fc.weight",
+                vec![text_hidden, d * s.merge * s.merge],
+                Init::Weight(0.04),
+            )),
         }
         out
     }

@@ -7,7 +7,7 @@
 use super::image::RgbImage;
 use super::resize::{letterbox, Filter};
 use super::tower::TowerShape;
-use super::{transposed_matrix, ImagePlan, Normalize};
+use super::{transposed_matrix, ImagePart};
 use crate::error::EngineError;
 use crate::gguf::GgufFile;
 use crate::model::ops;
@@ -47,16 +47,22 @@ impl Gemma3 {
         self.projection.rows()
     }
 
-    /// Any image is one square of the tower's size: the same number of tokens.
-    pub fn plan(&self, shape: &TowerShape) -> ImagePlan {
-        ImagePlan {
-            tokens: (shape.grid() / self.merge).pow(2),
-        }
+    /// One view, the image letterboxed into the tower's square, between Gemma's image
+    /// markers: the same number of tokens for any image.
+    pub fn layout(&self, image: &RgbImage, shape: &TowerShape) -> Vec<ImagePart> {
+        vec![
+            ImagePart::Text("<start_of_image>".into()),
+            ImagePart::View {
+                pixels: letterbox(image, shape.image_size, Filter::Bilinear),
+                tokens: self.tokens(shape),
+            },
+            ImagePart::Text("<end_of_image>".into()),
+        ]
     }
 
-    /// The tower's input for `image`.
-    pub fn preprocess(&self, image: &RgbImage, shape: &TowerShape, n: &Normalize) -> Vec<f32> {
-        n.planar(&letterbox(image, shape.image_size, Filter::Bilinear))
+    /// Tokens of the image.
+    pub fn tokens(&self, shape: &TowerShape) -> usize {
+        (shape.grid() / self.merge).pow(2)
     }
 
     /// The image tokens' embeddings from the tower's output.

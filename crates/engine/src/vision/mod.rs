@@ -2,13 +2,15 @@
 //! llama.cpp's `mmproj` files (its `clip` architecture).
 //!
 //! An image is decoded within limits ([`image`]), resized and normalised as the
-//! projector's preprocessing says ([`resize`]), run through the vision transformer every
-//! projector shares ([`tower`]), and projected into the text model's width by its
-//! projector: one small file each (`gemma3.rs`), as the text architectures are over the
-//! shared decoder.
+//! projector's preprocessing says ([`resize`]) into one or more views (a projector that
+//! tiles an image reads each tile and a global view), each run through the vision
+//! transformer every projector shares ([`tower`]) and projected into the text model's
+//! width by its projector: one small file each (`gemma3.rs`, `idefics3.rs`), as the text
+//! architectures are over the shared decoder.
 
 mod cache;
 mod gemma3;
+mod idefics3;
 pub mod image;
 pub mod prompt;
 pub mod resize;
@@ -18,6 +20,7 @@ use std::path::Path;
 
 pub use cache::EmbeddingCache;
 use gemma3::Gemma3;
+use idefics3::Idefics3;
 pub use image::{content_hash, decode, ImageError, ImageLimits, RgbImage};
 use tower::Tower;
 
@@ -30,6 +33,8 @@ use crate::quant::{OwnFormat, QMatrix};
 pub enum ProjectorKind {
     /// Gemma 3 (4B, 12B, 27B).
     Gemma3,
+    /// Idefics3: SmolVLM and SmolVLM2.
+    Idefics3,
 }
 
 impl ProjectorKind {
@@ -37,25 +42,25 @@ impl ProjectorKind {
     pub fn name(self) -> &'static str {
         match self {
             Self::Gemma3 => "gemma3",
+            Self::Idefics3 => "idefics3",
         }
     }
 }
 
-/// How an image enters the prompt, known before it is encoded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ImagePlan {
-    /// Embeddings (prompt positions) the image takes.
-    pub tokens: usize,
-}
-
-/// The text around each image's embeddings, as llama.cpp's `mtmd` writes it (each
-/// tokenised on its own, special tokens allowed).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ImageMarkers {
-    /// Before the embeddings.
-    pub begin: &'static str,
-    /// After them.
-    pub end: &'static str,
+/// One piece of an image's place in a prompt ([`VisionModel::layout`]), in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImagePart {
+    /// Text around the views, tokenised on its own with special tokens (as `mtmd` adds
+    /// it).
+    Text(String),
+    /// A view of the image, already at the tower's input size, and the prompt positions
+    /// its embeddings take.
+    View {
+        /// The view's pixels.
+        pixels: RgbImage,
+        /// Its embeddings (prompt positions).
+        tokens: usize,
+    },
 }
 
 /// Bytes to the tower's input: `(byte / 255 - mean) / std` per channel, in f32, as
@@ -95,6 +100,7 @@ impl Normalize {
 /// A projector's own part.
 enum Projector {
     Gemma3(Gemma3),
+    Idefics3(Idefics3),
 }
 
 /// A loaded vision model: the tower and its projector.
@@ -125,9 +131,13 @@ impl VisionModel {
                 ProjectorKind::Gemma3,
                 Projector::Gemma3(Gemma3::load(&mut g, tower.shape())?),
             ),
+            "idefics3" => (
+                ProjectorKind::Idefics3,
+                Projector::Idefics3(Idefics3::load(&mut g, tower.shape())?),
+            ),
             other => {
                 return Err(EngineError::Unsupported(format!(
-                    "vision projector type `{other}` (ferrite reads gemma3)"
+                    "vision projector type `{other}` (ferrite reads gemma3 and idefics3)"
                 )))
             }
         };
@@ -148,16 +158,7 @@ impl VisionModel {
     pub fn text_hidden(&self) -> usize {
         match &self.projector {
             Projector::Gemma3(p) => p.text_hidden(),
-        }
-    }
-
-    /// The text around each image's embeddings.
-    pub fn markers(&self) -> ImageMarkers {
-        match self.kind {
-            ProjectorKind::Gemma3 => ImageMarkers {
-                begin: "<start_of_image>",
-                end: "<end_of_image>",
-            },
+            Projector::Idefics3(p) => p.text_hidden(),
         }
     }
 
@@ -167,37 +168,55 @@ impl VisionModel {
         matches!(self.kind, ProjectorKind::Gemma3)
     }
 
-    /// How `image` enters the prompt.
-    pub fn plan(&self, _image: &RgbImage) -> ImagePlan {
+    /// How `image` enters the prompt: its views, preprocessed for the tower, and the text
+    /// around them, in order.
+    pub fn layout(&self, image: &RgbImage) -> Vec<ImagePart> {
+        let shape = self.tower.shape();
         match &self.projector {
-            Projector::Gemma3(p) => p.plan(self.tower.shape()),
+            Projector::Gemma3(p) => p.layout(image, shape),
+            Projector::Idefics3(p) => p.layout(image, shape),
         }
     }
 
-    /// The embeddings of `image`: [`Self::plan`]'s `tokens` rows of [`Self::text_hidden`]
-    /// values. [`Self::start_encoding`] and [`Self::continue_encoding`] in one go.
+    /// The positions a view takes, if its pixels are a view the tower reads (as
+    /// [`Self::layout`] gives them).
+    pub fn view_tokens(&self, view: &RgbImage) -> Option<usize> {
+        let shape = self.tower.shape();
+        let square = view.width == shape.image_size && view.height == shape.image_size;
+        square.then(|| match &self.projector {
+            Projector::Gemma3(p) => p.tokens(shape),
+            Projector::Idefics3(p) => p.tokens(shape),
+        })
+    }
+
+    /// The embeddings of every view of `image`, in the order of [`Self::layout`]: rows of
+    /// [`Self::text_hidden`] values. [`Self::start_encoding`] and
+    /// [`Self::continue_encoding`] in one go.
     pub fn encode(&self, image: &RgbImage) -> Result<Vec<f32>, EngineError> {
-        let mut encoding = self.start_encoding(image);
-        loop {
-            if let Some(rows) = self.continue_encoding(&mut encoding, usize::MAX)? {
-                return Ok(rows);
+        let mut rows = Vec::new();
+        for part in self.layout(image) {
+            if let ImagePart::View { pixels, .. } = part {
+                let mut encoding = self.start_encoding(&pixels);
+                loop {
+                    if let Some(view) = self.continue_encoding(&mut encoding, usize::MAX)? {
+                        rows.extend(view);
+                        break;
+                    }
+                }
             }
         }
+        Ok(rows)
     }
 
-    /// An image's encoding, preprocessed and ready for the tower.
-    pub fn start_encoding(&self, image: &RgbImage) -> ImageEncoding {
-        let shape = self.tower.shape();
-        let pixels = match &self.projector {
-            Projector::Gemma3(p) => p.preprocess(image, shape, &self.normalize),
-        };
+    /// The encoding of a view ([`ImagePart::View`]), ready for the tower.
+    pub fn start_encoding(&self, view: &RgbImage) -> ImageEncoding {
         ImageEncoding {
-            run: self.tower.start(pixels),
+            run: self.tower.start(self.normalize.planar(view)),
         }
     }
 
     /// Runs the next `patches` patches' share of an encoding's work (see
-    /// [`Tower::advance`]): the image's embeddings once it is done.
+    /// [`Tower::advance`]): the view's embeddings once it is done.
     pub fn continue_encoding(
         &self,
         encoding: &mut ImageEncoding,
@@ -210,6 +229,7 @@ impl VisionModel {
         let shape = self.tower.shape();
         match &self.projector {
             Projector::Gemma3(p) => p.project(x, shape).map(Some),
+            Projector::Idefics3(p) => p.project(x, shape).map(Some),
         }
     }
 }

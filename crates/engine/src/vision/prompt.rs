@@ -1,12 +1,15 @@
-//! Images inside a prompt. An image takes a run of prompt positions; in the prompt's
-//! token list each of them holds a placeholder id derived from the image's content hash
-//! and its place in the run, above every real token id. The placeholders keep the token
+//! Images inside a prompt. Each view of an image (the whole image, or a tile of it) takes
+//! a run of prompt positions; in the prompt's token list each of them holds a placeholder
+//! id derived from the view's hash (its image's content hash and its index) and its place
+//! in the run, above every real token id. The placeholders keep the token
 //! list the one key of a sequence's positions (the prefix cache compares it), so two
 //! prompts that differ only in an image never share the image's keys and values, and the
 //! same image at the same place shares them.
 
 use std::ops::Range;
 use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
 
 use super::image::RgbImage;
 use crate::tokenizer::TokenId;
@@ -25,16 +28,27 @@ pub fn image_token(hash: &[u8; 32], i: usize) -> TokenId {
     IMAGE_TOKEN_BASE | (z as TokenId & (IMAGE_TOKEN_BASE - 1))
 }
 
-/// An image of a prompt, decoded, waiting to be encoded.
+/// The hash of view `index` of the image whose content hash is `content`
+/// ([`super::content_hash`]): what its embeddings are cached and its placeholders derived
+/// by.
+pub fn view_hash(content: &[u8; 32], index: usize) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(content);
+    h.update((index as u64).to_le_bytes());
+    h.finalize().into()
+}
+
+/// A view of an image of a prompt ([`super::ImagePart::View`]), preprocessed, waiting to
+/// be encoded.
 #[derive(Debug, Clone)]
 pub struct PromptImage {
     /// Index in the prompt of its first position.
     pub start: usize,
-    /// Positions it takes (its projector's [`super::ImagePlan`]).
+    /// Positions it takes.
     pub tokens: usize,
-    /// The SHA-256 of the bytes it came from ([`super::content_hash`]).
+    /// The view's hash ([`view_hash`]).
     pub hash: [u8; 32],
-    /// The pixels.
+    /// The view's pixels, at the tower's input size.
     pub image: Arc<RgbImage>,
 }
 

@@ -253,6 +253,16 @@ impl EngineHandle {
                     format!("image {k} is not where the prompt holds its positions"),
                 ));
             }
+            let fits = self
+                .vision
+                .as_ref()
+                .and_then(|v| v.view_tokens(&image.image));
+            if fits != Some(image.tokens) {
+                return Err(EngineError::invalid(
+                    "images",
+                    format!("image view {k} is not one this model's vision tower reads"),
+                ));
+            }
             self.in_vocabulary("prompt", prompt[text_from..span.start].iter())?;
             text_from = span.end;
         }

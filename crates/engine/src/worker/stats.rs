@@ -60,7 +60,8 @@ pub struct StatsSnapshot {
     pub draft_tokens_fed: u64,
     /// Prompt tokens whose keys and values came from the prefix cache.
     pub prefix_cache_hit_tokens: u64,
-    /// Images run through the vision model (an image found in the embedding cache is
-    /// not counted again).
+    /// Image views run through the vision model (an image, or each tile and the global
+    /// view of one a projector tiles; a view found in the embedding cache is not counted
+    /// again).
     pub images_encoded: u64,
 }

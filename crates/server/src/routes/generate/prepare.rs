@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use ferrite_engine::constrain::Constraint;
 use ferrite_engine::tokenizer::{TokenId, Tokenizer};
-use ferrite_engine::vision::prompt::PromptImage;
+use ferrite_engine::vision::prompt::{view_hash, PromptImage};
+use ferrite_engine::vision::ImagePart;
 use ferrite_engine::{EngineHandle, SequenceRequest};
 
 use crate::error::ApiError;
@@ -177,11 +178,12 @@ fn refuse_textless_fields(params: &GenerateParams) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The tokens of a prompt with images, and its images: the text's pieces between the
-/// image markers tokenized apart (the first with the model's BOS), and in each marker's
-/// place the projector's text before an image, the image's placeholder positions, and its
-/// text after (llama.cpp's `mtmd` chunks). The images are decoded here, off the async
-/// workers, within the server's limits; an error about them all names `images`.
+/// The tokens of a prompt with images, and its images' views: the text's pieces between
+/// the image markers tokenized apart (the first with the model's BOS), and in each
+/// marker's place the image's layout (llama.cpp's `mtmd` chunks): the projector's text
+/// around its views, each tokenized apart, and each view's placeholder positions. The
+/// images are decoded and preprocessed here, off the async workers, within the server's
+/// limits; an error about them all names `images`.
 pub fn encode_with_images(
     engine: &EngineHandle,
     limits: &RequestLimits,
@@ -222,7 +224,6 @@ pub fn encode_with_images(
             ),
         ));
     }
-    let markers = vision.markers();
     let mut tokens = Vec::new();
     let mut images = Vec::with_capacity(decoded.len());
     for (k, piece) in pieces.iter().enumerate() {
@@ -235,17 +236,23 @@ pub fn encode_with_images(
         let Some(image) = decoded.get(k) else {
             break;
         };
-        tokens.extend(tokenizer.encode(markers.begin, true));
-        let plan = vision.plan(&image.image);
-        let prompt_image = PromptImage {
-            start: tokens.len(),
-            tokens: plan.tokens,
-            hash: image.hash,
-            image: Arc::new(image.image.clone()),
-        };
-        tokens.extend(prompt_image.placeholders());
-        images.push(prompt_image);
-        tokens.extend(tokenizer.encode(markers.end, true));
+        let mut views = 0;
+        for part in vision.layout(&image.image) {
+            match part {
+                ImagePart::Text(text) => tokens.extend(tokenizer.encode(&text, true)),
+                ImagePart::View { pixels, tokens: n } => {
+                    let view = PromptImage {
+                        start: tokens.len(),
+                        tokens: n,
+                        hash: view_hash(&image.hash, views),
+                        image: Arc::new(pixels),
+                    };
+                    views += 1;
+                    tokens.extend(view.placeholders());
+                    images.push(view);
+                }
+            }
+        }
     }
     Ok((tokens, images))
 }
