@@ -8,6 +8,7 @@
 //! width by its projector: one small file each (`gemma3.rs`, `idefics3.rs`), as the text
 //! architectures are over the shared decoder.
 
+mod attention;
 mod cache;
 mod gemma3;
 mod idefics3;

@@ -13,6 +13,7 @@
 
 use half::f16;
 
+use super::attention::{self, HeadsKv};
 use crate::error::EngineError;
 use crate::gguf::GgufFile;
 use crate::model::ops;
@@ -229,6 +230,7 @@ impl Tower {
             q: Vec::new(),
             k: Vec::new(),
             v: Vec::new(),
+            kv: None,
             attended: Vec::new(),
             block: 0,
             phase: Phase::Embed,
@@ -268,14 +270,18 @@ impl Tower {
             Phase::Attend => {
                 if run.row == 0 {
                     // Keys and values as flash attention holds them: f16, head by head.
-                    run.k = self.by_head(&run.k);
-                    run.v = self.by_head(&run.v);
+                    let heads = self.shape.heads;
+                    run.kv = Some(HeadsKv::new(&run.k, &run.v, heads, d / heads));
+                    run.k = Vec::new();
+                    run.v = Vec::new();
                     run.attended = vec![0f32; n * d];
                 }
-                let out = &mut run.attended[span];
-                self.attention(&run.q, &run.k, &run.v, r.start, out);
+                let kv = run.kv.as_ref().expect("laid out at the phase's first row");
+                let scale = 1.0 / ((d / self.shape.heads) as f32).sqrt();
+                attention::attend(&run.q[span.clone()], kv, scale, &mut run.attended[span]);
             }
             Phase::Feed => {
+                run.kv = None;
                 let block = &self.blocks[run.block];
                 let x = &mut run.x[span.clone()];
                 ops::add_assign(x, &block.out.apply(&run.attended[span], count)?);
@@ -353,59 +359,6 @@ impl Tower {
             }
         });
     }
-
-    /// Rows of `d` values rounded to f16 and regrouped head by head: `[head][patch][dh]`.
-    fn by_head(&self, x: &[f32]) -> Vec<f32> {
-        let (d, heads) = (self.shape.hidden, self.shape.heads);
-        let (dh, n) = (d / heads, x.len() / d);
-        let mut out = vec![0f32; x.len()];
-        for (i, row) in x.chunks_exact(d).enumerate() {
-            for h in 0..heads {
-                let dst = &mut out[(h * n + i) * dh..][..dh];
-                for (o, v) in dst.iter_mut().zip(&row[h * dh..][..dh]) {
-                    *o = f16::from_f32(*v).to_f32();
-                }
-            }
-        }
-        out
-    }
-
-    /// Bidirectional multi-head attention over every patch for the queries of patches
-    /// `first..` (as many as `out` has rows): keys and values already f16 and by head
-    /// ([`Self::by_head`]), scores scaled by `1/sqrt(head width)`.
-    fn attention(&self, q: &[f32], k: &[f32], v: &[f32], first: usize, out: &mut [f32]) {
-        let (d, heads) = (self.shape.hidden, self.shape.heads);
-        let dh = d / heads;
-        let n = q.len() / d;
-        let scale = 1.0 / (dh as f32).sqrt();
-        threads::for_each_rows(out, d, |i, row| {
-            let i = first + i;
-            let mut scores = vec![0f32; n];
-            for h in 0..heads {
-                let qi = &q[i * d + h * dh..][..dh];
-                let (kh, vh) = (&k[h * n * dh..][..n * dh], &v[h * n * dh..][..n * dh]);
-                let mut max = f32::NEG_INFINITY;
-                for (s, kj) in scores.iter_mut().zip(kh.chunks_exact(dh)) {
-                    *s = qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * scale;
-                    max = max.max(*s);
-                }
-                let mut total = 0f32;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    total += *s;
-                }
-                let o = &mut row[h * dh..][..dh];
-                o.fill(0.0);
-                for (s, vj) in scores.iter().zip(vh.chunks_exact(dh)) {
-                    for (o, v) in o.iter_mut().zip(vj) {
-                        *o = s.mul_add(*v, *o);
-                    }
-                }
-                let inverse = 1.0 / total;
-                o.iter_mut().for_each(|v| *v *= inverse);
-            }
-        });
-    }
 }
 
 /// Which part of a block an image's run is in.
@@ -431,6 +384,8 @@ pub struct TowerRun {
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
+    /// The block's keys and values laid out for attention.
+    kv: Option<HeadsKv>,
     attended: Vec<f32>,
     block: usize,
     phase: Phase,

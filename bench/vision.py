@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Image encoding of ferrite and llama-server measured in pairs, on ferrite-synth's
+random-weight Gemma 3 pair with the real model's vision tower (`--vision full`:
+Gemma 3 4B's SigLIP at 896 pixels, 27 blocks; the text model is the small synth one, so
+nearly all of the time is the image's). Not a test: it prints each pair and the median
+ratio.
+
+Each pair sends each server (the order alternating) one chat request with an 896x896 PNG
+it has not seen (a new seed every round, so neither server's caches help) and
+`max_tokens: 1`, and times it to the answer: the time to first token with an image. The
+same prompt without the image, timed once on each server, is the text's share (its
+prefill), which the encoding time is that less. Both servers run on 2 threads,
+llama-server with `-fa on` as make_vision.py records it. Each pair also reports the CPU
+other processes took meanwhile (as bench/quiet.py counts it); run it on an idle machine.
+
+    cargo build --release -p ferrite-synth -p ferrite-server
+    python3 bench/vision.py --llama-server /path/to/llama-server [--pairs 5]
+"""
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT / "fixtures"))
+import bench  # noqa: E402  (free_port, wait_ready, FERRITE)
+import images  # noqa: E402
+from quiet import busy_jiffies, HZ  # noqa: E402
+
+
+def pair_files(work):
+    synth = str(ROOT / "target" / "release" / "ferrite-synth")
+    home = bench.cache_path("gemma3-270m").parent
+    text, mmproj = work / "text.gguf", work / "mmproj.gguf"
+    subprocess.run([synth, "--arch", "gemma3", "--type", "q8_0", "--tokenizer-from",
+                    str(home / "gemma3-270m.gguf"), "--out", str(text)], check=True)
+    subprocess.run([synth, "--projector", "gemma3", "--arch", "gemma3", "--vision", "full",
+                    "--out", str(mmproj)], check=True)
+    return text, mmproj
+
+
+def ask(url, seed):
+    """Seconds to the answer of a chat request with one 896x896 image (`seed` draws it;
+    None: the same request without it)."""
+    content = [{"type": "text", "text": "What is in this picture?"}]
+    if seed is not None:
+        content.append({"type": "image_url",
+                        "image_url": {"url": images.data_uri(896, 896, seed)}})
+    started = time.perf_counter()
+    r = httpx.post(url + "/v1/chat/completions", timeout=3600, json={
+        "model": "default", "max_tokens": 1, "temperature": 0,
+        "messages": [{"role": "user", "content": content}]})
+    elapsed = time.perf_counter() - started
+    r.raise_for_status()
+    return elapsed, r.json()["usage"]["prompt_tokens"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--llama-server", required=True)
+    ap.add_argument("--ferrite", default=str(bench.FERRITE))
+    ap.add_argument("--pairs", type=int, default=5)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="ferrite-vision-bench-") as work:
+        text, mmproj = pair_files(Path(work))
+        ports = {"ferrite": bench.free_port(), "llama-server": bench.free_port()}
+        commands = {
+            "ferrite": [args.ferrite, "serve", "--model", str(text), "--mmproj", str(mmproj),
+                        "--port", str(ports["ferrite"])],
+            "llama-server": [args.llama_server, "-m", str(text), "--mmproj", str(mmproj),
+                             "--port", str(ports["llama-server"]), "-t", "2", "-c", "4096",
+                             "-fa", "on"],
+        }
+        ready = {"ferrite": "/ready", "llama-server": "/health"}
+        procs = {}
+        try:
+            for kind, cmd in commands.items():
+                procs[kind] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
+                                               stderr=subprocess.DEVNULL)
+                bench.wait_ready(f"http://127.0.0.1:{ports[kind]}", ready[kind], procs[kind],
+                                 timeout=600)
+            url = {kind: f"http://127.0.0.1:{ports[kind]}" for kind in commands}
+            text_only = {kind: ask(url[kind], None)[0] for kind in commands}
+            print(f"text alone: ferrite {text_only['ferrite']:.2f} s, llama-server "
+                  f"{text_only['llama-server']:.2f} s", flush=True)
+            ratios = []
+            for i in range(args.pairs):
+                order = list(commands) if i % 2 == 0 else list(reversed(commands))
+                ttft, tokens, foreign = {}, {}, {}
+                for kind in order:
+                    busy, own = busy_jiffies(), cpu_jiffies(procs[kind].pid)
+                    ttft[kind], tokens[kind] = ask(url[kind], 1000 + i)
+                    used = busy_jiffies() - busy - (cpu_jiffies(procs[kind].pid) - own)
+                    foreign[kind] = max(used, 0) / HZ
+                ratios.append(ttft["llama-server"] / ttft["ferrite"])
+                print(f"pair {i + 1}: time to first token ferrite {ttft['ferrite']:.2f} s, "
+                      f"llama-server {ttft['llama-server']:.2f} s (prompt {tokens['ferrite']} "
+                      f"and {tokens['llama-server']} tokens), llama-server / ferrite "
+                      f"{ratios[-1]:.3f}; other processes' CPU {foreign['ferrite']:.1f} s "
+                      f"and {foreign['llama-server']:.1f} s", flush=True)
+            print(f"median llama-server / ferrite time {statistics.median(ratios):.3f} "
+                  f"(above 1: ferrite faster); ferrite faster in "
+                  f"{sum(r > 1 for r in ratios)} of {len(ratios)} pairs")
+        finally:
+            for proc in procs.values():
+                proc.terminate()
+                proc.wait(timeout=60)
+
+
+def cpu_jiffies(pid):
+    """User and system CPU of process `pid` and its threads, in jiffies."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+if __name__ == "__main__":
+    main()
