@@ -1,8 +1,10 @@
 """Images: ferrite serving ferrite-synth's random-weight vision pairs (a text model and its
 `mmproj` projector) gives llama-server's answers to the same chat requests
 (fixtures/vision/, recorded by fixtures/make_vision.py), on the chat route with
-`image_url` parts and on the completions route with `images` and `<image>` markers; bad
-images are 400s naming the field; an image sent again is not encoded again.
+`image_url` parts (through httpx, the openai SDK and LangChain's `ChatOpenAI`) and on the
+completions route with `images` and `<image>` markers, for each projector type with a
+fixture (Gemma 3's one view, SmolVLM's tiles and global view); bad images are 400s naming
+the field; an image sent again is not encoded again.
 
 ferrite follows llama.cpp's arithmetic on a CPU with AVX-512; a fixture recorded without it
 (`recorded_on: avx2`) differs in the text model's sums (its text-only answers move as
