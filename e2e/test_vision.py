@@ -70,15 +70,22 @@ CROSS_CPU_TOLERANCE = 0.2
 
 def close(got, want, what, recorded_on):
     """Against a recording on AVX-512: tokens equal, each logprob within 1e-3 of
-    llama-server's. Against one on AVX2: the first token equal, and each of llama-server's
-    top 5 alternatives there among ferrite's, within CROSS_CPU_TOLERANCE."""
+    llama-server's. Against one on AVX2: the first token equal (or a near-tie, within
+    CROSS_CPU_TOLERANCE), and each of llama-server's top 5 alternatives there among
+    ferrite's, within CROSS_CPU_TOLERANCE."""
     if recorded_on == "avx512":
         assert got["tokens"] == want["tokens"], f"{what}: {got['tokens']} != {want['tokens']}"
         for g, w in zip(got["logprobs"], want["logprobs"]):
             assert abs(g - w) < LOGPROB_TOLERANCE, f"{what}: logprob {g} against llama-server's {w}"
         return
-    assert got["tokens"][0] == want["tokens"][0], f"{what}: {got['tokens'][0]!r} != {want['tokens'][0]!r}"
     mine = dict(got["top"][0])
+    if got["tokens"][0] != want["tokens"][0]:
+        # A near-tie may fall either way (random weights give flat distributions: the
+        # idefics3 "tall" case's first two are 0.03 apart): llama-server's token must be
+        # among ferrite's top 5, within the tolerance of the one ferrite chose.
+        theirs = want["tokens"][0]
+        assert theirs in mine and mine[theirs] > got["logprobs"][0] - CROSS_CPU_TOLERANCE, \
+            f"{what}: {got['tokens'][0]!r} != {theirs!r}, and not a near-tie: {mine}"
     for token, logprob in want["top_logprobs"][0]:
         if token not in mine:
             # Two close alternatives may trade the last place.

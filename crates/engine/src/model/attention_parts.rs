@@ -70,14 +70,14 @@ impl<'a> KvRows<'a> {
 /// A query row's attention before normalisation: the largest score seen and the sum of
 /// the weights (relative to it). The weighted values are kept beside it.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct Partial {
-    pub(super) max: f32,
-    pub(super) sum: f32,
+pub(crate) struct Partial {
+    pub(crate) max: f32,
+    pub(crate) sum: f32,
 }
 
 impl Partial {
     /// Nothing attended yet.
-    pub(super) const EMPTY: Self = Self {
+    pub(crate) const EMPTY: Self = Self {
         max: f32::NEG_INFINITY,
         sum: 0.0,
     };

@@ -17,7 +17,7 @@ use super::attention_parts::{normalise, ScoreScale};
 use crate::simd::reduce::reduce_add_16;
 
 /// Cells per tile (`GGML_FA_TILE_KV`).
-pub(super) const TILE: usize = 64;
+pub(crate) const TILE: usize = 64;
 
 /// One query row of one head, and the positions it sees: `first..=last`.
 #[derive(Debug, Clone, Copy)]

@@ -220,11 +220,14 @@ unsafe fn through_tile<L: Lanes, const N: usize>(
 /// and the sum when the maximum rises, adds the tile's weights to the sum (sixteen at a
 /// time into an f64), and returns the weights.
 ///
+/// The vision tower's attention (`vision/attention.rs`) takes its tiles' scores through
+/// it too.
+///
 /// # Safety
-/// As under [`attend_tiled`]: the CPU has `L`'s instructions ([`Lanes`]) and the head size is a
-/// multiple of 64; `acc` points at `head_dim` writable values.
+/// The CPU has `L`'s instructions ([`Lanes`]); `head_dim` is a multiple of `L::WIDTH`
+/// and `acc` points at `head_dim` writable values.
 #[inline(always)]
-unsafe fn softmax_step<L: Lanes>(
+pub(crate) unsafe fn softmax_step<L: Lanes>(
     state: &mut Partial,
     scores: &[f32; TILE],
     acc: *mut f32,

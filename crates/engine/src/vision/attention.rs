@@ -8,19 +8,21 @@
 //! The keys and values are laid out once per head for the whole image: each tile's keys
 //! transposed (one row of 64 keys per dimension, so that a vector of scores grows by one
 //! fused multiply-add per dimension), values as rows padded with zeros to whole vectors.
-//! Queries go through the tiles in blocks that share each tile while it is in cache.
+//! Queries go through the tiles in blocks that share each tile while it is in cache. The
+//! softmax step of the vector versions is the text model's own (`model::softmax_step`).
 //! The AVX2 and AVX-512 versions, written once over [`Lanes`], give the portable one's
 //! bits (a test checks).
 
 use half::f16;
 
 #[cfg(target_arch = "x86_64")]
+use crate::model::softmax_step;
+use crate::model::{Partial, ATTENTION_TILE as TILE};
+#[cfg(target_arch = "x86_64")]
 use crate::simd::lanes::{Avx2, Avx512, Lanes};
 use crate::simd::reduce::reduce_add_16;
 use crate::threads;
 
-/// Keys per tile (`GGML_FA_TILE_KV`).
-const TILE: usize = 64;
 /// Query rows that go through each tile together.
 const BLOCK: usize = 16;
 /// Value rows are padded to a multiple of this (the widest vector).
@@ -97,11 +99,10 @@ impl HeadsKv {
     }
 }
 
-/// One query's online softmax: the largest score so far, the sum of the weights, and the
-/// weighted values (`padded` of them).
+/// One query's online softmax: the largest score so far and the sum of the weights, and
+/// the weighted values (`padded` of them).
 struct State {
-    max: f32,
-    sum: f32,
+    part: Partial,
     acc: Vec<f32>,
 }
 
@@ -141,15 +142,13 @@ fn attend_with(step: TileStep, q: &[f32], kv: &HeadsKv, scale: f32, out: &mut [f
         let count = BLOCK.min(rows - first);
         let mut states: Vec<State> = (0..count)
             .map(|_| State {
-                max: f32::NEG_INFINITY,
-                sum: 0.0,
+                part: Partial::EMPTY,
                 acc: vec![0f32; kv.padded()],
             })
             .collect();
         for h in 0..heads {
             for s in states.iter_mut() {
-                s.max = f32::NEG_INFINITY;
-                s.sum = 0.0;
+                s.part = Partial::EMPTY;
                 s.acc.fill(0.0);
             }
             let qs: Vec<&[f32]> = (0..count)
@@ -160,7 +159,11 @@ fn attend_with(step: TileStep, q: &[f32], kv: &HeadsKv, scale: f32, out: &mut [f
             }
             for (i, s) in states.iter().enumerate() {
                 let o = &mut block[i * d + h * head_dim..][..head_dim];
-                let inv = if s.sum == 0.0 { 0.0 } else { 1.0 / s.sum };
+                let inv = if s.part.sum == 0.0 {
+                    0.0
+                } else {
+                    1.0 / s.part.sum
+                };
                 for (o, a) in o.iter_mut().zip(&s.acc) {
                     *o = a * inv;
                 }
@@ -202,19 +205,20 @@ fn step_one_portable(q: &[f32], kv: &HeadsKv, h: usize, t: usize, scale: f32, st
         };
     }
     let tile_max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let new_max = state.max.max(tile_max);
-    if new_max > state.max {
-        let rescale = (state.max - new_max).exp();
+    let part = &mut state.part;
+    let new_max = part.max.max(tile_max);
+    if new_max > part.max {
+        let rescale = (part.max - new_max).exp();
         state.acc.iter_mut().for_each(|a| *a *= rescale);
-        state.sum *= rescale;
+        part.sum *= rescale;
     }
-    state.max = new_max;
+    part.max = new_max;
     let weights = scores.map(|s| crate::simd::ggml_expf::expf(s - new_max));
     let total: f64 = weights
         .chunks_exact(16)
         .map(|c| reduce_add_16(c.try_into().expect("16 weights")) as f64)
         .sum();
-    state.sum = (state.sum as f64 + total) as f32;
+    part.sum = (part.sum as f64 + total) as f32;
     let p = kv.padded();
     for (w, v) in weights.iter().zip(kv.tile_values(h, t).chunks_exact(p)) {
         for (a, v) in state.acc.iter_mut().zip(v) {
@@ -296,7 +300,8 @@ unsafe fn step_lanes<L: Lanes>(
         let mut weights = [[0f32; TILE]; BLOCK];
         for ((q, state), w) in qs.iter().zip(states.iter_mut()).zip(weights.iter_mut()) {
             let scores = scores_lanes::<L>(q, kv.tile_keys(h, t), scale, cells);
-            *w = softmax_lanes::<L>(&scores, state);
+            let acc = state.acc.as_mut_ptr();
+            *w = softmax_step::<L>(&mut state.part, &scores, acc, state.acc.len());
         }
         let p = kv.padded();
         let values = kv.tile_values(h, t).as_ptr();
@@ -354,56 +359,6 @@ unsafe fn scores_lanes<L: Lanes>(q: &[f32], keys: &[f32], scale: f32, cells: usi
         }
         scores[cells..].fill(f32::NEG_INFINITY);
         scores
-    }
-}
-
-/// A tile's scores taken into a query's online softmax: the accumulator and the sum
-/// rescaled when the maximum rises, the tile's weights (returned) added to the sum
-/// sixteen at a time into an f64.
-///
-/// # Safety
-/// The CPU has `L`'s instructions ([`Lanes`]); the state's accumulator is a multiple of
-/// `L::WIDTH` long.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn softmax_lanes<L: Lanes>(scores: &[f32; TILE], state: &mut State) -> [f32; TILE] {
-    // SAFETY: the caller upholds this function's contract; loads and stores are whole
-    // vectors inside `scores`, `weights` and the accumulator.
-    unsafe {
-        let s = scores.as_ptr();
-        let mut top = L::load(s);
-        for j in (L::WIDTH..TILE).step_by(L::WIDTH) {
-            top = L::max(top, L::load(s.add(j)));
-        }
-        let new_max = state.max.max(L::hmax(top));
-        if new_max > state.max {
-            let rescale = (state.max - new_max).exp();
-            let r = L::splat(rescale);
-            let a = state.acc.as_mut_ptr();
-            for i in (0..state.acc.len()).step_by(L::WIDTH) {
-                L::store(a.add(i), L::mul(L::load(a.add(i)), r));
-            }
-            state.sum *= rescale;
-        }
-        state.max = new_max;
-        let mut weights = [0f32; TILE];
-        let m = L::splat(new_max);
-        for j in (0..TILE).step_by(L::WIDTH) {
-            L::store(
-                weights.as_mut_ptr().add(j),
-                L::expf(L::sub(L::load(s.add(j)), m)),
-            );
-        }
-        let mut total = 0f64;
-        for j in (0..TILE).step_by(16) {
-            let mut v = [L::zero(); 2];
-            for (k, v) in v.iter_mut().take(16 / L::WIDTH).enumerate() {
-                *v = L::load(weights.as_ptr().add(j + k * L::WIDTH));
-            }
-            total += L::sum16(&v[..16 / L::WIDTH]) as f64;
-        }
-        state.sum = (state.sum as f64 + total) as f32;
-        weights
     }
 }
 
