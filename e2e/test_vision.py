@@ -250,6 +250,26 @@ def test_image_counts_that_do_not_match_are_400s(vision):
     assert error_param(r) == "messages"
 
 
+def test_images_that_take_more_positions_than_fit_are_400s(tmp_path):
+    """SmolVLM's tiles are counted from the image's size before any is cut: a 300x120
+    image is six tiles and the global view, 112 positions, over `--max-prompt-tokens 100`."""
+    fixture = json.loads((FIXTURES / "idefics3.json").read_text())
+    text, mmproj = pair(tmp_path, fixture)
+    s = Server(str(text), ["--mmproj", str(mmproj), "--max-prompt-tokens", "100"])
+    try:
+        r = httpx.post(f"{s.base}/v1/completions", timeout=60, json={
+            "model": "default", "max_tokens": 1, "prompt": "Look <image>",
+            "images": [images.data_uri(300, 120, 2)]})
+        assert error_param(r) == "images"
+        assert "112 prompt positions" in r.json()["error"]["message"], r.text
+        small = httpx.post(f"{s.base}/v1/completions", timeout=60, json={
+            "model": "default", "max_tokens": 1, "prompt": "<image>",
+            "images": [images.data_uri(40, 40, 5)]})
+        assert error_param(small) == "images", "a small image is scaled up: ten views, 160"
+    finally:
+        s.stop()
+
+
 def test_a_text_only_model_refuses_images(server):
     one = images.data_uri(8, 8, 1)
     r = httpx.post(f"{server.base}/v1/completions", timeout=60, json={

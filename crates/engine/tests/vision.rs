@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ferrite_engine::vision::{ImagePart, RgbImage, VisionModel};
-use ferrite_synth::{write_projector, Arch, Projector, ProjectorSpec, WeightType};
+use ferrite_synth::{write_projector, Arch, Projector, ProjectorSpec, VisionShape, WeightType};
 
 /// A scratch folder of this test's own.
 fn scratch(test: &str) -> PathBuf {
@@ -28,14 +28,22 @@ fn text_arch(projector: Projector) -> Arch {
 }
 
 fn projector(dir: &Path, projector: Projector) -> VisionModel {
+    projector_of_shape(dir, projector, projector.small_shape())
+}
+
+fn projector_of_shape(dir: &Path, projector: Projector, shape: VisionShape) -> VisionModel {
     let spec = ProjectorSpec {
         projector,
-        shape: projector.small_shape(),
+        shape,
         text_hidden: text_arch(projector).small_shape().hidden,
         weights: WeightType::F16,
         seed: 0,
     };
-    let path = dir.join(format!("mmproj-{}.gguf", projector.name()));
+    let path = dir.join(format!(
+        "mmproj-{}-{}.gguf",
+        projector.name(),
+        shape.longest_edge
+    ));
     write_projector(&spec, &path).unwrap();
     VisionModel::load(&path).unwrap()
 }
@@ -88,9 +96,18 @@ fn the_projector_gives_llama_cpps_rows() {
         let Some(kind) = name.strip_suffix("-embeddings.json") else {
             continue;
         };
+        // `<projector>-legacy`: a file without `preproc_image_size` (older converters').
+        let (kind, legacy) = match kind.strip_suffix("-legacy") {
+            Some(kind) => (kind, true),
+            None => (kind, false),
+        };
         let kind = Projector::from_name(kind).expect("a projector's fixture");
         let fixture = common::fixture(&format!("vision/{name}"));
-        let vision = projector(&dir, kind);
+        let mut shape = kind.small_shape();
+        if legacy {
+            shape.longest_edge = 0;
+        }
+        let vision = projector_of_shape(&dir, kind, shape);
         for case in fixture["cases"].as_array().unwrap() {
             let what = case["name"].as_str().unwrap();
             let size = case["size"].as_array().unwrap();

@@ -7,7 +7,7 @@
 //! type `llama-quantize` would (so `q4_k` makes a Q4_K_M file); the default, `uniform`,
 //! gives every matrix the one type.
 //!
-//!     ferrite-synth --projector gemma3 --arch gemma3 [--shape small|1b] [--vision small|full] \
+//!     ferrite-synth --projector gemma3 --arch gemma3 [--shape small|1b] [--vision small|full|legacy] \
 //!         [--type f16] [--seed N] --out mmproj-gemma3.gguf
 //!
 //! `--image-tokens idefics3` adds that projector's prompt tokens (`<global-img>`,
@@ -16,14 +16,16 @@
 //! `--projector` writes the vision projector (an `mmproj` file, llama.cpp's `clip`
 //! architecture) that pairs with the text model of that `--arch` and `--shape`: its
 //! projection ends in that model's width. `--vision full` is the real model's tower
-//! (Gemma 3 4B's SigLIP at 896 pixels); `--type` is its matrices' type (`f16` by default,
+//! (Gemma 3 4B's SigLIP at 896 pixels), `--vision legacy` the small one without
+//! `preproc_image_size` (Idefics3 files from older converters); `--type` is its matrices' type (`f16` by default,
 //! as llama.cpp's converter writes them).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use ferrite_synth::{
-    write_model, write_projector, Arch, Mix, Projector, ProjectorSpec, Spec, WeightType,
+    write_model, write_projector, Arch, Mix, Projector, ProjectorSpec, Spec, VisionShape,
+    WeightType,
 };
 
 fn main() -> ExitCode {
@@ -97,7 +99,12 @@ fn run(args: Vec<String>) -> Result<(), String> {
         let shape = match vision.as_str() {
             "small" => projector.small_shape(),
             "full" => projector.full_shape(),
-            other => return Err(format!("--vision {other}: small or full")),
+            // A file as older converters wrote it, without `preproc_image_size`.
+            "legacy" => VisionShape {
+                longest_edge: 0,
+                ..projector.small_shape()
+            },
+            other => return Err(format!("--vision {other}: small, full or legacy")),
         };
         let spec = ProjectorSpec {
             projector,

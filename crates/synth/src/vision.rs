@@ -209,7 +209,7 @@ impl Projector {
             ("clip.vision.image_mean".into(), half.clone()),
             ("clip.vision.image_std".into(), half),
         ];
-        if self == Self::Idefics3 {
+        if self == Self::Idefics3 && s.longest_edge > 0 {
             out.push((
                 "clip.vision.preproc_image_size".into(),
                 Value::U32(s.longest_edge as u32),

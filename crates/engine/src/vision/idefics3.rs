@@ -7,13 +7,16 @@
 //! Preprocessing follows `mtmd`'s: the image scaled (Lanczos) so that its longer side is
 //! `clip.vision.preproc_image_size`, the other side rounded down then up to even, scaled
 //! again (Lanczos) to whole tiles, then cut row by row; the global view is that refined
-//! image scaled (Lanczos) to one tile. In the prompt the tiles come first, each after
+//! image scaled (Lanczos) to one tile. A file without that key (converted before
+//! llama.cpp wrote it) takes `mtmd`'s older rule: each side rounded to the nearest whole
+//! tile (one at least), the image letterboxed into that (bicubic) and cut, the global
+//! view the image scaled (bicubic) to one tile. In the prompt the tiles come first, each after
 //! `<fake_token_around_image><row_R_col_C>`, rows ended by a newline, then the global
 //! view between `\n\n<fake_token_around_image><global-img>` and
 //! `<fake_token_around_image>`.
 
 use super::image::RgbImage;
-use super::resize::{crop, resize, Filter};
+use super::resize::{crop, letterbox_into, resize, Filter};
 use super::tower::TowerShape;
 use super::ImagePart;
 use crate::error::EngineError;
@@ -24,8 +27,8 @@ use crate::quant::{QMatrix, RowKernel};
 pub(super) struct Idefics3 {
     projection: QMatrix,
     scale: usize,
-    /// The longer side an image is first scaled to.
-    longest_edge: usize,
+    /// The longer side an image is first scaled to (`None`: the older rule).
+    longest_edge: Option<usize>,
 }
 
 impl Idefics3 {
@@ -40,19 +43,19 @@ impl Idefics3 {
                 "Idefics3 projector scale factor {scale}"
             )));
         }
-        // Files converted before llama.cpp wrote this key are tiled by another rule.
-        let longest_edge = g.meta.u32("clip.vision.preproc_image_size").map_err(|_| {
-            EngineError::Unsupported(
-                "an Idefics3 projector without `clip.vision.preproc_image_size` (converted \
-                     by an older llama.cpp: convert it again)"
-                    .into(),
-            )
-        })? as usize;
-        if !(shape.image_size..=16384).contains(&longest_edge) {
-            return Err(EngineError::InvalidModel(format!(
-                "Idefics3 preprocessing to {longest_edge} pixels for {}-pixel tiles",
-                shape.image_size
-            )));
+        // Files converted before llama.cpp wrote this key are tiled by the older rule.
+        let longest_edge = g
+            .meta
+            .u32("clip.vision.preproc_image_size")
+            .ok()
+            .map(|n| n as usize);
+        if let Some(long) = longest_edge {
+            if !(shape.image_size..=16384).contains(&long) {
+                return Err(EngineError::InvalidModel(format!(
+                    "Idefics3 preprocessing to {long} pixels for {}-pixel tiles",
+                    shape.image_size
+                )));
+            }
         }
         let dims = g.dims("mm.model.fc.weight")?;
         if dims.len() != 2 || dims[1] != shape.hidden * scale * scale {
@@ -82,21 +85,20 @@ impl Idefics3 {
 
     /// The tiles and the global view of `image`, with the text around them.
     pub fn layout(&self, image: &RgbImage, shape: &TowerShape) -> Vec<ImagePart> {
-        let (tile, long) = (shape.image_size, self.longest_edge);
-        let (w, h) = (image.width, image.height);
-        // In f64 and truncated, as mtmd computes it; at least one pixel, where mtmd would
-        // stop on an image a thousand times wider than high.
-        let aspect = w as f64 / h as f64;
-        let even = |n: usize| n + n % 2;
-        let (rw, rh) = if w >= h {
-            (long, even(((long as f64 / aspect) as usize).max(1)))
-        } else {
-            (even(((long as f64 * aspect) as usize).max(1)), long)
+        let tile = shape.image_size;
+        let (refined, overview) = match self.longest_edge {
+            Some(long) => scaled_twice(image, tile, long),
+            None => {
+                // Each side to the nearest whole tile (in f32, halves away from zero).
+                let round = |n: usize| ((n as f32 / tile as f32).round() as usize).max(1) * tile;
+                let (w, h) = (round(image.width), round(image.height));
+                (
+                    letterbox_into(image, w, h, Filter::Bicubic),
+                    resize(image, tile, tile, Filter::Bicubic),
+                )
+            }
         };
-        let (cols, rows) = (rw.div_ceil(tile), rh.div_ceil(tile));
-        let scaled = resize(image, rw, rh, Filter::Lanczos);
-        let refined = resize(&scaled, cols * tile, rows * tile, Filter::Lanczos);
-        let overview = resize(&refined, tile, tile, Filter::Lanczos);
+        let (cols, rows) = (refined.width / tile, refined.height / tile);
         let tokens = self.tokens(shape);
         let mut parts = Vec::with_capacity(3 * rows * cols + 3);
         for y in 0..rows {
@@ -126,6 +128,20 @@ impl Idefics3 {
         parts
     }
 
+    /// The prompt positions `image` takes, without preprocessing it: its tiles' and its
+    /// global view's.
+    pub fn positions(&self, width: usize, height: usize, shape: &TowerShape) -> usize {
+        let tile = shape.image_size;
+        let (w, h) = match self.longest_edge {
+            Some(long) => scaled_size(width, height, long),
+            None => {
+                let round = |n: usize| ((n as f32 / tile as f32).round() as usize).max(1) * tile;
+                (round(width), round(height))
+            }
+        };
+        (w.div_ceil(tile) * h.div_ceil(tile) + 1) * self.tokens(shape)
+    }
+
     /// A tile's tokens' embeddings from the tower's output: the patch grid padded with
     /// zeros to whole `scale x scale` windows, each window one row of its patches'
     /// values (row by row, then column, then channel), projected.
@@ -148,4 +164,31 @@ impl Idefics3 {
         let kernels = vec![RowKernel::GemvInWideBatch; side * side];
         self.projection.matmul(&folded, &kernels)
     }
+}
+
+/// The size `mtmd` first scales an image to: its longer side `long`, the other in
+/// proportion (in f64, truncated, at least one pixel) and made even.
+fn scaled_size(width: usize, height: usize, long: usize) -> (usize, usize) {
+    let aspect = width as f64 / height as f64;
+    let even = |n: usize| n + n % 2;
+    if width >= height {
+        (long, even(((long as f64 / aspect) as usize).max(1)))
+    } else {
+        (even(((long as f64 * aspect) as usize).max(1)), long)
+    }
+}
+
+/// The refined image (scaled to its longer side `long`, then to whole tiles) and the global
+/// view (the refined image scaled to one tile), all Lanczos.
+fn scaled_twice(image: &RgbImage, tile: usize, long: usize) -> (RgbImage, RgbImage) {
+    let (rw, rh) = scaled_size(image.width, image.height, long);
+    let scaled = resize(image, rw, rh, Filter::Lanczos);
+    let refined = resize(
+        &scaled,
+        rw.div_ceil(tile) * tile,
+        rh.div_ceil(tile) * tile,
+        Filter::Lanczos,
+    );
+    let overview = resize(&refined, tile, tile, Filter::Lanczos);
+    (refined, overview)
 }

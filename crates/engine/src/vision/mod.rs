@@ -179,6 +179,16 @@ impl VisionModel {
         }
     }
 
+    /// The prompt positions an image of `width` x `height` takes (its views'), known
+    /// before it is preprocessed.
+    pub fn positions(&self, width: usize, height: usize) -> usize {
+        let shape = self.tower.shape();
+        match &self.projector {
+            Projector::Gemma3(p) => p.tokens(shape),
+            Projector::Idefics3(p) => p.positions(width, height, shape),
+        }
+    }
+
     /// The positions a view takes, if its pixels are a view the tower reads (as
     /// [`Self::layout`] gives them).
     pub fn view_tokens(&self, view: &RgbImage) -> Option<usize> {

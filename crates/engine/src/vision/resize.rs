@@ -157,25 +157,30 @@ pub fn resize(image: &RgbImage, width: usize, height: usize, filter: Filter) -> 
     current
 }
 
-/// `image` fitted into a `side` x `side` square: scaled with `filter` until its longer
-/// side fills the square (its sizes rounded up, as `mtmd`'s `PAD_CEIL`), then centred on
-/// black (offsets rounded down). A square image is scaled to the whole square.
+/// `image` fitted into a `side` x `side` square ([`letterbox_into`]).
 pub fn letterbox(image: &RgbImage, side: usize, filter: Filter) -> RgbImage {
-    if image.width == side && image.height == side {
+    letterbox_into(image, side, side, filter)
+}
+
+/// `image` fitted into `width` x `height`: scaled with `filter` until it fills one of
+/// them (its sizes rounded up, as `mtmd`'s `PAD_CEIL`), then centred on black (offsets
+/// rounded down). An image of that size is returned as it is.
+pub fn letterbox_into(image: &RgbImage, width: usize, height: usize, filter: Filter) -> RgbImage {
+    if image.width == width && image.height == height {
         return image.clone();
     }
     // In f32, as mtmd computes it.
-    let scale = (side as f32 / image.width as f32).min(side as f32 / image.height as f32);
-    let fit = |n: usize| ((n as f32 * scale).ceil() as usize).min(side);
-    let (w, h) = (fit(image.width), fit(image.height));
+    let scale = (width as f32 / image.width as f32).min(height as f32 / image.height as f32);
+    let fit = |n: usize, most: usize| ((n as f32 * scale).ceil() as usize).min(most);
+    let (w, h) = (fit(image.width, width), fit(image.height, height));
     let scaled = resize(image, w, h, filter);
-    let mut out = vec![0u8; side * side * 3];
-    let (x0, y0) = ((side - w) / 2, (side - h) / 2);
+    let mut out = vec![0u8; width * height * 3];
+    let (x0, y0) = ((width - w) / 2, (height - h) / 2);
     for y in 0..h {
-        let dst = &mut out[((y0 + y) * side + x0) * 3..][..w * 3];
+        let dst = &mut out[((y0 + y) * width + x0) * 3..][..w * 3];
         dst.copy_from_slice(&scaled.pixels[y * w * 3..][..w * 3]);
     }
-    RgbImage::new(side, side, out)
+    RgbImage::new(width, height, out)
 }
 
 /// The `width` x `height` part of `image` whose top left pixel is `(x, y)`; the part must

@@ -224,6 +224,22 @@ pub fn encode_with_images(
             ),
         ));
     }
+    // The images' positions, known from their sizes, checked before any is preprocessed
+    // (a projector that tiles an image holds every tile's pixels until it is encoded).
+    let positions: usize = decoded
+        .iter()
+        .map(|d| vision.positions(d.image.width, d.image.height))
+        .sum();
+    let most = limits.max_prompt_tokens.min(engine.context_length());
+    if positions > most {
+        return Err(ApiError::invalid(
+            "images",
+            format!(
+                "the images take {positions} prompt positions; at most {most} fit \
+                 (the context, and --max-prompt-tokens)"
+            ),
+        ));
+    }
     let mut tokens = Vec::new();
     let mut images = Vec::with_capacity(decoded.len());
     for (k, piece) in pieces.iter().enumerate() {
