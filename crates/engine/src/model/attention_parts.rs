@@ -84,7 +84,7 @@ impl Partial {
 }
 
 /// Divides the weighted values by the sum of the weights (nothing when it is zero).
-pub(super) fn normalise(acc: &mut [f32], sum: f32) {
+pub(crate) fn normalise(acc: &mut [f32], sum: f32) {
     let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
     for a in acc {
         *a *= inv;

@@ -107,7 +107,7 @@ fn attend_row(
 
 /// A tile's weights added as `ggml_vec_soft_max_f32` does with AVX-512: sixteen at a time
 /// by `_mm512_reduce_add_ps`, those partial sums added in order in f64.
-pub(super) fn tile_sum(weights: &[f32; TILE]) -> f64 {
+pub(crate) fn tile_sum(weights: &[f32; TILE]) -> f64 {
     let mut total = 0.0f64;
     for chunk in weights.chunks_exact(16) {
         total += reduce_add_16(chunk.try_into().unwrap()) as f64;

@@ -20,10 +20,10 @@ mod qwen2;
 mod qwen3;
 
 pub use prompt_batching::{PromptBatching, RowPlan};
-// The tiled attention's tile, online-softmax state and step, which the vision tower's
-// attention shares.
-pub(crate) use attention_parts::Partial;
-pub(crate) use attention_tiled::TILE as ATTENTION_TILE;
+// The tiled attention's tile, online-softmax state and step, tile sum and normalisation,
+// which the vision tower's attention shares.
+pub(crate) use attention_parts::{normalise, Partial};
+pub(crate) use attention_tiled::{tile_sum, TILE as ATTENTION_TILE};
 #[cfg(target_arch = "x86_64")]
 pub(crate) use attention_tiled_simd::softmax_step;
 

@@ -17,10 +17,9 @@ use half::f16;
 
 #[cfg(target_arch = "x86_64")]
 use crate::model::softmax_step;
-use crate::model::{Partial, ATTENTION_TILE as TILE};
+use crate::model::{normalise, tile_sum, Partial, ATTENTION_TILE as TILE};
 #[cfg(target_arch = "x86_64")]
 use crate::simd::lanes::{Avx2, Avx512, Lanes};
-use crate::simd::reduce::reduce_add_16;
 use crate::threads;
 
 /// Query rows that go through each tile together.
@@ -159,14 +158,8 @@ fn attend_with(step: TileStep, q: &[f32], kv: &HeadsKv, scale: f32, out: &mut [f
             }
             for (i, s) in states.iter().enumerate() {
                 let o = &mut block[i * d + h * head_dim..][..head_dim];
-                let inv = if s.part.sum == 0.0 {
-                    0.0
-                } else {
-                    1.0 / s.part.sum
-                };
-                for (o, a) in o.iter_mut().zip(&s.acc) {
-                    *o = a * inv;
-                }
+                o.copy_from_slice(&s.acc[..head_dim]);
+                normalise(o, s.part.sum);
             }
         }
     });
@@ -214,11 +207,7 @@ fn step_one_portable(q: &[f32], kv: &HeadsKv, h: usize, t: usize, scale: f32, st
     }
     part.max = new_max;
     let weights = scores.map(|s| crate::simd::ggml_expf::expf(s - new_max));
-    let total: f64 = weights
-        .chunks_exact(16)
-        .map(|c| reduce_add_16(c.try_into().expect("16 weights")) as f64)
-        .sum();
-    part.sum = (part.sum as f64 + total) as f32;
+    part.sum = (part.sum as f64 + tile_sum(&weights)) as f32;
     let p = kv.padded();
     for (w, v) in weights.iter().zip(kv.tile_values(h, t).chunks_exact(p)) {
         for (a, v) in state.acc.iter_mut().zip(v) {

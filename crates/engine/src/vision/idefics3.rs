@@ -86,17 +86,21 @@ impl Idefics3 {
     /// The tiles and the global view of `image`, with the text around them.
     pub fn layout(&self, image: &RgbImage, shape: &TowerShape) -> Vec<ImagePart> {
         let tile = shape.image_size;
+        let (w, h) = self.refined_size(image.width, image.height, tile);
         let (refined, overview) = match self.longest_edge {
-            Some(long) => scaled_twice(image, tile, long),
-            None => {
-                // Each side to the nearest whole tile (in f32, halves away from zero).
-                let round = |n: usize| ((n as f32 / tile as f32).round() as usize).max(1) * tile;
-                let (w, h) = (round(image.width), round(image.height));
-                (
-                    letterbox_into(image, w, h, Filter::Bicubic),
-                    resize(image, tile, tile, Filter::Bicubic),
-                )
+            Some(long) => {
+                // Lanczos throughout: to the longer side, to whole tiles, the global view
+                // from the refined image.
+                let (sw, sh) = scaled_size(image.width, image.height, long);
+                let scaled = resize(image, sw, sh, Filter::Lanczos);
+                let refined = resize(&scaled, w, h, Filter::Lanczos);
+                let overview = resize(&refined, tile, tile, Filter::Lanczos);
+                (refined, overview)
             }
+            None => (
+                letterbox_into(image, w, h, Filter::Bicubic),
+                resize(image, tile, tile, Filter::Bicubic),
+            ),
         };
         let (cols, rows) = (refined.width / tile, refined.height / tile);
         let tokens = self.tokens(shape);
@@ -132,14 +136,24 @@ impl Idefics3 {
     /// global view's.
     pub fn positions(&self, width: usize, height: usize, shape: &TowerShape) -> usize {
         let tile = shape.image_size;
-        let (w, h) = match self.longest_edge {
-            Some(long) => scaled_size(width, height, long),
+        let (w, h) = self.refined_size(width, height, tile);
+        (w / tile * (h / tile) + 1) * self.tokens(shape)
+    }
+
+    /// The size, in whole tiles, an image of `width` x `height` is cut from: scaled to its
+    /// longer side then rounded up to tiles, or, by the older rule, each side rounded to
+    /// the nearest tile (in f32, halves away from zero; one tile at least).
+    fn refined_size(&self, width: usize, height: usize, tile: usize) -> (usize, usize) {
+        match self.longest_edge {
+            Some(long) => {
+                let (w, h) = scaled_size(width, height, long);
+                (w.div_ceil(tile) * tile, h.div_ceil(tile) * tile)
+            }
             None => {
                 let round = |n: usize| ((n as f32 / tile as f32).round() as usize).max(1) * tile;
                 (round(width), round(height))
             }
-        };
-        (w.div_ceil(tile) * h.div_ceil(tile) + 1) * self.tokens(shape)
+        }
     }
 
     /// A tile's tokens' embeddings from the tower's output: the patch grid padded with
@@ -176,19 +190,4 @@ fn scaled_size(width: usize, height: usize, long: usize) -> (usize, usize) {
     } else {
         (even(((long as f64 * aspect) as usize).max(1)), long)
     }
-}
-
-/// The refined image (scaled to its longer side `long`, then to whole tiles) and the global
-/// view (the refined image scaled to one tile), all Lanczos.
-fn scaled_twice(image: &RgbImage, tile: usize, long: usize) -> (RgbImage, RgbImage) {
-    let (rw, rh) = scaled_size(image.width, image.height, long);
-    let scaled = resize(image, rw, rh, Filter::Lanczos);
-    let refined = resize(
-        &scaled,
-        rw.div_ceil(tile) * tile,
-        rh.div_ceil(tile) * tile,
-        Filter::Lanczos,
-    );
-    let overview = resize(&refined, tile, tile, Filter::Lanczos);
-    (refined, overview)
 }
