@@ -76,16 +76,17 @@ def start(kind, model, llama_server, log_dir):
     return proc, url
 
 
-def start_file(kind, path, binary, log_dir, llama_args):
-    """A server on the model file `path`: ferrite with its defaults (a kind whose name starts
-    with `ferrite`; the build at `binary` when given, else this checkout's), or a
-    llama.cpp-style server at `binary` (llama.cpp's or ik_llama.cpp's) on 2 threads with
-    `llama_args`."""
+def start_file(kind, path, binary, log_dir, llama_args, ferrite_args=()):
+    """A server on the model file `path`: ferrite with its defaults and `ferrite_args` (a
+    kind whose name starts with `ferrite`; the build at `binary` when given, else this
+    checkout's), or a llama.cpp-style server at `binary` (llama.cpp's or ik_llama.cpp's) on
+    2 threads with `llama_args`."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = open(log_dir / f"{kind}-{path.stem}-{port}.log", "wb")
     if kind.startswith("ferrite"):
-        cmd = [binary or str(FERRITE), "serve", "--model", str(path), "--port", str(port)]
+        cmd = [binary or str(FERRITE), "serve", "--model", str(path), "--port", str(port),
+               *ferrite_args]
         ready = "/ready"
     else:
         cmd, ready = [binary, "-m", str(path), "--port", str(port), "-t", "2", *llama_args], "/health"

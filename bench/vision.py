@@ -31,9 +31,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "fixtures"))
-import bench  # noqa: E402  (free_port, wait_ready, FERRITE)
+import bench  # noqa: E402  (start_file, stop, cache_path, FERRITE)
 import images  # noqa: E402
-from quiet import busy_jiffies, HZ  # noqa: E402
+from quiet import busy_jiffies, pid_jiffies, HZ  # noqa: E402
 
 
 def pair_files(work):
@@ -71,34 +71,25 @@ def main():
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ferrite-vision-bench-") as work:
         text, mmproj = pair_files(Path(work))
-        ports = {"ferrite": bench.free_port(), "llama-server": bench.free_port()}
-        commands = {
-            "ferrite": [args.ferrite, "serve", "--model", str(text), "--mmproj", str(mmproj),
-                        "--port", str(ports["ferrite"])],
-            "llama-server": [args.llama_server, "-m", str(text), "--mmproj", str(mmproj),
-                             "--port", str(ports["llama-server"]), "-t", "2", "-c", "4096",
-                             "-fa", "on"],
-        }
-        ready = {"ferrite": "/ready", "llama-server": "/health"}
-        procs = {}
+        mmproj_args = ["--mmproj", str(mmproj)]
+        binaries = {"ferrite": args.ferrite, "llama-server": args.llama_server}
+        procs, url = {}, {}
         try:
-            for kind, cmd in commands.items():
-                procs[kind] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
-                                               stderr=subprocess.DEVNULL)
-                bench.wait_ready(f"http://127.0.0.1:{ports[kind]}", ready[kind], procs[kind],
-                                 timeout=600)
-            url = {kind: f"http://127.0.0.1:{ports[kind]}" for kind in commands}
-            text_only = {kind: ask(url[kind], None)[0] for kind in commands}
+            for kind, binary in binaries.items():
+                procs[kind], url[kind] = bench.start_file(
+                    kind, text, binary, Path(work), [*mmproj_args, "-c", "4096", "-fa", "on"],
+                    ferrite_args=mmproj_args)
+            text_only = {kind: ask(url[kind], None)[0] for kind in binaries}
             print(f"text alone: ferrite {text_only['ferrite']:.2f} s, llama-server "
                   f"{text_only['llama-server']:.2f} s", flush=True)
             ratios = []
             for i in range(args.pairs):
-                order = list(commands) if i % 2 == 0 else list(reversed(commands))
+                order = list(binaries) if i % 2 == 0 else list(reversed(binaries))
                 ttft, tokens, foreign = {}, {}, {}
                 for kind in order:
-                    busy, own = busy_jiffies(), cpu_jiffies(procs[kind].pid)
+                    busy, own = busy_jiffies(), pid_jiffies(procs[kind].pid)
                     ttft[kind], tokens[kind] = ask(url[kind], 1000 + i)
-                    used = busy_jiffies() - busy - (cpu_jiffies(procs[kind].pid) - own)
+                    used = busy_jiffies() - busy - (pid_jiffies(procs[kind].pid) - own)
                     foreign[kind] = max(used, 0) / HZ
                 ratios.append(ttft["llama-server"] / ttft["ferrite"])
                 print(f"pair {i + 1}: time to first token ferrite {ttft['ferrite']:.2f} s, "
@@ -111,14 +102,7 @@ def main():
                   f"{sum(r > 1 for r in ratios)} of {len(ratios)} pairs")
         finally:
             for proc in procs.values():
-                proc.terminate()
-                proc.wait(timeout=60)
-
-
-def cpu_jiffies(pid):
-    """User and system CPU of process `pid` and its threads, in jiffies."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
+                bench.stop(proc)
 
 
 if __name__ == "__main__":

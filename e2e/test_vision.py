@@ -28,19 +28,12 @@ from conftest import BINARY, ROOT, Server, error_param
 
 sys.path.insert(0, str(ROOT / "fixtures"))
 import images  # noqa: E402
+from make_vision import messages  # noqa: E402  (a case's parts as the fixture sent them)
 
 SYNTH = BINARY.with_name("ferrite-synth")
 HOME = Path(os.environ.get("FERRITE_HOME", Path.home() / ".cache" / "ferrite"))
 FIXTURES = ROOT / "fixtures" / "vision"
 PROJECTORS = sorted(p.stem for p in FIXTURES.glob("*.json") if not p.stem.endswith("-embeddings"))
-
-
-def messages(parts):
-    """A case's parts as one user message (as fixtures/make_vision.py sends them)."""
-    content = [{"type": "text", "text": p[1]} if p[0] == "text" else
-               {"type": "image_url", "image_url": {"url": images.data_uri(*p[1:])}}
-               for p in parts]
-    return [{"role": "user", "content": content}]
 
 
 def pair(tmp_path, fixture):
