@@ -1,7 +1,8 @@
 //! Images in requests, at the edge: a `data:` URI (or bare base64, as llama-server takes
-//! it) to bytes, its MIME type checked, the request's image count bounded. The bytes are
-//! decoded later, off the async workers, by the engine's decoder within the pixel limits
-//! ([`decode_all`]). Every error names the field the image came from.
+//! it) to bytes, its MIME type checked, or an `http(s)` URL kept for the fetch that the
+//! operator's rules allow (`crate::media`); the request's image count bounded. The bytes
+//! are decoded later, off the async workers, by the engine's decoder within the pixel
+//! limits ([`decode_all`]). Every error names the field the image came from.
 
 use base64::Engine as _;
 use ferrite_engine::vision::{self, ImageLimits, RgbImage};
@@ -18,13 +19,23 @@ const IMAGE_TYPES: [&str; 5] = [
     "image/gif",
 ];
 
-/// One image of a request, as bytes, with the field it came from.
+/// One image of a request, with the field it came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImageInput {
     /// The request field that carried it (`images[1]`, `messages[0].content[2]`).
     pub field: String,
-    /// The encoded image.
-    pub bytes: Vec<u8>,
+    /// The encoded image, or where to fetch it.
+    pub source: ImageSource,
+}
+
+/// Where an image's bytes are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImageSource {
+    /// In the request (a `data:` URI or base64), decoded.
+    Bytes(Vec<u8>),
+    /// At an `http` or `https` URL, fetched before the prompt is prepared
+    /// ([`crate::media::fetch_urls`]).
+    Url(String),
 }
 
 /// The server's limits on images (flags).
@@ -45,16 +56,29 @@ impl Default for ImageRules {
     }
 }
 
-/// The bytes of the image `reference` (a `data:` URI or bare base64) that `field` holds.
-pub fn image_bytes(field: &str, reference: &str) -> Result<ImageInput, ApiError> {
+/// The image `reference` (a `data:` URI, bare base64, or an `http(s)` URL) that `field`
+/// holds.
+pub fn image_input(field: &str, reference: &str) -> Result<ImageInput, ApiError> {
     let reference = reference.trim();
     let lower = reference.get(..8).unwrap_or(reference).to_ascii_lowercase();
     if lower.starts_with("http://") || lower.starts_with("https://") {
-        return Err(ApiError::invalid(
-            field,
-            "this server does not fetch image URLs: send the image as a `data:` URI \
-             (data:image/png;base64,...)",
-        ));
+        let (_, rest) = reference.split_once("://").unwrap_or_default();
+        let host = rest.split(['/', '?', '#']).next().unwrap_or_default();
+        let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
+        if host.is_empty()
+            || reference
+                .bytes()
+                .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+        {
+            return Err(ApiError::invalid(
+                field,
+                "the image URL is not a valid http(s) URL",
+            ));
+        }
+        return Ok(ImageInput {
+            field: field.to_string(),
+            source: ImageSource::Url(reference.to_string()),
+        });
     }
     let payload = match reference.strip_prefix("data:") {
         Some(rest) => {
@@ -89,7 +113,7 @@ pub fn image_bytes(field: &str, reference: &str) -> Result<ImageInput, ApiError>
     }
     Ok(ImageInput {
         field: field.to_string(),
-        bytes,
+        source: ImageSource::Bytes(bytes),
     })
 }
 
@@ -140,11 +164,15 @@ pub fn decode_all(
     images
         .iter()
         .map(|input| {
-            let image = vision::decode(&input.bytes, &rules.limits)
+            let ImageSource::Bytes(bytes) = &input.source else {
+                // `media::fetch_urls` replaced every URL or refused the request.
+                return Err(ApiError::Internal);
+            };
+            let image = vision::decode(bytes, &rules.limits)
                 .map_err(|e| ApiError::invalid(input.field.clone(), e.to_string()))?;
             Ok(DecodedImage {
                 field: input.field.clone(),
-                hash: vision::content_hash(&input.bytes),
+                hash: vision::content_hash(bytes),
                 image,
             })
         })
@@ -164,16 +192,22 @@ mod tests {
 
     #[test]
     fn data_uris_and_bare_base64_give_the_bytes() {
-        let uri = "data:image/png;base64,iVBORw0KGgo=";
+        let bytes = |reference| match image_input("images[0]", reference).unwrap().source {
+            ImageSource::Bytes(bytes) => bytes,
+            other => panic!("{other:?}"),
+        };
         assert_eq!(
-            image_bytes("images[0]", uri).unwrap().bytes[..4],
+            bytes("data:image/png;base64,iVBORw0KGgo=")[..4],
             [0x89, b'P', b'N', b'G']
         );
-        let bare = image_bytes("images[0]", "iVBORw0KGgo").unwrap();
-        assert_eq!(bare.bytes.len(), 8);
-        let wrapped =
-            image_bytes("images[0]", "data:image/jpeg;base64,iVBO\nRw0K\r\nGgo=").unwrap();
-        assert_eq!(wrapped.bytes.len(), 8);
+        assert_eq!(bytes("iVBORw0KGgo").len(), 8);
+        assert_eq!(bytes("data:image/jpeg;base64,iVBO\nRw0K\r\nGgo=").len(), 8);
+        assert_eq!(
+            image_input("images[0]", " https://example.com/cat.png ")
+                .unwrap()
+                .source,
+            ImageSource::Url("https://example.com/cat.png".into())
+        );
     }
 
     #[test]
@@ -184,11 +218,13 @@ mod tests {
             ("data:text/plain;base64,AAAA", "unsupported image type"),
             ("data:image/png,rawbytes", "must be base64"),
             ("data:image/png;base64", "comma"),
-            ("https://example.com/cat.png", "does not fetch"),
+            ("https://", "not a valid http(s) URL"),
+            ("http:///cat.png", "not a valid http(s) URL"),
+            ("http://example.com/a cat.png", "not a valid http(s) URL"),
             ("data:image/png;base64,", "empty"),
         ] {
             let (field, message) =
-                param(image_bytes("messages[0].content[1]", reference).unwrap_err());
+                param(image_input("messages[0].content[1]", reference).unwrap_err());
             assert_eq!(field, "messages[0].content[1]");
             assert!(message.contains(says), "{reference}: {message}");
         }

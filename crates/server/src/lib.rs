@@ -12,6 +12,7 @@ pub mod fetch;
 pub mod hosts;
 pub mod images;
 pub mod listen;
+pub mod media;
 pub mod metrics;
 pub mod observe;
 pub mod parse_errors;

@@ -227,6 +227,12 @@ fn serve(args: ServeArgs) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("--allowed-origins: {e}"))?;
     let allowed_hosts = ferrite_server::hosts::AllowedHosts::new(&args.allowed_hosts, &args.host)
         .map_err(|e| anyhow::anyhow!("--allowed-hosts: {e}"))?;
+    let media = ferrite_server::media::MediaRules::new(
+        &args.allowed_media_domains,
+        args.allow_private_media_addresses,
+        Duration::from_secs_f64(args.media_fetch_timeout),
+    )
+    .map_err(|e| anyhow::anyhow!("--allowed-media-domains: {e}"))?;
     // FERRITE_CPU caps the kernels (portable, avx2, native): a wrong value stops here.
     cpu::Cap::from_env().map_err(|e| anyhow::anyhow!(e))?;
     cpu::prefetch_from_env().map_err(|e| anyhow::anyhow!(e))?;
@@ -278,6 +284,14 @@ fn serve(args: ServeArgs) -> Result<()> {
     state.request_timeout = args.request_timeout.map(Duration::from_secs_f64);
     state.allowed_origins = allowed_origins;
     state.allowed_hosts = allowed_hosts;
+    if let Some(rules) = media {
+        tracing::info!(
+            private_addresses = args.allow_private_media_addresses,
+            "images by URL fetched from {}",
+            args.allowed_media_domains.join(", ")
+        );
+        state.media = Some(Arc::new(ferrite_server::media::MediaFetcher::new(rules)));
+    }
     let kernels = cpu::features();
     let cores = threads::available_cores();
     let compute = args.threads.map_or(cores, usize::from);

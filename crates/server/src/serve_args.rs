@@ -38,6 +38,19 @@ pub struct ServeArgs {
     /// is decoded.
     #[arg(long, default_value_t = 32 << 20, env = "FERRITE_MAX_IMAGE_PIXELS")]
     pub max_image_pixels: u64,
+    /// Hosts whose images a request may give by `http(s)` URL (repeatable or
+    /// comma-separated; `example.com`, `*.example.com` for the names under it, `*` for
+    /// any). Default: none, and image URLs are refused.
+    #[arg(long, env = "FERRITE_ALLOWED_MEDIA_DOMAINS", value_delimiter = ',')]
+    pub allowed_media_domains: Vec<String>,
+    /// Let image URLs reach loopback, private, link-local and other non-public addresses
+    /// (refused by default, whatever the host's name: a client must not reach, through
+    /// the server, what only the server can reach).
+    #[arg(long, env = "FERRITE_ALLOW_PRIVATE_MEDIA_ADDRESSES")]
+    pub allow_private_media_addresses: bool,
+    /// Seconds all of one request's image fetches may take together.
+    #[arg(long, default_value_t = 10.0, env = "FERRITE_MEDIA_FETCH_TIMEOUT", value_parser = positive_seconds)]
+    pub media_fetch_timeout: f64,
     /// Longest prompt plus completion, in tokens; default: the model's training context.
     #[arg(long, env = "FERRITE_CTX_SIZE")]
     pub ctx_size: Option<usize>,

@@ -13,6 +13,7 @@ use crate::cors::AllowedOrigins;
 use crate::error::ApiError;
 use crate::hosts::AllowedHosts;
 use crate::images::ImageRules;
+use crate::media::MediaFetcher;
 use crate::metrics::Metrics;
 use crate::validate::FieldLimits;
 
@@ -95,6 +96,9 @@ pub struct AppState {
     pub allowed_origins: AllowedOrigins,
     /// `Host` names the server answers to (`--allowed-hosts`).
     pub allowed_hosts: AllowedHosts,
+    /// Fetches images by URL from the hosts the operator allows (none: no image URL is
+    /// fetched).
+    pub media: Option<Arc<MediaFetcher>>,
     /// Heavy preparations running at once (a grammar to compile, a long text to
     /// tokenize): more wait their turn, so that the cores and memory they take are
     /// bounded by the server, not by how many clients send them together.
@@ -125,6 +129,7 @@ impl AppState {
             metrics: Metrics::default(),
             allowed_origins: AllowedOrigins::None,
             allowed_hosts: AllowedHosts::Any,
+            media: None,
             heavy_preparations: tokio::sync::Semaphore::new(HEAVY_PREPARATIONS_AT_ONCE),
             shutting_down: AtomicBool::new(false),
         }

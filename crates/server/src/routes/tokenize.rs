@@ -13,6 +13,8 @@ use ferrite_protocol::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, T
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
+use crate::images::check_count;
+use crate::media;
 use crate::routes::generate::encode_with_images;
 use crate::state::AppState;
 use crate::validate::{deserialize_body, tool_definitions, ChatInput, ImageMarker, PromptInput};
@@ -83,10 +85,20 @@ pub async fn tokenize(
             ))
         }
     };
+    // A client that leaves stops the fetching of its images and the tokenization of a
+    // long prompt.
+    let (_guard, cancelled) = CancelOnDrop::new();
+    // Images by URL count as the chat route counts them: fetched, before the heavy turn.
+    check_count("messages", images.len(), &state.limits.images)?;
+    media::fetch_urls(
+        &mut images,
+        state.media.as_ref(),
+        state.limits.max_body_bytes,
+        &cancelled,
+    )
+    .await?;
     // Long texts tokenize a few at a time (see `AppState::heavy_turn`).
     let _turn = state.heavy_turn(text.text_bytes(), false).await?;
-    // A client that leaves stops the tokenization of a long prompt.
-    let (_guard, cancelled) = CancelOnDrop::new();
     let engine_for_images = engine.clone();
     let limits = state.limits;
     let (tokens, strs) = tokio::task::spawn_blocking(move || {

@@ -15,7 +15,7 @@ use super::{
     deserialize_naming_the_field, drop_unknown, json_object, require, FieldLimits, GenerateParams,
 };
 use crate::error::ApiError;
-use crate::images::{image_bytes, ImageInput};
+use crate::images::{image_input, ImageInput};
 
 /// The roles a message may have. `developer` is OpenAI's newer name for `system`.
 const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
@@ -392,7 +392,7 @@ fn content_parts(
                         format!("`{param}.{kind}` must be a URL string or an object with `url`"),
                     )
                 })?;
-                images.push(image_bytes(&param, url)?);
+                images.push(image_input(&param, url)?);
                 text.push_str(&CHAT_IMAGE_MARKER);
                 after_text = false;
             }

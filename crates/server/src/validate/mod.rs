@@ -21,7 +21,7 @@ use ferrite_engine::sampling::SamplingParams;
 use ferrite_protocol::{CompletionRequest, PredictionContent, Prompt};
 
 use crate::error::ApiError;
-use crate::images::{image_bytes, ImageInput};
+use crate::images::{image_input, ImageInput};
 pub use body::{deserialize_body, deserialize_naming_the_field, parse_body};
 use body::{drop_unknown, json_object, require};
 pub use chat::{parse_chat_body, ChatInput, ChatParams, ToolChoice, CHAT_IMAGE_MARKER};
@@ -280,7 +280,7 @@ fn check_images(
     images
         .iter()
         .enumerate()
-        .map(|(i, reference)| image_bytes(&format!("images[{i}]"), reference))
+        .map(|(i, reference)| image_input(&format!("images[{i}]"), reference))
         .collect()
 }
 

@@ -24,6 +24,8 @@ use ferrite_engine::{EngineHandle, FinishReason};
 use serde_json::Value;
 
 use crate::error::ApiError;
+use crate::images::check_count;
+use crate::media;
 use crate::state::{unix_now, AppState};
 use crate::validate::{parse_body, GenerateParams, PromptInput};
 use prepare::{Echo, Prepared};
@@ -83,9 +85,20 @@ async fn run(
     if let Some(user) = &params.user {
         tracing::info!(user, "completion request");
     }
-    let params = Arc::new(params);
-    // A client that leaves stops the tokenization of its prompts.
+    // A client that leaves stops the fetching of its images and the tokenization of its
+    // prompts.
     let (_guard, cancelled) = CancelOnDrop::new();
+    // Images by URL are fetched before the heavy turn: a slow image server holds only
+    // its own request.
+    check_count("images", params.images.len(), &state.limits.images)?;
+    media::fetch_urls(
+        &mut params.images,
+        state.media.as_ref(),
+        state.limits.max_body_bytes,
+        &cancelled,
+    )
+    .await?;
+    let params = Arc::new(params);
     if let Some(c) = &params.constraint {
         let (len, max) = (c.grammar.source.len(), state.limits.max_grammar_bytes);
         if len > max {

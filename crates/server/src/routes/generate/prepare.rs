@@ -13,7 +13,7 @@ use ferrite_engine::vision::ImagePart;
 use ferrite_engine::{EngineHandle, SequenceRequest};
 
 use crate::error::ApiError;
-use crate::images::{check_count, decode_all, ImageInput};
+use crate::images::{decode_all, ImageInput};
 use crate::state::RequestLimits;
 use crate::validate::{GenerateParams, ImageMarker, Overflow, PromptInput};
 
@@ -203,7 +203,6 @@ pub fn encode_with_images(
             "this model reads text only: images need a vision model (`ferrite serve --mmproj`)",
         ));
     };
-    check_count("images", images.len(), &limits.images)?;
     let decoded = decode_all(images, &limits.images)?;
     let tokenizer = engine.tokenizer();
     let (text, rendered) = match input {
