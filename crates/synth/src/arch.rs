@@ -12,6 +12,9 @@ pub enum Arch {
     Llama3,
     /// `qwen2`: biases on the query, key and value projections.
     Qwen2,
+    /// `qwen2vl` (Qwen2-VL's and Qwen2.5-VL's text model): `qwen2` with multi-section
+    /// rotary positions (M-RoPE), which are `qwen2`'s for text.
+    Qwen2Vl,
     /// `qwen3`: RMS-normed queries and keys per head.
     Qwen3,
     /// `phi3`: fused QKV and gate-up matrices, LongRoPE factors.
@@ -24,10 +27,11 @@ pub enum Arch {
 
 impl Arch {
     /// Every architecture.
-    pub const ALL: [Arch; 7] = [
+    pub const ALL: [Arch; 8] = [
         Self::Llama,
         Self::Llama3,
         Self::Qwen2,
+        Self::Qwen2Vl,
         Self::Qwen3,
         Self::Phi3,
         Self::Gemma2,
@@ -40,6 +44,7 @@ impl Arch {
             Self::Llama => "llama",
             Self::Llama3 => "llama3",
             Self::Qwen2 => "qwen2",
+            Self::Qwen2Vl => "qwen2vl",
             Self::Qwen3 => "qwen3",
             Self::Phi3 => "phi3",
             Self::Gemma2 => "gemma2",
@@ -72,7 +77,7 @@ impl Arch {
             ffn: 1536,
         };
         match self {
-            Self::Llama | Self::Llama3 | Self::Qwen2 | Self::Qwen3 => base,
+            Self::Llama | Self::Llama3 | Self::Qwen2 | Self::Qwen2Vl | Self::Qwen3 => base,
             // Phi-3's heads are 96 wide and not grouped.
             Self::Phi3 => Shape {
                 hidden: 768,
@@ -186,7 +191,7 @@ impl Arch {
         let theta = match self {
             Self::Llama => 10_000.0,
             Self::Llama3 => 500_000.0,
-            Self::Qwen2 | Self::Qwen3 | Self::Gemma2 | Self::Gemma3 => 1_000_000.0,
+            Self::Qwen2 | Self::Qwen2Vl | Self::Qwen3 | Self::Gemma2 | Self::Gemma3 => 1_000_000.0,
             Self::Phi3 => 10_000.0,
         };
         m.push((key("rope.freq_base"), Value::F32(theta)));
@@ -208,6 +213,17 @@ impl Arch {
             }
             Self::Gemma3 => {
                 m.push((key("attention.sliding_window"), Value::U32(SLIDING_WINDOW)));
+            }
+            // Qwen2-VL's sections (16, 24, 24 of 64 pairs) scaled to the head: the pairs'
+            // shares of time, height and width, none for the fourth.
+            Self::Qwen2Vl => {
+                let pairs = s.head_dim / 2;
+                let (h, w) = (pairs * 3 / 8, pairs * 3 / 8);
+                let sections = [pairs - h - w, h, w, 0].map(|n| Value::I32(n as i32));
+                m.push((
+                    key("rope.dimension_sections"),
+                    Value::Array(sections.to_vec()),
+                ));
             }
             _ => {}
         }
@@ -284,7 +300,7 @@ impl Arch {
                 out.push(weight(p("attn_k.weight"), kv, s.hidden));
                 out.push(weight(p("attn_v.weight"), kv, s.hidden));
             }
-            if self == Self::Qwen2 {
+            if matches!(self, Self::Qwen2 | Self::Qwen2Vl) {
                 out.push(bias(p("attn_q.bias"), q));
                 out.push(bias(p("attn_k.bias"), kv));
                 out.push(bias(p("attn_v.bias"), kv));

@@ -215,12 +215,13 @@ pub fn load(gguf: &mut GgufFile) -> Result<Box<dyn Model>, EngineError> {
     match arch.as_str() {
         "llama" => Ok(Box::new(llama::load(gguf)?)),
         "gemma3" => Ok(Box::new(gemma3::load(gguf)?)),
-        "qwen2" => Ok(Box::new(qwen2::load(gguf)?)),
+        "qwen2" => Ok(Box::new(qwen2::load(gguf, "qwen2")?)),
+        "qwen2vl" => Ok(Box::new(qwen2::load(gguf, "qwen2vl")?)),
         "qwen3" => Ok(Box::new(qwen3::load(gguf)?)),
         "phi3" => Ok(Box::new(phi3::load(gguf)?)),
         "gemma2" => Ok(Box::new(gemma2::load(gguf)?)),
         other => Err(EngineError::Unsupported(format!(
-            "model architecture `{other}` in {} (supported: llama, qwen2, qwen3, phi3, gemma2, gemma3)",
+            "model architecture `{other}` in {} (supported: llama, qwen2, qwen2vl, qwen3, phi3, gemma2, gemma3)",
             gguf.path().display()
         ))),
     }

@@ -66,6 +66,9 @@ pub struct Rope {
     /// Factor on every cosine and sine (LongRoPE's attention factor); 1.0 for none.
     magnitude: f32,
     style: RopeStyle,
+    /// Multi-section positions (Qwen2-VL's M-RoPE): how many pairs, cycling, take their
+    /// angle from each of a position's four components (time, height, width, extra).
+    sections: Option<[usize; 4]>,
 }
 
 impl Rope {
@@ -79,7 +82,16 @@ impl Rope {
             freq_factors: None,
             magnitude: 1.0,
             style,
+            sections: None,
         }
+    }
+
+    /// The same with multi-section positions (M-RoPE): pair `i` takes its angle from the
+    /// component of the position that section `i mod sum(sections)` falls in. A token of
+    /// text is at `(p, p, p, 0)`, as llama.cpp places it.
+    pub fn with_sections(mut self, sections: [usize; 4]) -> Self {
+        self.sections = Some(sections);
+        self
     }
 
     /// The same with pair `i`'s angle divided by `factors[i]` (one per pair), if any.
@@ -99,19 +111,29 @@ impl Rope {
 
     /// Rotates every head of one token's row (`n_heads × head_dim` floats) for `pos`.
     pub fn apply(&self, row: &mut [f32], pos: usize) {
+        self.apply_at(row, [pos, pos, pos, 0]);
+    }
+
+    /// [`Rope::apply`] at a multi-section position (time, height, width, extra); without
+    /// sections only the first component counts.
+    pub fn apply_at(&self, row: &mut [f32], position: [usize; 4]) {
         let half = self.half;
         // The angle of pair i is pos·base^(-2i/d), built by repeated multiplication in f32
-        // as ggml builds it, then divided by the pair's factor and scaled, in that order.
+        // as ggml builds it (one product chain per component, as its M-RoPE cache), then
+        // divided by the pair's factor and scaled, in that order.
         let mut angles = Vec::with_capacity(half);
-        let mut theta = pos as f32;
+        let mut thetas = position.map(|p| p as f32);
         for i in 0..half {
+            let theta = thetas[self.component_of_pair(i)];
             let extrapolated = match &self.freq_factors {
                 Some(f) => theta / f[i],
                 None => theta,
             };
             let (sin, cos) = (self.freq_scale * extrapolated).sin_cos();
             angles.push((sin * self.magnitude, cos * self.magnitude));
-            theta *= self.theta_scale;
+            for t in &mut thetas {
+                *t *= self.theta_scale;
+            }
         }
         for head in row.chunks_exact_mut(half * 2) {
             for (i, &(sin, cos)) in angles.iter().enumerate() {
@@ -124,6 +146,21 @@ impl Rope {
                 head[a] = x0.mul_add(cos, -(x1 * sin));
                 head[b] = x0.mul_add(sin, x1 * cos);
             }
+        }
+    }
+}
+
+impl Rope {
+    /// Which component of a position pair `i` takes its angle from: 0 (time) without
+    /// sections.
+    fn component_of_pair(&self, i: usize) -> usize {
+        let Some(s) = self.sections else { return 0 };
+        let sector = i % s.iter().sum::<usize>().max(1);
+        match sector {
+            x if x < s[0] => 0,
+            x if x < s[0] + s[1] => 1,
+            x if x < s[0] + s[1] + s[2] => 2,
+            _ => 3,
         }
     }
 }
@@ -332,6 +369,41 @@ mod tests {
         rms_norm(&mut x, &[1.0, 2.0], 0.0);
         let rms = (12.5f32).sqrt();
         assert!((x[0] - 3.0 / rms).abs() < 1e-6 && (x[1] - 8.0 / rms).abs() < 1e-6);
+    }
+
+    /// M-RoPE at a text position (p, p, p, 0) is plain NeoX RoPE where no pair falls in
+    /// the fourth section, bit for bit; pairs in the fourth are not rotated; and height
+    /// and width positions move only their own sections' pairs.
+    #[test]
+    fn multi_section_rope_is_plain_rope_for_text() {
+        let row: Vec<f32> = (0..128).map(|i| (i as f32 * 0.37).sin()).collect();
+        let plain = Rope::new(64, 1e6, 1.0, RopeStyle::Neox);
+        let sectioned = plain.clone().with_sections([8, 12, 12, 0]);
+        let (mut a, mut b) = (row.clone(), row.clone());
+        plain.apply(&mut a, 777);
+        sectioned.apply(&mut b, 777);
+        assert_eq!(
+            a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            b.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        // Sections of 16 pairs: pairs 12..16 of each cycle are the fourth's, at 0.
+        let extra = plain.clone().with_sections([4, 4, 4, 4]);
+        let mut c = row.clone();
+        extra.apply(&mut c, 777);
+        for head in 0..2 {
+            for i in 0..32 {
+                let (x, y) = (head * 64 + i, head * 64 + i + 32);
+                let untouched = (c[x], c[y]) == (row[x], row[y]);
+                assert_eq!(untouched, i % 16 >= 12, "pair {i}");
+            }
+        }
+        // Another height moves pairs 8..20 (the second section) and nothing else.
+        let (mut d, mut e) = (row.clone(), row.clone());
+        sectioned.apply_at(&mut d, [5, 5, 5, 0]);
+        sectioned.apply_at(&mut e, [5, 9, 5, 0]);
+        for i in 0..32 {
+            assert_eq!(d[i] == e[i], !(8..20).contains(&i), "pair {i}");
+        }
     }
 
     #[test]
