@@ -297,7 +297,7 @@ crate::wire_fields! {
         #[field(Other, "object", "none", "G")]
         pub prediction: Option<Prediction>,
         /// `data:image/…;base64,…` URIs (or bare base64) of PNG, JPEG, WebP or GIF images,
-        /// one per `<image>` marker in the one text prompt, in order; only with a vision
+        /// or `http(s)` URLs of hosts `--allowed-media-domains` allows, one per `<image>` marker in the one text prompt, in order; only with a vision
         /// model (`--mmproj`), else a 400; each error names `images[i]`; at most
         /// `--max-images`, each at most `--max-image-pixels`; not with `echo`,
         /// `prompt_logprobs` or `suffix`
