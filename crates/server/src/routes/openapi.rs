@@ -59,7 +59,7 @@ fn chat_fields() -> Vec<(&'static str, Value)> {
 fn message_schema() -> Value {
     json!({"type": "object", "required": ["role"], "properties": {
         "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
-        "content": {"description": "Text, or text parts `{\"type\":\"text\",\"text\":…}` (joined by newlines); null for an assistant message with tool calls. Image and audio parts are a 400.",
+        "content": {"description": "Text, or text parts `{\"type\":\"text\",\"text\":…}` (joined by newlines); null for an assistant message with tool calls. With a vision model (`--mmproj`), `image_url` parts: a `data:` URI, or an http(s) URL of a host `--allowed-media-domains` allows. Audio, file and other parts are a 400.",
             "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}, {"type": "null"}]},
         "name": {"type": "string"}, "tool_calls": {"type": "array", "items": {"type": "object"}},
         "tool_call_id": {"type": "string", "description": "Required on a tool message."}}})
