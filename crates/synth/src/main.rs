@@ -11,7 +11,9 @@
 //!         [--type f16] [--seed N] --out mmproj-gemma3.gguf
 //!
 //! `--image-tokens idefics3` adds that projector's prompt tokens (`<global-img>`,
-//! `<row_1_col_1>`, ...) to the copied vocabulary, for a text model that pairs with it.
+//! `<row_1_col_1>`, ...; `qwen2.5vl`: `<|vision_start|>`, `<|vision_end|>`) to the copied
+//! vocabulary, for a text model that pairs with it. `--projector` takes `gemma3`,
+//! `idefics3` and `qwen2.5vl` (with `--arch qwen2vl`).
 //!
 //! `--projector` writes the vision projector (an `mmproj` file, llama.cpp's `clip`
 //! architecture) that pairs with the text model of that `--arch` and `--shape`: its

@@ -23,6 +23,10 @@ pub enum Projector {
     /// Idefics3 (SmolVLM): SigLIP over tiles and a global view, pixel shuffle, one
     /// projection.
     Idefics3,
+    /// Qwen2.5-VL: a tower of its own (two patch kernels summed, RMS norms, 2-D rotary
+    /// positions, windowed attention, a SiLU-gated feed-forward), then 2x2 patches merged
+    /// by a two-layer GELU projection (`qwen2.5vl_merger`).
+    Qwen25Vl,
 }
 
 /// A vision tower's size.
@@ -40,8 +44,8 @@ pub struct VisionShape {
     pub heads: usize,
     /// Feed-forward width.
     pub ffn: usize,
-    /// Side of the pooling window (Gemma 3's average pooling) or of the pixel shuffle
-    /// (Idefics3's).
+    /// Side of the pooling window (Gemma 3's average pooling), of the pixel shuffle
+    /// (Idefics3's) or of the patch merger (Qwen2.5-VL's, 2).
     pub merge: usize,
     /// The longer side an image is scaled to before it is tiled (Idefics3's
     /// `preproc_image_size`; 0 where the projector does not tile).
@@ -72,13 +76,22 @@ pub struct ProjectorSpec {
 
 impl Projector {
     /// Every projector type.
-    pub const ALL: [Self; 2] = [Self::Gemma3, Self::Idefics3];
+    pub const ALL: [Self; 3] = [Self::Gemma3, Self::Idefics3, Self::Qwen25Vl];
 
-    /// The name `clip.projector_type` holds (and the command line takes).
+    /// Its name on the command line and in fixture names.
     pub fn name(self) -> &'static str {
         match self {
             Self::Gemma3 => "gemma3",
             Self::Idefics3 => "idefics3",
+            Self::Qwen25Vl => "qwen2.5vl",
+        }
+    }
+
+    /// The name `clip.projector_type` holds.
+    pub fn type_name(self) -> &'static str {
+        match self {
+            Self::Qwen25Vl => "qwen2.5vl_merger",
+            other => other.name(),
         }
     }
 
@@ -87,6 +100,8 @@ impl Projector {
     pub fn added_tokens(self) -> Vec<String> {
         match self {
             Self::Gemma3 => Vec::new(),
+            // mtmd writes these two around an image's rows (Qwen's vocabulary has them).
+            Self::Qwen25Vl => vec!["<|vision_start|>".into(), "<|vision_end|>".into()],
             Self::Idefics3 => {
                 let mut out: Vec<String> = ["<fake_token_around_image>", "<image>", "<global-img>"]
                     .map(String::from)
@@ -107,7 +122,9 @@ impl Projector {
     /// The small tower tests use, two blocks. Gemma 3: 224-pixel images in 14-pixel
     /// patches (256 patches, 16 image tokens after pooling). Idefics3: 128-pixel tiles in
     /// 16-pixel patches (64 patches, 16 tokens after the 2x2 shuffle), images scaled to
-    /// 384 pixels on their longer side first (up to 3x3 tiles).
+    /// 384 pixels on their longer side first (up to 3x3 tiles). Qwen2.5-VL: any size in
+    /// 14-pixel patches, one token per 2x2 of them (a 224-pixel image: 64 tokens, in four
+    /// 112-pixel attention windows), the second block attending to the whole image.
     pub fn small_shape(self) -> VisionShape {
         let small = VisionShape {
             image_size: 224,
@@ -128,6 +145,7 @@ impl Projector {
                 longest_edge: 384,
                 ..small
             },
+            Self::Qwen25Vl => VisionShape { merge: 2, ..small },
         }
     }
 
@@ -155,6 +173,27 @@ impl Projector {
                 merge: 4,
                 longest_edge: 2048,
             },
+            // Qwen2.5-VL 3B/7B's tower.
+            Self::Qwen25Vl => VisionShape {
+                image_size: 560,
+                patch_size: 14,
+                hidden: 1280,
+                layers: 32,
+                heads: 16,
+                ffn: 3420,
+                merge: 2,
+                longest_edge: 0,
+            },
+        }
+    }
+
+    /// Blocks between two that attend to the whole image (Qwen2.5-VL's
+    /// `n_wa_pattern`: its others attend within 112-pixel windows).
+    fn window_pattern(s: &VisionShape) -> usize {
+        if s.layers >= 8 {
+            8
+        } else {
+            s.layers
         }
     }
 
@@ -167,9 +206,8 @@ impl Projector {
             ("clip.has_vision_encoder".into(), Value::Bool(true)),
             (
                 "clip.projector_type".into(),
-                Value::String(self.name().into()),
+                Value::String(self.type_name().into()),
             ),
-            ("clip.use_gelu".into(), Value::Bool(true)),
             (
                 "clip.vision.image_size".into(),
                 Value::U32(s.image_size as u32),
@@ -202,13 +240,27 @@ impl Projector {
                 "clip.vision.projection_dim".into(),
                 Value::U32(text_hidden as u32),
             ),
-            (
-                "clip.vision.projector.scale_factor".into(),
-                Value::U32(s.merge as u32),
-            ),
             ("clip.vision.image_mean".into(), half.clone()),
             ("clip.vision.image_std".into(), half),
         ];
+        match self {
+            // The SigLIP towers' feed-forward is GELU; Qwen2.5-VL's is SiLU-gated, and
+            // llama.cpp reads a file without `use_silu` as GELU-quick gated.
+            Self::Gemma3 | Self::Idefics3 => {
+                out.push(("clip.use_gelu".into(), Value::Bool(true)));
+                out.push((
+                    "clip.vision.projector.scale_factor".into(),
+                    Value::U32(s.merge as u32),
+                ));
+            }
+            Self::Qwen25Vl => {
+                out.push(("clip.use_silu".into(), Value::Bool(true)));
+                out.push((
+                    "clip.vision.n_wa_pattern".into(),
+                    Value::U32(Self::window_pattern(s) as u32),
+                ));
+            }
+        }
         if self == Self::Idefics3 && s.longest_edge > 0 {
             out.push((
                 "clip.vision.preproc_image_size".into(),
@@ -221,6 +273,9 @@ impl Projector {
     /// Every tensor, in the order llama.cpp's converter writes them (dimensions outermost
     /// first: a linear layer is `[out, in]`).
     fn tensors(self, s: &VisionShape, text_hidden: usize) -> Vec<TensorSpec> {
+        if self == Self::Qwen25Vl {
+            return qwen25vl_tensors(s, text_hidden);
+        }
         let t = |name: &str, dims: Vec<usize>, init| TensorSpec {
             name: name.into(),
             dims,
@@ -282,9 +337,65 @@ impl Projector {
                 vec![text_hidden, d * s.merge * s.merge],
                 Init::Weight(0.04),
             )),
+            Self::Qwen25Vl => unreachable!("written by qwen25vl_tensors"),
         }
         out
     }
+}
+
+/// Qwen2.5-VL's tensors as llama.cpp's converter writes them: the patch kernel's two
+/// temporal halves, no patch bias or position table, RMS norms (weights alone), split
+/// query, key and value projections with biases, a SiLU-gated feed-forward with biases,
+/// the merger's norm (`v.post_ln`) and its two layers (`mm.0`, `mm.2`).
+fn qwen25vl_tensors(s: &VisionShape, text_hidden: usize) -> Vec<TensorSpec> {
+    let t = |name: String, dims: Vec<usize>, init| TensorSpec { name, dims, init };
+    let vector = |center, spread| Init::Vector { center, spread };
+    let (d, merged) = (s.hidden, s.hidden * s.merge * s.merge);
+    let kernel = vec![d, 3, s.patch_size, s.patch_size];
+    let mut out = vec![
+        // Two kernels summed: each half as wide as a SigLIP tower's one.
+        t(
+            "v.patch_embd.weight".into(),
+            kernel.clone(),
+            Init::Float(0.03),
+        ),
+        t("v.patch_embd.weight.1".into(), kernel, Init::Float(0.03)),
+    ];
+    for i in 0..s.layers {
+        let p = |n: &str| format!("v.blk.{i}.{n}");
+        out.push(t(p("ln1.weight"), vec![d], vector(1.0, 0.2)));
+        for m in ["attn_q", "attn_k", "attn_v", "attn_out"] {
+            out.push(t(p(&format!("{m}.weight")), vec![d, d], Init::Weight(0.12)));
+            out.push(t(p(&format!("{m}.bias")), vec![d], vector(0.0, 0.05)));
+        }
+        out.push(t(p("ln2.weight"), vec![d], vector(1.0, 0.2)));
+        for (m, dims) in [
+            ("ffn_gate", [s.ffn, d]),
+            ("ffn_up", [s.ffn, d]),
+            ("ffn_down", [d, s.ffn]),
+        ] {
+            out.push(t(
+                p(&format!("{m}.weight")),
+                dims.to_vec(),
+                Init::Weight(0.1),
+            ));
+            out.push(t(p(&format!("{m}.bias")), vec![dims[0]], vector(0.0, 0.05)));
+        }
+    }
+    out.push(t("v.post_ln.weight".into(), vec![d], vector(1.0, 0.2)));
+    out.push(t(
+        "mm.0.weight".into(),
+        vec![merged, merged],
+        Init::Weight(0.05),
+    ));
+    out.push(t("mm.0.bias".into(), vec![merged], vector(0.0, 0.05)));
+    out.push(t(
+        "mm.2.weight".into(),
+        vec![text_hidden, merged],
+        Init::Weight(0.05),
+    ));
+    out.push(t("mm.2.bias".into(), vec![text_hidden], vector(0.0, 0.05)));
+    out
 }
 
 /// Writes the projector `spec` describes to `out`.

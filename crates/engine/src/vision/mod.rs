@@ -39,12 +39,20 @@ pub enum ProjectorKind {
 }
 
 impl ProjectorKind {
+    /// Every type ferrite reads.
+    pub const ALL: [Self; 2] = [Self::Gemma3, Self::Idefics3];
+
     /// The name in the file.
     pub fn name(self) -> &'static str {
         match self {
             Self::Gemma3 => "gemma3",
             Self::Idefics3 => "idefics3",
         }
+    }
+
+    /// The type the file's `name` names, where ferrite reads it.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
     }
 }
 
@@ -126,21 +134,18 @@ impl VisionModel {
             .meta
             .string("clip.projector_type")
             .or_else(|_| g.meta.string("clip.vision.projector_type"))?;
+        // Named before the tower is read: another type's tower differs too.
+        let kind = ProjectorKind::from_name(&name).ok_or_else(|| {
+            let read: Vec<_> = ProjectorKind::ALL.iter().map(|k| k.name()).collect();
+            EngineError::Unsupported(format!(
+                "vision projector type `{name}` (ferrite reads {})",
+                read.join(" and ")
+            ))
+        })?;
         let tower = Tower::load(&mut g)?;
-        let (kind, projector) = match name.as_str() {
-            "gemma3" => (
-                ProjectorKind::Gemma3,
-                Projector::Gemma3(Gemma3::load(&mut g, tower.shape())?),
-            ),
-            "idefics3" => (
-                ProjectorKind::Idefics3,
-                Projector::Idefics3(Idefics3::load(&mut g, tower.shape())?),
-            ),
-            other => {
-                return Err(EngineError::Unsupported(format!(
-                    "vision projector type `{other}` (ferrite reads gemma3 and idefics3)"
-                )))
-            }
+        let projector = match kind {
+            ProjectorKind::Gemma3 => Projector::Gemma3(Gemma3::load(&mut g, tower.shape())?),
+            ProjectorKind::Idefics3 => Projector::Idefics3(Idefics3::load(&mut g, tower.shape())?),
         };
         Ok(Self {
             normalize: Normalize::load(&g)?,
