@@ -48,6 +48,10 @@ class ImageHost:
                     self.send(200, PICTURE, [("Content-Type", "image/png")])
                 elif self.path == "/to-cat":
                     self.send(302, headers=[("Location", f"http://127.0.0.1:{port}/cat.png")])
+                elif self.path == "/loop":
+                    self.send(302, headers=[("Location", "/loop")])
+                elif self.path == "/to-data":
+                    self.send(302, headers=[("Location", "data:,x")])
                 elif self.path == "/to-localhost":
                     self.send(302, headers=[("Location", f"http://localhost:{port}/cat.png")])
                 elif self.path == "/large":
@@ -181,6 +185,8 @@ def test_hosts_not_allowed_are_refused_before_and_after_a_redirect(fetching, hos
 
 @pytest.mark.parametrize("path,says", [
     ("/missing", "answered 404"),
+    ("/loop", "more than 3 redirects"),
+    ("/to-data", "a redirect to no http(s) URL"),
     ("/page", "is not a PNG, JPEG, WebP or GIF"),
     ("/large", "--max-body-size"),
     ("/endless", "--media-fetch-timeout"),
@@ -188,6 +194,12 @@ def test_hosts_not_allowed_are_refused_before_and_after_a_redirect(fetching, hos
 def test_failed_fetches_are_400s_naming_the_field(fetching, host, path, says):
     r = chat(fetching, host.url(path))
     assert says in refusal(r), r.text
+
+
+def test_a_redirect_loop_is_followed_three_times(fetching, host):
+    before = len(host.fetched)
+    refusal(chat(fetching, host.url("/loop")))
+    assert host.fetched[before:] == ["/loop"] * 4, "the first request and three redirects"
 
 
 def test_fetching_is_bounded_per_request(fetching, host):

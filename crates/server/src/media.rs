@@ -20,7 +20,7 @@ use crate::error::ApiError;
 use crate::images::{ImageInput, ImageSource};
 
 /// Most redirects followed for one image (each one checked like the first address).
-const MAX_REDIRECTS: u32 = 3;
+const MAX_REDIRECTS: usize = 3;
 
 /// Bytes read at a time from a response (the client's departure is checked between).
 const READ_CHUNK: usize = 64 << 10;
@@ -50,6 +50,13 @@ impl HostRule {
             .trim_end_matches('.')
             .trim_start_matches('[')
             .trim_end_matches(']');
+        // An IPv6 address as the resolver sees hosts (compressed); no `host:port`.
+        if name.contains(':') {
+            let v6: Ipv6Addr = name
+                .parse()
+                .map_err(|_| format!("{entry:?} is not a host name or address (give no port)"))?;
+            return Ok(rule(v6.to_string()));
+        }
         let valid = !name.is_empty()
             && name
                 .bytes()
@@ -140,11 +147,12 @@ impl ureq::Resolver for GuardedResolver {
         let addresses: Vec<SocketAddr> = netloc.to_socket_addrs()?.collect();
         if !self.0.allow_private {
             if let Some(bad) = addresses.iter().find(|a| !is_public(a.ip())) {
+                // The address stays in the log: told to the client, it would map the
+                // operator's internal names.
+                tracing::warn!(host, address = %bad.ip(), "image URL refused: a non-public address");
                 return Err(refuse(format!(
-                    "{host:?} resolves to {}, a loopback, private or otherwise non-public \
-                     address, which this server does not fetch from \
-                     (--allow-private-media-addresses)",
-                    bad.ip()
+                    "{host:?} resolves to a loopback, private or otherwise non-public address, \
+                     which this server does not fetch from (--allow-private-media-addresses)"
                 )));
             }
         }
@@ -209,64 +217,106 @@ fn is_public_v6(ip: Ipv6Addr) -> bool {
 pub struct MediaFetcher {
     rules: Arc<MediaRules>,
     agent: ureq::Agent,
+    /// Fetches running at once, over every request: a fetch holds a blocking thread
+    /// (through a name lookup no deadline reaches, too), so that many clients' images
+    /// cannot take the threads every request's preparation runs on.
+    slots: Arc<tokio::sync::Semaphore>,
+}
+
+/// Fetches that may run at once, over every request.
+const FETCHES_AT_ONCE: usize = 16;
+
+/// Why a request's fetches stop early: the client left, or one of them failed.
+struct Stop<'a> {
+    cancelled: &'a AtomicBool,
+    failed: &'a AtomicBool,
+}
+
+impl Stop<'_> {
+    fn now(&self) -> bool {
+        self.cancelled.load(Ordering::Relaxed) || self.failed.load(Ordering::Relaxed)
+    }
 }
 
 impl MediaFetcher {
     /// A fetcher for `rules`: no proxy from the environment (a proxy would connect where
-    /// the checks never looked), a few redirects, each through the checked resolver.
+    /// the checks never looked), connections within the deadline, redirects followed
+    /// here (each one's URL checked, and its host through the checked resolver).
     pub fn new(rules: MediaRules) -> Self {
         let rules = Arc::new(rules);
         let agent = ureq::AgentBuilder::new()
             .resolver(GuardedResolver(Arc::clone(&rules)))
             .try_proxy_from_env(false)
-            .redirects(MAX_REDIRECTS)
+            .redirects(0)
+            .timeout_connect(rules.timeout)
             .user_agent(concat!("ferrite/", env!("CARGO_PKG_VERSION")))
             .build();
-        Self { rules, agent }
+        Self {
+            rules,
+            agent,
+            slots: Arc::new(tokio::sync::Semaphore::new(FETCHES_AT_ONCE)),
+        }
     }
 
     /// The bytes at `url` (its scheme already checked to be http or https), read until
-    /// `deadline`, `budget` bytes, or the client's departure (`cancelled`).
+    /// `deadline`, `budget` bytes, or `stop`.
     fn fetch(
         &self,
         field: &str,
         url: &str,
         deadline: Instant,
         budget: &AtomicUsize,
-        cancelled: &AtomicBool,
+        stop: &Stop<'_>,
     ) -> Result<Vec<u8>, ApiError> {
         let failed =
             |why: String| ApiError::invalid(field, format!("fetching the image failed: {why}"));
-        let timeout = deadline.saturating_duration_since(Instant::now());
-        if timeout.is_zero() {
-            return Err(failed(timed_out(&self.rules)));
-        }
-        let response = match self.agent.get(url).timeout(timeout).call() {
-            Ok(response) => response,
-            Err(ureq::Error::Status(code, _)) => {
-                return Err(failed(format!("the image's server answered {code}")))
+        let mut url = url::Url::parse(url).map_err(|_| failed("the URL is not valid".into()))?;
+        let mut hops = 0;
+        let response = loop {
+            let timeout = deadline.saturating_duration_since(Instant::now());
+            if timeout.is_zero() {
+                return Err(failed(timed_out(&self.rules)));
             }
-            Err(ureq::Error::Transport(t)) => {
-                let refused = t
-                    .source()
-                    .and_then(|s| s.downcast_ref::<io::Error>())
-                    .and_then(|e| e.get_ref())
-                    .and_then(|e| e.downcast_ref::<Refused>());
-                if let Some(Refused(why)) = refused {
-                    return Err(ApiError::invalid(field, why.clone()));
+            let response = match self.agent.request_url("GET", &url).timeout(timeout).call() {
+                Ok(response) => response,
+                Err(ureq::Error::Status(code, _)) => {
+                    return Err(failed(format!("the image's server answered {code}")))
                 }
-                if Instant::now() >= deadline {
-                    return Err(failed(timed_out(&self.rules)));
+                Err(ureq::Error::Transport(t)) => {
+                    let refused = t
+                        .source()
+                        .and_then(|s| s.downcast_ref::<io::Error>())
+                        .and_then(|e| e.get_ref())
+                        .and_then(|e| e.downcast_ref::<Refused>());
+                    if let Some(Refused(why)) = refused {
+                        return Err(ApiError::invalid(field, why.clone()));
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(failed(timed_out(&self.rules)));
+                    }
+                    return Err(failed(transport_reason(&t)));
                 }
-                return Err(failed(transport_reason(&t)));
+            };
+            if !(300..400).contains(&response.status()) {
+                break response;
             }
+            // A redirect: to an http(s) URL with a host, at most MAX_REDIRECTS of them.
+            hops += 1;
+            if hops > MAX_REDIRECTS {
+                return Err(failed(format!("more than {MAX_REDIRECTS} redirects")));
+            }
+            let next = response
+                .header("location")
+                .and_then(|to| url.join(to).ok())
+                .filter(|next| matches!(next.scheme(), "http" | "https") && next.has_host());
+            url = next.ok_or_else(|| failed("a redirect to no http(s) URL".into()))?;
         };
         let mut reader = response.into_reader();
         let mut bytes = Vec::new();
         let mut chunk = vec![0u8; READ_CHUNK];
         loop {
-            if cancelled.load(Ordering::Relaxed) {
-                return Err(failed("the client went away".into()));
+            if stop.now() {
+                return Err(failed("the request stopped".into()));
             }
             let n = match reader.read(&mut chunk) {
                 Ok(0) => return Ok(bytes),
@@ -298,13 +348,12 @@ fn timed_out(rules: &MediaRules) -> String {
 }
 
 /// A transport failure in words that say what happened without the client's URL echoed
-/// back twice.
+/// back.
 fn transport_reason(t: &ureq::Transport) -> String {
     use ureq::ErrorKind as K;
     match t.kind() {
         K::Dns => "the host name does not resolve".into(),
         K::ConnectionFailed => "could not connect to the image's server".into(),
-        K::TooManyRedirects => format!("more than {MAX_REDIRECTS} redirects"),
         K::InvalidUrl | K::UnknownScheme => "the URL is not a valid http(s) URL".into(),
         kind => format!("{kind}"),
     }
@@ -312,7 +361,9 @@ fn transport_reason(t: &ureq::Transport) -> String {
 
 /// Replaces each image by URL in `images` with its bytes, fetched by `fetcher` (a 400
 /// naming the image's field when there is none, or when a fetch fails). The fetches run
-/// together off the async workers, within one deadline and `max_bytes` together.
+/// together off the async workers, at most [`FETCHES_AT_ONCE`] over every request,
+/// within one deadline (the request answers then, whatever a fetch is still waiting for)
+/// and `max_bytes` together; the first to fail, or the client leaving, stops the others.
 pub async fn fetch_urls(
     images: &mut [ImageInput],
     fetcher: Option<&Arc<MediaFetcher>>,
@@ -333,25 +384,53 @@ pub async fn fetch_urls(
              (data:image/png;base64,...)",
         ));
     };
-    let deadline = Instant::now() + fetcher.rules.timeout;
+    let started = Instant::now();
+    let deadline = started + fetcher.rules.timeout;
     let budget = Arc::new(AtomicUsize::new(max_bytes));
+    let failed = Arc::new(AtomicBool::new(false));
     let fetches = wanted.iter().map(|&i| {
-        let (fetcher, budget, cancelled) = (
-            Arc::clone(fetcher),
-            Arc::clone(&budget),
-            Arc::clone(cancelled),
-        );
+        let (fetcher, budget) = (Arc::clone(fetcher), Arc::clone(&budget));
+        let (cancelled, failed) = (Arc::clone(cancelled), Arc::clone(&failed));
         let field = images[i].field.clone();
-        let ImageSource::Url(url) = images[i].source.clone() else {
-            unreachable!("only URLs were picked")
+        let url = match &images[i].source {
+            ImageSource::Url(url) => url.clone(),
+            ImageSource::Bytes(_) => unreachable!("only URLs were picked"),
         };
-        tokio::task::spawn_blocking(move || {
-            fetcher.fetch(&field, &url, deadline, &budget, &cancelled)
-        })
+        async move {
+            let slot = Arc::clone(&fetcher.slots)
+                .acquire_owned()
+                .await
+                .map_err(|_| ApiError::Internal)?;
+            let result = tokio::task::spawn_blocking(move || {
+                let _slot = slot;
+                let stop = Stop {
+                    cancelled: &cancelled,
+                    failed: &failed,
+                };
+                let result = fetcher.fetch(&field, &url, deadline, &budget, &stop);
+                if result.is_err() {
+                    failed.store(true, Ordering::Relaxed);
+                }
+                result
+            })
+            .await;
+            result.map_err(|_| ApiError::Internal)?
+        }
     });
-    let fetched = futures::future::join_all(fetches).await;
-    for (&i, result) in wanted.iter().zip(fetched) {
-        let bytes = result.map_err(|_| ApiError::Internal)??;
+    let all = futures::future::try_join_all(fetches);
+    let fetched = match tokio::time::timeout_at(deadline.into(), all).await {
+        Ok(fetched) => fetched,
+        Err(_) => {
+            // What still runs sees the flag at its next read, or ends at its own timeouts.
+            failed.store(true, Ordering::Relaxed);
+            return Err(ApiError::invalid(
+                images[*first].field.clone(),
+                format!("fetching the image failed: {}", timed_out(&fetcher.rules)),
+            ));
+        }
+    };
+    let fetched = fetched.inspect_err(|_| failed.store(true, Ordering::Relaxed))?;
+    for (&i, bytes) in wanted.iter().zip(fetched) {
         images[i].source = ImageSource::Bytes(bytes);
     }
     Ok(())
@@ -396,11 +475,13 @@ mod tests {
         assert!(MediaRules::new(&[], false, Duration::ZERO)
             .unwrap()
             .is_none());
+        assert!(rules(&["[0:0::1]"]).allows_host("::1"));
         for bad in [
             "https://example.com",
             "example.com/images",
             "exa mple.com",
             "*.",
+            "example.com:8080",
         ] {
             assert!(
                 MediaRules::new(&[bad.into()], false, Duration::ZERO).is_err(),

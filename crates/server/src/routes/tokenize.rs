@@ -90,13 +90,16 @@ pub async fn tokenize(
     let (_guard, cancelled) = CancelOnDrop::new();
     // Images by URL count as the chat route counts them: fetched, before the heavy turn.
     check_count("messages", images.len(), &state.limits.images)?;
-    media::fetch_urls(
-        &mut images,
-        state.media.as_ref(),
-        state.limits.max_body_bytes,
-        &cancelled,
-    )
-    .await?;
+    // Only for a model that reads them (else the prompt's preparation refuses them).
+    if engine.vision().is_some() {
+        media::fetch_urls(
+            &mut images,
+            state.media.as_ref(),
+            state.limits.max_body_bytes,
+            &cancelled,
+        )
+        .await?;
+    }
     // Long texts tokenize a few at a time (see `AppState::heavy_turn`).
     let _turn = state.heavy_turn(text.text_bytes(), false).await?;
     let engine_for_images = engine.clone();

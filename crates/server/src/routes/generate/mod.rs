@@ -91,13 +91,16 @@ async fn run(
     // Images by URL are fetched before the heavy turn: a slow image server holds only
     // its own request.
     check_count("images", params.images.len(), &state.limits.images)?;
-    media::fetch_urls(
-        &mut params.images,
-        state.media.as_ref(),
-        state.limits.max_body_bytes,
-        &cancelled,
-    )
-    .await?;
+    // Only for a model that reads them (else the prompt's preparation refuses them).
+    if engine.vision().is_some() {
+        media::fetch_urls(
+            &mut params.images,
+            state.media.as_ref(),
+            state.limits.max_body_bytes,
+            &cancelled,
+        )
+        .await?;
+    }
     let params = Arc::new(params);
     if let Some(c) = &params.constraint {
         let (len, max) = (c.grammar.source.len(), state.limits.max_grammar_bytes);
