@@ -1,20 +1,22 @@
 """Images by URL: refused unless the operator allows the host (`--allowed-media-domains`),
 never fetched from a loopback or private address unless that is allowed too
 (`--allow-private-media-addresses`), redirects checked like the first address, and every
-fetch bounded in time (`--media-fetch-timeout`) and bytes (`--max-body-size`). A fetched
-image gives the same answer as the same image sent as a `data:` URI.
+fetch bounded in time (`--media-fetch-timeout`) and bytes (`--max-body-size`; headers and
+chunk framing by bounds of their own, against endless ones). A fetched image gives the
+same answer as the same image sent as a `data:` URI.
 
 The image server is a local one (127.0.0.1), so the servers that fetch from it allow
 private addresses, and one that does not shows the refusal."""
 
 import http.server
 import json
+import ssl
 import threading
 
 import httpx
 import pytest
 
-from conftest import Server, error_param
+from conftest import ROOT, Server, error_param
 from test_vision import FIXTURES, images, pair
 
 PICTURE = images.png(64, 48, 3)
@@ -60,10 +62,24 @@ class ImageHost:
                     self.send(200, b"\0" * 120_000, [("Content-Type", "image/png")])
                 elif self.path == "/page":
                     self.send(200, b"<html>no picture here</html>", [("Content-Type", "text/html")])
+                elif self.path in ("/chunk-bomb", "/header-bomb"):
+                    # An endless chunk-size line, or an endless header: the server must
+                    # stop reading at its bound, not hold what it read.
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+                    if self.path == "/chunk-bomb":
+                        self.wfile.write(b"Transfer-Encoding: chunked\r\n\r\n")
+                    else:
+                        self.wfile.write(b"X-Padding: ")
+                    try:
+                        for _ in range(4096):  # 64 MiB at most
+                            self.wfile.write((b"0" if self.path == "/chunk-bomb" else b"a") * 16384)
+                    except OSError:
+                        pass  # ferrite hung up: the point
+                    self.close_connection = True
                 elif self.path == "/endless":
                     self.send_response(200)
                     self.send_header("Content-Type", "image/png")
-                    self.send_header("Content-Length", "1000000")
+                    self.send_header("Content-Length", "150000")  # within the budget
                     self.end_headers()
                     self.wfile.write(PICTURE[:100])
                     self.wfile.flush()
@@ -82,6 +98,21 @@ class ImageHost:
     def close(self):
         self.release.set()
         self.server.shutdown()
+
+
+class TlsHost(ImageHost):
+    """The same server over TLS, with a self-signed certificate for 127.0.0.1
+    (fixtures/tls/, test-only): no public root vouches for it."""
+
+    def __init__(self):
+        super().__init__()
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls = ROOT / "fixtures" / "tls"
+        context.load_cert_chain(tls / "localhost.crt", tls / "localhost.key")
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+
+    def url(self, path, host="127.0.0.1"):
+        return f"https://{host}:{self.port}{path}"
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +217,8 @@ def test_hosts_not_allowed_are_refused_before_and_after_a_redirect(fetching, hos
 @pytest.mark.parametrize("path,says", [
     ("/missing", "answered 404"),
     ("/loop", "more than 3 redirects"),
+    ("/chunk-bomb", "chunked framing is malformed"),
+    ("/header-bomb", "headers are too large"),
     ("/to-data", "a redirect to no http(s) URL"),
     ("/page", "is not a PNG, JPEG, WebP or GIF"),
     ("/large", "--max-body-size"),
@@ -194,6 +227,15 @@ def test_hosts_not_allowed_are_refused_before_and_after_a_redirect(fetching, hos
 def test_failed_fetches_are_400s_naming_the_field(fetching, host, path, says):
     r = chat(fetching, host.url(path))
     assert says in refusal(r), r.text
+
+
+def test_https_certificates_are_verified(fetching):
+    tls = TlsHost()
+    try:
+        message = refusal(chat(fetching, tls.url("/cat.png")))
+        assert "TLS failed" in message and "certificate" in message, message
+    finally:
+        tls.close()
 
 
 def test_a_redirect_loop_is_followed_three_times(fetching, host):
