@@ -225,8 +225,11 @@ def test_hosts_not_allowed_are_refused_before_and_after_a_redirect(fetching, hos
     ("/endless", "--media-fetch-timeout"),
 ])
 def test_failed_fetches_are_400s_naming_the_field(fetching, host, path, says):
+    peak = fetching.memory_mib("VmHWM")
     r = chat(fetching, host.url(path))
     assert says in refusal(r), r.text
+    # The bombs offer 64 MiB: none of it may stay in the server (its peak memory).
+    assert fetching.memory_mib("VmHWM") < peak + 16, f"{path}: the server's peak memory grew"
 
 
 def test_https_certificates_are_verified(fetching):
