@@ -9,7 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ferrite_engine::vision::{self, ImageLimits, ImagePart, RgbImage, VisionModel};
+use ferrite_engine::vision::{self, ImageLimits, ImagePart, ProjectorKind, RgbImage, VisionModel};
 use ferrite_synth::{write_projector, Arch, Projector, ProjectorSpec, VisionShape, WeightType};
 
 /// A scratch folder of this test's own.
@@ -28,9 +28,15 @@ fn text_arch(projector: Projector) -> Arch {
     }
 }
 
-/// The projector types ferrite reads (ferrite-synth also writes Qwen2.5-VL's, which
-/// ferrite refuses by name: `a_projector_ferrite_does_not_read_is_refused_by_its_type`).
-const READ: [Projector; 2] = [Projector::Gemma3, Projector::Idefics3];
+/// The projector types ferrite reads, as ferrite-synth names them (it also writes
+/// Qwen2.5-VL's, which ferrite refuses by name:
+/// `a_projector_ferrite_does_not_read_is_refused_by_its_type`).
+fn read_types() -> Vec<Projector> {
+    ProjectorKind::ALL
+        .iter()
+        .map(|k| Projector::from_name(k.name()).expect("ferrite-synth writes it"))
+        .collect()
+}
 
 fn projector(dir: &Path, projector: Projector) -> VisionModel {
     projector_of_shape(dir, projector, projector.small_shape())
@@ -281,7 +287,7 @@ fn views(parts: &[ImagePart]) -> Vec<(&RgbImage, usize)> {
 #[test]
 fn an_image_encodes_the_same_in_pieces_as_in_one_go() {
     let dir = scratch("pieces");
-    for kind in READ {
+    for kind in read_types() {
         let vision = projector(&dir, kind);
         let image = picture(300, 120, 1);
         let layout = vision.layout(&image);

@@ -64,12 +64,12 @@ pub fn get(
         .host_str()
         .ok_or_else(|| HttpError::Failed("the URL has no host".into()))?;
     let tcp = connect(addresses, bounds.deadline)?;
-    let mut conn = Conn::new(tcp.try_clone().map_err(io_failed)?, bounds.deadline);
+    let socket = tcp.try_clone().map_err(io_failed)?;
     let stream: Box<dyn ReadWrite> = match url.scheme() {
         "https" => Box::new(tls(host, tcp)?),
         _ => Box::new(tcp),
     };
-    conn.stream = Some(stream);
+    let mut conn = Conn::new(stream, socket, bounds.deadline);
     let target = &url[url::Position::BeforePath..url::Position::AfterQuery];
     let authority = &url[url::Position::BeforeHost..url::Position::AfterPort];
     let request = format!(
@@ -180,7 +180,7 @@ struct Head {
 
 /// A connection with a buffer, whose every read and write ends at the deadline.
 struct Conn {
-    stream: Option<Box<dyn ReadWrite>>,
+    stream: Box<dyn ReadWrite>,
     /// The socket itself, to set its timeouts (the TLS stream owns another handle).
     socket: TcpStream,
     deadline: Instant,
@@ -189,9 +189,9 @@ struct Conn {
 }
 
 impl Conn {
-    fn new(socket: TcpStream, deadline: Instant) -> Self {
+    fn new(stream: Box<dyn ReadWrite>, socket: TcpStream, deadline: Instant) -> Self {
         Self {
-            stream: None,
+            stream,
             socket,
             deadline,
             buf: Vec::new(),
@@ -212,7 +212,7 @@ impl Conn {
 
     fn write_all(&mut self, bytes: &[u8]) -> Result<(), HttpError> {
         self.arm()?;
-        let stream = self.stream.as_mut().expect("connected");
+        let stream = &mut self.stream;
         stream
             .write_all(bytes)
             .and_then(|()| stream.flush())
@@ -227,9 +227,8 @@ impl Conn {
             self.start = 0;
         }
         let mut chunk = [0u8; 16 << 10];
-        let stream = self.stream.as_mut().expect("connected");
         loop {
-            match stream.read(&mut chunk) {
+            match self.stream.read(&mut chunk) {
                 Ok(0) => return Ok(false),
                 Ok(n) => {
                     self.buf.extend_from_slice(&chunk[..n]);
@@ -361,9 +360,7 @@ impl Conn {
                 }
                 return Err(malformed());
             }
-            if size > bounds.budget.load(Ordering::Relaxed) {
-                return Err(HttpError::TooLarge);
-            }
+            // A size over the budget is refused before anything is read.
             body.extend(self.read_exactly(size, bounds)?);
             if !self.read_line()?.is_empty() {
                 return Err(malformed());
@@ -440,9 +437,8 @@ mod tests {
                 Ok(())
             }
         }
-        let mut c = Conn::new(socket, Instant::now() + Duration::from_secs(5));
-        c.stream = Some(Box::new(Fake(Cursor::new(bytes))));
-        c
+        let fake = Box::new(Fake(Cursor::new(bytes)));
+        Conn::new(fake, socket, Instant::now() + Duration::from_secs(5))
     }
 
     fn read(answer: &[u8], budget: usize) -> Result<(Head, Vec<u8>), HttpError> {

@@ -269,8 +269,7 @@ pub async fn fetch_urls(
              (data:image/png;base64,...)",
         ));
     };
-    let started = Instant::now();
-    let deadline = started + fetcher.rules.timeout;
+    let deadline = Instant::now() + fetcher.rules.timeout;
     let budget = Arc::new(AtomicUsize::new(max_bytes));
     let failed = Arc::new(AtomicBool::new(false));
     let fetches = wanted.iter().map(|&i| {

@@ -13,9 +13,7 @@ use ferrite_protocol::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, T
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
-use crate::images::check_count;
-use crate::media;
-use crate::routes::generate::encode_with_images;
+use crate::routes::generate::{encode_with_images, fetch_images};
 use crate::state::AppState;
 use crate::validate::{deserialize_body, tool_definitions, ChatInput, ImageMarker, PromptInput};
 use ferrite_engine::vision::prompt::is_image_token;
@@ -88,18 +86,8 @@ pub async fn tokenize(
     // A client that leaves stops the fetching of its images and the tokenization of a
     // long prompt.
     let (_guard, cancelled) = CancelOnDrop::new();
-    // Images by URL count as the chat route counts them: fetched, before the heavy turn.
-    check_count("messages", images.len(), &state.limits.images)?;
-    // Only for a model that reads them (else the prompt's preparation refuses them).
-    if engine.vision().is_some() {
-        media::fetch_urls(
-            &mut images,
-            state.media.as_ref(),
-            state.limits.max_body_bytes,
-            &cancelled,
-        )
-        .await?;
-    }
+    // Counted (and fetched) as the chat route does.
+    fetch_images(&state, &engine, &mut images, "messages", &cancelled).await?;
     // Long texts tokenize a few at a time (see `AppState::heavy_turn`).
     let _turn = state.heavy_turn(text.text_bytes(), false).await?;
     let engine_for_images = engine.clone();

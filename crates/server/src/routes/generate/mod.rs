@@ -13,6 +13,7 @@ mod reply;
 mod stream;
 mod timed;
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -24,7 +25,7 @@ use ferrite_engine::{EngineHandle, FinishReason};
 use serde_json::Value;
 
 use crate::error::ApiError;
-use crate::images::check_count;
+use crate::images::{check_count, ImageInput};
 use crate::media;
 use crate::state::{unix_now, AppState};
 use crate::validate::{parse_body, GenerateParams, PromptInput};
@@ -66,6 +67,26 @@ pub async fn completions(
     run(&state, engine, params, arrived, Dialect::Text, "cmpl").await
 }
 
+/// A request's images before its prompt is prepared (both completion routes and
+/// `/tokenize`): their count checked (a 400 naming `count_field`), and, for a model that
+/// reads images, those given by URL fetched. Before the heavy turn: a slow image server
+/// holds only its own request.
+pub(crate) async fn fetch_images(
+    state: &AppState,
+    engine: &EngineHandle,
+    images: &mut [ImageInput],
+    count_field: &str,
+    cancelled: &Arc<AtomicBool>,
+) -> Result<(), ApiError> {
+    check_count(count_field, images.len(), &state.limits.images)?;
+    // Not for a model that reads no images: the prompt's preparation refuses them.
+    if engine.vision().is_none() {
+        return Ok(());
+    }
+    let (fetcher, max_bytes) = (state.media.as_ref(), state.limits.max_body_bytes);
+    media::fetch_urls(images, fetcher, max_bytes, cancelled).await
+}
+
 /// The pipeline both routes share once the request is validated: the server's limits,
 /// grammar compiled and prompts prepared off the async workers, sequences submitted,
 /// then the answer in the route's shape (`id_prefix` starts its id).
@@ -88,19 +109,7 @@ async fn run(
     // A client that leaves stops the fetching of its images and the tokenization of its
     // prompts.
     let (_guard, cancelled) = CancelOnDrop::new();
-    // Images by URL are fetched before the heavy turn: a slow image server holds only
-    // its own request.
-    check_count("images", params.images.len(), &state.limits.images)?;
-    // Only for a model that reads them (else the prompt's preparation refuses them).
-    if engine.vision().is_some() {
-        media::fetch_urls(
-            &mut params.images,
-            state.media.as_ref(),
-            state.limits.max_body_bytes,
-            &cancelled,
-        )
-        .await?;
-    }
+    fetch_images(state, &engine, &mut params.images, "images", &cancelled).await?;
     let params = Arc::new(params);
     if let Some(c) = &params.constraint {
         let (len, max) = (c.grammar.source.len(), state.limits.max_grammar_bytes);
