@@ -123,6 +123,8 @@ impl Rope {
         // divided by the pair's factor and scaled, in that order.
         let mut angles = Vec::with_capacity(half);
         let mut thetas = position.map(|p| p as f32);
+        // Without sections only the first chain is read.
+        let chains = if self.sections.is_some() { 4 } else { 1 };
         for i in 0..half {
             let theta = thetas[self.component_of_pair(i)];
             let extrapolated = match &self.freq_factors {
@@ -131,7 +133,7 @@ impl Rope {
             };
             let (sin, cos) = (self.freq_scale * extrapolated).sin_cos();
             angles.push((sin * self.magnitude, cos * self.magnitude));
-            for t in &mut thetas {
+            for t in &mut thetas[..chains] {
                 *t *= self.theta_scale;
             }
         }
