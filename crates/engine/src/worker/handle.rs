@@ -315,7 +315,7 @@ impl EngineHandle {
     pub fn stats(&self) -> StatsSnapshot {
         let s = &self.stats;
         StatsSnapshot {
-            running: s.running.load(Ordering::Relaxed),
+            running: s.running.load(Ordering::Acquire),
             queued: s.queued.load(Ordering::Relaxed),
             kv_reserved: s.kv_reserved.load(Ordering::Relaxed),
             kv_budget: self.config.scheduler.kv_budget,

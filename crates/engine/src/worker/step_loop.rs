@@ -505,11 +505,12 @@ impl Worker {
         self.running.clear();
     }
 
-    /// Stores the running count and the KV reserved in the counters.
+    /// Stores the running count and the KV reserved in the counters. The running count is
+    /// released: a reader that sees it also sees the step counters added before it.
     fn publish_counts(&self) {
         self.stats
             .running
-            .store(self.running.len(), Ordering::Relaxed);
+            .store(self.running.len(), Ordering::Release);
         let reserved: usize = self.running.iter().map(Sequence::reservation).sum();
         self.stats.kv_reserved.store(reserved, Ordering::Relaxed);
     }
