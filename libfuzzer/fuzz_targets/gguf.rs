@@ -43,5 +43,6 @@ fn run(data: &[u8]) {
         logits: Logits::Last,
         prompt_len: tokens.len(),
         images: Vec::new(),
+        grids: Vec::new(),
     }]);
 }

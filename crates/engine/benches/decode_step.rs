@@ -60,6 +60,7 @@ fn main() {
                     logits: Logits::Last,
                     prompt_len: prompt.len(),
                     images: Vec::new(),
+                    grids: Vec::new(),
                 })
                 .collect();
             threads::with_threads_awake(|| model.forward(&mut batch)).expect("the step runs")

@@ -124,6 +124,7 @@ fn exercise_counted(bytes: Vec<u8>) -> Result<(), ferrite_engine::EngineError> {
         logits: Logits::Last,
         prompt_len: tokens.len(),
         images: Vec::new(),
+        grids: Vec::new(),
     }])?;
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].len(), vocab as usize);

@@ -40,6 +40,7 @@ fn replay(name: &str, data: &serde_json::Value, batching: PromptBatching) -> Vec
                     logits: Logits::Last,
                     prompt_len: prompt.len(),
                     images: Vec::new(),
+                    grids: Vec::new(),
                 }])
                 .unwrap()
                 .remove(0);

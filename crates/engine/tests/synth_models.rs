@@ -63,6 +63,7 @@ fn check(
                     logits: Logits::Last,
                     prompt_len: prompt.len(),
                     images: Vec::new(),
+                    grids: Vec::new(),
                 }])
                 .map_err(|e| format!("prompt {c}: {e}"))?
                 .remove(0);

@@ -28,13 +28,16 @@ fn text_arch(projector: Projector) -> Arch {
     }
 }
 
-/// The projector types ferrite reads, as ferrite-synth names them (it also writes
-/// Qwen2.5-VL's, which ferrite refuses by name:
-/// `a_projector_ferrite_does_not_read_is_refused_by_its_type`).
+/// The projector types ferrite reads, as ferrite-synth names them.
 fn read_types() -> Vec<Projector> {
     ProjectorKind::ALL
         .iter()
-        .map(|k| Projector::from_name(k.name()).expect("ferrite-synth writes it"))
+        .map(|k| {
+            Projector::ALL
+                .into_iter()
+                .find(|p| p.type_name() == k.name())
+                .expect("ferrite-synth writes it")
+        })
         .collect()
 }
 
@@ -130,7 +133,7 @@ fn the_projector_gives_llama_cpps_rows() {
             // JPEG_ROWS.
             let images = match case["file"].as_str() {
                 Some(file) => vec![
-                    (stb_pixels(file), ROWS, "stb_image's pixels"),
+                    (stb_pixels(file), rows_bounds(kind), "stb_image's pixels"),
                     (
                         jpeg(file, &case["file_sha256"]),
                         JPEG_ROWS,
@@ -144,7 +147,7 @@ fn the_projector_gives_llama_cpps_rows() {
                         case["pixels_sha256"].as_str().unwrap(),
                         "{what}: pixels"
                     );
-                    vec![(RgbImage::new(w, h, pixels), ROWS, "drawn")]
+                    vec![(RgbImage::new(w, h, pixels), rows_bounds(kind), "drawn")]
                 }
             };
             let bytes = base64::engine::general_purpose::STANDARD
@@ -198,6 +201,23 @@ fn jpeg(name: &str, sha256_recorded: &serde_json::Value) -> RgbImage {
 /// How far ferrite's rows may be from llama.cpp's, relative to their mean size: at worst
 /// and on average.
 const ROWS: (f32, f32) = (4e-3, 6e-4);
+
+/// The same for Qwen2.5-VL, whose rows go through two f16 products after the tower (its
+/// merger: 512 inputs each on the small tower) and whose small picture is scaled up
+/// (40x40 to 84x84: smooth patches, the tower's differences grown through its norms).
+/// Seen: 3.9e-3 and 6.9e-4 on the drawn pictures, 1.1e-2 and 1.6e-3 on the small one,
+/// whose 84x84 view is mtmd's to the byte (mtmd given ferrite's view gives the same rows
+/// as from the 40x40 picture). Every block attending to the whole image instead of its
+/// windows moves them by whole units (seen: 4.3 and 0.73).
+const QWEN_ROWS: (f32, f32) = (1.5e-2, 2e-3);
+
+/// The bounds of [`ROWS`] for `kind`'s rows.
+fn rows_bounds(kind: Projector) -> (f32, f32) {
+    match kind {
+        Projector::Qwen25Vl => QWEN_ROWS,
+        Projector::Gemma3 | Projector::Idefics3 => ROWS,
+    }
+}
 
 /// The same for the JPEG photo decoded by ferrite (zune-jpeg, through the `image` crate),
 /// where llama.cpp's rows come from stb_image's pixels, a unit or three apart
@@ -384,8 +404,36 @@ fn the_idefics3_projector_tiles_an_image_row_by_row_then_adds_the_global_view() 
     assert_eq!(texts(&picture(4000, 2, 0)).len(), 3 * 2 + 3);
 }
 
-/// Qwen2.5-VL's projector (as llama.cpp's converter writes it, and llama-server reads it)
-/// is not read yet: loading it is an error that names its type.
+/// Qwen2.5-VL's layout on the small tower (14-pixel patches, a token per 2x2): a 300x120
+/// image is letterboxed into 308x112 (its sides rounded to 28 pixels), 11x4 = 44 tokens
+/// on a grid 11 wide, between the vision markers, read causally; a 10x10 one is scaled
+/// up to the 8 tokens' least (84x84: 3x3).
+#[test]
+fn the_qwen25vl_projector_reads_an_image_at_its_own_size() {
+    let dir = scratch("qwen25vl");
+    let vision = projector(&dir, Projector::Qwen25Vl);
+    assert!(!vision.bidirectional());
+    assert_eq!(vision.text_hidden(), Arch::Qwen2Vl.small_shape().hidden);
+    let layout = vision.layout(&picture(300, 120, 1));
+    assert_eq!(layout.len(), 3);
+    assert_eq!(layout[0], ImagePart::Text("<|vision_start|>".into()));
+    assert_eq!(layout[2], ImagePart::Text("<|vision_end|>".into()));
+    let (view, tokens) = views(&layout)[0];
+    assert_eq!((view.width, view.height, tokens), (308, 112, 44));
+    assert_eq!(vision.positions(300, 120), 44);
+    assert_eq!(vision.view_tokens(view), Some(44));
+    assert_eq!(vision.grid_columns(view), Some(11));
+    assert_eq!(vision.positions(10, 10), 9);
+    // A view whose sides are not whole tokens is none the tower reads.
+    assert_eq!(vision.view_tokens(&picture(300, 120, 1)), None);
+    assert_eq!(
+        vision.encode(&picture(300, 120, 1)).unwrap().len(),
+        44 * vision.text_hidden()
+    );
+}
+
+/// A projector type ferrite does not read (Qwen2.5-VL's file with its type renamed) is
+/// refused: loading it is an error that names the type.
 #[test]
 fn a_projector_ferrite_does_not_read_is_refused_by_its_type() {
     let dir = scratch("unread");
@@ -396,10 +444,20 @@ fn a_projector_ferrite_does_not_read_is_refused_by_its_type() {
         weights: WeightType::F16,
         seed: 0,
     };
-    let path = dir.join("mmproj-qwen25vl.gguf");
+    let path = dir.join("mmproj-unread.gguf");
     write_projector(&spec, &path).unwrap();
-    let error = VisionModel::load(&path).err().expect("not read yet");
-    assert!(error.to_string().contains("qwen2.5vl_merger"), "{error}");
+    // The same file with another type's name (as long, so the file stays whole).
+    let bytes = std::fs::read(&path).unwrap();
+    let (from, to) = (b"qwen2.5vl_merger", b"qwen2.5vl_mergex");
+    let at = bytes
+        .windows(from.len())
+        .position(|w| w == from)
+        .expect("the type's name");
+    let mut renamed = bytes.clone();
+    renamed[at..at + to.len()].copy_from_slice(to);
+    std::fs::write(&path, renamed).unwrap();
+    let error = VisionModel::load(&path).err().expect("an unknown type");
+    assert!(error.to_string().contains("qwen2.5vl_mergex"), "{error}");
 }
 
 #[test]

@@ -361,7 +361,7 @@ impl AttentionBlock {
         &self,
         h: &[f32],
         kernels: &[RowKernel],
-        positions: &[usize],
+        positions: &[[usize; 4]],
         eps: f32,
     ) -> Result<[Vec<f32>; 3], EngineError> {
         let q_width = self.shape.n_head * self.shape.head_dim;
@@ -382,9 +382,10 @@ impl AttentionBlock {
             ops::rms_norm(&mut k, k_norm, eps);
         }
         for (r, &pos) in positions.iter().enumerate() {
-            self.rope.apply(&mut q[r * q_width..(r + 1) * q_width], pos);
             self.rope
-                .apply(&mut k[r * kv_width..(r + 1) * kv_width], pos);
+                .apply_at(&mut q[r * q_width..(r + 1) * q_width], pos);
+            self.rope
+                .apply_at(&mut k[r * kv_width..(r + 1) * kv_width], pos);
         }
         if self.query_scale != 1.0 {
             q.iter_mut().for_each(|v| *v *= self.query_scale);
@@ -432,7 +433,7 @@ impl Model for Decoder {
             let attention = &block.attention;
             let mut h = x.clone();
             ops::rms_norm(&mut h, &block.attn_norm, self.eps);
-            let [q, k, v] = attention.project(&h, all, &layout.positions, self.eps)?;
+            let [q, k, v] = attention.project(&h, all, &layout.rope_positions, self.eps)?;
             let attn = attend_batch(&attention.shape, li, &layout, &q, &k, &v, batch);
             let mut o = ops::matmul(&attention.output, &attn, all)?;
             if let Some(norm) = &block.post_attn_norm {

@@ -74,6 +74,54 @@ pub struct BatchEntry<'a> {
     /// Rows that stand in for some of the new tokens' embeddings: the images among them
     /// (whose tokens are placeholders, [`crate::vision::prompt`]).
     pub images: Vec<StepImage<'a>>,
+    /// Every image of the sequence that lies on a grid of rotary positions (M-RoPE,
+    /// Qwen2-VL's text model), in prompt order; empty for other models. Its rows' and
+    /// every later position's rotations depend on it ([`rope_position`]).
+    pub grids: Vec<ImageGrid>,
+}
+
+/// An image whose rows take two-dimensional rotary positions (M-RoPE): row `i` of a
+/// `columns`-wide grid sits at `(t, t + i / columns, t + i % columns, 0)`, `t` the
+/// position the image starts at, and the text after it starts `max(columns, rows)` on,
+/// as llama.cpp's `mtmd` places Qwen2-VL's images.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageGrid {
+    /// The image's positions in the sequence (its cache cells).
+    pub span: std::ops::Range<usize>,
+    /// Rows of the grid are this wide.
+    pub columns: usize,
+}
+
+impl ImageGrid {
+    fn rows(&self) -> usize {
+        self.span.len().div_ceil(self.columns.max(1))
+    }
+
+    /// How many fewer rotary positions than cells the image takes.
+    fn saved(&self) -> usize {
+        self.span.len() - self.columns.max(self.rows())
+    }
+}
+
+/// The rotary position (time, height, width, extra) of cell `cell` of a sequence whose
+/// images on a grid are `grids`: `(p, p, p, 0)` for text, `p` the cell less what the
+/// images before it saved.
+pub fn rope_position(grids: &[ImageGrid], cell: usize) -> [usize; 4] {
+    let mut saved = 0;
+    for grid in grids {
+        if cell < grid.span.start {
+            break;
+        }
+        if grid.span.contains(&cell) {
+            let t = grid.span.start - saved;
+            let i = cell - grid.span.start;
+            let columns = grid.columns.max(1);
+            return [t, t + i / columns, t + i % columns, 0];
+        }
+        saved += grid.saved();
+    }
+    let p = cell - saved;
+    [p, p, p, 0]
 }
 
 /// An image's rows in a step: embeddings its projector made, read as they are (not
@@ -238,6 +286,8 @@ pub fn load_path(path: &Path) -> Result<(GgufFile, Box<dyn Model>), EngineError>
 struct StepLayout {
     /// Absolute position of every row (token) of the step.
     positions: Vec<usize>,
+    /// Rotary position of every row ([`rope_position`]).
+    rope_positions: Vec<[usize; 4]>,
     /// Row ranges of each entry.
     spans: Vec<std::ops::Range<usize>>,
     /// Rows whose logits are wanted.
@@ -258,6 +308,7 @@ impl StepLayout {
     /// The layout of `batch`, for a model with sliding-window layers or not.
     fn new(batch: &[BatchEntry<'_>], batching: &PromptBatching, sliding_window: bool) -> Self {
         let mut positions = Vec::new();
+        let mut rope_positions = Vec::new();
         let mut spans = Vec::with_capacity(batch.len());
         let mut logit_rows = Vec::new();
         let mut kernels = Vec::new();
@@ -278,6 +329,7 @@ impl StepLayout {
                 kernels.push(plan.matmul);
                 attention.push(plan.attention);
             }
+            rope_positions.extend(new.clone().map(|p| rope_position(&entry.grids, p)));
             positions.extend(new);
             spans.push(start..positions.len());
             match entry.logits {
@@ -295,6 +347,7 @@ impl StepLayout {
         }
         Self {
             positions,
+            rope_positions,
             spans,
             logit_rows,
             kernels,
@@ -377,4 +430,35 @@ fn gather_rows(x: &[f32], width: usize, rows: &[usize]) -> Vec<f32> {
     rows.iter()
         .flat_map(|&r| x[r * width..(r + 1) * width].iter().copied())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An image of 12 cells on a grid 4 wide (3 rows) at cells 3..15: its cells at
+    /// `(3, 3 + row, 3 + column, 0)`, the text after it from 3 + max(4, 3) = 7 on.
+    #[test]
+    fn an_image_on_a_grid_takes_its_rows_and_columns_and_the_longer_side() {
+        let grids = [ImageGrid {
+            span: 3..15,
+            columns: 4,
+        }];
+        assert_eq!(rope_position(&grids, 2), [2, 2, 2, 0]);
+        assert_eq!(rope_position(&grids, 3), [3, 3, 3, 0]);
+        assert_eq!(rope_position(&grids, 8), [3, 4, 4, 0]);
+        assert_eq!(rope_position(&grids, 14), [3, 5, 6, 0]);
+        assert_eq!(rope_position(&grids, 15), [7, 7, 7, 0]);
+        // A second image starts where the text before it ends.
+        let two = [
+            grids[0].clone(),
+            ImageGrid {
+                span: 16..18,
+                columns: 1,
+            },
+        ];
+        assert_eq!(rope_position(&two, 17), [8, 9, 8, 0]);
+        assert_eq!(rope_position(&two, 18), [10, 10, 10, 0]);
+        assert_eq!(rope_position(&[], 18), [18, 18, 18, 0]);
+    }
 }

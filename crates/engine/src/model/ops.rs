@@ -69,6 +69,9 @@ pub struct Rope {
     /// Multi-section positions (Qwen2-VL's M-RoPE): how many pairs, cycling, take their
     /// angle from each of a position's four components (time, height, width, extra).
     sections: Option<[usize; 4]>,
+    /// Whether each section's angles start again from its component (ggml's vision
+    /// rotation) rather than going on from the pairs before.
+    independent_sections: bool,
 }
 
 impl Rope {
@@ -83,6 +86,25 @@ impl Rope {
             magnitude: 1.0,
             style,
             sections: None,
+            independent_sections: false,
+        }
+    }
+
+    /// The rotation of a vision tower's patches (Qwen2.5-VL's, ggml's `VISION` mode):
+    /// halves `(i, i + head_dim/2)`, the first quarter of the pairs turned by the
+    /// position's first component (the patch's row), the second quarter by its second
+    /// (the column), each from pair 0's angle, with `base^(-2i/(head_dim/2))`.
+    pub fn vision(head_dim: usize, base: f32) -> Self {
+        let half = head_dim / 2;
+        Self {
+            half,
+            theta_scale: base.powf(-2.0 / half as f32),
+            freq_scale: 1.0,
+            freq_factors: None,
+            magnitude: 1.0,
+            style: RopeStyle::Neox,
+            sections: Some([head_dim / 4; 4]),
+            independent_sections: true,
         }
     }
 
@@ -126,6 +148,13 @@ impl Rope {
         // Without sections only the first chain is read.
         let chains = if self.sections.is_some() { 4 } else { 1 };
         for i in 0..half {
+            if let (true, Some(s)) = (self.independent_sections, self.sections) {
+                let sector = i % s.iter().sum::<usize>().max(1);
+                let starts = [0, s[0], s[0] + s[1], s[0] + s[1] + s[2]];
+                if let Some(c) = starts.iter().position(|&start| start == sector) {
+                    thetas[c] = position[c] as f32;
+                }
+            }
             let theta = thetas[self.component_of_pair(i)];
             let extrapolated = match &self.freq_factors {
                 Some(f) => theta / f[i],
@@ -371,6 +400,36 @@ mod tests {
         rms_norm(&mut x, &[1.0, 2.0], 0.0);
         let rms = (12.5f32).sqrt();
         assert!((x[0] - 3.0 / rms).abs() < 1e-6 && (x[1] - 8.0 / rms).abs() < 1e-6);
+    }
+
+    /// The vision rotation turns pair i of the first quarter by `row * s^i` and pair i of
+    /// the second by `col * s^(i - quarter)` (each chain started again), with
+    /// `s = base^(-2 / (head_dim / 2))`, as ggml's `VISION` mode; the second half's pairs
+    /// are the same angles' partners.
+    #[test]
+    fn vision_rope_turns_quarters_by_row_and_column() {
+        let d = 32;
+        let row: Vec<f32> = (0..2 * d).map(|i| (i as f32 * 0.61).cos()).collect();
+        let rope = Rope::vision(d, 10000.0);
+        let mut got = row.clone();
+        rope.apply_at(&mut got, [3, 5, 3, 5]);
+        let s = 10000f64.powf(-2.0 / 16.0);
+        for head in 0..2 {
+            for i in 0..16 {
+                let theta = match i < 8 {
+                    true => 3.0 * s.powi(i as i32),
+                    false => 5.0 * s.powi(i as i32 - 8),
+                };
+                let (a, b) = (head * d + i, head * d + i + 16);
+                let (x0, x1) = (f64::from(row[a]), f64::from(row[b]));
+                let want = (
+                    x0 * theta.cos() - x1 * theta.sin(),
+                    x0 * theta.sin() + x1 * theta.cos(),
+                );
+                assert!((f64::from(got[a]) - want.0).abs() < 1e-5, "pair {i}");
+                assert!((f64::from(got[b]) - want.1).abs() < 1e-5, "pair {i}");
+            }
+        }
     }
 
     /// M-RoPE at a text position (p, p, p, 0) is plain NeoX RoPE where no pair falls in

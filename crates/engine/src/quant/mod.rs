@@ -303,6 +303,15 @@ impl QMatrix {
         }
     }
 
+    /// Input features (the columns of the stored matrix).
+    pub fn cols(&self) -> usize {
+        match self {
+            Self::Own { cols, .. } => *cols,
+            Self::Candle(QMatMul::QTensor(t)) => t.shape().dims()[1],
+            Self::Candle(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) => t.dims()[1],
+        }
+    }
+
     /// Whether a row's result depends on its [`RowKernel`] (only the Q4_K kernels round
     /// differently as GEMV and GEMM).
     pub fn rounds_by_kernel(&self) -> bool {

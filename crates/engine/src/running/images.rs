@@ -14,6 +14,9 @@ pub(crate) struct SequenceImage {
     pub(crate) rows: Option<Arc<Vec<f32>>>,
     /// Whether its rows attend to each other both ways (then they go in one step).
     pub(crate) bidirectional: bool,
+    /// The width of the grid of rotary positions its rows take, where the text model
+    /// places an image's rows on one (M-RoPE).
+    pub(crate) grid_columns: Option<usize>,
     /// Its encoding part way through the vision model, while it has no rows yet.
     pub(crate) encoding: Option<crate::vision::ImageEncoding>,
 }

@@ -133,6 +133,7 @@ impl Sequence {
                     image,
                     rows: None,
                     bidirectional: false,
+                    grid_columns: None,
                     encoding: None,
                 })
                 .collect(),
@@ -295,6 +296,10 @@ impl Sequence {
         let mut follower = Sequence::new(request, cache, events, lookup);
         follower.cached_tokens = self.cached_tokens;
         follower.request = self.request;
+        // The same images in the same places: the same grids for its later positions.
+        for (theirs, ours) in follower.images.iter_mut().zip(&self.images) {
+            theirs.grid_columns = ours.grid_columns;
+        }
         if let (Some(scores), Some(_)) = (prompt_scores, follower.prompt_logprobs) {
             follower.prompt_scores = scores.to_vec();
         }

@@ -13,6 +13,8 @@
 //! The AVX2 and AVX-512 versions, written once over [`Lanes`], give the portable one's
 //! bits (a test checks).
 
+use std::ops::Range;
+
 use half::f16;
 
 #[cfg(target_arch = "x86_64")]
@@ -105,15 +107,32 @@ struct State {
     acc: Vec<f32>,
 }
 
+/// The cells of a tile a query sees: `lo..hi` of its 64 (the others, and those past the
+/// last patch, -∞).
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    lo: usize,
+    hi: usize,
+}
+
 /// The kernel of a block of queries (`qs`, one state each) and one tile: each query's
 /// scores, softmax step and weighted values.
-type TileStep =
-    fn(qs: &[&[f32]], kv: &HeadsKv, h: usize, t: usize, scale: f32, states: &mut [State]);
+type TileStep = fn(
+    qs: &[&[f32]],
+    kv: &HeadsKv,
+    h: usize,
+    t: usize,
+    seen: Seen,
+    scale: f32,
+    states: &mut [State],
+);
 
-/// Attention of the queries in `q` (rows of `heads * head_dim` values) over every
-/// patch, scores scaled by `scale`, into `out` (the same shape as `q`).
-pub(super) fn attend(q: &[f32], kv: &HeadsKv, scale: f32, out: &mut [f32]) {
-    attend_with(step_for_cpu(), q, kv, scale, out)
+/// Attention of the queries in `q` (rows of `heads * head_dim` values) over the patches
+/// `keys` (every patch, or an attention window's), scores scaled by `scale`, into `out`
+/// (the same shape as `q`). As ggml's masked kernel: the tiles are the whole image's,
+/// cells outside `keys` weigh nothing, tiles without any of `keys` are skipped.
+pub(super) fn attend(q: &[f32], kv: &HeadsKv, keys: Range<usize>, scale: f32, out: &mut [f32]) {
+    attend_with(step_for_cpu(), q, kv, keys, scale, out)
 }
 
 /// The fastest [`TileStep`] this CPU runs.
@@ -130,7 +149,19 @@ fn step_for_cpu() -> TileStep {
     step_portable
 }
 
-fn attend_with(step: TileStep, q: &[f32], kv: &HeadsKv, scale: f32, out: &mut [f32]) {
+fn attend_with(
+    step: TileStep,
+    q: &[f32],
+    kv: &HeadsKv,
+    keys: Range<usize>,
+    scale: f32,
+    out: &mut [f32],
+) {
+    assert!(
+        keys.start < keys.end && keys.end <= kv.n,
+        "{keys:?} of {} patches",
+        kv.n
+    );
     let (heads, head_dim) = (kv.heads, kv.head_dim);
     let d = heads * head_dim;
     let rows = q.len() / d;
@@ -153,8 +184,12 @@ fn attend_with(step: TileStep, q: &[f32], kv: &HeadsKv, scale: f32, out: &mut [f
             let qs: Vec<&[f32]> = (0..count)
                 .map(|i| &q[(first + i) * d + h * head_dim..][..head_dim])
                 .collect();
-            for t in 0..kv.tiles() {
-                step(&qs, kv, h, t, scale, &mut states);
+            for t in keys.start / TILE..keys.end.div_ceil(TILE) {
+                let seen = Seen {
+                    lo: keys.start.saturating_sub(t * TILE),
+                    hi: (keys.end - t * TILE).min(kv.cells(t)),
+                };
+                step(&qs, kv, h, t, seen, scale, &mut states);
             }
             for (i, s) in states.iter().enumerate() {
                 let o = &mut block[i * d + h * head_dim..][..head_dim];
@@ -173,17 +208,25 @@ fn step_portable(
     kv: &HeadsKv,
     h: usize,
     t: usize,
+    seen: Seen,
     scale: f32,
     states: &mut [State],
 ) {
     for (q, state) in qs.iter().zip(states) {
-        step_one_portable(q, kv, h, t, scale, state);
+        step_one_portable(q, kv, h, t, seen, scale, state);
     }
 }
 
-fn step_one_portable(q: &[f32], kv: &HeadsKv, h: usize, t: usize, scale: f32, state: &mut State) {
+fn step_one_portable(
+    q: &[f32],
+    kv: &HeadsKv,
+    h: usize,
+    t: usize,
+    seen: Seen,
+    scale: f32,
+    state: &mut State,
+) {
     let keys = kv.tile_keys(h, t);
-    let cells = kv.cells(t);
     let mut scores = [0f32; TILE];
     for (d, row) in keys.chunks_exact(TILE).enumerate() {
         for (s, k) in scores.iter_mut().zip(row) {
@@ -191,7 +234,7 @@ fn step_one_portable(q: &[f32], kv: &HeadsKv, h: usize, t: usize, scale: f32, st
         }
     }
     for (j, s) in scores.iter_mut().enumerate() {
-        *s = if j < cells {
+        *s = if (seen.lo..seen.hi).contains(&j) {
             *s * scale
         } else {
             f32::NEG_INFINITY
@@ -217,15 +260,31 @@ fn step_one_portable(q: &[f32], kv: &HeadsKv, h: usize, t: usize, scale: f32, st
 }
 
 #[cfg(target_arch = "x86_64")]
-fn step_avx2(qs: &[&[f32]], kv: &HeadsKv, h: usize, t: usize, scale: f32, states: &mut [State]) {
+fn step_avx2(
+    qs: &[&[f32]],
+    kv: &HeadsKv,
+    h: usize,
+    t: usize,
+    seen: Seen,
+    scale: f32,
+    states: &mut [State],
+) {
     // SAFETY: chosen by `step_for_cpu` only where the CPU has AVX2, FMA and F16C.
-    unsafe { step_avx2_inner(qs, kv, h, t, scale, states) }
+    unsafe { step_avx2_inner(qs, kv, h, t, seen, scale, states) }
 }
 
 #[cfg(target_arch = "x86_64")]
-fn step_avx512(qs: &[&[f32]], kv: &HeadsKv, h: usize, t: usize, scale: f32, states: &mut [State]) {
+fn step_avx512(
+    qs: &[&[f32]],
+    kv: &HeadsKv,
+    h: usize,
+    t: usize,
+    seen: Seen,
+    scale: f32,
+    states: &mut [State],
+) {
     // SAFETY: chosen by `step_for_cpu` only where the CPU has AVX-512F besides.
-    unsafe { step_avx512_inner(qs, kv, h, t, scale, states) }
+    unsafe { step_avx512_inner(qs, kv, h, t, seen, scale, states) }
 }
 
 /// [`step_lanes`] with AVX2.
@@ -239,11 +298,12 @@ unsafe fn step_avx2_inner(
     kv: &HeadsKv,
     h: usize,
     t: usize,
+    seen: Seen,
     scale: f32,
     states: &mut [State],
 ) {
     // SAFETY: the caller upholds this function's contract, all step_lanes needs.
-    unsafe { step_lanes::<Avx2>(qs, kv, h, t, scale, states) }
+    unsafe { step_lanes::<Avx2>(qs, kv, h, t, seen, scale, states) }
 }
 
 /// [`step_lanes`] with AVX-512.
@@ -257,11 +317,12 @@ unsafe fn step_avx512_inner(
     kv: &HeadsKv,
     h: usize,
     t: usize,
+    seen: Seen,
     scale: f32,
     states: &mut [State],
 ) {
     // SAFETY: the caller upholds this function's contract, all step_lanes needs.
-    unsafe { step_lanes::<Avx512>(qs, kv, h, t, scale, states) }
+    unsafe { step_lanes::<Avx512>(qs, kv, h, t, seen, scale, states) }
 }
 
 /// [`step_portable`] in vectors of `L`'s width: the same operations on the same values in
@@ -278,6 +339,7 @@ unsafe fn step_lanes<L: Lanes>(
     kv: &HeadsKv,
     h: usize,
     t: usize,
+    seen: Seen,
     scale: f32,
     states: &mut [State],
 ) {
@@ -288,7 +350,7 @@ unsafe fn step_lanes<L: Lanes>(
         let cells = kv.cells(t);
         let mut weights = [[0f32; TILE]; BLOCK];
         for ((q, state), w) in qs.iter().zip(states.iter_mut()).zip(weights.iter_mut()) {
-            let scores = scores_lanes::<L>(q, kv.tile_keys(h, t), scale, cells);
+            let scores = scores_lanes::<L>(q, kv.tile_keys(h, t), scale, seen);
             let acc = state.acc.as_mut_ptr();
             *w = softmax_step::<L>(&mut state.part, &scores, acc, state.acc.len());
         }
@@ -321,13 +383,13 @@ unsafe fn step_lanes<L: Lanes>(
 }
 
 /// A query's scaled scores against a tile's keys (one row of 64 per dimension); cells
-/// from `cells` on -∞.
+/// outside `seen` -∞.
 ///
 /// # Safety
 /// The CPU has `L`'s instructions ([`Lanes`]); `keys` holds `q.len()` rows of 64.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn scores_lanes<L: Lanes>(q: &[f32], keys: &[f32], scale: f32, cells: usize) -> [f32; TILE] {
+unsafe fn scores_lanes<L: Lanes>(q: &[f32], keys: &[f32], scale: f32, seen: Seen) -> [f32; TILE] {
     // SAFETY: the caller upholds this function's contract; loads are inside `keys`'
     // rows of 64 and stores inside `scores`.
     unsafe {
@@ -346,7 +408,8 @@ unsafe fn scores_lanes<L: Lanes>(q: &[f32], keys: &[f32], scale: f32, cells: usi
         for (c, a) in acc.iter().take(vectors).enumerate() {
             L::store(scores.as_mut_ptr().add(c * L::WIDTH), L::mul(*a, sv));
         }
-        scores[cells..].fill(f32::NEG_INFINITY);
+        scores[..seen.lo].fill(f32::NEG_INFINITY);
+        scores[seen.hi..].fill(f32::NEG_INFINITY);
         scores
     }
 }
@@ -410,8 +473,6 @@ mod tests {
         let (q, k, v) = (values(n * d, 1), values(n * d, 2), values(n * d, 3));
         let kv = HeadsKv::new(&k, &v, heads, head_dim);
         let scale = 1.0 / (head_dim as f32).sqrt();
-        let mut want = vec![0f32; n * d];
-        attend_with(step_portable, &q, &kv, scale, &mut want);
         let mut steps: Vec<(&str, TileStep)> = Vec::new();
         if crate::simd::avx2() {
             steps.push(("avx2", step_avx2));
@@ -419,32 +480,54 @@ mod tests {
         if crate::simd::avx512() {
             steps.push(("avx512", step_avx512));
         }
-        for (name, step) in steps {
-            let mut got = vec![0f32; n * d];
-            attend_with(step, &q, &kv, scale, &mut got);
-            let same = got
-                .iter()
-                .zip(&want)
-                .all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "{name}");
+        // Every patch, and a window that starts and ends inside tiles.
+        for keys in [0..n, 50..139] {
+            let mut want = vec![0f32; n * d];
+            attend_with(step_portable, &q, &kv, keys.clone(), scale, &mut want);
+            for (name, step) in &steps {
+                let mut got = vec![0f32; n * d];
+                attend_with(*step, &q, &kv, keys.clone(), scale, &mut got);
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{name} over {keys:?}");
+            }
         }
     }
 
-    /// Against the definition in f64: softmax of the scaled scores over every patch,
-    /// weighting the values (f16-rounded keys and values on both sides).
+    /// Against the definition in f64: softmax of the scaled scores over every patch, or
+    /// over a window's, weighting the values (f16-rounded keys and values on both sides).
     #[test]
     fn attention_is_the_softmax_weighted_values() {
-        let (heads, head_dim, n) = (2, 8, 70);
+        let (heads, head_dim, n) = (2, 8, 140);
         let d = heads * head_dim;
         let (q, k, v) = (values(n * d, 4), values(n * d, 5), values(n * d, 6));
         let kv = HeadsKv::new(&k, &v, heads, head_dim);
-        let mut got = vec![0f32; n * d];
-        attend(&q, &kv, 0.5, &mut got);
+        for keys in [0..n, 60..70, 70..140] {
+            let mut got = vec![0f32; n * d];
+            attend(&q, &kv, keys.clone(), 0.5, &mut got);
+            check_against_f64(&q, &k, &v, heads, head_dim, keys, &got);
+        }
+    }
+
+    fn check_against_f64(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        heads: usize,
+        head_dim: usize,
+        keys: Range<usize>,
+        got: &[f32],
+    ) {
+        let d = heads * head_dim;
+        let n = q.len() / d;
         let r = |x: f32| f16::from_f32(x).to_f32() as f64;
         for i in 0..n {
             for h in 0..heads {
                 let at = |row: usize| row * d + h * head_dim;
-                let scores: Vec<f64> = (0..n)
+                let scores: Vec<f64> = keys
+                    .clone()
                     .map(|j| {
                         (0..head_dim)
                             .map(|c| q[at(i) + c] as f64 * r(k[at(j) + c]))
@@ -456,7 +539,12 @@ mod tests {
                 let w: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
                 let total: f64 = w.iter().sum();
                 for c in 0..head_dim {
-                    let want: f64 = (0..n).map(|j| w[j] * r(v[at(j) + c])).sum::<f64>() / total;
+                    let want: f64 = keys
+                        .clone()
+                        .zip(&w)
+                        .map(|(j, w)| w * r(v[at(j) + c]))
+                        .sum::<f64>()
+                        / total;
                     let g = got[at(i) + c] as f64;
                     assert!(
                         (g - want).abs() < 1e-5,

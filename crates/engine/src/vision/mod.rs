@@ -4,16 +4,19 @@
 //! An image is decoded within limits ([`image`]), resized and normalised as the
 //! projector's preprocessing says ([`resize`]) into one or more views (a projector that
 //! tiles an image reads each tile and a global view), each run through the vision
-//! transformer every projector shares ([`tower`]) and projected into the text model's
-//! width by its projector: one small file each (`gemma3.rs`, `idefics3.rs`), as the text
-//! architectures are over the shared decoder.
+//! transformer the projectors share ([`tower`], in SigLIP's and Qwen2.5-VL's kinds) and
+//! projected into the text model's width by its projector: one small file each
+//! (`gemma3.rs`, `idefics3.rs`, `qwen25vl.rs`), as the text architectures are over the
+//! shared decoder.
 
 mod attention;
 mod cache;
 mod gemma3;
 mod idefics3;
 pub mod image;
+mod layers;
 pub mod prompt;
+mod qwen25vl;
 pub mod resize;
 pub mod tower;
 
@@ -23,7 +26,8 @@ pub use cache::EmbeddingCache;
 use gemma3::Gemma3;
 use idefics3::Idefics3;
 pub use image::{content_hash, decode, ImageError, ImageLimits, RgbImage};
-use tower::Tower;
+use qwen25vl::Qwen25Vl;
+use tower::{PatchLayout, Tower, TowerKind};
 
 use crate::error::EngineError;
 use crate::gguf::GgufFile;
@@ -36,17 +40,28 @@ pub enum ProjectorKind {
     Gemma3,
     /// Idefics3: SmolVLM and SmolVLM2.
     Idefics3,
+    /// Qwen2.5-VL (3B, 7B, 32B, 72B).
+    Qwen25Vl,
 }
 
 impl ProjectorKind {
     /// Every type ferrite reads.
-    pub const ALL: [Self; 2] = [Self::Gemma3, Self::Idefics3];
+    pub const ALL: [Self; 3] = [Self::Gemma3, Self::Idefics3, Self::Qwen25Vl];
 
     /// The name in the file.
     pub fn name(self) -> &'static str {
         match self {
             Self::Gemma3 => "gemma3",
             Self::Idefics3 => "idefics3",
+            Self::Qwen25Vl => "qwen2.5vl_merger",
+        }
+    }
+
+    /// The tower it sits on.
+    fn tower(self) -> TowerKind {
+        match self {
+            Self::Gemma3 | Self::Idefics3 => TowerKind::Siglip,
+            Self::Qwen25Vl => TowerKind::Windowed,
         }
     }
 
@@ -110,6 +125,7 @@ impl Normalize {
 enum Projector {
     Gemma3(Gemma3),
     Idefics3(Idefics3),
+    Qwen25Vl(Qwen25Vl),
 }
 
 /// A loaded vision model: the tower and its projector.
@@ -142,10 +158,12 @@ impl VisionModel {
                 read.join(" and ")
             ))
         })?;
-        let tower = Tower::load(&mut g)?;
+        let tower = Tower::load(&mut g, kind.tower())?;
+        let shape = tower.shape();
         let projector = match kind {
-            ProjectorKind::Gemma3 => Projector::Gemma3(Gemma3::load(&mut g, tower.shape())?),
-            ProjectorKind::Idefics3 => Projector::Idefics3(Idefics3::load(&mut g, tower.shape())?),
+            ProjectorKind::Gemma3 => Projector::Gemma3(Gemma3::load(&mut g, shape)?),
+            ProjectorKind::Idefics3 => Projector::Idefics3(Idefics3::load(&mut g, shape)?),
+            ProjectorKind::Qwen25Vl => Projector::Qwen25Vl(Qwen25Vl::load(&mut g, shape)?),
         };
         Ok(Self {
             normalize: Normalize::load(&g)?,
@@ -165,6 +183,7 @@ impl VisionModel {
         match &self.projector {
             Projector::Gemma3(p) => p.text_hidden(),
             Projector::Idefics3(p) => p.text_hidden(),
+            Projector::Qwen25Vl(p) => p.text_hidden(),
         }
     }
 
@@ -174,6 +193,16 @@ impl VisionModel {
         matches!(self.kind, ProjectorKind::Gemma3)
     }
 
+    /// The width of the grid of rotary positions a view's embeddings take in the text
+    /// model (`model::ImageGrid`), for a projector whose text model places them on one
+    /// (Qwen2.5-VL's, with M-RoPE).
+    pub fn grid_columns(&self, view: &RgbImage) -> Option<usize> {
+        match &self.projector {
+            Projector::Qwen25Vl(p) => Some(p.grid_columns(view, self.tower.shape())),
+            _ => None,
+        }
+    }
+
     /// How `image` enters the prompt: its views, preprocessed for the tower, and the text
     /// around them, in order.
     pub fn layout(&self, image: &RgbImage) -> Vec<ImagePart> {
@@ -181,6 +210,7 @@ impl VisionModel {
         match &self.projector {
             Projector::Gemma3(p) => p.layout(image, shape),
             Projector::Idefics3(p) => p.layout(image, shape),
+            Projector::Qwen25Vl(p) => p.layout(image, shape),
         }
     }
 
@@ -191,6 +221,7 @@ impl VisionModel {
         match &self.projector {
             Projector::Gemma3(p) => p.tokens(shape),
             Projector::Idefics3(p) => p.positions(width, height, shape),
+            Projector::Qwen25Vl(p) => p.positions(width, height, shape),
         }
     }
 
@@ -199,10 +230,11 @@ impl VisionModel {
     pub fn view_tokens(&self, view: &RgbImage) -> Option<usize> {
         let shape = self.tower.shape();
         let square = view.width == shape.image_size && view.height == shape.image_size;
-        square.then(|| match &self.projector {
-            Projector::Gemma3(p) => p.tokens(shape),
-            Projector::Idefics3(p) => p.tokens(shape),
-        })
+        match &self.projector {
+            Projector::Gemma3(p) => square.then(|| p.tokens(shape)),
+            Projector::Idefics3(p) => square.then(|| p.tokens(shape)),
+            Projector::Qwen25Vl(p) => p.view_tokens(view, shape),
+        }
     }
 
     /// The embeddings of every view of `image`, in the order of [`Self::layout`]: rows of
@@ -226,8 +258,13 @@ impl VisionModel {
 
     /// The encoding of a view ([`ImagePart::View`]), ready for the tower.
     pub fn start_encoding(&self, view: &RgbImage) -> ImageEncoding {
+        let shape = self.tower.shape();
+        let layout = match &self.projector {
+            Projector::Qwen25Vl(p) => p.patch_layout(view, shape),
+            _ => PatchLayout::raster(shape.grid(), shape.grid()),
+        };
         ImageEncoding {
-            run: self.tower.start(self.normalize.planar(view)),
+            run: self.tower.start(self.normalize.planar(view), layout),
         }
     }
 
@@ -246,6 +283,7 @@ impl VisionModel {
         match &self.projector {
             Projector::Gemma3(p) => p.project(x, shape).map(Some),
             Projector::Idefics3(p) => p.project(x, shape).map(Some),
+            Projector::Qwen25Vl(p) => p.project(x, encoding.run.layout()).map(Some),
         }
     }
 }

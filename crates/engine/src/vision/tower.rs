@@ -1,8 +1,12 @@
-//! The vision transformer every projector shares (SigLIP's, as llama.cpp's `clip` builds
-//! it): patches embedded by a strided convolution, learned positions added, pre-norm
-//! blocks of bidirectional attention and a GELU feed-forward, a last layer norm. A
-//! projector file holds only what it does before (preprocessing) and after (pooling,
-//! projection) the tower, as an architecture file over the shared decoder.
+//! The vision transformer the projectors share, in llama.cpp's `clip` two kinds
+//! ([`TowerKind`]): SigLIP's (Gemma 3, Idefics3) and Qwen2.5-VL's. Patches are embedded by
+//! a strided convolution and go through pre-norm blocks of bidirectional attention and a
+//! feed-forward, then an optional last norm. SigLIP's are square images, learned
+//! positions added to the patches, layer norms and GELU; Qwen2.5-VL's are images of any
+//! size, positions as 2-D rotations of queries and keys, RMS norms, a SiLU-gated
+//! feed-forward and most blocks attending within windows of the image. A projector file
+//! holds only what it does before (preprocessing, the patches' order) and after (pooling,
+//! merging, projection) the tower, as an architecture file over the shared decoder.
 //!
 //! Arithmetic follows ggml's CPU backend where it rounds: the convolution's pixels and
 //! kernel are rounded to f16 (ggml's `im2col` is f16), a matrix of f16 weights takes
@@ -11,19 +15,22 @@
 //! they are cheap to follow and in plain order otherwise: the tower's outputs agree with
 //! llama.cpp's to a few ulps, not bit for bit.
 
+use std::ops::Range;
+
 use half::f16;
 
 use super::attention::{self, HeadsKv};
+use super::layers::{FeedForward, Linear, Norm};
 use crate::error::EngineError;
 use crate::gguf::GgufFile;
-use crate::model::ops;
-use crate::quant::{QMatrix, RowKernel};
+use crate::model::ops::{self, Rope};
 use crate::threads;
 
 /// A tower's hyper-parameters (`clip.vision.*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TowerShape {
-    /// Side of the square image it reads, in pixels.
+    /// Side of the square image it reads, in pixels (SigLIP's; Qwen2.5-VL's reads any
+    /// size).
     pub image_size: usize,
     /// Side of a patch, in pixels.
     pub patch_size: usize,
@@ -34,123 +41,92 @@ pub struct TowerShape {
 }
 
 impl TowerShape {
-    /// Patches on a side of the image.
+    /// Patches on a side of the square image.
     pub fn grid(&self) -> usize {
         self.image_size / self.patch_size
     }
 
-    /// Patches per image.
+    /// Patches per square image.
     pub fn patches(&self) -> usize {
         self.grid() * self.grid()
     }
 }
 
-/// A linear layer: a weight matrix and a bias.
-struct Linear {
-    weight: QMatrix,
-    bias: Vec<f32>,
+/// The two towers of llama.cpp's projectors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TowerKind {
+    /// SigLIP: one patch kernel with a bias, learned positions, layer norms, GELU.
+    Siglip,
+    /// Qwen2.5-VL's: two patch kernels summed (a video frame's two times, the same still
+    /// image), 2-D rotary positions, RMS norms, SiLU-gated feed-forwards with biases,
+    /// blocks attending within windows but every `clip.vision.n_wa_pattern`-th.
+    Windowed,
 }
 
-impl Linear {
-    fn load(g: &mut GgufFile, name: &str) -> Result<Self, EngineError> {
-        let weight = g.matmul(&format!("{name}.weight"))?;
-        let bias = g.vector_of(&format!("{name}.bias"), weight.rows())?;
-        Ok(Self { weight, bias })
-    }
-
-    /// `x W^T + b` for every row of `x` (a batch: ggml's batched products).
-    fn apply(&self, x: &[f32], rows: usize) -> Result<Vec<f32>, EngineError> {
-        let kernels = vec![RowKernel::GemvInWideBatch; rows];
-        let mut y = self.weight.matmul(x, &kernels)?;
-        for row in y.chunks_exact_mut(self.bias.len()) {
-            ops::add_assign(row, &self.bias);
-        }
-        Ok(y)
-    }
+/// Where the tower's rows come from and how they attend: a run's own (an image of any
+/// size, its patches in a projector's order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PatchLayout {
+    /// Patches across the image.
+    pub columns: usize,
+    /// Patches down the image.
+    pub rows: usize,
+    /// The patch (`row * columns + column`) each of the tower's rows holds.
+    pub order: Vec<usize>,
+    /// The tower's rows in windows, in order, each attending within itself in the blocks
+    /// that attend within windows; empty: every block attends to the whole image.
+    pub windows: Vec<Range<usize>>,
 }
 
-/// Layer normalisation with a weight and a bias.
-pub(super) struct LayerNorm {
-    weight: Vec<f32>,
-    bias: Vec<f32>,
-    eps: f32,
-}
-
-impl LayerNorm {
-    fn load(g: &mut GgufFile, name: &str, width: usize, eps: f32) -> Result<Self, EngineError> {
-        Ok(Self {
-            weight: g.vector_of(&format!("{name}.weight"), width)?,
-            bias: g.vector_of(&format!("{name}.bias"), width)?,
-            eps,
-        })
-    }
-
-    /// Normalises every row of `x` in place.
-    fn apply(&self, x: &mut [f32]) {
-        for row in x.chunks_exact_mut(self.weight.len()) {
-            layer_norm(row, self.eps);
-            for ((v, w), b) in row.iter_mut().zip(&self.weight).zip(&self.bias) {
-                *v = *v * w + b;
-            }
+impl PatchLayout {
+    /// Every patch of a `columns` x `rows` grid in raster order, no windows.
+    pub fn raster(columns: usize, rows: usize) -> Self {
+        Self {
+            columns,
+            rows,
+            order: (0..columns * rows).collect(),
+            windows: Vec::new(),
         }
     }
 }
 
-/// ggml's `norm` of one row (its AVX2 order): the mean summed in f64 and rounded to f32,
-/// the squared deviations summed eight at a time (each eight reduced in f32 as its lanes
-/// pair up) into an f64, then the row scaled by `1/sqrt(variance + eps)`.
-fn layer_norm(row: &mut [f32], eps: f32) {
-    let n = row.len();
-    let mean = (row.iter().map(|&v| f64::from(v)).sum::<f64>() as f32) / n as f32;
-    let mut sum = 0f64;
-    let whole = n / 8 * 8;
-    for chunk in row[..whole].chunks_exact_mut(8) {
-        let mut sq = [0f32; 8];
-        for (s, v) in sq.iter_mut().zip(chunk.iter_mut()) {
-            *v -= mean;
-            *s = *v * *v;
-        }
-        let half: [f32; 4] = std::array::from_fn(|l| sq[l + 4] + sq[l]);
-        let (a, b) = (half[0] + half[2], half[1] + half[3]);
-        sum += f64::from(a + b);
-    }
-    for v in &mut row[whole..] {
-        *v -= mean;
-        sum += f64::from(*v * *v);
-    }
-    let variance = (sum / n as f64) as f32;
-    let scale = 1.0 / (variance + eps).sqrt();
-    row.iter_mut().for_each(|v| *v *= scale);
+/// How the tower tells patches apart.
+enum Positions {
+    /// One learned row per patch of the square grid, added to its embedding.
+    Learned(Vec<f32>),
+    /// Queries and keys turned by the patch's row and column.
+    Rotary(Rope),
 }
 
 /// One pre-norm transformer block.
 struct Block {
-    ln1: LayerNorm,
+    ln1: Norm,
     q: Linear,
     k: Linear,
     v: Linear,
     out: Linear,
-    ln2: LayerNorm,
-    up: Linear,
-    down: Linear,
+    ln2: Norm,
+    ffn: FeedForward,
+    /// Whether it attends within the layout's windows.
+    windowed: bool,
 }
 
 /// The vision tower.
 pub struct Tower {
     shape: TowerShape,
-    /// The patch convolution's kernel, one row of `3 * patch * patch` values (channel,
-    /// then row, then column) per output, rounded to f16 as ggml multiplies it.
-    patch_kernel: Vec<f16>,
-    patch_bias: Vec<f32>,
-    /// One row per patch, raster order.
-    positions: Vec<f32>,
+    /// The patch convolution's kernels (their results summed), one row of
+    /// `3 * patch * patch` values (channel, then row, then column) per output, rounded to
+    /// f16 as ggml multiplies them.
+    patch_kernels: Vec<Vec<f16>>,
+    patch_bias: Option<Vec<f32>>,
+    positions: Positions,
     blocks: Vec<Block>,
-    post_ln: Option<LayerNorm>,
+    post_ln: Option<Norm>,
 }
 
 impl Tower {
-    /// Reads the tower of an `mmproj` file.
-    pub fn load(g: &mut GgufFile) -> Result<Self, EngineError> {
+    /// Reads the tower of an `mmproj` file, of the kind its projector sits on.
+    pub fn load(g: &mut GgufFile, kind: TowerKind) -> Result<Self, EngineError> {
         let key = |k: &str| format!("clip.vision.{k}");
         let shape = TowerShape {
             image_size: g.meta.u32(&key("image_size"))? as usize,
@@ -164,49 +140,81 @@ impl Tower {
         // llama.cpp's own bounds (an image at most 8192 pixels a side), and a file's sizes
         // kept where memory arithmetic cannot overflow.
         let sane = shape.image_size <= 8192 && d <= 1 << 16 && layers <= 1024 && p <= 1024;
-        if !sane || p == 0 || shape.image_size < p || shape.heads == 0 || d % shape.heads != 0 {
+        let head_dim = d.checked_div(shape.heads).unwrap_or(0);
+        let heads_fit = shape.heads > 0 && d % shape.heads == 0 && head_dim % 4 == 0;
+        if !sane || p == 0 || shape.image_size < p || !heads_fit {
             return Err(EngineError::InvalidModel(format!(
                 "vision tower of {}-pixel images in {p}-pixel patches, {d} wide in {} heads, \
                  {layers} blocks",
                 shape.image_size, shape.heads
             )));
         }
-        if !g.meta.bool("clip.use_gelu").unwrap_or(false) {
-            return Err(EngineError::Unsupported(
-                "a vision tower whose feed-forward is not GELU (`clip.use_gelu`)".into(),
-            ));
+        let windowed = kind == TowerKind::Windowed;
+        let (ffn_key, ffn_name) = match kind {
+            TowerKind::Siglip => ("clip.use_gelu", "GELU"),
+            TowerKind::Windowed => ("clip.use_silu", "SiLU-gated"),
+        };
+        if !g.meta.bool(ffn_key).unwrap_or(false) {
+            return Err(EngineError::Unsupported(format!(
+                "a vision tower whose feed-forward is not {ffn_name} (`{ffn_key}`)"
+            )));
         }
-        g.expect_dims("v.patch_embd.weight", &[d, 3, p, p])?;
-        let patch_kernel = g
-            .vector("v.patch_embd.weight")?
-            .into_iter()
-            .map(f16::from_f32)
-            .collect();
-        let patch_bias = g.vector_of("v.patch_embd.bias", d)?;
-        g.expect_dims("v.position_embd.weight", &[shape.patches(), d])?;
-        let positions = g.vector("v.position_embd.weight")?;
+        let kernel_names: &[&str] = match kind {
+            TowerKind::Siglip => &["v.patch_embd.weight"],
+            TowerKind::Windowed => &["v.patch_embd.weight", "v.patch_embd.weight.1"],
+        };
+        let mut patch_kernels = Vec::new();
+        for name in kernel_names {
+            g.expect_dims(name, &[d, 3, p, p])?;
+            let kernel = g.vector(name)?.into_iter().map(f16::from_f32).collect();
+            patch_kernels.push(kernel);
+        }
+        let (patch_bias, positions) = match kind {
+            TowerKind::Siglip => {
+                g.expect_dims("v.position_embd.weight", &[shape.patches(), d])?;
+                (
+                    Some(g.vector_of("v.patch_embd.bias", d)?),
+                    Positions::Learned(g.vector("v.position_embd.weight")?),
+                )
+            }
+            TowerKind::Windowed => (None, Positions::Rotary(Rope::vision(head_dim, 10000.0))),
+        };
+        // Qwen2.5-VL's blocks attend within windows but every n-th (none: all whole).
+        let window_period = match kind {
+            TowerKind::Siglip => 0,
+            TowerKind::Windowed => g.meta.u32(&key("n_wa_pattern"))? as usize,
+        };
         let mut blocks = Vec::with_capacity(layers);
         for i in 0..layers {
             let n = |s: &str| format!("v.blk.{i}.{s}");
             blocks.push(Block {
-                ln1: LayerNorm::load(g, &n("ln1"), d, eps)?,
+                ln1: Norm::load(g, &n("ln1"), d, eps, windowed)?,
                 q: Linear::load(g, &n("attn_q"))?,
                 k: Linear::load(g, &n("attn_k"))?,
                 v: Linear::load(g, &n("attn_v"))?,
                 out: Linear::load(g, &n("attn_out"))?,
-                ln2: LayerNorm::load(g, &n("ln2"), d, eps)?,
-                up: Linear::load(g, &n("ffn_up"))?,
-                down: Linear::load(g, &n("ffn_down"))?,
+                ln2: Norm::load(g, &n("ln2"), d, eps, windowed)?,
+                ffn: FeedForward::load(g, &n(""), windowed)?,
+                windowed: window_period > 0 && (i + 1) % window_period != 0,
             });
         }
-        let post_ln = if g.has_tensor("v.post_ln.weight") {
-            Some(LayerNorm::load(g, "v.post_ln", d, eps)?)
-        } else {
-            None
+        for block in &blocks {
+            let square = [&block.q, &block.k, &block.v, &block.out]
+                .iter()
+                .all(|l| l.inputs() == d && l.outputs() == d);
+            if !square {
+                return Err(EngineError::InvalidModel(format!(
+                    "vision attention projections are not {d} x {d}"
+                )));
+            }
+        }
+        let post_ln = match g.has_tensor("v.post_ln.weight") {
+            true => Some(Norm::load(g, "v.post_ln", d, eps, windowed)?),
+            false => None,
         };
         Ok(Self {
             shape,
-            patch_kernel,
+            patch_kernels,
             patch_bias,
             positions,
             blocks,
@@ -220,12 +228,13 @@ impl Tower {
     }
 
     /// An image's way through the tower, not yet started: its normalised pixels, planar
-    /// (all of red, then green, then blue, each row by row) and `image_size` on a side.
-    /// [`Self::advance`] runs it; its output is one row of `hidden` values per patch, raster
-    /// order.
-    pub fn start(&self, pixels: Vec<f32>) -> TowerRun {
+    /// (all of red, then green, then blue, each row by row), `layout.columns` by
+    /// `layout.rows` patches. [`Self::advance`] runs it; its output is one row of
+    /// `hidden` values per entry of `layout.order`.
+    pub fn start(&self, pixels: Vec<f32>, layout: PatchLayout) -> TowerRun {
         TowerRun {
             pixels,
+            layout,
             x: Vec::new(),
             q: Vec::new(),
             k: Vec::new(),
@@ -238,11 +247,11 @@ impl Tower {
         }
     }
 
-    /// Runs the next `rows` patches' share of the tower's work (one phase of one block
-    /// at most), so that an image's encoding can be cut into pieces of bounded time
-    /// between other work. Says whether the tower is done ([`TowerRun::output`]).
+    /// Runs the next `rows` rows' share of the tower's work (one phase of one block at
+    /// most), so that an image's encoding can be cut into pieces of bounded time between
+    /// other work. Says whether the tower is done ([`TowerRun::output`]).
     pub fn advance(&self, run: &mut TowerRun, rows: usize) -> Result<bool, EngineError> {
-        let (n, d) = (self.shape.patches(), self.shape.hidden);
+        let (n, d) = (run.layout.order.len(), self.shape.hidden);
         let r = run.row..n.min(run.row.saturating_add(rows.max(1)));
         let count = r.len();
         let span = r.start * d..r.end * d;
@@ -251,8 +260,7 @@ impl Tower {
                 if run.row == 0 {
                     run.x = vec![0f32; n * d];
                 }
-                self.embed_patches(&run.pixels, r.clone(), &mut run.x[span.clone()]);
-                ops::add_assign(&mut run.x[span.clone()], &self.positions[span]);
+                self.embed_patches(run, r.clone());
             }
             Phase::Project => {
                 if run.row == 0 {
@@ -263,8 +271,19 @@ impl Tower {
                 let block = &self.blocks[run.block];
                 let mut h = run.x[span.clone()].to_vec();
                 block.ln1.apply(&mut h);
-                run.q[span.clone()].copy_from_slice(&block.q.apply(&h, count)?);
-                run.k[span.clone()].copy_from_slice(&block.k.apply(&h, count)?);
+                let (mut q, mut k) = (block.q.apply(&h, count)?, block.k.apply(&h, count)?);
+                if let Positions::Rotary(rope) = &self.positions {
+                    let columns = run.layout.columns;
+                    for (i, (q, k)) in q.chunks_exact_mut(d).zip(k.chunks_exact_mut(d)).enumerate()
+                    {
+                        let patch = run.layout.order[r.start + i];
+                        let (y, x) = (patch / columns, patch % columns);
+                        rope.apply_at(q, [y, x, y, x]);
+                        rope.apply_at(k, [y, x, y, x]);
+                    }
+                }
+                run.q[span.clone()].copy_from_slice(&q);
+                run.k[span.clone()].copy_from_slice(&k);
                 run.v[span].copy_from_slice(&block.v.apply(&h, count)?);
             }
             Phase::Attend => {
@@ -278,7 +297,19 @@ impl Tower {
                 }
                 let kv = run.kv.as_ref().expect("laid out at the phase's first row");
                 let scale = 1.0 / ((d / self.shape.heads) as f32).sqrt();
-                attention::attend(&run.q[span.clone()], kv, scale, &mut run.attended[span]);
+                let whole = 0..n;
+                let windows = match self.blocks[run.block].windowed {
+                    true if !run.layout.windows.is_empty() => run.layout.windows.as_slice(),
+                    _ => std::slice::from_ref(&whole),
+                };
+                for keys in windows {
+                    let (lo, hi) = (keys.start.max(r.start), keys.end.min(r.end));
+                    if lo < hi {
+                        let rows = lo * d..hi * d;
+                        let (q, out) = (&run.q[rows.clone()], &mut run.attended[rows]);
+                        attention::attend(q, kv, keys.clone(), scale, out);
+                    }
+                }
             }
             Phase::Feed => {
                 run.kv = None;
@@ -287,9 +318,7 @@ impl Tower {
                 ops::add_assign(x, &block.out.apply(&run.attended[span], count)?);
                 let mut h = x.to_vec();
                 block.ln2.apply(&mut h);
-                let mut up = block.up.apply(&h, count)?;
-                ops::gelu_in_place(&mut up);
-                ops::add_assign(x, &block.down.apply(&up, count)?);
+                ops::add_assign(x, &block.ffn.apply(&h, count)?);
             }
             Phase::Done => return Ok(true),
         }
@@ -321,24 +350,25 @@ impl Tower {
         Ok(run.phase == Phase::Done)
     }
 
-    /// The strided convolution of patches `patches` into `out` (their rows): each
-    /// patch's pixels (rounded to f16; channel, row, column) against each kernel row,
-    /// summed in f32, plus the bias.
-    fn embed_patches(&self, pixels: &[f32], patches: std::ops::Range<usize>, out: &mut [f32]) {
-        let (s, p, d, g) = (
-            self.shape.image_size,
-            self.shape.patch_size,
-            self.shape.hidden,
-            self.shape.grid(),
-        );
-        let width = 3 * p * p;
+    /// The strided convolution of the patches of `run`'s rows `rows` into those rows:
+    /// each patch's pixels (rounded to f16; channel, row, column) against each kernel
+    /// row, summed in f32, one kernel after another, plus the bias; and its learned
+    /// position.
+    fn embed_patches(&self, run: &mut TowerRun, rows: Range<usize>) {
+        let (p, d) = (self.shape.patch_size, self.shape.hidden);
+        let layout = &run.layout;
+        let width = layout.columns * p;
+        let plane = width * layout.rows * p;
+        let pixels = &run.pixels;
+        let out = &mut run.x[rows.start * d..rows.end * d];
+        let size = 3 * p * p;
         threads::for_each_rows(out, d, |i, row| {
-            let patch = patches.start + i;
-            let (py, px) = (patch / g, patch % g);
-            let mut column = Vec::with_capacity(width);
+            let patch = layout.order[rows.start + i];
+            let (py, px) = (patch / layout.columns, patch % layout.columns);
+            let mut column = Vec::with_capacity(size);
             for c in 0..3 {
                 for ky in 0..p {
-                    let at = c * s * s + (py * p + ky) * s + px * p;
+                    let at = c * plane + (py * p + ky) * width + px * p;
                     column.extend(
                         pixels[at..at + p]
                             .iter()
@@ -346,16 +376,21 @@ impl Tower {
                     );
                 }
             }
-            for (o, (out, kernel)) in row
-                .iter_mut()
-                .zip(self.patch_kernel.chunks_exact(width))
-                .enumerate()
-            {
-                let dot: f32 = kernel
-                    .iter()
-                    .zip(&column)
-                    .fold(0.0, |acc, (w, x)| w.to_f32().mul_add(*x, acc));
-                *out = dot + self.patch_bias[o];
+            for (o, out) in row.iter_mut().enumerate() {
+                let mut sum = 0f32;
+                for kernel in &self.patch_kernels {
+                    sum += kernel[o * size..][..size]
+                        .iter()
+                        .zip(&column)
+                        .fold(0.0, |acc, (w, x)| w.to_f32().mul_add(*x, acc));
+                }
+                if let Some(bias) = &self.patch_bias {
+                    sum += bias[o];
+                }
+                *out = sum;
+            }
+            if let Positions::Learned(table) = &self.positions {
+                ops::add_assign(row, &table[patch * d..][..d]);
             }
         });
     }
@@ -364,9 +399,9 @@ impl Tower {
 /// Which part of a block an image's run is in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    /// Patches embedded, positions added.
+    /// Patches embedded, learned positions added.
     Embed,
-    /// The first norm and the query, key and value projections.
+    /// The first norm and the query, key and value projections (and their rotations).
     Project,
     /// Attention.
     Attend,
@@ -379,7 +414,8 @@ enum Phase {
 /// One image's state between pieces of the tower's work ([`Tower::advance`]).
 pub struct TowerRun {
     pixels: Vec<f32>,
-    /// The residual stream, one row per patch.
+    layout: PatchLayout,
+    /// The residual stream, one row per entry of the layout's order.
     x: Vec<f32>,
     q: Vec<f32>,
     k: Vec<f32>,
@@ -389,7 +425,7 @@ pub struct TowerRun {
     attended: Vec<f32>,
     block: usize,
     phase: Phase,
-    /// The next patch of the phase.
+    /// The next row of the phase.
     row: usize,
 }
 
@@ -398,23 +434,9 @@ impl TowerRun {
     pub fn output(&self) -> Option<&[f32]> {
         (self.phase == Phase::Done).then_some(self.x.as_slice())
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// ggml's norm on rows whose width is and is not a multiple of eight: zero mean, unit
-    /// variance, to f32 accuracy.
-    #[test]
-    fn layer_norm_centres_and_scales() {
-        for n in [8, 13, 64] {
-            let mut row: Vec<f32> = (0..n).map(|i| (i as f32 * 0.7).sin() * 3.0 + 1.5).collect();
-            layer_norm(&mut row, 1e-6);
-            let mean: f32 = row.iter().sum::<f32>() / n as f32;
-            let var: f32 = row.iter().map(|v| v * v).sum::<f32>() / n as f32;
-            assert!(mean.abs() < 1e-6, "{n}: mean {mean}");
-            assert!((var - 1.0).abs() < 1e-4, "{n}: variance {var}");
-        }
+    /// The patches its rows hold.
+    pub fn layout(&self) -> &PatchLayout {
+        &self.layout
     }
 }

@@ -45,6 +45,7 @@ impl ImageEncoder {
         };
         for image in &mut seq.images {
             image.bidirectional = vision.bidirectional();
+            image.grid_columns = vision.grid_columns(&image.image.image);
             if image.rows.is_none() {
                 image.rows = self.cache.get(&image.image.hash);
             }

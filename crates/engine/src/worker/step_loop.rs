@@ -17,7 +17,7 @@ use super::queue::WaitQueue;
 use super::stats::EngineStats;
 use super::EngineConfig;
 use crate::error::EngineError;
-use crate::model::{BatchEntry, Logits, Model, StepImage};
+use crate::model::{BatchEntry, ImageGrid, Logits, Model, StepImage};
 use crate::prefix_cache::PrefixCache;
 use crate::running::Sequence;
 use crate::scheduler::{self, RunningView};
@@ -436,12 +436,23 @@ impl Worker {
                         })
                     })
                     .collect();
+                let grids = seq
+                    .images
+                    .iter()
+                    .filter_map(|image| {
+                        Some(ImageGrid {
+                            span: image.image.span(),
+                            columns: image.grid_columns?,
+                        })
+                    })
+                    .collect();
                 entries.push(BatchEntry {
                     tokens,
                     cache: &mut seq.cache,
                     logits: *logits,
                     prompt_len: seq.prompt_len,
                     images,
+                    grids,
                 });
             }
         }
