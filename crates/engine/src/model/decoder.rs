@@ -275,6 +275,7 @@ impl Decoder {
                 context_length: dims.context_length,
                 sliding_window,
                 rounds_by_kernel: gguf.rounds_by_kernel(),
+                grid_positions: blocks.iter().any(|b| b.attention.rope.has_sections()),
             },
             embedding: gguf.embedding("token_embd.weight")?,
             embedding_scale: 1.0,

@@ -58,6 +58,10 @@ pub struct ModelInfo {
     /// Whether a prompt row's result depends on how the prompt is batched (its matrices
     /// round GEMV and GEMM rows differently).
     pub rounds_by_kernel: bool,
+    /// Whether its rotary positions have sections (M-RoPE, Qwen2-VL's text model): an
+    /// image whose projector lays it on a grid then takes 2-D positions ([`ImageGrid`]),
+    /// as llama.cpp's `mtmd` places images for such a model only.
+    pub grid_positions: bool,
 }
 
 /// One sequence's share of a forward step.

@@ -116,6 +116,11 @@ impl Rope {
         self
     }
 
+    /// Whether its positions have sections (M-RoPE).
+    pub fn has_sections(&self) -> bool {
+        self.sections.is_some()
+    }
+
     /// The same with pair `i`'s angle divided by `factors[i]` (one per pair), if any.
     pub fn with_freq_factors(mut self, factors: Option<Vec<f32>>) -> Self {
         if let Some(f) = &factors {

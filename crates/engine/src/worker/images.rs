@@ -24,13 +24,21 @@ const PATCHES_PER_PIECE: usize = 64;
 pub(super) struct ImageEncoder {
     vision: Option<Arc<VisionModel>>,
     cache: EmbeddingCache,
+    /// Whether the text model places images on grids of positions
+    /// ([`crate::model::ModelInfo::grid_positions`]).
+    grid_positions: bool,
 }
 
 impl ImageEncoder {
-    pub(super) fn new(vision: Option<Arc<VisionModel>>, cache_bytes: usize) -> Self {
+    pub(super) fn new(
+        vision: Option<Arc<VisionModel>>,
+        cache_bytes: usize,
+        grid_positions: bool,
+    ) -> Self {
         Self {
             vision,
             cache: EmbeddingCache::new(cache_bytes),
+            grid_positions,
         }
     }
 
@@ -45,7 +53,10 @@ impl ImageEncoder {
         };
         for image in &mut seq.images {
             image.bidirectional = vision.bidirectional();
-            image.grid_columns = vision.grid_columns(&image.image.image);
+            image.grid_columns = match self.grid_positions {
+                true => vision.grid_columns(&image.image.image),
+                false => None,
+            };
             if image.rows.is_none() {
                 image.rows = self.cache.get(&image.image.hash);
             }

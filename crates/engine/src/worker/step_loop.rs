@@ -75,6 +75,7 @@ impl Worker {
         config: EngineConfig,
         stats: Arc<EngineStats>,
     ) -> Self {
+        let grid_positions = model.info().grid_positions;
         Self {
             prefill_token_seconds: 0.0,
             model,
@@ -84,7 +85,7 @@ impl Worker {
             waiting: WaitQueue::default(),
             running: Vec::new(),
             prefix_cache: PrefixCache::new(config.prefix_cache_positions),
-            images: ImageEncoder::new(vision, DEFAULT_EMBEDDING_CACHE_BYTES),
+            images: ImageEncoder::new(vision, DEFAULT_EMBEDDING_CACHE_BYTES, grid_positions),
         }
     }
 
