@@ -25,7 +25,7 @@ use crate::simd::lanes::{Avx2, Avx512, Lanes};
 use crate::threads;
 
 /// Query rows that go through each tile together.
-const BLOCK: usize = 16;
+const BLOCK: usize = 64;
 /// Value rows are padded to a multiple of this (the widest vector).
 const PAD: usize = 16;
 
@@ -165,9 +165,13 @@ fn attend_with(
     let (heads, head_dim) = (kv.heads, kv.head_dim);
     let d = heads * head_dim;
     let rows = q.len() / d;
-    // Whole blocks of rows (the last one padded, its extra rows dropped).
-    let mut blocks = vec![0f32; rows.next_multiple_of(BLOCK) * d];
-    threads::for_each_rows(&mut blocks, BLOCK * d, |b, block| {
+    // One task per block of rows and head (as many as the threads can share even for a
+    // few rows), each into its own `BLOCK x head_dim` piece: the last block padded, its
+    // extra rows dropped.
+    let blocks = rows.div_ceil(BLOCK);
+    let mut pieces = vec![0f32; blocks * heads * BLOCK * head_dim];
+    threads::for_each_rows(&mut pieces, BLOCK * head_dim, |task, piece| {
+        let (b, h) = (task / heads, task % heads);
         let first = b * BLOCK;
         let count = BLOCK.min(rows - first);
         let mut states: Vec<State> = (0..count)
@@ -176,29 +180,30 @@ fn attend_with(
                 acc: vec![0f32; kv.padded()],
             })
             .collect();
-        for h in 0..heads {
-            for s in states.iter_mut() {
-                s.part = Partial::EMPTY;
-                s.acc.fill(0.0);
-            }
-            let qs: Vec<&[f32]> = (0..count)
-                .map(|i| &q[(first + i) * d + h * head_dim..][..head_dim])
-                .collect();
-            for t in keys.start / TILE..keys.end.div_ceil(TILE) {
-                let seen = Seen {
-                    lo: keys.start.saturating_sub(t * TILE),
-                    hi: (keys.end - t * TILE).min(kv.cells(t)),
-                };
-                step(&qs, kv, h, t, seen, scale, &mut states);
-            }
-            for (i, s) in states.iter().enumerate() {
-                let o = &mut block[i * d + h * head_dim..][..head_dim];
-                o.copy_from_slice(&s.acc[..head_dim]);
-                normalise(o, s.part.sum);
-            }
+        let qs: Vec<&[f32]> = (0..count)
+            .map(|i| &q[(first + i) * d + h * head_dim..][..head_dim])
+            .collect();
+        for t in keys.start / TILE..keys.end.div_ceil(TILE) {
+            let seen = Seen {
+                lo: keys.start.saturating_sub(t * TILE),
+                hi: (keys.end - t * TILE).min(kv.cells(t)),
+            };
+            step(&qs, kv, h, t, seen, scale, &mut states);
+        }
+        for (o, s) in piece.chunks_exact_mut(head_dim).zip(&states) {
+            o.copy_from_slice(&s.acc[..head_dim]);
+            normalise(o, s.part.sum);
         }
     });
-    out.copy_from_slice(&blocks[..rows * d]);
+    for (task, piece) in pieces.chunks_exact(BLOCK * head_dim).enumerate() {
+        let (b, h) = (task / heads, task % heads);
+        for (i, o) in piece.chunks_exact(head_dim).enumerate() {
+            let row = b * BLOCK + i;
+            if row < rows {
+                out[row * d + h * head_dim..][..head_dim].copy_from_slice(o);
+            }
+        }
+    }
 }
 
 /// [`TileStep`] in portable code: the order of operations every version follows, for
@@ -326,9 +331,11 @@ unsafe fn step_avx512_inner(
 }
 
 /// [`step_portable`] in vectors of `L`'s width: the same operations on the same values in
-/// the same order, lane by lane. The block's queries take the tile's keys, then their
-/// softmax steps, then the tile's values, each phase's data small enough to stay in the
-/// first-level cache.
+/// the same order for every score and every accumulated value, computed a few queries at
+/// a time. The block's queries take the tile's keys, then their softmax steps, then the
+/// tile's values, each phase's data small enough to stay in the first-level cache; in the
+/// first and last phases up to [`GROUP`] queries share each vector of keys or values
+/// loaded (ggml's `simd_gemm` blocking), each query's chain of fused multiply-adds kept.
 ///
 /// # Safety
 /// The CPU has `L`'s instructions ([`Lanes`]).
@@ -345,107 +352,153 @@ unsafe fn step_lanes<L: Lanes>(
 ) {
     // SAFETY: the CPU has L's instructions (the caller's contract); every load and store
     // below is of whole vectors inside a tile's 64 scores or weights, a tile's key rows
-    // (64 each) or a padded value row and accumulator (multiples of 16).
+    // (64 each, one per dimension of the queries) or a padded value row and accumulator
+    // (multiples of 16).
     unsafe {
-        let cells = kv.cells(t);
+        let n = qs.len();
+        let mut scores = [[0f32; TILE]; BLOCK];
+        let keys = kv.tile_keys(h, t).as_ptr();
+        let mut i = 0;
+        while i < n {
+            let group = (n - i).min(GROUP);
+            let (q, out) = (&qs[i..i + group], &mut scores[i..i + group]);
+            match group {
+                6 => scores_group::<L, 6>(q, keys, out),
+                5 => scores_group::<L, 5>(q, keys, out),
+                4 => scores_group::<L, 4>(q, keys, out),
+                3 => scores_group::<L, 3>(q, keys, out),
+                2 => scores_group::<L, 2>(q, keys, out),
+                _ => scores_group::<L, 1>(q, keys, out),
+            }
+            i += group;
+        }
         let mut weights = [[0f32; TILE]; BLOCK];
-        for ((q, state), w) in qs.iter().zip(states.iter_mut()).zip(weights.iter_mut()) {
-            let scores = scores_lanes::<L>(q, kv.tile_keys(h, t), scale, seen);
+        for ((s, state), w) in scores.iter_mut().zip(states.iter_mut()).zip(&mut weights) {
+            s.iter_mut().for_each(|v| *v *= scale);
+            s[..seen.lo].fill(f32::NEG_INFINITY);
+            s[seen.hi..].fill(f32::NEG_INFINITY);
             let acc = state.acc.as_mut_ptr();
-            *w = softmax_step::<L>(&mut state.part, &scores, acc, state.acc.len());
+            *w = softmax_step::<L>(&mut state.part, s, acc, state.acc.len());
         }
-        let p = kv.padded();
+        let cells = kv.cells(t);
         let values = kv.tile_values(h, t).as_ptr();
-        for (state, w) in states.iter_mut().zip(&weights) {
-            // The accumulator held in registers, a few vectors at a time, through the
-            // tile's keys (each value still gets its keys' products in order).
-            let a = state.acc.as_mut_ptr();
-            let w = &w[..cells];
-            let mut i = 0;
-            while i < p {
-                let left = (p - i) / L::WIDTH;
-                i += L::WIDTH
-                    * match left {
-                        // As many accumulators as AVX2's sixteen registers leave room
-                        // for (SigLIP's 72-wide heads are ten vectors): the more
-                        // independent chains of fused multiply-adds, the less each waits.
-                        12.. => add_values::<L, 12>(a.add(i), values.add(i), p, w),
-                        10.. => add_values::<L, 10>(a.add(i), values.add(i), p, w),
-                        8.. => add_values::<L, 8>(a.add(i), values.add(i), p, w),
-                        6.. => add_values::<L, 6>(a.add(i), values.add(i), p, w),
-                        4.. => add_values::<L, 4>(a.add(i), values.add(i), p, w),
-                        2.. => add_values::<L, 2>(a.add(i), values.add(i), p, w),
-                        _ => add_values::<L, 1>(a.add(i), values.add(i), p, w),
-                    };
+        let p = kv.padded();
+        let mut i = 0;
+        while i < n {
+            let group = (n - i).min(GROUP);
+            let (st, w) = (&mut states[i..i + group], &weights[i..i + group]);
+            match group {
+                6 => values_group::<L, 6>(st, w, values, p, cells),
+                5 => values_group::<L, 5>(st, w, values, p, cells),
+                4 => values_group::<L, 4>(st, w, values, p, cells),
+                3 => values_group::<L, 3>(st, w, values, p, cells),
+                2 => values_group::<L, 2>(st, w, values, p, cells),
+                _ => values_group::<L, 1>(st, w, values, p, cells),
             }
+            i += group;
         }
     }
 }
 
-/// A query's scaled scores against a tile's keys (one row of 64 per dimension); cells
-/// outside `seen` -∞.
+/// Queries that share each vector of keys or values loaded: with two vectors of each,
+/// twelve accumulators, AVX2's sixteen registers' worth with the loads.
+const GROUP: usize = 6;
+
+/// The unscaled scores of `R` queries against a tile's keys (`keys`: one row of 64 per
+/// dimension), into `out`: each score one chain of fused multiply-adds over the
+/// dimensions in order, two vectors of keys at a time shared by the `R` queries.
 ///
 /// # Safety
-/// The CPU has `L`'s instructions ([`Lanes`]); `keys` holds `q.len()` rows of 64.
+/// The CPU has `L`'s instructions ([`Lanes`]); `keys` holds `q[0].len()` rows of 64; `q`
+/// and `out` have `R` entries, each query as long as the first.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn scores_lanes<L: Lanes>(q: &[f32], keys: &[f32], scale: f32, seen: Seen) -> [f32; TILE] {
-    // SAFETY: the caller upholds this function's contract; loads are inside `keys`'
-    // rows of 64 and stores inside `scores`.
+unsafe fn scores_group<L: Lanes, const R: usize>(
+    q: &[&[f32]],
+    keys: *const f32,
+    out: &mut [[f32; TILE]],
+) {
+    // SAFETY: the caller upholds this function's contract; loads are inside `keys`' rows
+    // of 64 (two vectors at `c` of `TILE / L::WIDTH`, an even count) and stores inside
+    // `out`'s rows.
     unsafe {
-        let keys = keys.as_ptr();
+        let dims = q[0].len();
         let vectors = TILE / L::WIDTH;
-        let mut acc = [L::zero(); 8];
-        for (d, &qd) in q.iter().enumerate() {
-            let qv = L::splat(qd);
-            let row = keys.add(d * TILE);
-            for (c, a) in acc.iter_mut().take(vectors).enumerate() {
-                *a = L::fmadd(L::load(row.add(c * L::WIDTH)), qv, *a);
+        let mut c = 0;
+        while c < vectors {
+            let mut acc = [[L::zero(); 2]; R];
+            for d in 0..dims {
+                let row = keys.add(d * TILE + c * L::WIDTH);
+                let (k0, k1) = (L::load(row), L::load(row.add(L::WIDTH)));
+                for (a, q) in acc.iter_mut().zip(q) {
+                    let qv = L::splat(*q.get_unchecked(d));
+                    a[0] = L::fmadd(k0, qv, a[0]);
+                    a[1] = L::fmadd(k1, qv, a[1]);
+                }
             }
+            for (a, o) in acc.iter().zip(out.iter_mut()) {
+                L::store(o.as_mut_ptr().add(c * L::WIDTH), a[0]);
+                L::store(o.as_mut_ptr().add((c + 1) * L::WIDTH), a[1]);
+            }
+            c += 2;
         }
-        let mut scores = [0f32; TILE];
-        let sv = L::splat(scale);
-        for (c, a) in acc.iter().take(vectors).enumerate() {
-            L::store(scores.as_mut_ptr().add(c * L::WIDTH), L::mul(*a, sv));
-        }
-        scores[..seen.lo].fill(f32::NEG_INFINITY);
-        scores[seen.hi..].fill(f32::NEG_INFINITY);
-        scores
     }
 }
 
-/// `N` vectors of an accumulator at `acc`, each plus the weighted values of the rows at
-/// `values` (`stride` apart, one per weight), in order; returns `N`.
+/// `R` queries' accumulators (`states`), each plus its weights (`weights`, the first
+/// `cells`) times the tile's value rows (`values`, `stride` apart), in key order: two
+/// vectors of values at a time shared by the `R` queries (one where a row has an odd
+/// count).
 ///
 /// # Safety
-/// The CPU has `L`'s instructions ([`Lanes`]); `acc` reaches `N` vectors of writable
-/// values and each of `weights.len()` rows at `values` `N` readable ones.
+/// The CPU has `L`'s instructions ([`Lanes`]); `values` holds `cells` rows of `stride`
+/// readable values; every accumulator has `stride` values; `stride` is a multiple of
+/// `L::WIDTH`; `states` and `weights` have `R` entries.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn add_values<L: Lanes, const N: usize>(
-    acc: *mut f32,
+unsafe fn values_group<L: Lanes, const R: usize>(
+    states: &mut [State],
+    weights: &[[f32; TILE]],
     values: *const f32,
     stride: usize,
-    weights: &[f32],
-) -> usize {
-    // SAFETY: the caller upholds this function's contract, all these loads and stores
-    // need.
+    cells: usize,
+) {
+    // SAFETY: the caller upholds this function's contract; every load and store is of a
+    // whole vector at `c` or `c + L::WIDTH` below `stride` in a value row or accumulator.
     unsafe {
-        let mut regs = [L::zero(); N];
-        for (k, r) in regs.iter_mut().enumerate() {
-            *r = L::load(acc.add(k * L::WIDTH));
+        let accs: [*mut f32; R] = std::array::from_fn(|i| states[i].acc.as_mut_ptr());
+        let mut c = 0;
+        while c + 2 * L::WIDTH <= stride {
+            let mut acc: [[L::V; 2]; R] = std::array::from_fn(|i| {
+                [L::load(accs[i].add(c)), L::load(accs[i].add(c + L::WIDTH))]
+            });
+            for j in 0..cells {
+                let row = values.add(j * stride + c);
+                let (v0, v1) = (L::load(row), L::load(row.add(L::WIDTH)));
+                for (a, w) in acc.iter_mut().zip(weights) {
+                    let wv = L::splat(*w.get_unchecked(j));
+                    a[0] = L::fmadd(v0, wv, a[0]);
+                    a[1] = L::fmadd(v1, wv, a[1]);
+                }
+            }
+            for (a, &p) in acc.iter().zip(&accs) {
+                L::store(p.add(c), a[0]);
+                L::store(p.add(c + L::WIDTH), a[1]);
+            }
+            c += 2 * L::WIDTH;
         }
-        for (j, &w) in weights.iter().enumerate() {
-            let wv = L::splat(w);
-            let row = values.add(j * stride);
-            for (k, r) in regs.iter_mut().enumerate() {
-                *r = L::fmadd(L::load(row.add(k * L::WIDTH)), wv, *r);
+        if c < stride {
+            let mut acc: [L::V; R] = std::array::from_fn(|i| L::load(accs[i].add(c)));
+            for j in 0..cells {
+                let v = L::load(values.add(j * stride + c));
+                for (a, w) in acc.iter_mut().zip(weights) {
+                    *a = L::fmadd(v, L::splat(*w.get_unchecked(j)), *a);
+                }
+            }
+            for (a, &p) in acc.iter().zip(&accs) {
+                L::store(p.add(c), *a);
             }
         }
-        for (k, r) in regs.iter().enumerate() {
-            L::store(acc.add(k * L::WIDTH), *r);
-        }
-        N
     }
 }
 

@@ -24,7 +24,7 @@ use super::layers::{FeedForward, Linear, Norm};
 use crate::error::EngineError;
 use crate::gguf::GgufFile;
 use crate::model::ops::{self, Rope};
-use crate::threads;
+use crate::quant::{OwnFormat, QMatrix, RowKernel};
 
 /// A tower's hyper-parameters (`clip.vision.*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,9 +115,9 @@ struct Block {
 pub struct Tower {
     shape: TowerShape,
     /// The patch convolution's kernels (their results summed), one row of
-    /// `3 * patch * patch` values (channel, then row, then column) per output, rounded to
-    /// f16 as ggml multiplies them.
-    patch_kernels: Vec<Vec<f16>>,
+    /// `3 * patch * patch` values (channel, then row, then column) per output, in f16 as
+    /// ggml multiplies them.
+    patch_kernels: Vec<QMatrix>,
     patch_bias: Option<Vec<f32>>,
     positions: Positions,
     blocks: Vec<Block>,
@@ -164,10 +164,16 @@ impl Tower {
             TowerKind::Windowed => &["v.patch_embd.weight", "v.patch_embd.weight.1"],
         };
         let mut patch_kernels = Vec::new();
+        let (size, padded) = (3 * p * p, patch_width(p));
         for name in kernel_names {
             g.expect_dims(name, &[d, 3, p, p])?;
-            let kernel = g.vector(name)?.into_iter().map(f16::from_f32).collect();
-            patch_kernels.push(kernel);
+            let values = g.vector(name)?;
+            let mut bytes = Vec::with_capacity(d * padded * 2);
+            for row in values.chunks_exact(size) {
+                bytes.extend(row.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()));
+                bytes.resize(bytes.len() + (padded - size) * 2, 0);
+            }
+            patch_kernels.push(QMatrix::from_blocks(OwnFormat::F16, bytes, d, padded)?);
         }
         let (patch_bias, positions) = match kind {
             TowerKind::Siglip => {
@@ -260,7 +266,7 @@ impl Tower {
                 if run.row == 0 {
                     run.x = vec![0f32; n * d];
                 }
-                self.embed_patches(run, r.clone());
+                self.embed_patches(run, r.clone())?;
             }
             Phase::Project => {
                 if run.row == 0 {
@@ -352,48 +358,52 @@ impl Tower {
 
     /// The strided convolution of the patches of `run`'s rows `rows` into those rows:
     /// each patch's pixels (rounded to f16; channel, row, column) against each kernel
-    /// row, summed in f32, one kernel after another, plus the bias; and its learned
-    /// position.
-    fn embed_patches(&self, run: &mut TowerRun, rows: Range<usize>) {
+    /// row, as ggml's `im2col` and matrix product compute it, one kernel's result added to
+    /// the other's, then the bias and the learned position.
+    fn embed_patches(&self, run: &mut TowerRun, rows: Range<usize>) -> Result<(), EngineError> {
         let (p, d) = (self.shape.patch_size, self.shape.hidden);
         let layout = &run.layout;
         let width = layout.columns * p;
         let plane = width * layout.rows * p;
-        let pixels = &run.pixels;
-        let out = &mut run.x[rows.start * d..rows.end * d];
-        let size = 3 * p * p;
-        threads::for_each_rows(out, d, |i, row| {
-            let patch = layout.order[rows.start + i];
+        let padded = patch_width(p);
+        let mut columns = Vec::with_capacity(rows.len() * padded);
+        for &patch in &layout.order[rows.clone()] {
             let (py, px) = (patch / layout.columns, patch % layout.columns);
-            let mut column = Vec::with_capacity(size);
             for c in 0..3 {
                 for ky in 0..p {
                     let at = c * plane + (py * p + ky) * width + px * p;
-                    column.extend(
-                        pixels[at..at + p]
+                    columns.extend(
+                        run.pixels[at..at + p]
                             .iter()
                             .map(|&v| f16::from_f32(v).to_f32()),
                     );
                 }
             }
-            for (o, out) in row.iter_mut().enumerate() {
-                let mut sum = 0f32;
-                for kernel in &self.patch_kernels {
-                    sum += kernel[o * size..][..size]
-                        .iter()
-                        .zip(&column)
-                        .fold(0.0, |acc, (w, x)| w.to_f32().mul_add(*x, acc));
-                }
-                if let Some(bias) = &self.patch_bias {
-                    sum += bias[o];
-                }
-                *out = sum;
+            columns.resize(columns.len() + padded - 3 * p * p, 0.0);
+        }
+        let kernels = vec![RowKernel::GemvInWideBatch; rows.len()];
+        let mut sum = self.patch_kernels[0].matmul(&columns, &kernels)?;
+        for kernel in &self.patch_kernels[1..] {
+            ops::add_assign(&mut sum, &kernel.matmul(&columns, &kernels)?);
+        }
+        for (i, row) in sum.chunks_exact_mut(d).enumerate() {
+            if let Some(bias) = &self.patch_bias {
+                ops::add_assign(row, bias);
             }
             if let Positions::Learned(table) = &self.positions {
+                let patch = layout.order[rows.start + i];
                 ops::add_assign(row, &table[patch * d..][..d]);
             }
-        });
+        }
+        run.x[rows.start * d..rows.end * d].copy_from_slice(&sum);
+        Ok(())
     }
+}
+
+/// A patch's `3 * patch * patch` values padded with zeros to whole vectors of sixteen
+/// (the F16 matrix rows' unit): a zero adds nothing to a dot product.
+fn patch_width(patch: usize) -> usize {
+    (3 * patch * patch).next_multiple_of(16)
 }
 
 /// Which part of a block an image's run is in.

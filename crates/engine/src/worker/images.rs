@@ -5,7 +5,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::stats::EngineStats;
 use crate::error::EngineError;
@@ -16,14 +16,20 @@ use crate::vision::{EmbeddingCache, VisionModel};
 /// floats are 2.5 MiB, so about 25 images.
 pub const DEFAULT_EMBEDDING_CACHE_BYTES: usize = 64 << 20;
 
-/// Patches of an image's tower work done between two looks at the clock (a few tens of
-/// milliseconds of Gemma 3 4B's tower on two cores).
-const PATCHES_PER_PIECE: usize = 64;
+/// How long a piece of an image's tower work between two looks at the clock should take:
+/// the piece is sized from the last one's time per row.
+const PIECE_TARGET: Duration = Duration::from_millis(40);
+/// Rows of the first piece, and the fewest and most of any: pieces too small re-read a
+/// block's weights for too few rows and leave threads idle.
+const FIRST_PIECE: usize = 64;
+const PIECE_ROWS: std::ops::RangeInclusive<usize> = 32..=1024;
 
 /// The vision model and what it has encoded.
 pub(super) struct ImageEncoder {
     vision: Option<Arc<VisionModel>>,
     cache: EmbeddingCache,
+    /// Rows of the next piece of tower work ([`PIECE_TARGET`]).
+    piece_rows: usize,
     /// Whether the text model places images on grids of positions
     /// ([`crate::model::ModelInfo::grid_positions`]).
     grid_positions: bool,
@@ -38,6 +44,7 @@ impl ImageEncoder {
         Self {
             vision,
             cache: EmbeddingCache::new(cache_bytes),
+            piece_rows: FIRST_PIECE,
             grid_positions,
         }
     }
@@ -105,7 +112,12 @@ impl ImageEncoder {
                     .encoding
                     .get_or_insert_with(|| vision.start_encoding(&image.image.image));
                 loop {
-                    match vision.continue_encoding(encoding, PATCHES_PER_PIECE) {
+                    let started = Instant::now();
+                    let outcome = vision.continue_encoding(encoding, self.piece_rows);
+                    let per_row = started.elapsed().as_secs_f64() / self.piece_rows as f64;
+                    self.piece_rows = ((PIECE_TARGET.as_secs_f64() / per_row.max(1e-9)) as usize)
+                        .clamp(*PIECE_ROWS.start(), *PIECE_ROWS.end());
+                    match outcome {
                         Ok(None) => {}
                         Ok(Some(rows)) => {
                             if rows.len() != image.image.tokens * width {
