@@ -71,7 +71,11 @@ fn main() {
                 .map(|_| {
                     let started = Instant::now();
                     let mut encoding = vision.start_encoding(&image_view(&vision, &image));
-                    while vision.continue_encoding(&mut encoding, piece).unwrap().is_none() {}
+                    while vision
+                        .continue_encoding(&mut encoding, piece)
+                        .unwrap()
+                        .is_none()
+                    {}
                     started.elapsed().as_secs_f64()
                 })
                 .fold(f64::INFINITY, f64::min)

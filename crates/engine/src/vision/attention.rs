@@ -26,8 +26,15 @@ use crate::threads;
 
 /// Query rows that go through each tile together.
 const BLOCK: usize = 64;
-/// Value rows are padded to a multiple of this (the widest vector).
-const PAD: usize = 16;
+/// Value rows are padded to a multiple of the widest vector this CPU's kernel takes
+/// (SigLIP's 72-wide heads: 80 values with AVX-512, 72 otherwise).
+fn pad() -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::avx512() {
+        return 16;
+    }
+    8
+}
 
 /// Every head's keys and values of one image, laid out for [`attend`].
 pub(super) struct HeadsKv {
@@ -39,6 +46,8 @@ pub(super) struct HeadsKv {
     keys: Vec<f32>,
     /// `[head][patch][padded head_dim]`, f16-rounded, zeros in the padding.
     values: Vec<f32>,
+    /// A value row's length ([`pad`]).
+    padded: usize,
 }
 
 impl HeadsKv {
@@ -47,7 +56,7 @@ impl HeadsKv {
         let d = heads * head_dim;
         let n = k.len() / d;
         let tiles = n.div_ceil(TILE);
-        let padded = head_dim.next_multiple_of(PAD);
+        let padded = head_dim.next_multiple_of(pad());
         let round = |x: f32| f16::from_f32(x).to_f32();
         let mut keys = vec![0f32; heads * tiles * head_dim * TILE];
         let mut values = vec![0f32; heads * n * padded];
@@ -70,6 +79,7 @@ impl HeadsKv {
             n,
             keys,
             values,
+            padded,
         }
     }
 
@@ -78,7 +88,7 @@ impl HeadsKv {
     }
 
     fn padded(&self) -> usize {
-        self.head_dim.next_multiple_of(PAD)
+        self.padded
     }
 
     /// Head `h`'s keys of tile `t`: one row of 64 per dimension.
