@@ -117,25 +117,41 @@ struct State {
     acc: Vec<f32>,
 }
 
-/// The cells of a tile a query sees: `lo..hi` of its 64 (the others, and those past the
-/// last patch, -∞).
-#[derive(Debug, Clone, Copy)]
-struct Seen {
+/// One head's tile of keys and values as a block of queries sees it.
+#[derive(Clone, Copy)]
+struct Tile<'a> {
+    kv: &'a HeadsKv,
+    head: usize,
+    /// Which tile of the head's.
+    index: usize,
+    /// The cells the queries see: `lo..hi` of its 64 (the others, and those past the last
+    /// patch, -∞).
     lo: usize,
     hi: usize,
+    /// The scores' scale.
+    scale: f32,
+}
+
+impl Tile<'_> {
+    /// Its keys: one row of 64 per dimension.
+    fn keys(&self) -> &[f32] {
+        self.kv.tile_keys(self.head, self.index)
+    }
+
+    /// Its value rows (as many as it has patches).
+    fn values(&self) -> &[f32] {
+        self.kv.tile_values(self.head, self.index)
+    }
+
+    /// Patches in it.
+    fn cells(&self) -> usize {
+        self.kv.cells(self.index)
+    }
 }
 
 /// The kernel of a block of queries (`qs`, one state each) and one tile: each query's
 /// scores, softmax step and weighted values.
-type TileStep = fn(
-    qs: &[&[f32]],
-    kv: &HeadsKv,
-    h: usize,
-    t: usize,
-    seen: Seen,
-    scale: f32,
-    states: &mut [State],
-);
+type TileStep = fn(qs: &[&[f32]], tile: Tile<'_>, states: &mut [State]);
 
 /// Attention of the queries in `q` (rows of `heads * head_dim` values) over the patches
 /// `keys` (every patch, or an attention window's), scores scaled by `scale`, into `out`
@@ -194,11 +210,15 @@ fn attend_with(
             .map(|i| &q[(first + i) * d + h * head_dim..][..head_dim])
             .collect();
         for t in keys.start / TILE..keys.end.div_ceil(TILE) {
-            let seen = Seen {
+            let tile = Tile {
+                kv,
+                head: h,
+                index: t,
                 lo: keys.start.saturating_sub(t * TILE),
                 hi: (keys.end - t * TILE).min(kv.cells(t)),
+                scale,
             };
-            step(&qs, kv, h, t, seen, scale, &mut states);
+            step(&qs, tile, &mut states);
         }
         for (o, s) in piece.chunks_exact_mut(head_dim).zip(&states) {
             o.copy_from_slice(&s.acc[..head_dim]);
@@ -218,30 +238,14 @@ fn attend_with(
 
 /// [`TileStep`] in portable code: the order of operations every version follows, for
 /// each query of the block.
-fn step_portable(
-    qs: &[&[f32]],
-    kv: &HeadsKv,
-    h: usize,
-    t: usize,
-    seen: Seen,
-    scale: f32,
-    states: &mut [State],
-) {
+fn step_portable(qs: &[&[f32]], tile: Tile<'_>, states: &mut [State]) {
     for (q, state) in qs.iter().zip(states) {
-        step_one_portable(q, kv, h, t, seen, scale, state);
+        step_one_portable(q, tile, state);
     }
 }
 
-fn step_one_portable(
-    q: &[f32],
-    kv: &HeadsKv,
-    h: usize,
-    t: usize,
-    seen: Seen,
-    scale: f32,
-    state: &mut State,
-) {
-    let keys = kv.tile_keys(h, t);
+fn step_one_portable(q: &[f32], tile: Tile<'_>, state: &mut State) {
+    let keys = tile.keys();
     let mut scores = [0f32; TILE];
     for (d, row) in keys.chunks_exact(TILE).enumerate() {
         for (s, k) in scores.iter_mut().zip(row) {
@@ -249,8 +253,8 @@ fn step_one_portable(
         }
     }
     for (j, s) in scores.iter_mut().enumerate() {
-        *s = if (seen.lo..seen.hi).contains(&j) {
-            *s * scale
+        *s = if (tile.lo..tile.hi).contains(&j) {
+            *s * tile.scale
         } else {
             f32::NEG_INFINITY
         };
@@ -266,8 +270,8 @@ fn step_one_portable(
     part.max = new_max;
     let weights = scores.map(|s| crate::simd::ggml_expf::expf(s - new_max));
     part.sum = (part.sum as f64 + tile_sum(&weights)) as f32;
-    let p = kv.padded();
-    for (w, v) in weights.iter().zip(kv.tile_values(h, t).chunks_exact(p)) {
+    let p = tile.kv.padded();
+    for (w, v) in weights.iter().zip(tile.values().chunks_exact(p)) {
         for (a, v) in state.acc.iter_mut().zip(v) {
             *a = v.mul_add(*w, *a);
         }
@@ -275,31 +279,15 @@ fn step_one_portable(
 }
 
 #[cfg(target_arch = "x86_64")]
-fn step_avx2(
-    qs: &[&[f32]],
-    kv: &HeadsKv,
-    h: usize,
-    t: usize,
-    seen: Seen,
-    scale: f32,
-    states: &mut [State],
-) {
+fn step_avx2(qs: &[&[f32]], tile: Tile<'_>, states: &mut [State]) {
     // SAFETY: chosen by `step_for_cpu` only where the CPU has AVX2, FMA and F16C.
-    unsafe { step_avx2_inner(qs, kv, h, t, seen, scale, states) }
+    unsafe { step_avx2_inner(qs, tile, states) }
 }
 
 #[cfg(target_arch = "x86_64")]
-fn step_avx512(
-    qs: &[&[f32]],
-    kv: &HeadsKv,
-    h: usize,
-    t: usize,
-    seen: Seen,
-    scale: f32,
-    states: &mut [State],
-) {
+fn step_avx512(qs: &[&[f32]], tile: Tile<'_>, states: &mut [State]) {
     // SAFETY: chosen by `step_for_cpu` only where the CPU has AVX-512F besides.
-    unsafe { step_avx512_inner(qs, kv, h, t, seen, scale, states) }
+    unsafe { step_avx512_inner(qs, tile, states) }
 }
 
 /// [`step_lanes`] with AVX2.
@@ -308,17 +296,9 @@ fn step_avx512(
 /// The CPU has AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn step_avx2_inner(
-    qs: &[&[f32]],
-    kv: &HeadsKv,
-    h: usize,
-    t: usize,
-    seen: Seen,
-    scale: f32,
-    states: &mut [State],
-) {
+unsafe fn step_avx2_inner(qs: &[&[f32]], tile: Tile<'_>, states: &mut [State]) {
     // SAFETY: the caller upholds this function's contract, all step_lanes needs.
-    unsafe { step_lanes::<Avx2>(qs, kv, h, t, seen, scale, states) }
+    unsafe { step_lanes::<Avx2>(qs, tile, states) }
 }
 
 /// [`step_lanes`] with AVX-512.
@@ -327,17 +307,9 @@ unsafe fn step_avx2_inner(
 /// The CPU has AVX2, FMA, F16C and AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
-unsafe fn step_avx512_inner(
-    qs: &[&[f32]],
-    kv: &HeadsKv,
-    h: usize,
-    t: usize,
-    seen: Seen,
-    scale: f32,
-    states: &mut [State],
-) {
+unsafe fn step_avx512_inner(qs: &[&[f32]], tile: Tile<'_>, states: &mut [State]) {
     // SAFETY: the caller upholds this function's contract, all step_lanes needs.
-    unsafe { step_lanes::<Avx512>(qs, kv, h, t, seen, scale, states) }
+    unsafe { step_lanes::<Avx512>(qs, tile, states) }
 }
 
 /// [`step_portable`] in vectors of `L`'s width: the same operations on the same values in
@@ -351,15 +323,7 @@ unsafe fn step_avx512_inner(
 /// The CPU has `L`'s instructions ([`Lanes`]).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn step_lanes<L: Lanes>(
-    qs: &[&[f32]],
-    kv: &HeadsKv,
-    h: usize,
-    t: usize,
-    seen: Seen,
-    scale: f32,
-    states: &mut [State],
-) {
+unsafe fn step_lanes<L: Lanes>(qs: &[&[f32]], tile: Tile<'_>, states: &mut [State]) {
     // SAFETY: the CPU has L's instructions (the caller's contract); every load and store
     // below is of whole vectors inside a tile's 64 scores or weights, a tile's key rows
     // (64 each, one per dimension of the queries) or a padded value row and accumulator
@@ -367,7 +331,7 @@ unsafe fn step_lanes<L: Lanes>(
     unsafe {
         let n = qs.len();
         let mut scores = [[0f32; TILE]; BLOCK];
-        let keys = kv.tile_keys(h, t).as_ptr();
+        let keys = tile.keys().as_ptr();
         let mut i = 0;
         while i < n {
             let group = (n - i).min(GROUP);
@@ -384,15 +348,13 @@ unsafe fn step_lanes<L: Lanes>(
         }
         let mut weights = [[0f32; TILE]; BLOCK];
         for ((s, state), w) in scores.iter_mut().zip(states.iter_mut()).zip(&mut weights) {
-            s.iter_mut().for_each(|v| *v *= scale);
-            s[..seen.lo].fill(f32::NEG_INFINITY);
-            s[seen.hi..].fill(f32::NEG_INFINITY);
+            s.iter_mut().for_each(|v| *v *= tile.scale);
+            s[..tile.lo].fill(f32::NEG_INFINITY);
+            s[tile.hi..].fill(f32::NEG_INFINITY);
             let acc = state.acc.as_mut_ptr();
             *w = softmax_step::<L>(&mut state.part, s, acc, state.acc.len());
         }
-        let cells = kv.cells(t);
-        let values = kv.tile_values(h, t).as_ptr();
-        let p = kv.padded();
+        let (cells, values, p) = (tile.cells(), tile.values().as_ptr(), tile.kv.padded());
         let mut i = 0;
         while i < n {
             let group = (n - i).min(GROUP);

@@ -133,8 +133,7 @@ impl Qwen25Vl {
         let mx = layout.columns / MERGE;
         let mut out = vec![0f32; merged.len()];
         for (j, row) in merged.chunks_exact(width).enumerate() {
-            let patch = layout.order[j * MERGE * MERGE];
-            let (py, px) = (patch / layout.columns, patch % layout.columns);
+            let (py, px) = layout.place(j * MERGE * MERGE);
             let unit = py / MERGE * mx + px / MERGE;
             out[unit * width..][..width].copy_from_slice(row);
         }

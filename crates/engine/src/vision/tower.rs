@@ -88,6 +88,12 @@ impl PatchLayout {
             windows: Vec::new(),
         }
     }
+
+    /// The patch row and column of the tower's row `row`.
+    pub fn place(&self, row: usize) -> (usize, usize) {
+        let patch = self.order[row];
+        (patch / self.columns, patch % self.columns)
+    }
 }
 
 /// How the tower tells patches apart.
@@ -279,11 +285,9 @@ impl Tower {
                 block.ln1.apply(&mut h);
                 let (mut q, mut k) = (block.q.apply(&h, count)?, block.k.apply(&h, count)?);
                 if let Positions::Rotary(rope) = &self.positions {
-                    let columns = run.layout.columns;
                     for (i, (q, k)) in q.chunks_exact_mut(d).zip(k.chunks_exact_mut(d)).enumerate()
                     {
-                        let patch = run.layout.order[r.start + i];
-                        let (y, x) = (patch / columns, patch % columns);
+                        let (y, x) = run.layout.place(r.start + i);
                         rope.apply_at(q, [y, x, y, x]);
                         rope.apply_at(k, [y, x, y, x]);
                     }
@@ -367,8 +371,8 @@ impl Tower {
         let plane = width * layout.rows * p;
         let padded = patch_width(p);
         let mut columns = Vec::with_capacity(rows.len() * padded);
-        for &patch in &layout.order[rows.clone()] {
-            let (py, px) = (patch / layout.columns, patch % layout.columns);
+        for row in rows.clone() {
+            let (py, px) = layout.place(row);
             for c in 0..3 {
                 for ky in 0..p {
                     let at = c * plane + (py * p + ky) * width + px * p;
