@@ -19,9 +19,12 @@ use candle_core::Device;
 
 use crate::gguf_header::{self, Header, TensorInfo};
 use crate::quant::formats::{self, MatrixReader};
-use crate::quant::{Embedding, QMatrix};
+use crate::quant::{Embedding, PanelMatrix, QMatrix};
 
 use crate::error::EngineError;
+
+/// ggml's type number of F16 tensors.
+const GGML_F16: u32 = 1;
 
 /// Panics inside candle caught so far while building tensors, in this process. A malformed
 /// file must give an error, and it does either way; but each caught panic is a case that
@@ -183,6 +186,23 @@ impl GgufFile {
         let m = QMatrix::new(self.qtensor(name)?)?;
         self.rounds_by_kernel |= m.rounds_by_kernel();
         Ok(m)
+    }
+
+    /// Loads an F16 weight matrix laid out in panels for products of many rows at once (a
+    /// vision tower's), or `None` where the tensor is of another type.
+    pub fn panel_matrix(&mut self, name: &str) -> Result<Option<PanelMatrix>, EngineError> {
+        let info = self.info(name)?;
+        if info.ggml_type != GGML_F16 {
+            return Ok(None);
+        }
+        let [rows, cols] = info.dims[..] else {
+            return Err(EngineError::InvalidModel(format!(
+                "{}: tensor `{name}` is not a matrix",
+                self.path.display()
+            )));
+        };
+        let bytes = self.bytes(name, &info)?;
+        PanelMatrix::new(&bytes, rows, cols).map(Some)
     }
 
     /// Loads a token embedding (`[vocabulary, width]`).

@@ -12,7 +12,9 @@
 //! the same additions). Activations come as the weights' type (f32, or F16 for F16
 //! weights) and are widened exactly as they are loaded. With AVX2 a
 //! sixteen-lane chain is held as two eight-lane halves (the same operations per lane), in
-//! tiles of two weight rows by up to two activation rows, which fit its 16 registers.
+//! passes of four weight rows by up to two activation rows, which fit its 16 registers: each
+//! chain's low eight lanes over the row, then its high eight (a vision tower's products
+//! took about an eighth less time than in two-by-two tiles that held both halves at once).
 
 #![cfg(target_arch = "x86_64")]
 
@@ -148,7 +150,8 @@ fn halves_sum(low: __m256, high: __m256) -> f32 {
     reduce_add_16(&lanes)
 }
 
-/// [`tile_avx512`] with AVX2: two weight rows by up to two activation rows at a time.
+/// [`tile_avx512`] with AVX2: four weight rows by up to two activation rows at a time, one
+/// eight-lane half of every chain after the other.
 ///
 /// # Safety
 ///
@@ -164,31 +167,30 @@ unsafe fn tile_avx2<W: Widen, X: Widen, const C: usize>(
         let cols = w[0].len();
         assert!(cols.is_multiple_of(16));
         assert!(w.iter().all(|w| w.len() == cols) && x.iter().all(|x| x.len() == cols));
-        let mut out = [[0f32; TILE_W]; C];
-        for r0 in (0..TILE_W).step_by(2) {
+        // Each sixteen-lane chain as its low eight lanes' pass over the row, then its high
+        // eight lanes': four weight rows by two activation rows, eight accumulators.
+        let mut halves = [[[_mm256_setzero_ps(); TILE_W]; C]; 2];
+        for (half, sums) in halves.iter_mut().enumerate() {
             for c0 in (0..C).step_by(2) {
                 let cs = (C - c0).min(2);
-                // acc[c][r] = (low half, high half) of the chain of w[r0 + r] · x[c0 + c].
-                let mut acc = [[(_mm256_setzero_ps(), _mm256_setzero_ps()); 2]; 2];
-                for k in (0..cols).step_by(16) {
-                    let wv: [(__m256, __m256); 2] = std::array::from_fn(|r| {
-                        let p = w[r0 + r].as_ptr().add(k);
-                        (W::load8(p), W::load8(p.add(8)))
-                    });
+                let mut acc = [[_mm256_setzero_ps(); TILE_W]; 2];
+                for k in (8 * half..cols).step_by(16) {
+                    let wv: [__m256; TILE_W] =
+                        std::array::from_fn(|r| W::load8(w[r].as_ptr().add(k)));
                     for (c, acc) in acc.iter_mut().enumerate().take(cs) {
-                        let p = x[c0 + c].as_ptr().add(k);
-                        let (xl, xh) = (X::load8(p), X::load8(p.add(8)));
+                        let xv = X::load8(x[c0 + c].as_ptr().add(k));
                         for (acc, wv) in acc.iter_mut().zip(&wv) {
-                            acc.0 = _mm256_fmadd_ps(wv.0, xl, acc.0);
-                            acc.1 = _mm256_fmadd_ps(wv.1, xh, acc.1);
+                            *acc = _mm256_fmadd_ps(*wv, xv, *acc);
                         }
                     }
                 }
-                for (c, acc) in acc.iter().enumerate().take(cs) {
-                    for (r, &(low, high)) in acc.iter().enumerate() {
-                        out[c0 + c][r0 + r] = halves_sum(low, high);
-                    }
-                }
+                sums[c0..c0 + cs].copy_from_slice(&acc[..cs]);
+            }
+        }
+        let mut out = [[0f32; TILE_W]; C];
+        for (c, out) in out.iter_mut().enumerate() {
+            for (r, out) in out.iter_mut().enumerate() {
+                *out = halves_sum(halves[0][c][r], halves[1][c][r]);
             }
         }
         out

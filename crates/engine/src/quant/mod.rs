@@ -45,6 +45,7 @@ mod output;
 mod own;
 mod packed;
 mod pair_lanes;
+mod panels;
 mod q4k_lanes;
 mod q6k_lanes;
 mod q8;
@@ -71,6 +72,7 @@ enum Results {
 }
 
 pub use own::OwnFormat;
+pub use panels::PanelMatrix;
 
 /// Which of llama.cpp's kernels a row's arithmetic follows. They compute the same sums and
 /// differ only in rounding: llama.cpp multiplies a prompt's rows four at a time (GEMM) and

@@ -316,8 +316,9 @@ unsafe fn step_avx512_inner(qs: &[&[f32]], tile: Tile<'_>, states: &mut [State])
 /// the same order for every score and every accumulated value, computed a few queries at
 /// a time. The block's queries take the tile's keys, then their softmax steps, then the
 /// tile's values, each phase's data small enough to stay in the first-level cache; in the
-/// first and last phases up to [`GROUP`] queries share each vector of keys or values
-/// loaded (ggml's `simd_gemm` blocking), each query's chain of fused multiply-adds kept.
+/// first phase up to [`GROUP`] queries share each vector of keys loaded, in the last up to
+/// [`VALUE_GROUP`] each vector of values (ggml's `simd_gemm` blocking), each query's chain
+/// of fused multiply-adds kept.
 ///
 /// # Safety
 /// The CPU has `L`'s instructions ([`Lanes`]).
@@ -357,11 +358,9 @@ unsafe fn step_lanes<L: Lanes>(qs: &[&[f32]], tile: Tile<'_>, states: &mut [Stat
         let (cells, values, p) = (tile.cells(), tile.values().as_ptr(), tile.kv.padded());
         let mut i = 0;
         while i < n {
-            let group = (n - i).min(GROUP);
+            let group = (n - i).min(VALUE_GROUP);
             let (st, w) = (&mut states[i..i + group], &weights[i..i + group]);
             match group {
-                6 => values_group::<L, 6>(st, w, values, p, cells),
-                5 => values_group::<L, 5>(st, w, values, p, cells),
                 4 => values_group::<L, 4>(st, w, values, p, cells),
                 3 => values_group::<L, 3>(st, w, values, p, cells),
                 2 => values_group::<L, 2>(st, w, values, p, cells),
@@ -372,9 +371,12 @@ unsafe fn step_lanes<L: Lanes>(qs: &[&[f32]], tile: Tile<'_>, states: &mut [Stat
     }
 }
 
-/// Queries that share each vector of keys or values loaded: with two vectors of each,
-/// twelve accumulators, AVX2's sixteen registers' worth with the loads.
+/// Queries that share each vector of keys loaded: with two vectors of keys, twelve
+/// accumulators, AVX2's sixteen registers' worth with the loads.
 const GROUP: usize = 6;
+/// Queries that share each vector of values loaded: with three vectors of values, twelve
+/// accumulators (a 72-wide head in three passes, not four and a half).
+const VALUE_GROUP: usize = 4;
 
 /// The unscaled scores of `R` queries against a tile's keys (`keys`: one row of 64 per
 /// dimension), into `out`: each score one chain of fused multiply-adds over the
@@ -418,9 +420,9 @@ unsafe fn scores_group<L: Lanes, const R: usize>(
 }
 
 /// `R` queries' accumulators (`states`), each plus its weights (`weights`, the first
-/// `cells`) times the tile's value rows (`values`, `stride` apart), in key order: two
-/// vectors of values at a time shared by the `R` queries (one where a row has an odd
-/// count).
+/// `cells`) times the tile's value rows (`values`, `stride` apart), in key order: passes
+/// of up to three vectors of a row, each vector of values loaded shared by the `R`
+/// queries (twelve accumulators for four).
 ///
 /// # Safety
 /// The CPU has `L`'s instructions ([`Lanes`]); `values` holds `cells` rows of `stride`
@@ -435,40 +437,58 @@ unsafe fn values_group<L: Lanes, const R: usize>(
     stride: usize,
     cells: usize,
 ) {
-    // SAFETY: the caller upholds this function's contract; every load and store is of a
-    // whole vector at `c` or `c + L::WIDTH` below `stride` in a value row or accumulator.
+    // SAFETY: the caller upholds this function's contract; each pass's vectors lie below
+    // `stride`, as `values_pass` needs.
     unsafe {
         let accs: [*mut f32; R] = std::array::from_fn(|i| states[i].acc.as_mut_ptr());
-        let mut c = 0;
-        while c + 2 * L::WIDTH <= stride {
-            let mut acc: [[L::V; 2]; R] = std::array::from_fn(|i| {
-                [L::load(accs[i].add(c)), L::load(accs[i].add(c + L::WIDTH))]
-            });
-            for j in 0..cells {
-                let row = values.add(j * stride + c);
-                let (v0, v1) = (L::load(row), L::load(row.add(L::WIDTH)));
-                for (a, w) in acc.iter_mut().zip(weights) {
-                    let wv = L::splat(*w.get_unchecked(j));
-                    a[0] = L::fmadd(v0, wv, a[0]);
-                    a[1] = L::fmadd(v1, wv, a[1]);
-                }
+        let vectors = stride / L::WIDTH;
+        let mut v = 0;
+        while v < vectors {
+            let at = v * L::WIDTH;
+            match vectors - v {
+                1 => values_pass::<L, R, 1>(accs, weights, values.add(at), stride, cells, at),
+                2 => values_pass::<L, R, 2>(accs, weights, values.add(at), stride, cells, at),
+                _ => values_pass::<L, R, 3>(accs, weights, values.add(at), stride, cells, at),
             }
-            for (a, &p) in acc.iter().zip(&accs) {
-                L::store(p.add(c), a[0]);
-                L::store(p.add(c + L::WIDTH), a[1]);
-            }
-            c += 2 * L::WIDTH;
+            v += 3;
         }
-        if c < stride {
-            let mut acc: [L::V; R] = std::array::from_fn(|i| L::load(accs[i].add(c)));
-            for j in 0..cells {
-                let v = L::load(values.add(j * stride + c));
-                for (a, w) in acc.iter_mut().zip(weights) {
-                    *a = L::fmadd(v, L::splat(*w.get_unchecked(j)), *a);
+    }
+}
+
+/// One pass of [`values_group`]: `V` vectors from `at` of each accumulator.
+///
+/// # Safety
+/// As [`values_group`]; `values` points at the pass's first value of the tile's first
+/// row, and the pass's `V` vectors lie inside every row and accumulator.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn values_pass<L: Lanes, const R: usize, const V: usize>(
+    accs: [*mut f32; R],
+    weights: &[[f32; TILE]],
+    values: *const f32,
+    stride: usize,
+    cells: usize,
+    at: usize,
+) {
+    // SAFETY: the caller upholds this function's contract: every load and store is of a
+    // whole vector of the pass, inside a value row or an accumulator.
+    unsafe {
+        let mut acc: [[L::V; V]; R] = std::array::from_fn(|i| {
+            std::array::from_fn(|k| L::load(accs[i].add(at + k * L::WIDTH)))
+        });
+        for j in 0..cells {
+            let row = values.add(j * stride);
+            let v: [L::V; V] = std::array::from_fn(|k| L::load(row.add(k * L::WIDTH)));
+            for (a, w) in acc.iter_mut().zip(weights) {
+                let wv = L::splat(*w.get_unchecked(j));
+                for (a, v) in a.iter_mut().zip(&v) {
+                    *a = L::fmadd(*v, wv, *a);
                 }
             }
-            for (a, &p) in acc.iter().zip(&accs) {
-                L::store(p.add(c), *a);
+        }
+        for (a, &p) in acc.iter().zip(&accs) {
+            for (k, a) in a.iter().enumerate() {
+                L::store(p.add(at + k * L::WIDTH), *a);
             }
         }
     }
@@ -493,7 +513,16 @@ mod tests {
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn the_vector_versions_give_the_portable_bits() {
-        let (heads, head_dim, n) = (3, 72, 150);
+        // SigLIP's heads (72: three passes of three vectors with AVX2), Qwen2.5-VL's (80:
+        // a last pass of one) and 64-wide ones (a last pass of two); patches that leave
+        // every size of group of queries last in a block.
+        for (head_dim, n) in [(72, 150), (80, 151), (64, 149)] {
+            check_vector_versions(head_dim, n);
+        }
+    }
+
+    fn check_vector_versions(head_dim: usize, n: usize) {
+        let heads = 3;
         let d = heads * head_dim;
         let (q, k, v) = (values(n * d, 1), values(n * d, 2), values(n * d, 3));
         let kv = HeadsKv::new(&k, &v, heads, head_dim);
@@ -516,7 +545,7 @@ mod tests {
                     .iter()
                     .zip(&want)
                     .all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "{name} over {keys:?}");
+                assert!(same, "{name} over {keys:?}, heads of {head_dim}");
             }
         }
     }

@@ -5,18 +5,29 @@
 use crate::error::EngineError;
 use crate::gguf::GgufFile;
 use crate::model::ops;
-use crate::quant::{QMatrix, RowKernel};
+use crate::quant::{PanelMatrix, QMatrix, RowKernel};
 
 /// A linear layer: a weight matrix and a bias.
 pub(super) struct Linear {
-    weight: QMatrix,
+    weight: Weight,
     bias: Vec<f32>,
+}
+
+/// A tower's weight matrix: F16 in panels (every product takes thousands of rows), any
+/// other type as the text models hold it.
+enum Weight {
+    Panels(PanelMatrix),
+    Rows(QMatrix),
 }
 
 impl Linear {
     /// Reads `<name>.weight` and `<name>.bias`.
     pub(super) fn load(g: &mut GgufFile, name: &str) -> Result<Self, EngineError> {
-        let weight = g.matmul(&format!("{name}.weight"))?;
+        let name_w = format!("{name}.weight");
+        let weight = match g.panel_matrix(&name_w)? {
+            Some(panels) => Weight::Panels(panels),
+            None => Weight::Rows(g.matmul(&name_w)?),
+        };
         let bias = g.vector_of(&format!("{name}.bias"), weight.rows())?;
         Ok(Self { weight, bias })
     }
@@ -28,17 +39,32 @@ impl Linear {
 
     /// Width of its inputs.
     pub(super) fn inputs(&self) -> usize {
-        self.weight.cols()
+        match &self.weight {
+            Weight::Panels(m) => m.cols(),
+            Weight::Rows(m) => m.cols(),
+        }
     }
 
     /// `x W^T + b` for every row of `x` (a batch: ggml's batched products).
     pub(super) fn apply(&self, x: &[f32], rows: usize) -> Result<Vec<f32>, EngineError> {
-        let kernels = vec![RowKernel::GemvInWideBatch; rows];
-        let mut y = self.weight.matmul(x, &kernels)?;
+        let mut y = match &self.weight {
+            Weight::Panels(m) => m.matmul(x),
+            Weight::Rows(m) => m.matmul(x, &vec![RowKernel::GemvInWideBatch; rows])?,
+        };
         for row in y.chunks_exact_mut(self.bias.len()) {
             ops::add_assign(row, &self.bias);
         }
         Ok(y)
+    }
+}
+
+impl Weight {
+    /// Output features.
+    fn rows(&self) -> usize {
+        match self {
+            Self::Panels(m) => m.rows(),
+            Self::Rows(m) => m.rows(),
+        }
     }
 }
 
