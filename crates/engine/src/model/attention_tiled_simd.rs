@@ -169,7 +169,8 @@ unsafe fn tiled_body<L: Lanes>(
                     ),
                     _ => {
                         let scores = scores::<L>(queries[i].q, &keys, scale, &cells);
-                        let weights = softmax_step::<L>(&mut state[i], &scores, acc(i), head_dim);
+                        let weights =
+                            softmax_step::<L, false>(&mut state[i], &scores, acc(i), head_dim);
                         add_values::<L>(acc(i), head_dim, &values, &weights, cells.clone());
                     }
                 }
@@ -209,7 +210,7 @@ unsafe fn through_tile<L: Lanes, const N: usize>(
         let scores = scores_group::<L, N>(group.map(|i| queries[i].q), keys, scale, cells);
         let mut weights = [[0.0f32; TILE]; N];
         for ((w, s), &i) in weights.iter_mut().zip(&scores).zip(&group) {
-            *w = softmax_step::<L>(&mut state[i], s, acc(i), head_dim);
+            *w = softmax_step::<L, false>(&mut state[i], s, acc(i), head_dim);
         }
         add_values_group::<L, N>(group.map(&acc), head_dim, values, &weights, cells.clone());
     }
@@ -220,14 +221,16 @@ unsafe fn through_tile<L: Lanes, const N: usize>(
 /// and the sum when the maximum rises, adds the tile's weights to the sum (sixteen at a
 /// time into an f64), and returns the weights.
 ///
-/// The vision tower's attention (`vision/attention.rs`) takes its tiles' scores through
-/// it too.
+/// The vision towers' attention (`vision/attention.rs`) takes its tiles' scores through
+/// it too, with `AVX2_EXP`: the weights are then ggml's AVX2 `expf`
+/// ([`Lanes::expf_avx2`]), not its AVX-512 one, which the text models' bit-parity with
+/// llama.cpp's fixtures keeps (and which AVX2 emulates at about twice the cost).
 ///
 /// # Safety
 /// The CPU has `L`'s instructions ([`Lanes`]); `head_dim` is a multiple of `L::WIDTH`
 /// and `acc` points at `head_dim` writable values.
 #[inline(always)]
-pub(crate) unsafe fn softmax_step<L: Lanes>(
+pub(crate) unsafe fn softmax_step<L: Lanes, const AVX2_EXP: bool>(
     state: &mut Partial,
     scores: &[f32; TILE],
     acc: *mut f32,
@@ -254,7 +257,12 @@ pub(crate) unsafe fn softmax_step<L: Lanes>(
         let mut weights = [0.0f32; TILE];
         let m = L::splat(new_max);
         for j in (0..TILE).step_by(L::WIDTH) {
-            let w = L::expf(L::sub(L::load(s.add(j)), m));
+            let x = L::sub(L::load(s.add(j)), m);
+            let w = if AVX2_EXP {
+                L::expf_avx2(x)
+            } else {
+                L::expf(x)
+            };
             L::store(weights.as_mut_ptr().add(j), w);
         }
         let mut total = 0.0f64;

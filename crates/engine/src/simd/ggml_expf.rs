@@ -22,6 +22,13 @@ pub mod consts {
     ];
     /// Beyond this magnitude of the exponent the result is 0 or infinity.
     pub const LIMIT: f32 = 192.0;
+    /// Beyond this magnitude the AVX2 version scales in two factors.
+    pub const AVX2_SCALED: f32 = 126.0;
+    /// The AVX2 version's bits taken from a negative exponent's first factor and given
+    /// to its second.
+    pub const AVX2_NEGATIVE: u32 = 0x8200_0000;
+    /// The AVX2 version's first factor before those bits: 2^127.
+    pub const AVX2_ONE_SCALE: u32 = 0x7f00_0000;
 }
 
 /// ggml's vectorised `expf` (AVX-512 `ggml_v_expf`) for one value: `x = n ln 2 + b` with
@@ -43,6 +50,38 @@ pub fn expf(x: f32) -> f32 {
     let low = c(C[4]).mul_add(b, 1.0);
     let j = high.mul_add(u, middle).mul_add(u, low);
     scale_by_power_of_two(j, n)
+}
+
+/// ggml's AVX2 `ggml_v_expf` for one value, which the vision towers' attention takes (the
+/// one llama.cpp's softmax runs on an AVX2 CPU): [`expf`]'s reduction and polynomial, but
+/// without its constant term (`j`), `2^n` made in the exponent's bits (`k`), and the result
+/// `j k + k`; past |n| > 126 two factors keep the subnormal and overflowing results, past
+/// 192 it is their square (0 or infinity). Cheaper in vectors than the AVX-512 version,
+/// whose `scalef` AVX2 has to emulate in f64.
+pub fn expf_avx2(x: f32) -> f32 {
+    use consts::*;
+    let c = |bits: u32| f32::from_bits(bits);
+    let r = c(ROUND);
+    let z = x.mul_add(c(LOG2E), r);
+    let n = z - r;
+    let b = (-n).mul_add(c(LN2_LO), (-n).mul_add(c(LN2_HI), x));
+    let e = z.to_bits() << 23;
+    let k = f32::from_bits(e.wrapping_add(1f32.to_bits()));
+    let u = b * b;
+    let high = c(C[0]).mul_add(b, c(C[1]));
+    let middle = c(C[2]).mul_add(b, c(C[3]));
+    let j = high.mul_add(u, middle).mul_add(u, c(C[4]) * b);
+    // A NaN takes the first branch, as the vectors' comparisons are false for it.
+    if n.is_nan() || n.abs() <= AVX2_SCALED {
+        return j.mul_add(k, k);
+    }
+    let g: u32 = if n <= 0.0 { AVX2_NEGATIVE } else { 0 };
+    let s1 = f32::from_bits(g.wrapping_add(AVX2_ONE_SCALE));
+    let s2 = f32::from_bits(e.wrapping_sub(g));
+    match n.abs() > LIMIT {
+        true => s1 * s1,
+        false => s2.mul_add(j, s2) * s1,
+    }
 }
 
 /// `j × 2^n` rounded once to f32, as `_mm512_scalef_ps` does for an integral `n` within

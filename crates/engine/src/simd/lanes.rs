@@ -91,6 +91,12 @@ pub(crate) trait Lanes {
     /// # Safety
     /// The CPU must have the width's instructions ([`Lanes`]).
     unsafe fn expf(x: Self::V) -> Self::V;
+    /// ggml's AVX2 `ggml_v_expf` on every lane (bit for bit, at either width; see
+    /// [`super::ggml_expf::expf_avx2`]).
+    ///
+    /// # Safety
+    /// The CPU must have the width's instructions ([`Lanes`]).
+    unsafe fn expf_avx2(x: Self::V) -> Self::V;
     /// `_mm512_reduce_add_ps` of sixteen lanes held in `16 / WIDTH` vectors: halves,
     /// quarters, pairs, neighbours.
     ///
@@ -326,6 +332,11 @@ impl Lanes for Avx2 {
         }
     }
     #[inline(always)]
+    unsafe fn expf_avx2(x: __m256) -> __m256 {
+        // SAFETY: the caller upholds this function's safety contract.
+        unsafe { super::expf_avx2::expf8(x) }
+    }
+    #[inline(always)]
     unsafe fn expf(x: __m256) -> __m256 {
         // SAFETY: the caller upholds this function's safety contract, all that
         // these operations need.
@@ -511,6 +522,11 @@ impl Lanes for Avx512 {
         // SAFETY: the caller upholds this function's safety contract, all that
         // these operations need.
         unsafe { _mm512_reduce_max_ps(v) }
+    }
+    #[inline(always)]
+    unsafe fn expf_avx2(x: __m512) -> __m512 {
+        // SAFETY: the caller upholds this function's safety contract.
+        unsafe { super::expf_avx2::expf16(x) }
     }
     #[inline(always)]
     unsafe fn expf(x: __m512) -> __m512 {

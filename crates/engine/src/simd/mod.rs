@@ -1,12 +1,14 @@
 //! The floor of shared vector math, beneath every kernel: the CPU's features decided once
 //! ([`cpu`]) and asked through the tier functions here, horizontal reductions in the
 //! orders llama.cpp's kernels add in ([`reduce`]), number conversions ([`convert`]),
-//! `expf` as ggml and glibc compute it ([`ggml_expf`], [`exp_in_place`]), the vector
+//! `expf` as ggml (its AVX-512 and AVX2 versions) and glibc compute it ([`ggml_expf`],
+//! [`exp_in_place`]), the vector
 //! lanes attention is written in, integer lanes and prefetches.
 //! Nothing here knows of models, attention or weight formats; everything above may use it.
 
 pub mod convert;
 pub mod cpu;
+mod expf_avx2;
 pub mod ggml_expf;
 pub mod int_lanes;
 pub(crate) mod lanes;

@@ -2,8 +2,10 @@
 //! llama.cpp's tiled flash attention (the tower's batch is one micro-batch of every
 //! patch, so ggml takes its tiled kernel; `model/attention_tiled.rs` describes it): keys
 //! and values rounded to f16, keys visited in tiles of 64, a query's scores f32 fused
-//! multiply-adds over the dimensions in order, the online softmax's weights ggml's
-//! `expf`, each tile's sixteen at a time into an f64 sum, values accumulated in f32.
+//! multiply-adds over the dimensions in order, the online softmax's weights ggml's AVX2
+//! `expf` (what llama.cpp's softmax runs on an AVX2 CPU, and half the AVX-512 version's
+//! cost where AVX2 has to emulate it), each tile's sixteen at a time into an f64 sum,
+//! values accumulated in f32.
 //!
 //! The keys and values are laid out once per head for the whole image: each tile's keys
 //! transposed (one row of 64 keys per dimension, so that a vector of scores grows by one
@@ -268,7 +270,7 @@ fn step_one_portable(q: &[f32], tile: Tile<'_>, state: &mut State) {
         part.sum *= rescale;
     }
     part.max = new_max;
-    let weights = scores.map(|s| crate::simd::ggml_expf::expf(s - new_max));
+    let weights = scores.map(|s| crate::simd::ggml_expf::expf_avx2(s - new_max));
     part.sum = (part.sum as f64 + tile_sum(&weights)) as f32;
     let p = tile.kv.padded();
     for (w, v) in weights.iter().zip(tile.values().chunks_exact(p)) {
@@ -353,7 +355,7 @@ unsafe fn step_lanes<L: Lanes>(qs: &[&[f32]], tile: Tile<'_>, states: &mut [Stat
             s[..tile.lo].fill(f32::NEG_INFINITY);
             s[tile.hi..].fill(f32::NEG_INFINITY);
             let acc = state.acc.as_mut_ptr();
-            *w = softmax_step::<L>(&mut state.part, s, acc, state.acc.len());
+            *w = softmax_step::<L, true>(&mut state.part, s, acc, state.acc.len());
         }
         let (cells, values, p) = (tile.cells(), tile.values().as_ptr(), tile.kv.padded());
         let mut i = 0;
