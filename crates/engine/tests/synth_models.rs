@@ -147,6 +147,37 @@ fn every_architecture_and_weight_type_matches_llama_cpp() {
     }
 }
 
+/// Phi-3 served past its original context (`fixtures/synth/long-context/`, recorded by
+/// `make_synth.py --long-context` at 8,192 against the file's original 4,096): LongRoPE's
+/// long factors, which a 128k Phi-3 file takes at its default context, against llama.cpp.
+#[test]
+fn phi3_past_its_original_context_matches_llama_cpp() {
+    let scratch = std::env::temp_dir().join(format!("ferrite-synth-long-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).unwrap();
+    let files = common::fixture_files("synth/long-context");
+    assert!(
+        files.len() >= 3,
+        "no fixtures in fixtures/synth/long-context"
+    );
+    let mut failures = Vec::new();
+    for file in &files {
+        let (data, arch, ty) = read(file);
+        assert_eq!(arch, Arch::Phi3);
+        assert!(
+            data["context"].as_u64().unwrap() > 4096,
+            "{}: not past 4,096",
+            file.display()
+        );
+        let name = format!("{}-{} at {}", arch.name(), ty.name(), data["context"]);
+        match check(&data, arch, ty, &scratch) {
+            Ok(summary) => eprintln!("{name}: ok, {summary}"),
+            Err(problem) => failures.push(format!("{name}: {problem}")),
+        }
+    }
+    std::fs::remove_dir_all(&scratch).ok();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// A file with a weight type ferrite does not read names the type, not candle's number.
 #[test]
 fn an_unread_weight_type_is_named() {
