@@ -13,7 +13,7 @@ starts it); each pair is one run on each, the order alternating from pair to pai
     python3 bench/paired_decode.py --model /path/to/file.gguf --llama-server PATH \\
         [--pairs 20] [--concurrency 1] [--ferrite target/release/ferrite]
 
-The figures in BENCHMARKS.md's F16 section came from this loop (one stream).
+The figures in BENCHMARKS-history.md's F16 section came from this loop (one stream).
 """
 
 import argparse

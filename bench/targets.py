@@ -73,7 +73,7 @@ BEFORE_ROWS = [("prefill_tok_s", "prefill", True, "tok/s"),
                ("ttft_p50_c16_s", "TTFT p50 at 16 streams", False, "s"),
                ("peak_rss_mib", "peak RSS at 16 streams", False, "MiB")]
 # "Within noise": this machine's paired rounds of one build against itself spread by a few
-# per cent (BENCHMARKS.md), so a build within 5% of the one before is called unchanged.
+# per cent (BENCHMARKS-history.md), so a build within 5% of the one before is called unchanged.
 BEFORE_NOISE = 0.95
 
 

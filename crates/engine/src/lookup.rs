@@ -64,7 +64,7 @@ pub const COMPARED: usize = 4;
 /// that changes from line to line), the tokens after the first disagreement are a guess
 /// that usually fails, and each costs the step a row. On Gemma 3 270M extracting dated
 /// sentences from a report, cutting drafts there raised prompt lookup's speed-up (see
-/// BENCHMARKS.md) and left copying and code editing as they were.
+/// BENCHMARKS-history.md) and left copying and code editing as they were.
 ///
 /// One backward pass over `tokens`: each position is compared with the suffix for at most
 /// `max_ngram` tokens (16 at most: a 128k-token sequence takes about 2 M comparisons), so

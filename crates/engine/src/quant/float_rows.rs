@@ -314,7 +314,7 @@ const FLOAT_ACT_BLOCK: usize = 4 * float_simd::TILE_X;
 /// Weight rows a lone activation row takes at a time. One: each thread then streams its
 /// rows as one run of memory, as llama.cpp's `vec_dot` loop does. Four rows at once (four
 /// streams a row apart) decoded a 1B F16 model about 10% slower in the server
-/// (BENCHMARKS.md, issue 17's table).
+/// (BENCHMARKS-history.md, issue 17's table).
 #[cfg(target_arch = "x86_64")]
 const LONE_ROWS: usize = 1;
 

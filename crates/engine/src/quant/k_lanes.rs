@@ -13,7 +13,7 @@
 //! horizontal sum to end every row. ferrite's AVX2 kernels for Q5_K and IQ4_XS did the same
 //! until this layout replaced them, and Q2_K and Q3_K had portable code only; on a Zen 3
 //! core (`matmul_kernels`, one thread) they ran 15, 18, 1.3 and 0.8 giga multiply-adds a
-//! second for one activation row (BENCHMARKS.md, 2026-11-27).
+//! second for one activation row (BENCHMARKS-history.md, 2026-11-27).
 //!
 //! Per group of sixteen rows (the last one padded with zero rows) and per super-block,
 //! [`block_lines`] lines:

@@ -492,7 +492,7 @@ impl QMatrix {
     /// A 1B F16 decode is a stream of 2.15 GB per token at the memory's speed, split into
     /// some 65 parallel products; with 256-row tasks (1–4 MiB of weights each) it ran
     /// 1.4% faster than with 128 in a paired A/B (16 pairs, 11 won), and 32-row tasks
-    /// were 2.5% slower; prefill was unchanged (BENCHMARKS.md, issue 17's F16 cell). No
+    /// were 2.5% slower; prefill was unchanged (BENCHMARKS-history.md, issue 17's F16 cell). No
     /// layout of a float matrix depends on the task size.
     fn chunk_rows(&self) -> usize {
         match self {
