@@ -23,9 +23,6 @@ use crate::quant::{Embedding, PanelMatrix, QMatrix};
 
 use crate::error::EngineError;
 
-/// ggml's type number of F16 tensors.
-const GGML_F16: u32 = 1;
-
 /// Panics inside candle caught so far while building tensors, in this process. A malformed
 /// file must give an error, and it does either way; but each caught panic is a case that
 /// candle does not check and we do not check first: the fuzz targets count one as a
@@ -192,7 +189,7 @@ impl GgufFile {
     /// vision tower's), or `None` where the tensor is of another type.
     pub fn panel_matrix(&mut self, name: &str) -> Result<Option<PanelMatrix>, EngineError> {
         let info = self.info(name)?;
-        if info.ggml_type != GGML_F16 {
+        if info.ggml_type != formats::F16.ggml_type {
             return Ok(None);
         }
         let [rows, cols] = info.dims[..] else {

@@ -175,6 +175,8 @@ impl PanelMatrix {
         let task_width = mine.len() * width;
         // The block's accumulators: `[panel][row][output within the panel]`.
         let mut acc = vec![0f32; mine.len() * BLOCK_ROWS * width];
+        // One activation row's outputs of the task, gathered from its panels.
+        let mut line = vec![0f32; task_width];
         for block in (0..n).step_by(BLOCK_ROWS) {
             let rows = BLOCK_ROWS.min(n - block);
             acc.fill(0.0);
@@ -202,7 +204,6 @@ impl PanelMatrix {
                     }
                 }
             }
-            let mut line = vec![0f32; task_width];
             for r in 0..rows {
                 for (i, piece) in line.chunks_exact_mut(width).enumerate() {
                     piece.copy_from_slice(&acc[(i * BLOCK_ROWS + r) * width..][..width]);

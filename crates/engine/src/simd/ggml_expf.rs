@@ -36,20 +36,48 @@ pub mod consts {
 /// (`_mm512_scalef_ps`). Not libm's `expf`: the last bit differs for some inputs.
 pub fn expf(x: f32) -> f32 {
     use consts::*;
+    let Reduced { n, b, u, upper, .. } = reduce(x);
+    if n.abs() > LIMIT {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    let j = upper.mul_add(u, f32::from_bits(C[4]).mul_add(b, 1.0));
+    scale_by_power_of_two(j, n)
+}
+
+/// What both of ggml's versions compute first: `x = n ln 2 + b` with `n` an integer, and
+/// the polynomial in `b` up to its last term.
+struct Reduced {
+    /// `x / ln 2` plus [`consts::ROUND`]: its low bits hold `n`.
+    z: f32,
+    /// `n`, integral (NaN for a NaN `x`).
+    n: f32,
+    /// `x - n ln 2`, in two parts.
+    b: f32,
+    /// `b * b`.
+    u: f32,
+    /// `(C0 b + C1) u + (C2 b + C3)`: the polynomial is `upper * u + last`, `last` each
+    /// version's own.
+    upper: f32,
+}
+
+/// [`Reduced`] of `x`, with ggml's operations in its order.
+fn reduce(x: f32) -> Reduced {
+    use consts::*;
     let c = |bits: u32| f32::from_bits(bits);
     let r = c(ROUND);
     let z = x.mul_add(c(LOG2E), r);
     let n = z - r;
     let b = (-n).mul_add(c(LN2_LO), (-n).mul_add(c(LN2_HI), x));
-    if n.abs() > LIMIT {
-        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
-    }
     let u = b * b;
     let high = c(C[0]).mul_add(b, c(C[1]));
     let middle = c(C[2]).mul_add(b, c(C[3]));
-    let low = c(C[4]).mul_add(b, 1.0);
-    let j = high.mul_add(u, middle).mul_add(u, low);
-    scale_by_power_of_two(j, n)
+    Reduced {
+        z,
+        n,
+        b,
+        u,
+        upper: high.mul_add(u, middle),
+    }
 }
 
 /// ggml's AVX2 `ggml_v_expf` for one value, which the vision towers' attention takes (the
@@ -60,17 +88,10 @@ pub fn expf(x: f32) -> f32 {
 /// whose `scalef` AVX2 has to emulate in f64.
 pub fn expf_avx2(x: f32) -> f32 {
     use consts::*;
-    let c = |bits: u32| f32::from_bits(bits);
-    let r = c(ROUND);
-    let z = x.mul_add(c(LOG2E), r);
-    let n = z - r;
-    let b = (-n).mul_add(c(LN2_LO), (-n).mul_add(c(LN2_HI), x));
+    let Reduced { z, n, b, u, upper } = reduce(x);
     let e = z.to_bits() << 23;
     let k = f32::from_bits(e.wrapping_add(1f32.to_bits()));
-    let u = b * b;
-    let high = c(C[0]).mul_add(b, c(C[1]));
-    let middle = c(C[2]).mul_add(b, c(C[3]));
-    let j = high.mul_add(u, middle).mul_add(u, c(C[4]) * b);
+    let j = upper.mul_add(u, f32::from_bits(C[4]) * b);
     // A NaN takes the first branch, as the vectors' comparisons are false for it.
     if n.is_nan() || n.abs() <= AVX2_SCALED {
         return j.mul_add(k, k);

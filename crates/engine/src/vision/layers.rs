@@ -39,10 +39,7 @@ impl Linear {
 
     /// Width of its inputs.
     pub(super) fn inputs(&self) -> usize {
-        match &self.weight {
-            Weight::Panels(m) => m.cols(),
-            Weight::Rows(m) => m.cols(),
-        }
+        self.weight.cols()
     }
 
     /// `x W^T + b` for every row of `x` (a batch: ggml's batched products).
@@ -64,6 +61,14 @@ impl Weight {
         match self {
             Self::Panels(m) => m.rows(),
             Self::Rows(m) => m.rows(),
+        }
+    }
+
+    /// Input features.
+    fn cols(&self) -> usize {
+        match self {
+            Self::Panels(m) => m.cols(),
+            Self::Rows(m) => m.cols(),
         }
     }
 }

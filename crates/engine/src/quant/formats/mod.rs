@@ -116,10 +116,13 @@ const fn candle(
     }
 }
 
+/// F16: the vision towers lay its matrices out on their own (`quant/panels.rs`).
+pub const F16: FormatInfo = candle("F16", 1, (1, 2), GgmlDType::F16);
+
 /// Every format ferrite reads, in ggml's order of ids.
 pub static FORMATS: &[FormatInfo] = &[
     candle("F32", 0, (1, 4), GgmlDType::F32),
-    candle("F16", 1, (1, 2), GgmlDType::F16),
+    F16,
     q4_0::INFO,
     q4_1::INFO,
     q5_0::INFO,
