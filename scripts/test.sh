@@ -104,6 +104,8 @@ fi
 FERRITE_CPU=portable cargo test --release --workspace --test greedy_fixtures -- --skip long_prompts
 # llama.cpp's own products of each format's matrices, on the portable kernels too.
 FERRITE_CPU=portable cargo test --release --workspace --test format_fixtures
+# Attention over quantized KV caches (--cache-type-k/-v), llama.cpp's bits on the portable path.
+FERRITE_CPU=portable cargo test --release --workspace --test kv_attention
 fixture_tiers+=", FERRITE_CPU=portable (short prompts)"
 
 step "cargo-fuzz targets: built, and run briefly from their seeds"

@@ -1,6 +1,8 @@
 //! The key/value cache, owned by the engine: one [`SequenceCache`] per sequence, never
-//! inside a model. Keys and values are stored as f16, as llama.cpp stores them by default:
-//! half the memory, and the same rounding as the reference implementation.
+//! inside a model. Keys and values are stored as f16 by default, as llama.cpp stores them:
+//! half the memory, and the same rounding as the reference implementation; or, as
+//! llama.cpp's `--cache-type-k` / `--cache-type-v` allow, in its Q8_0 or Q4_0 blocks
+//! ([`KvType`]), each a type of its own for keys and values ([`KvTypes`]).
 //!
 //! A sequence's cache is paged: fixed-size [`BLOCK_POSITIONS`]-position blocks, each holding
 //! every layer's keys and values for its positions, reference-counted and shared read-only
@@ -13,6 +15,8 @@ use std::sync::Arc;
 
 use half::f16;
 
+pub use crate::quant::kv::KvType;
+
 /// Positions per block. A block's run of one layer's keys (or values) is what attention
 /// reads in one stretch before it jumps to the next block: with 16 positions a decode step
 /// at a 4,096-token context spent a quarter of its attention time waiting for each run's
@@ -21,25 +25,88 @@ use half::f16;
 /// positions more than it uses, and the first write into a shared block copies it.
 pub const BLOCK_POSITIONS: usize = 64;
 
+/// The types a cache stores its keys and its values in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct KvTypes {
+    /// The keys' type.
+    pub keys: KvType,
+    /// The values' type.
+    pub values: KvType,
+}
+
+impl KvTypes {
+    /// Both f16, the default.
+    pub const F16: Self = Self {
+        keys: KvType::F16,
+        values: KvType::F16,
+    };
+
+    /// Whether both are f16.
+    pub fn is_f16(self) -> bool {
+        self == Self::F16
+    }
+
+    /// Bytes one position takes in a model of `n_layers` layers with `kv_width` key (and
+    /// value) floats per layer.
+    pub fn position_bytes(self, n_layers: usize, kv_width: usize) -> usize {
+        n_layers * (self.keys.row_bytes(kv_width) + self.values.row_bytes(kv_width))
+    }
+}
+
 /// Every layer's keys and values for [`BLOCK_POSITIONS`] positions, laid out
-/// `[layer][keys, values][position][kv head][dim]`.
+/// `[layer][keys, values][position][row]`, each row a position's every KV head in its
+/// type. Held as f16 units, so that an f16 row is aligned; every part's size is even.
 #[derive(Debug, Clone)]
 struct Block {
     data: Box<[f16]>,
 }
 
-/// Where `layer`'s keys (`values` false) or values start within a block, for `kv_width`
-/// floats per position.
-fn layer_offset(layer: usize, values: bool, kv_width: usize) -> usize {
-    (layer * 2 + values as usize) * BLOCK_POSITIONS * kv_width
+impl Block {
+    fn bytes(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.data)
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        bytemuck::cast_slice_mut(&mut self.data)
+    }
+}
+
+/// The shape of a cache's rows: what a block holds and where.
+#[derive(Debug, Clone, Copy)]
+struct Geometry {
+    n_layers: usize,
+    kv_width: usize,
+    types: KvTypes,
+}
+
+impl Geometry {
+    /// Bytes of one position's keys (`values` false) or values in one layer.
+    fn row_bytes(self, values: bool) -> usize {
+        let t = if values {
+            self.types.values
+        } else {
+            self.types.keys
+        };
+        t.row_bytes(self.kv_width)
+    }
+
+    /// Where `layer`'s keys (`values` false) or values start within a block, in bytes.
+    fn layer_offset(self, layer: usize, values: bool) -> usize {
+        let (k, v) = (self.row_bytes(false), self.row_bytes(true));
+        BLOCK_POSITIONS * (layer * (k + v) + if values { k } else { 0 })
+    }
+
+    /// Bytes of a block.
+    fn block_bytes(self) -> usize {
+        BLOCK_POSITIONS * self.types.position_bytes(self.n_layers, self.kv_width)
+    }
 }
 
 /// The cache of one sequence: every layer's keys and values for positions `0..len()`.
 #[derive(Debug, Clone)]
 pub struct SequenceCache {
     blocks: Vec<Arc<Block>>,
-    n_layers: usize,
-    kv_width: usize,
+    geometry: Geometry,
     len: usize,
 }
 
@@ -48,21 +115,41 @@ pub struct SequenceCache {
 pub struct LayerView<'a> {
     blocks: &'a [Arc<Block>],
     layer: usize,
-    kv_width: usize,
+    geometry: Geometry,
     positions: usize,
 }
 
 impl SequenceCache {
-    /// An empty cache for a model with `n_layers` layers and `kv_width` (= kv heads × head
-    /// size) floats per position per layer, expecting up to `capacity` positions (blocks
-    /// are allocated as positions are written, not in advance).
+    /// An empty f16 cache for a model with `n_layers` layers and `kv_width` (= kv heads ×
+    /// head size) floats per position per layer, expecting up to `capacity` positions
+    /// (blocks are allocated as positions are written, not in advance).
     pub fn new(n_layers: usize, kv_width: usize, capacity: usize) -> Self {
+        Self::with_types(n_layers, kv_width, capacity, KvTypes::F16)
+    }
+
+    /// [`Self::new`] storing keys and values in `types` (a quantized type needs
+    /// `kv_width` to be a multiple of 32; heads must be too, which the model checks).
+    pub fn with_types(n_layers: usize, kv_width: usize, capacity: usize, types: KvTypes) -> Self {
+        assert!(types.keys.fits(kv_width) && types.values.fits(kv_width));
         Self {
             blocks: Vec::with_capacity(capacity.div_ceil(BLOCK_POSITIONS)),
-            n_layers,
-            kv_width,
+            geometry: Geometry {
+                n_layers,
+                kv_width,
+                types,
+            },
             len: 0,
         }
+    }
+
+    /// The types keys and values are stored in.
+    pub fn types(&self) -> KvTypes {
+        self.geometry.types
+    }
+
+    /// Bytes of one block ([`BLOCK_POSITIONS`] positions of every layer).
+    pub fn block_bytes(&self) -> usize {
+        self.geometry.block_bytes()
     }
 
     /// Number of positions whose keys and values are stored.
@@ -77,37 +164,39 @@ impl SequenceCache {
 
     /// Floats per position per layer.
     pub fn kv_width(&self) -> usize {
-        self.kv_width
+        self.geometry.kv_width
     }
 
-    /// Stores `layer`'s keys and values (rounded to f16) for the positions after the
-    /// committed ones: `keys` and `values` hold `n × kv_width` floats. Every layer writes
-    /// the same `n` positions, then [`Self::commit`] marks them stored.
+    /// Stores `layer`'s keys and values (rounded to f16, or quantized, as the cache's
+    /// types say) for the positions after the committed ones: `keys` and `values` hold
+    /// `n × kv_width` floats. Every layer writes the same `n` positions, then
+    /// [`Self::commit`] marks them stored.
     pub fn write(&mut self, layer: usize, keys: &[f32], values: &[f32]) {
-        assert!(layer < self.n_layers && keys.len() == values.len());
-        let n = keys.len() / self.kv_width;
-        let block_len = 2 * self.n_layers * BLOCK_POSITIONS * self.kv_width;
+        let g = self.geometry;
+        assert!(layer < g.n_layers && keys.len() == values.len());
+        let width = g.kv_width;
+        let n = keys.len() / width;
+        let units = g.block_bytes() / 2;
         while self.blocks.len() * BLOCK_POSITIONS < self.len + n {
             self.blocks.push(Arc::new(Block {
-                data: vec![f16::ZERO; block_len].into_boxed_slice(),
+                data: vec![f16::ZERO; units].into_boxed_slice(),
             }));
         }
-        let width = self.kv_width;
-        let (key_at, value_at) = (
-            layer_offset(layer, false, width),
-            layer_offset(layer, true, width),
-        );
+        let parts = [
+            (g.types.keys, g.layer_offset(layer, false), keys),
+            (g.types.values, g.layer_offset(layer, true), values),
+        ];
         for i in 0..n {
             let pos = self.len + i;
             // A block shared with another sequence is copied before it is written.
             let block = Arc::make_mut(&mut self.blocks[pos / BLOCK_POSITIONS]);
-            let slot = (pos % BLOCK_POSITIONS) * width;
-            let rows = [(key_at, keys), (value_at, values)];
-            for (at, src) in rows {
-                let dst = &mut block.data[at + slot..at + slot + width];
-                for (d, s) in dst.iter_mut().zip(&src[i * width..(i + 1) * width]) {
-                    *d = f16::from_f32(*s);
-                }
+            for (t, at, src) in parts {
+                let row = t.row_bytes(width);
+                let at = at + (pos % BLOCK_POSITIONS) * row;
+                t.write_row(
+                    &src[i * width..(i + 1) * width],
+                    &mut block.bytes_mut()[at..at + row],
+                );
             }
         }
     }
@@ -121,11 +210,11 @@ impl SequenceCache {
     /// `layer`'s keys and values for positions `0..positions` (committed ones and those
     /// written since).
     pub fn layer(&self, layer: usize, positions: usize) -> LayerView<'_> {
-        assert!(layer < self.n_layers && positions <= self.blocks.len() * BLOCK_POSITIONS);
+        assert!(layer < self.geometry.n_layers && positions <= self.blocks.len() * BLOCK_POSITIONS);
         LayerView {
             blocks: &self.blocks,
             layer,
-            kv_width: self.kv_width,
+            geometry: self.geometry,
             positions,
         }
     }
@@ -147,8 +236,7 @@ impl SequenceCache {
         blocks.extend(self.blocks[..len.div_ceil(BLOCK_POSITIONS)].iter().cloned());
         Self {
             blocks,
-            n_layers: self.n_layers,
-            kv_width: self.kv_width,
+            geometry: self.geometry,
             len,
         }
     }
@@ -181,31 +269,49 @@ impl<'a> LayerView<'a> {
 
     /// Floats per position.
     pub fn kv_width(&self) -> usize {
-        self.kv_width
+        self.geometry.kv_width
     }
 
-    /// The keys of position `pos` (every KV head).
+    /// The types keys and values are stored in.
+    pub fn types(&self) -> KvTypes {
+        self.geometry.types
+    }
+
+    /// The keys of position `pos` (every KV head) of an f16 cache.
     pub fn keys(&self, pos: usize) -> &'a [f16] {
-        self.run(pos..pos + 1, false)
+        self.key_run(pos..pos + 1)
     }
 
-    /// The values of position `pos` (every KV head).
+    /// The values of position `pos` (every KV head) of an f16 cache.
     pub fn values(&self, pos: usize) -> &'a [f16] {
-        self.run(pos..pos + 1, true)
+        self.value_run(pos..pos + 1)
     }
 
-    /// The keys of positions `range`, which must lie within one block, contiguous:
+    /// The f16 keys of positions `range`, which must lie within one block, contiguous:
     /// `range.len() × kv_width` values.
     pub fn key_run(&self, range: std::ops::Range<usize>) -> &'a [f16] {
-        self.run(range, false)
+        assert_eq!(self.geometry.types.keys, KvType::F16);
+        bytemuck::cast_slice(self.bytes(range, false))
     }
 
-    /// The values of positions `range` within one block, as [`Self::key_run`].
+    /// The f16 values of positions `range` within one block, as [`Self::key_run`].
     pub fn value_run(&self, range: std::ops::Range<usize>) -> &'a [f16] {
-        self.run(range, true)
+        assert_eq!(self.geometry.types.values, KvType::F16);
+        bytemuck::cast_slice(self.bytes(range, true))
     }
 
-    fn run(&self, range: std::ops::Range<usize>, values: bool) -> &'a [f16] {
+    /// The stored key rows of positions `range` within one block, in the keys' type:
+    /// `range.len()` rows of `types().keys.row_bytes(kv_width)` bytes.
+    pub fn key_bytes(&self, range: std::ops::Range<usize>) -> &'a [u8] {
+        self.bytes(range, false)
+    }
+
+    /// The stored value rows of positions `range` within one block, as [`Self::key_bytes`].
+    pub fn value_bytes(&self, range: std::ops::Range<usize>) -> &'a [u8] {
+        self.bytes(range, true)
+    }
+
+    fn bytes(&self, range: std::ops::Range<usize>, values: bool) -> &'a [u8] {
         assert!(range.start < range.end && range.end <= self.positions);
         let block = range.start / BLOCK_POSITIONS;
         assert_eq!(
@@ -213,10 +319,11 @@ impl<'a> LayerView<'a> {
             (range.end - 1) / BLOCK_POSITIONS,
             "a run within one block"
         );
-        let at = layer_offset(self.layer, values, self.kv_width)
-            + (range.start % BLOCK_POSITIONS) * self.kv_width;
-        let data: &'a [f16] = &self.blocks[block].data;
-        &data[at..at + range.len() * self.kv_width]
+        let row = self.geometry.row_bytes(values);
+        let at =
+            self.geometry.layer_offset(self.layer, values) + (range.start % BLOCK_POSITIONS) * row;
+        let data: &'a [u8] = self.blocks[block].bytes();
+        &data[at..at + range.len() * row]
     }
 
     /// Positions `range` split at block boundaries: each piece lies within one block.

@@ -267,7 +267,6 @@ fn serve(args: ServeArgs) -> Result<()> {
         body_read_timeout: Duration::from_secs_f64(args.request_read_timeout),
         max_prompt_tokens: args.max_prompt_tokens,
         max_generated_tokens: args.max_request_tokens,
-        kv_budget: args.kv_budget,
         max_logprob_entries: args.max_logprob_entries,
         max_echo_bytes: args.max_echo_bytes,
         chat_max_tokens: args.chat_max_tokens,
@@ -474,7 +473,7 @@ fn load_engine(
             "the file is malformed (the loader failed; see the message above)".into(),
         ))
     });
-    let (tokenizer, model) = match result {
+    let (tokenizer, mut model) = match result {
         Ok(x) => x,
         Err(e) => {
             tracing::error!(error = %e, path = %path.display(), "cannot load the model");
@@ -514,10 +513,28 @@ fn load_engine(
         .unwrap_or(info.context_length)
         .min(info.context_length)
         .max(2);
+    let kv_types = args.kv_types();
+    if let Err(e) = model.set_kv_types(kv_types) {
+        tracing::error!(error = %e, "cannot use the KV cache types asked for");
+        fatal(
+            args.log_format,
+            &format!("--cache-type-k/--cache-type-v: {e}"),
+        );
+    }
+    let position_bytes = kv_types.position_bytes(info.n_layers, info.kv_width);
+    let kv_budget = args.kv_budget.positions(position_bytes);
+    tracing::info!(
+        keys = %kv_types.keys,
+        values = %kv_types.values,
+        bytes_per_position = position_bytes,
+        budget_positions = kv_budget,
+        budget_mib = (kv_budget as f64 * position_bytes as f64 / (1 << 20) as f64).round(),
+        "KV cache"
+    );
     let mut scheduler = SchedulerConfig {
         max_running: args.max_running.max(1),
         max_step_tokens: args.max_step_tokens,
-        kv_budget: args.kv_budget,
+        kv_budget,
     };
     // A step holds every running sequence's decode token, the headroom kept for
     // newcomers included.

@@ -153,7 +153,8 @@ impl Metrics {
             self.in_flight.load(Ordering::Relaxed) as f64,
         );
         if let Some(s) = engine {
-            let engine_metrics: [(&str, &str, &str, f64); 14] = [
+            let bytes = |positions: usize| (positions as f64) * s.kv_position_bytes as f64;
+            let engine_metrics: [(&str, &str, &str, f64); 16] = [
                 ("ferrite_requests_running", "gauge", "Sequences (one per choice) being generated.", s.running as f64),
                 ("ferrite_requests_waiting", "gauge", "Requests waiting for admission (one per request, whatever its prompts).", s.queued as f64),
                 ("ferrite_kv_cache_usage_ratio", "gauge", "Share of the KV cache budget the running sequences reserve.", ratio(s.kv_reserved, s.kv_budget)),
@@ -167,6 +168,8 @@ impl Metrics {
                 ("ferrite_draft_tokens_accepted_total", "counter", "Draft tokens (predicted, forced by a grammar, or found by prompt lookup) accepted: generated without a forward step of their own.", s.draft_tokens_accepted as f64),
                 ("ferrite_draft_tokens_fed_total", "counter", "Draft tokens fed to forward steps for verification, accepted or not.", s.draft_tokens_fed as f64),
                 ("ferrite_kv_cache_budget_positions", "gauge", "KV cache positions the running sequences may reserve together.", s.kv_budget as f64),
+                ("ferrite_kv_cache_budget_bytes", "gauge", "Bytes of KV cache the running sequences may reserve together (positions times the bytes a position takes in the cache's types).", bytes(s.kv_budget)),
+                ("ferrite_kv_cache_reserved_bytes", "gauge", "Bytes of KV cache the running sequences reserve.", bytes(s.kv_reserved)),
                 ("ferrite_images_encoded_total", "counter", "Image views run through the vision model: one for an image, or each tile and the global view of an image a projector tiles (a view seen again comes from the embedding cache and is not counted).", s.images_encoded as f64),
             ];
             for (name, kind, help, value) in engine_metrics {

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
+use ferrite_engine::kv_cache::{KvType, KvTypes};
 use ferrite_engine::lookup::PromptLookup;
 use ferrite_server::validate::FieldLimits;
 
@@ -62,9 +63,19 @@ pub struct ServeArgs {
     /// Most tokens in one forward step (prefill chunk size plus decodes).
     #[arg(long, default_value_t = 512, env = "FERRITE_MAX_STEP_TOKENS")]
     pub max_step_tokens: usize,
-    /// KV cache positions that running sequences may reserve together.
-    #[arg(long, default_value_t = 131_072, env = "FERRITE_KV_BUDGET")]
-    pub kv_budget: usize,
+    /// KV cache that running sequences may reserve together: positions (`131072`), or
+    /// bytes with a unit (`4GiB`, `512MiB`, `2G`), which become as many positions as fit
+    /// with the model's layers and the cache types below.
+    #[arg(long, default_value = "131072", env = "FERRITE_KV_BUDGET", value_parser = KvBudget::parse)]
+    pub kv_budget: KvBudget,
+    /// Type the KV cache stores keys in: `f16` (the default), `q8_0` (about half the
+    /// memory) or `q4_0` (about a quarter), with llama.cpp's arithmetic for each (its
+    /// `-ctk`). Heads must be a multiple of 32 values for a quantized type.
+    #[arg(long = "cache-type-k", visible_alias = "kv-type-k", default_value = "f16", env = "FERRITE_CACHE_TYPE_K", value_parser = kv_type)]
+    pub cache_type_k: KvType,
+    /// Type the KV cache stores values in, as `--cache-type-k` (llama.cpp's `-ctv`).
+    #[arg(long = "cache-type-v", visible_alias = "kv-type-v", default_value = "f16", env = "FERRITE_CACHE_TYPE_V", value_parser = kv_type)]
+    pub cache_type_v: KvType,
     /// KV cache positions kept from finished sequences for prompts that start the same
     /// way (0 turns the prefix cache off).
     #[arg(long, default_value_t = 8192, env = "FERRITE_PREFIX_CACHE_POSITIONS")]
@@ -228,6 +239,14 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
+    /// The types the KV cache stores keys and values in.
+    pub fn kv_types(&self) -> KvTypes {
+        KvTypes {
+            keys: self.cache_type_k,
+            values: self.cache_type_v,
+        }
+    }
+
     /// The sizes a request's fields may have.
     pub fn field_limits(&self) -> FieldLimits {
         FieldLimits {
@@ -298,4 +317,104 @@ pub fn positive_seconds(s: &str) -> Result<f64, String> {
             Err("the timeout must be more than 0 seconds".into())
         }
     })
+}
+
+/// A KV cache type by llama.cpp's name.
+fn kv_type(value: &str) -> Result<KvType, String> {
+    KvType::parse(value.trim()).ok_or_else(|| {
+        let names: Vec<&str> = KvType::ALL.iter().map(|t| t.name()).collect();
+        format!("{value:?}: expected one of {}", names.join(", "))
+    })
+}
+
+/// How much KV cache the running sequences may reserve together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvBudget {
+    /// This many positions.
+    Positions(usize),
+    /// As many positions as fit in this many bytes.
+    Bytes(u64),
+}
+
+impl KvBudget {
+    /// A count of positions (`131072`), or bytes with a unit: `B`, `K`/`KB`/`KiB`,
+    /// `M`/`MB`/`MiB`, `G`/`GB`/`GiB`, `T`/`TB`/`TiB` (the letters alone and `iB` powers
+    /// of 1024, `B` after a letter powers of 1000), any case, a space allowed before it.
+    pub fn parse(value: &str) -> Result<Self, String> {
+        let value = value.trim();
+        let digits = value
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(value.len());
+        let (number, unit) = value.split_at(digits);
+        let number: u64 = number.parse().map_err(|_| {
+            format!("{value:?}: expected positions (131072) or bytes with a unit (4GiB)")
+        })?;
+        let unit = unit.trim().to_ascii_lowercase();
+        if unit.is_empty() {
+            return usize::try_from(number)
+                .map(KvBudget::Positions)
+                .map_err(|_| format!("{value:?}: too many positions"));
+        }
+        let power = |p: u32, base: u64| base.pow(p);
+        let factor = match unit.as_str() {
+            "b" => 1,
+            "k" | "kib" => power(1, 1024),
+            "m" | "mib" => power(2, 1024),
+            "g" | "gib" => power(3, 1024),
+            "t" | "tib" => power(4, 1024),
+            "kb" => power(1, 1000),
+            "mb" => power(2, 1000),
+            "gb" => power(3, 1000),
+            "tb" => power(4, 1000),
+            _ => {
+                return Err(format!(
+                    "{value:?}: unknown unit {unit:?} (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
+                ))
+            }
+        };
+        number
+            .checked_mul(factor)
+            .map(KvBudget::Bytes)
+            .ok_or_else(|| format!("{value:?}: too large"))
+    }
+
+    /// The positions this budget gives when one position takes `position_bytes` bytes.
+    pub fn positions(self, position_bytes: usize) -> usize {
+        match self {
+            KvBudget::Positions(n) => n,
+            KvBudget::Bytes(b) => {
+                usize::try_from(b / position_bytes.max(1) as u64).unwrap_or(usize::MAX)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budgets_are_positions_or_bytes_with_a_unit() {
+        assert_eq!(KvBudget::parse("131072"), Ok(KvBudget::Positions(131_072)));
+        assert_eq!(KvBudget::parse("4GiB"), Ok(KvBudget::Bytes(4 << 30)));
+        assert_eq!(KvBudget::parse("512 mib"), Ok(KvBudget::Bytes(512 << 20)));
+        assert_eq!(KvBudget::parse("2G"), Ok(KvBudget::Bytes(2 << 30)));
+        assert_eq!(KvBudget::parse("3GB"), Ok(KvBudget::Bytes(3_000_000_000)));
+        for bad in [
+            "",
+            "GiB",
+            "-5",
+            "4 parsecs",
+            "99999999999999999999",
+            "5e3",
+            "1.5GiB",
+        ] {
+            assert!(KvBudget::parse(bad).is_err(), "{bad:?}");
+        }
+        // SmolLM2: 30 layers of 192 keys and values, f16: 23,040 bytes a position.
+        assert_eq!(KvBudget::Bytes(23_040 * 1000 + 5).positions(23_040), 1000);
+        assert_eq!(KvBudget::Positions(77).positions(23_040), 77);
+        assert_eq!(kv_type("Q8_0"), Ok(KvType::Q8_0));
+        assert!(kv_type("q5_1").unwrap_err().contains("f16, q8_0, q4_0"));
+    }
 }

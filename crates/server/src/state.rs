@@ -29,9 +29,6 @@ pub struct RequestLimits {
     /// Most tokens one request may ask to generate: `max_tokens` times `best_of`, over
     /// all its prompts (400 past it).
     pub max_generated_tokens: usize,
-    /// KV cache positions one prompt's choices may need together: `best_of` (or `n`) times
-    /// prompt plus `max_tokens` (the engine's `--kv-budget`; 400 past it).
-    pub kv_budget: usize,
     /// Most log-probabilities one answer may carry: over every choice, (echoed prompt
     /// tokens plus `max_tokens`) times (1 plus the alternatives asked for) (400 past it).
     pub max_logprob_entries: usize,
@@ -59,7 +56,6 @@ impl Default for RequestLimits {
             body_read_timeout: Duration::from_secs(30),
             max_prompt_tokens: 1 << 18,
             max_generated_tokens: 1 << 18,
-            kv_budget: 131_072,
             max_logprob_entries: 1 << 18,
             max_echo_bytes: 16 << 20,
             chat_max_tokens: 4096,

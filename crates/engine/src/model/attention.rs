@@ -164,6 +164,9 @@ const TILED_TASK_ROWS: usize = 64;
 /// values already written to its cache). Returns every row's `n_head × head_dim` output,
 /// in input order. Query rows are independent and all run in one parallel pass.
 pub fn attend_many(shape: &AttentionShape, inputs: &[AttentionInput<'_>]) -> Vec<f32> {
+    if inputs.iter().any(|input| !input.kv.types().is_f16()) {
+        return attend_quantized(shape, inputs);
+    }
     #[cfg(target_arch = "x86_64")]
     if shape.head_dim.is_multiple_of(64) && crate::simd::avx2() {
         let kernels = Kernels {
@@ -174,6 +177,26 @@ pub fn attend_many(shape: &AttentionShape, inputs: &[AttentionInput<'_>]) -> Vec
         return unsafe { attend_with(shape, inputs, kernels) };
     }
     attend_portable_many(shape, inputs)
+}
+
+/// Attention over quantized caches: llama.cpp takes its row kernel for every row of
+/// them (`attention_quant.rs`), whatever kernel the row's batch would choose for f16.
+fn attend_quantized(shape: &AttentionShape, inputs: &[AttentionInput<'_>]) -> Vec<f32> {
+    let rows: Vec<Vec<AttentionKernel>> = inputs
+        .iter()
+        .map(|input| vec![AttentionKernel::Row; input.n])
+        .collect();
+    let inputs: Vec<AttentionInput<'_>> = inputs
+        .iter()
+        .zip(&rows)
+        .map(|(input, kernels)| AttentionInput { kernels, ..*input })
+        .collect();
+    let kernels = Kernels {
+        row: super::attention_quant::attend_rows,
+        tiled: attention_tiled::attend_tiled_portable,
+    };
+    // SAFETY: the quantized row kernel has no requirements, and no row is tiled.
+    unsafe { attend_with(shape, &inputs, kernels) }
 }
 
 /// [`attend_many`] for one sequence.
@@ -436,7 +459,7 @@ fn attend_row(q: &[f32], kv: &KvRows<'_>, scale: ScoreScale, acc: &mut [f32]) ->
 /// f16 dot product accumulated in f32 the way ggml's AVX-512 `ggml_vec_dot_f16` does:
 /// four accumulators of sixteen lanes over steps of 64, reduced pairwise, then a tree
 /// over the lanes. Any tail past a multiple of 64 is added in order.
-fn dot_f16(a: &[f16], b: &[f16]) -> f32 {
+pub(super) fn dot_f16(a: &[f16], b: &[f16]) -> f32 {
     let mut acc = [[0f32; 16]; 4];
     let body = a.len() / 64 * 64;
     for step in (0..body).step_by(64) {

@@ -10,6 +10,7 @@ use super::{
 };
 use crate::error::EngineError;
 use crate::gguf::GgufFile;
+use crate::kv_cache::KvTypes;
 use crate::quant::{Embedding, QMatrix, RowKernel};
 
 /// The hyper-parameters every architecture has, read from `<arch>.*` metadata keys.
@@ -244,6 +245,8 @@ pub(super) struct Decoder {
     pub final_softcap: Option<f32>,
     /// Rotary embeddings chosen by the context length served, if they are (Phi-3).
     pub context_ropes: Option<ContextRopes>,
+    /// The types new caches store keys and values in.
+    pub kv_types: KvTypes,
 }
 
 impl Decoder {
@@ -287,6 +290,7 @@ impl Decoder {
             batching: PromptBatching::default(),
             final_softcap: None,
             context_ropes: None,
+            kv_types: KvTypes::F16,
         })
     }
 }
@@ -435,7 +439,7 @@ impl Model for Decoder {
             let mut h = x.clone();
             ops::rms_norm(&mut h, &block.attn_norm, self.eps);
             let [q, k, v] = attention.project(&h, all, &layout.rope_positions, self.eps)?;
-            let attn = attend_batch(&attention.shape, li, &layout, &q, &k, &v, batch);
+            let attn = attend_batch(&attention.shape, li, &layout, [q, k, v], batch);
             let mut o = ops::matmul(&attention.output, &attn, all)?;
             if let Some(norm) = &block.post_attn_norm {
                 ops::rms_norm(&mut o, norm, self.eps);
@@ -491,5 +495,24 @@ impl Model for Decoder {
 
     fn prompt_batching(&self) -> PromptBatching {
         self.batching
+    }
+
+    fn set_kv_types(&mut self, types: KvTypes) -> Result<(), EngineError> {
+        for block in &self.blocks {
+            let head_dim = block.attention.shape.head_dim;
+            for (what, t) in [("keys", types.keys), ("values", types.values)] {
+                if !t.fits(head_dim) {
+                    return Err(EngineError::Unsupported(format!(
+                        "a {t} KV cache for {what}: this model's heads have {head_dim} values, and {t} stores blocks of 32 (use f16)"
+                    )));
+                }
+            }
+        }
+        self.kv_types = types;
+        Ok(())
+    }
+
+    fn kv_types(&self) -> KvTypes {
+        self.kv_types
     }
 }

@@ -6,12 +6,14 @@
 
 pub mod attention;
 mod attention_parts;
+mod attention_quant;
 mod attention_simd;
 mod attention_tiled;
 mod attention_tiled_simd;
 mod decoder;
 mod gemma2;
 mod gemma3;
+pub mod hadamard;
 mod llama;
 pub mod ops;
 mod phi3;
@@ -31,7 +33,7 @@ use std::path::Path;
 
 use crate::error::EngineError;
 use crate::gguf::GgufFile;
-use crate::kv_cache::SequenceCache;
+use crate::kv_cache::{KvTypes, SequenceCache};
 use crate::quant::{Embedding, RowKernel};
 use crate::tokenizer::{is_image_token, TokenId};
 
@@ -197,10 +199,18 @@ pub trait Model: Send + Sync {
             .count()
     }
 
+    /// Stores keys and values in `types` in the caches made from now on (llama.cpp's
+    /// `--cache-type-k` / `--cache-type-v`); an error when a quantized type cannot hold
+    /// this model's heads (their size must be a multiple of 32, as llama.cpp requires).
+    fn set_kv_types(&mut self, types: KvTypes) -> Result<(), EngineError>;
+
+    /// The types new caches store keys and values in.
+    fn kv_types(&self) -> KvTypes;
+
     /// An empty cache sized for this model with room for `capacity` positions.
     fn new_cache(&self, capacity: usize) -> SequenceCache {
         let info = self.info();
-        SequenceCache::new(info.n_layers, info.kv_width, capacity)
+        SequenceCache::with_types(info.n_layers, info.kv_width, capacity, self.kv_types())
     }
 }
 
@@ -398,8 +408,35 @@ impl StepLayout {
 }
 
 /// Writes each entry's new keys and values to its cache at `layer`, then attends for all
-/// entries in one parallel pass. `q`, `k`, `v` hold the step's rows in batch order.
+/// entries in one parallel pass. `q`, `k`, `v` hold the step's rows in batch order. With a
+/// quantized cache they are rotated first, and the output rotated back, as llama.cpp does
+/// ([`hadamard`]).
 fn attend_batch(
+    shape: &attention::AttentionShape,
+    layer: usize,
+    layout: &StepLayout,
+    [mut q, mut k, mut v]: [Vec<f32>; 3],
+    batch: &mut [BatchEntry<'_>],
+) -> Vec<f32> {
+    let types = batch.first().map_or(KvTypes::F16, |e| e.cache.types());
+    debug_assert!(batch.iter().all(|e| e.cache.types() == types));
+    let rotation = hadamard::Rotation::for_cache(types, shape.head_dim);
+    if let Some(n) = rotation.keys {
+        hadamard::rotate(&mut q, n);
+        hadamard::rotate(&mut k, n);
+    }
+    if let Some(n) = rotation.values {
+        hadamard::rotate(&mut v, n);
+    }
+    let mut out = attend_written(shape, layer, layout, &q, &k, &v, batch);
+    if let Some(n) = rotation.values {
+        hadamard::rotate(&mut out, n);
+    }
+    out
+}
+
+/// [`attend_batch`] once the rows are as the cache takes them.
+fn attend_written(
     shape: &attention::AttentionShape,
     layer: usize,
     layout: &StepLayout,

@@ -12,6 +12,7 @@ pub use super::stats::StatsSnapshot;
 use super::EngineConfig;
 use crate::constrain::{Constraint, ConstraintFactory, Grammar};
 use crate::error::EngineError;
+use crate::kv_cache::KvTypes;
 use crate::model::ModelInfo;
 use crate::sequence::{self, Events, SequenceRequest};
 use crate::tokenizer::Tokenizer;
@@ -34,6 +35,7 @@ pub struct EngineHandle {
     info: ModelInfo,
     config: EngineConfig,
     stats: Arc<EngineStats>,
+    kv_types: KvTypes,
     constraints: Arc<OnceLock<Result<ConstraintFactory, String>>>,
     closed: Arc<AtomicBool>,
     vision: Option<Arc<VisionModel>>,
@@ -48,6 +50,7 @@ impl EngineHandle {
         config: EngineConfig,
         stats: Arc<EngineStats>,
         vision: Option<Arc<VisionModel>>,
+        kv_types: KvTypes,
     ) -> Self {
         Self {
             commands,
@@ -55,6 +58,7 @@ impl EngineHandle {
             info,
             config,
             stats,
+            kv_types,
             constraints: Arc::new(OnceLock::new()),
             closed: Arc::new(AtomicBool::new(false)),
             vision,
@@ -311,6 +315,22 @@ impl EngineHandle {
         self.config.context_length
     }
 
+    /// KV cache positions the running sequences may reserve together.
+    pub fn kv_budget(&self) -> usize {
+        self.config.scheduler.kv_budget
+    }
+
+    /// The types the KV cache stores keys and values in.
+    pub fn kv_types(&self) -> KvTypes {
+        self.kv_types
+    }
+
+    /// Bytes one KV cache position takes (every layer's keys and values).
+    pub fn kv_position_bytes(&self) -> usize {
+        self.kv_types
+            .position_bytes(self.info.n_layers, self.info.kv_width)
+    }
+
     /// The engine's counters now.
     pub fn stats(&self) -> StatsSnapshot {
         let s = &self.stats;
@@ -319,6 +339,7 @@ impl EngineHandle {
             queued: s.queued.load(Ordering::Relaxed),
             kv_reserved: s.kv_reserved.load(Ordering::Relaxed),
             kv_budget: self.config.scheduler.kv_budget,
+            kv_position_bytes: self.kv_position_bytes(),
             steps: s.steps.load(Ordering::Relaxed),
             prompt_tokens: s.prompt_tokens.load(Ordering::Relaxed),
             generated_tokens: s.generated_tokens.load(Ordering::Relaxed),

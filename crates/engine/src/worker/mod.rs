@@ -91,6 +91,7 @@ impl Engine {
         let tokenizer = Arc::new(tokenizer);
         let stats = Arc::new(EngineStats::default());
         let info = model.info().clone();
+        let kv_types = model.kv_types();
         let worker = step_loop::Worker::new(
             model,
             vision.clone(),
@@ -102,7 +103,7 @@ impl Engine {
             .name("ferrite-engine".into())
             .spawn(move || worker.run(rx))
             .expect("spawning the engine thread");
-        let handle = EngineHandle::new(tx, tokenizer, info, config, stats, vision);
+        let handle = EngineHandle::new(tx, tokenizer, info, config, stats, vision, kv_types);
         Self {
             handle,
             thread: Some(thread),

@@ -41,6 +41,8 @@ pub struct StatsSnapshot {
     pub kv_reserved: usize,
     /// KV cache positions they may reserve together.
     pub kv_budget: usize,
+    /// Bytes one KV cache position takes.
+    pub kv_position_bytes: usize,
     /// Forward steps run.
     pub steps: u64,
     /// Prompt tokens run through the model.

@@ -3,8 +3,9 @@
 use bytemuck::{Pod, Zeroable};
 use candle_core::quantized::GgmlDType;
 
-use super::block32::{self, Block32};
+use super::block32::{self, block_bytes, Block32};
 use super::FormatInfo;
+use crate::quant::q8::quantize_row;
 use crate::simd::convert::f16_le;
 
 /// A block as stored.
@@ -32,10 +33,27 @@ impl Block32 for Q8_0 {
 /// The registry's row.
 pub(super) const INFO: FormatInfo = block32::info::<Q8_0>();
 
+/// Quantizes `x` (a multiple of 32 values) into Q8_0 blocks in `out` (34 bytes each), as
+/// llama.cpp's CPU backend quantizes a row it stores (`quantize_row_q8_0`, x86): per block
+/// `d = amax / 127` stored as f16, values `round_half_even(x · 127 / amax)`.
+pub(in crate::quant) fn quantize_into(x: &[f32], out: &mut [u8]) {
+    let q = quantize_row(x);
+    for ((block, d), qs) in out
+        .chunks_exact_mut(block_bytes::<Q8_0>())
+        .zip(&q.d)
+        .zip(q.qs.chunks_exact(32))
+    {
+        // `d` is an f16 widened, so this is exact.
+        block[..2].copy_from_slice(&half::f16::from_f32(*d).to_le_bytes());
+        for (b, &v) in block[2..].iter_mut().zip(qs) {
+            *b = v as u8;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::q8::quantize_row;
 
     #[test]
     fn dots_match_the_dequantized_product() {
@@ -52,5 +70,19 @@ mod tests {
             .map(|i| 0.5 * (i as f32 - 16.0) * a.d[0] * a.qs[i] as f32)
             .sum();
         assert!((block32::dot::<Q8_0>(&w, &a) - exact).abs() < 1e-3);
+    }
+
+    #[test]
+    fn a_stored_row_is_the_quantized_activation_row() {
+        let x: Vec<f32> = (0..64).map(|i| (i as f32 - 20.0) / 3.0).collect();
+        let mut out = vec![0u8; 68];
+        quantize_into(&x, &mut out);
+        let q = quantize_row(&x);
+        for b in 0..2 {
+            let block = &out[b * 34..(b + 1) * 34];
+            assert_eq!(f16_le([block[0], block[1]]), q.d[b]);
+            let qs: Vec<i8> = block[2..].iter().map(|&v| v as i8).collect();
+            assert_eq!(qs, q.qs[b * 32..(b + 1) * 32]);
+        }
     }
 }

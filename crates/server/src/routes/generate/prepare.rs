@@ -122,7 +122,8 @@ pub fn prepare(
             ));
         }
         if params.max_tokens.is_none() {
-            max_tokens = default_within_limits(max_tokens, tokens.len(), params, limits);
+            max_tokens =
+                default_within_limits(max_tokens, tokens.len(), params, limits, engine.kv_budget());
         }
         let requests: Vec<SequenceRequest> = (0..params.best_of)
             .map(|j| {
@@ -154,7 +155,7 @@ pub fn prepare(
         });
     }
     check_limits(&prompts, limits)?;
-    check_answer_size(params, &prompts, limits)?;
+    check_answer_size(params, &prompts, limits, engine.kv_budget())?;
     Ok(Prepared {
         prompts,
         appended_suffix: params.suffix.clone().filter(|_| !fim),
@@ -303,12 +304,13 @@ fn check_limits(prompts: &[PreparedPrompt], limits: &RequestLimits) -> Result<()
 }
 
 /// A 400 when one prompt's choices need more KV cache than the engine may ever give
-/// (they would never be admitted), or when the answer could carry more log-probabilities
-/// or echoed text than the server's limits allow.
+/// (`kv_budget` positions: they would never be admitted), or when the answer could carry
+/// more log-probabilities or echoed text than the server's limits allow.
 fn check_answer_size(
     params: &GenerateParams,
     prompts: &[PreparedPrompt],
     limits: &RequestLimits,
+    kv_budget: usize,
 ) -> Result<(), ApiError> {
     for p in prompts {
         let one = p
@@ -316,8 +318,8 @@ fn check_answer_size(
             .first()
             .map_or(0, |r| p.prompt_tokens + r.max_tokens);
         let need = one * p.requests.len();
-        if need > limits.kv_budget {
-            let (param, what) = if one > limits.kv_budget {
+        if need > kv_budget {
+            let (param, what) = if one > kv_budget {
                 ("max_tokens", "the prompt plus `max_tokens`".to_string())
             } else if params.best_of > params.n {
                 ("best_of", format!("{} choices", p.requests.len()))
@@ -327,8 +329,7 @@ fn check_answer_size(
             return Err(ApiError::invalid(
                 param,
                 format!(
-                    "{what} of {one} tokens each need {need} KV cache positions; this server gives one request at most {} (--kv-budget)",
-                    limits.kv_budget
+                    "{what} of {one} tokens each need {need} KV cache positions; this server gives one request at most {kv_budget} (--kv-budget)",
                 ),
             ));
         }
@@ -433,19 +434,20 @@ fn breaker_tokens(tokenizer: &Tokenizer, breakers: &[String]) -> Vec<TokenId> {
 }
 
 /// A default `max_tokens` lowered to this prompt's share of the server's per-request
-/// limits (KV cache, generated tokens, log-probabilities), so that a client that asked
-/// for no length is not refused for one. A prompt that leaves no share still gets one
-/// token: the limits' own checks then say what is too large.
+/// limits (KV cache of `kv_budget` positions, generated tokens, log-probabilities), so
+/// that a client that asked for no length is not refused for one. A prompt that leaves no
+/// share still gets one token: the limits' own checks then say what is too large.
 fn default_within_limits(
     max_tokens: usize,
     prompt_tokens: usize,
     params: &GenerateParams,
     limits: &RequestLimits,
+    kv_budget: usize,
 ) -> usize {
     let choices = params.best_of.max(1);
     let sequences = choices * params.prompts.len().max(1);
     let mut share = max_tokens
-        .min((limits.kv_budget / choices).saturating_sub(prompt_tokens))
+        .min((kv_budget / choices).saturating_sub(prompt_tokens))
         .min(limits.max_generated_tokens / sequences);
     if let Some(k) = params.output.logprobs {
         let echoed = if params.output.echo { prompt_tokens } else { 0 };
