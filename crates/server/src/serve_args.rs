@@ -350,6 +350,11 @@ impl KvBudget {
             format!("{value:?}: expected positions (131072) or bytes with a unit (4GiB)")
         })?;
         let unit = unit.trim().to_ascii_lowercase();
+        if unit.starts_with(['.', ',']) {
+            return Err(format!(
+                "{value:?}: a whole number of positions or bytes (1536MiB, not 1.5GiB)"
+            ));
+        }
         if unit.is_empty() {
             return usize::try_from(number)
                 .map(KvBudget::Positions)

@@ -88,7 +88,13 @@ mod tests {
         let s = 1.0 / 8f32.sqrt();
         // Row 3 of H8: (-1)^popcount(3 & j).
         let expected: Vec<f32> = (0..8)
-            .map(|j: u32| if (3 & j).count_ones().is_multiple_of(2) { s } else { -s })
+            .map(|j: u32| {
+                if (3 & j).count_ones().is_multiple_of(2) {
+                    s
+                } else {
+                    -s
+                }
+            })
             .collect();
         assert_eq!(e, expected);
         let x: Vec<f32> = (0..128).map(|i| ((i * 37) % 11) as f32 - 5.0).collect();
