@@ -115,6 +115,18 @@ impl Arch {
             ffn: 8192,
         }
     }
+
+    /// Llama-3.1-8B's shape in this architecture (for benchmarks).
+    pub fn eight_b_shape(self) -> Shape {
+        Shape {
+            hidden: 4096,
+            layers: 32,
+            heads: 32,
+            kv_heads: 8,
+            head_dim: 128,
+            ffn: 14336,
+        }
+    }
 }
 
 /// A model's size.

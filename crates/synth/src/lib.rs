@@ -44,6 +44,9 @@ pub struct Spec {
     /// The projector whose prompt tokens are added to the copied vocabulary (as special
     /// tokens at its end), for a text model that pairs with it.
     pub image_tokens: Option<Projector>,
+    /// The training context the file declares, when not the architecture's default
+    /// (8,192): a long one for long-prompt benchmarks.
+    pub context_length: Option<u32>,
 }
 
 impl Spec {
@@ -56,6 +59,7 @@ impl Spec {
             shape: arch.small_shape(),
             seed: 0,
             image_tokens: None,
+            context_length: None,
         }
     }
 
@@ -160,8 +164,12 @@ pub fn model_file(spec: &Spec, tokenizer_from: &Path) -> io::Result<GgufWriter> 
     );
     w.meta("general.file_type", Value::U32(spec.weights.file_type()));
     w.meta("general.quantization_version", Value::U32(2));
+    let context_key = format!("{}.context_length", arch.gguf_name());
     for (key, value) in arch.metadata(&spec.shape, vocab) {
-        w.meta(key, value);
+        match spec.context_length {
+            Some(n) if key == context_key => w.meta(key, Value::U32(n)),
+            _ => w.meta(key, value),
+        }
     }
     for (key, value) in tokenizer {
         w.meta(key, value);

@@ -1,6 +1,6 @@
 //! `ferrite-synth`: writes a seeded random-weight GGUF model (see the library's docs).
 //!
-//!     ferrite-synth --arch qwen2 --type q4_k [--shape small|1b] [--seed N] \
+//!     ferrite-synth --arch qwen2 --type q4_k [--shape small|1b|8b] [--context N] [--seed N] \
 //!         --tokenizer-from smollm2-135m.gguf --out qwen2-q4_k.gguf
 //!
 //! `--mix llama-quantize` (with `--type q4_k`, `q5_k` or `iq4_xs`) gives each matrix the
@@ -46,6 +46,7 @@ fn run(args: Vec<String>) -> Result<(), String> {
     let (mut tokenizer, mut out) = (None, None);
     let (mut projector, mut vision) = (None, "small".to_string());
     let mut image_tokens = None;
+    let mut context_length = None;
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
@@ -85,6 +86,10 @@ fn run(args: Vec<String>) -> Result<(), String> {
                         .ok_or(format!("--image-tokens {v}: one of {names:?}"))?,
                 );
             }
+            "--context" => {
+                let v = value()?;
+                context_length = Some(v.parse().map_err(|e| format!("--context {v}: {e}"))?);
+            }
             "--seed" => seed = value()?.parse().map_err(|e| format!("--seed: {e}"))?,
             "--tokenizer-from" => tokenizer = Some(PathBuf::from(value()?)),
             "--out" => out = Some(PathBuf::from(value()?)),
@@ -95,7 +100,8 @@ fn run(args: Vec<String>) -> Result<(), String> {
     let text_shape = match shape.as_str() {
         "small" => arch.small_shape(),
         "1b" => arch.one_b_shape(),
-        other => return Err(format!("--shape {other}: small or 1b")),
+        "8b" => arch.eight_b_shape(),
+        other => return Err(format!("--shape {other}: small, 1b or 8b")),
     };
     if let Some(projector) = projector {
         let shape = match vision.as_str() {
@@ -132,6 +138,7 @@ fn run(args: Vec<String>) -> Result<(), String> {
         shape: text_shape,
         seed,
         image_tokens,
+        context_length,
     };
     let tokenizer = tokenizer.ok_or("--tokenizer-from is required")?;
     let out = out.ok_or("--out is required")?;

@@ -160,6 +160,10 @@ struct Kernels {
 /// keys and values, converted once).
 const TILED_TASK_ROWS: usize = 64;
 
+/// Row-kernel rows of one sequence and KV head handled by one task (a prompt's rows with
+/// a quantized cache: a task each cost about as much as their attention at 2k tokens).
+const ROW_TASK_ROWS: usize = 16;
+
 /// Causal attention of the new rows of several sequences (in order; each one's keys and
 /// values already written to its cache). Returns every row's `n_head × head_dim` output,
 /// in input order. Query rows are independent and all run in one parallel pass.
@@ -276,14 +280,18 @@ unsafe fn attend_with(
         for kv_head in 0..n_kv_head {
             let mut t = 0;
             while t < input.n {
+                // Rows of one kernel share a task (split rows go alone): a tile's keys
+                // are converted once for its rows, and short rows do not each pay for a
+                // task of their own.
+                let kernel = input.kernels[t];
+                let most = match kernel {
+                    AttentionKernel::Tiled => TILED_TASK_ROWS,
+                    AttentionKernel::Row => ROW_TASK_ROWS,
+                    AttentionKernel::Split { .. } => 1,
+                };
                 let mut end = t + 1;
-                if input.kernels[t] == AttentionKernel::Tiled {
-                    while end < input.n
-                        && end - t < TILED_TASK_ROWS
-                        && input.kernels[end] == AttentionKernel::Tiled
-                    {
-                        end += 1;
-                    }
+                while end < input.n && end - t < most && input.kernels[end] == kernel {
+                    end += 1;
                 }
                 tasks.push(Task {
                     input: i,
@@ -356,9 +364,9 @@ unsafe fn run_task(
     let mut out = vec![0.0f32; task.rows.len() * group * head_dim];
     let t = task.rows.start;
     let pos = position(t);
-    // The row kernel over positions `lo..=hi` (none when empty): the group's unnormalised
-    // values and partials.
-    let attend_range = |lo: usize, hi: usize| {
+    // The row kernel for row `t` over positions `lo..=hi` (none when empty): the group's
+    // unnormalised values and partials.
+    let attend_range = |t: usize, lo: usize, hi: usize| {
         let mut acc = vec![0.0f32; group * head_dim];
         let mut partials = vec![Partial::EMPTY; group];
         if lo <= hi {
@@ -391,10 +399,14 @@ unsafe fn run_task(
             unsafe { (kernels.tiled)(&rows, input.kv, offset, scale, &mut out) };
         }
         AttentionKernel::Row => {
-            let (acc, partials) = attend_range(first(pos), last(pos));
-            out = acc;
-            for (o, p) in out.chunks_exact_mut(head_dim).zip(&partials) {
-                normalise(o, p.sum);
+            let width = group * head_dim;
+            for (t, out) in task.rows.clone().zip(out.chunks_exact_mut(width)) {
+                let pos = position(t);
+                let (acc, partials) = attend_range(t, first(pos), last(pos));
+                out.copy_from_slice(&acc);
+                for (o, p) in out.chunks_exact_mut(head_dim).zip(&partials) {
+                    normalise(o, p.sum);
+                }
             }
         }
         AttentionKernel::Split { cells } => {
@@ -402,7 +414,7 @@ unsafe fn run_task(
             let half = cells.div_ceil(2);
             let bounds = [(0, half), (half, cells.max(last(pos) + 1))];
             let halves = bounds
-                .map(|(start, end)| attend_range(first(pos).max(start), last(pos).min(end - 1)));
+                .map(|(start, end)| attend_range(t, first(pos).max(start), last(pos).min(end - 1)));
             for (h, o) in out.chunks_exact_mut(head_dim).enumerate() {
                 let part = |k: usize| (halves[k].1[h], &halves[k].0[h * head_dim..][..head_dim]);
                 combine([part(0), part(1)], o);

@@ -48,19 +48,24 @@ pub(super) unsafe fn attend_rows(
         types.values.row_bytes(kv.offset),
     );
     let key_head = types.keys.row_bytes(head_dim);
-    let mut scores = [0f32; BLOCK_POSITIONS];
-    let mut steps = Vec::with_capacity(BLOCK_POSITIONS);
-    let rows = q.chunks_exact(head_dim).zip(acc.chunks_exact_mut(head_dim));
-    for ((q, acc), partial) in rows.zip(partials) {
-        let query = match types.keys {
+    let queries: Vec<Query> = q
+        .chunks_exact(head_dim)
+        .map(|q| match types.keys {
             KvType::F16 => Query::F16(q.iter().map(|&x| f16::from_f32(x)).collect()),
             _ => Query::Q8(KvQuery::new(q)),
-        };
-        acc.fill(0.0);
-        let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
-        for (keys, values, len) in kv.byte_runs() {
+        })
+        .collect();
+    let rows = queries.len();
+    acc[..rows * head_dim].fill(0.0);
+    partials[..rows].fill(Partial::EMPTY);
+    let mut scores = [0f32; BLOCK_POSITIONS];
+    let mut steps = Vec::with_capacity(rows * BLOCK_POSITIONS);
+    for (keys, values, len) in kv.byte_runs() {
+        // Each row's scores and softmax steps for the run's keys, then its values for all.
+        steps.clear();
+        for (query, partial) in queries.iter().zip(partials.iter_mut()) {
             let scores = &mut scores[..len];
-            match &query {
+            match query {
                 Query::F16(q16) => {
                     for (j, s) in scores.iter_mut().enumerate() {
                         let at = j * key_row + key_at;
@@ -69,19 +74,21 @@ pub(super) unsafe fn attend_rows(
                 }
                 Query::Q8(query) => types.keys.key_dots(&keys[key_at..], key_row, query, scores),
             }
-            steps.clear();
             for &dot in scores.iter() {
-                let (rescale, weight, raised) = online_step(scale.apply(dot), &mut max);
-                sum = sum.mul_add(rescale, weight);
+                let (rescale, weight, raised) = online_step(scale.apply(dot), &mut partial.max);
+                partial.sum = partial.sum.mul_add(rescale, weight);
                 steps.push(ValueStep {
                     rescale: raised.then_some(rescale),
                     weight,
                 });
             }
-            types
-                .values
-                .add_values(&values[value_at..], value_row, &steps, acc);
         }
-        *partial = Partial { max, sum };
+        types.values.add_values(
+            &values[value_at..],
+            value_row,
+            len,
+            &steps,
+            &mut acc[..rows * head_dim],
+        );
     }
 }

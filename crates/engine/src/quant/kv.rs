@@ -142,21 +142,33 @@ impl KvType {
         }
     }
 
-    /// Adds stored value heads (head `i` at `values[i · stride..]`, `acc.len()` values)
-    /// into a row's accumulator, one per step, as llama.cpp's flash attention does: for a
-    /// quantized type into f32 (rescale `acc · r` on a raise, then `fma(v, w, acc)` with the
-    /// value read exactly); for f16 values into an f16 accumulator (`acc` holds f16 values,
-    /// each step rounded to f16). With AVX2 where the CPU has it (same bits).
-    pub fn add_values(self, values: &[u8], stride: usize, steps: &[ValueStep], acc: &mut [f32]) {
-        let head = self.row_bytes(acc.len());
-        assert!(steps.is_empty() || values.len() >= (steps.len() - 1) * stride + head);
+    /// Adds `keys` stored value heads (head `i` at `values[i · stride..]`) into the
+    /// accumulators of the query rows that attend to them, as llama.cpp's flash attention
+    /// does for each row: `acc` holds the rows' accumulators one after another (`head`
+    /// values each, `head` = `acc.len()` / rows), `steps` each row's `keys` steps in turn.
+    /// Key by key, a row's accumulator is rescaled `acc · r` on a raise, then takes
+    /// `fma(v, w, acc)`: in f32 for a quantized type, the value read exactly; for f16
+    /// values in an f16 accumulator (`acc` holds f16 values, each step rounded to f16). A
+    /// value is read once for all the rows. With AVX2 where the CPU has it (same bits).
+    pub fn add_values(
+        self,
+        values: &[u8],
+        stride: usize,
+        keys: usize,
+        steps: &[ValueStep],
+        acc: &mut [f32],
+    ) {
+        let rows = steps.len() / keys.max(1);
+        assert!(steps.len() == rows * keys && rows > 0 && acc.len().is_multiple_of(rows));
+        let head_bytes = self.row_bytes(acc.len() / rows);
+        assert!(keys == 0 || values.len() >= (keys - 1) * stride + head_bytes);
         #[cfg(target_arch = "x86_64")]
-        if self.is_quantized() && acc.len().is_multiple_of(32) && crate::simd::avx2() {
-            // SAFETY: AVX2, FMA and F16C are available, the type is quantized, the head
-            // is whole blocks, and every head lies within `values` (asserted above).
-            return unsafe { super::kv_simd::add_values(self, values, stride, steps, acc) };
+        if self.is_quantized() && (acc.len() / rows).is_multiple_of(32) && crate::simd::avx2() {
+            // SAFETY: AVX2, FMA and F16C are available, the type is quantized, a head is
+            // whole blocks, and every head lies within `values` (asserted above).
+            return unsafe { super::kv_simd::add_values(self, values, stride, keys, steps, acc) };
         }
-        self.add_values_portable(values, stride, steps, acc);
+        self.add_values_portable(values, stride, keys, steps, acc);
     }
 
     /// [`Self::add_values`] in portable code.
@@ -164,11 +176,14 @@ impl KvType {
         self,
         values: &[u8],
         stride: usize,
+        keys: usize,
         steps: &[ValueStep],
         acc: &mut [f32],
     ) {
-        let head = self.row_bytes(acc.len());
-        let mut v = vec![0f32; acc.len()];
+        let rows = steps.len() / keys.max(1);
+        let head = acc.len() / rows.max(1);
+        let head_bytes = self.row_bytes(head);
+        let mut v = vec![0f32; head];
         let f16_acc = self == KvType::F16;
         let round = |x: f32| {
             if f16_acc {
@@ -177,15 +192,18 @@ impl KvType {
                 x
             }
         };
-        for (i, step) in steps.iter().enumerate() {
-            self.read_row(&values[i * stride..i * stride + head], &mut v);
-            if let Some(r) = step.rescale {
-                for a in acc.iter_mut() {
-                    *a = round(*a * r);
+        for i in 0..keys {
+            self.read_row(&values[i * stride..i * stride + head_bytes], &mut v);
+            for (r, acc) in acc.chunks_exact_mut(head).enumerate() {
+                let step = steps[r * keys + i];
+                if let Some(scale) = step.rescale {
+                    for a in acc.iter_mut() {
+                        *a = round(*a * scale);
+                    }
                 }
-            }
-            for (a, v) in acc.iter_mut().zip(&v) {
-                *a = round(v.mul_add(step.weight, *a));
+                for (a, v) in acc.iter_mut().zip(&v) {
+                    *a = round(v.mul_add(step.weight, *a));
+                }
             }
         }
     }
@@ -265,16 +283,17 @@ mod tests {
                     t.key_dots_portable(&rows, stride, &query, &mut slow);
                     assert_eq!(bits(&fast), bits(&slow), "{t} {width}");
                 }
-                let steps: Vec<ValueStep> = (0..n)
+                // Three query rows, each raising its maximum at its own keys.
+                let steps: Vec<ValueStep> = (0..3 * n)
                     .map(|i| ValueStep {
-                        rescale: (i % 5 == 0).then(|| rng.next_f32()),
+                        rescale: (i % (5 + i / n) == 0).then(|| rng.next_f32()),
                         weight: rng.next_f32(),
                     })
                     .collect();
-                let mut fast = vec![0f32; width];
-                t.add_values(&rows, stride, &steps, &mut fast);
-                let mut slow = vec![0f32; width];
-                t.add_values_portable(&rows, stride, &steps, &mut slow);
+                let mut fast: Vec<f32> = (0..3 * width).map(|_| rng.next_f32()).collect();
+                let mut slow = fast.clone();
+                t.add_values(&rows, stride, n, &steps, &mut fast);
+                t.add_values_portable(&rows, stride, n, &steps, &mut slow);
                 assert_eq!(bits(&fast), bits(&slow), "{t} {width}");
             }
         }

@@ -64,46 +64,63 @@ pub(super) unsafe fn key_dots(
     }
 }
 
-/// [`KvType::add_values`] with AVX2 (a quantized type, whole blocks).
+/// [`KvType::add_values`] with AVX2 (a quantized type, whole blocks): each value block is
+/// read and converted once, then added into every row's accumulator.
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be available; `t` is quantized; `acc.len()` is a multiple of
-/// 32; head `i` of `t.row_bytes(acc.len())` bytes lies at `values[i · stride..]` for every
-/// `i < steps.len()`.
+/// AVX2, FMA and F16C must be available; `t` is quantized; `steps` holds `keys` steps of
+/// each of the rows whose accumulators `acc` holds (a multiple of 32 values each); head `i`
+/// of `t.row_bytes(head)` bytes lies at `values[i · stride..]` for every `i < keys`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn add_values(
     t: KvType,
     values: &[u8],
     stride: usize,
+    keys: usize,
     steps: &[ValueStep],
     acc: &mut [f32],
 ) {
     let block = t.row_bytes(32);
+    let rows = steps.len() / keys;
+    let head = acc.len() / rows;
     let a = acc.as_mut_ptr();
-    for (i, step) in steps.iter().enumerate() {
-        if let Some(r) = step.rescale {
-            let r = _mm256_set1_ps(r);
-            for at in (0..acc.len()).step_by(8) {
-                // SAFETY: `at + 8 <= acc.len()`, a multiple of 8.
-                unsafe {
-                    _mm256_storeu_ps(a.add(at), _mm256_mul_ps(_mm256_loadu_ps(a.add(at)), r))
-                };
+    for i in 0..keys {
+        for r in 0..rows {
+            if let Some(scale) = steps[r * keys + i].rescale {
+                let scale = _mm256_set1_ps(scale);
+                for at in (r * head..(r + 1) * head).step_by(8) {
+                    // SAFETY: `at + 8 <= acc.len()`: heads are multiples of 32.
+                    unsafe {
+                        _mm256_storeu_ps(
+                            a.add(at),
+                            _mm256_mul_ps(_mm256_loadu_ps(a.add(at)), scale),
+                        )
+                    };
+                }
             }
         }
-        let w = _mm256_set1_ps(step.weight);
-        for b in 0..acc.len() / 32 {
+        for b in 0..head / 32 {
             // SAFETY: the caller guarantees the head's blocks lie within `values`; block
-            // `b`'s 32 accumulators lie within `acc`.
+            // `b`'s 32 accumulators of each row lie within `acc`.
             unsafe {
                 let (q, d) = block_values(t, values.as_ptr().add(i * stride + b * block));
                 let d = _mm256_set1_ps(d);
-                let halves = [_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q)];
-                for (h, half) in halves.into_iter().enumerate() {
-                    let quarters = [half, _mm_unpackhi_epi64(half, half)];
-                    for (k, quarter) in quarters.into_iter().enumerate() {
-                        let v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(quarter)), d);
-                        let at = a.add(b * 32 + h * 16 + k * 8);
-                        _mm256_storeu_ps(at, _mm256_fmadd_ps(v, w, _mm256_loadu_ps(at)));
+                let (low, high) = (_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q));
+                let value = |bytes: __m128i| {
+                    _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)), d)
+                };
+                let v = [
+                    value(low),
+                    value(_mm_unpackhi_epi64(low, low)),
+                    value(high),
+                    value(_mm_unpackhi_epi64(high, high)),
+                ];
+                for r in 0..rows {
+                    let w = _mm256_set1_ps(steps[r * keys + i].weight);
+                    let at = a.add(r * head + b * 32);
+                    for (k, v) in v.iter().enumerate() {
+                        let at = at.add(k * 8);
+                        _mm256_storeu_ps(at, _mm256_fmadd_ps(*v, w, _mm256_loadu_ps(at)));
                     }
                 }
             }
