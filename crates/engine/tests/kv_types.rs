@@ -11,8 +11,7 @@ mod common;
 use std::path::Path;
 
 use ferrite_engine::kv_cache::{KvType, KvTypes};
-use ferrite_engine::model::{self, BatchEntry, Logits, Model};
-use ferrite_engine::sampling::{argmax, log_softmax};
+use ferrite_engine::model::{self, Model};
 use ferrite_synth::{write_model, Arch, Spec, WeightType};
 
 const LOGPROB_TOLERANCE: f32 = 1e-3;
@@ -50,35 +49,9 @@ fn check(data: &serde_json::Value, scratch: &Path) -> Result<String, String> {
         let prompt = common::ids(&case["prompt_ids"]);
         let steps = case["steps"].as_array().unwrap();
         assert_eq!(steps.len(), 16);
-        let mut cache = model.new_cache(prompt.len() + steps.len());
-        let mut input = prompt.clone();
-        for (s, step) in steps.iter().enumerate() {
-            let logits = model
-                .forward(&mut [BatchEntry {
-                    tokens: &input,
-                    cache: &mut cache,
-                    logits: Logits::Last,
-                    prompt_len: prompt.len(),
-                    images: Vec::new(),
-                    grids: Vec::new(),
-                }])
-                .map_err(|e| format!("prompt {c}: {e}"))?
-                .remove(0);
-            let logprobs = log_softmax(&logits);
-            let best = argmax(&logprobs) as u32;
-            let want = step["id"].as_u64().unwrap() as u32;
-            if best != want {
-                return Err(format!("prompt {c}, token {s}: {best}, llama.cpp {want}"));
-            }
-            if let Some(want) = step["logprob"].as_f64() {
-                let diff = (logprobs[best as usize] - want as f32).abs();
-                if diff > LOGPROB_TOLERANCE {
-                    return Err(format!("prompt {c}, token {s}: logprob off by {diff}"));
-                }
-                worst = worst.max(diff);
-            }
-            input = vec![best];
-        }
+        let diff = common::replay_greedy(model.as_ref(), &prompt, steps, LOGPROB_TOLERANCE)
+            .map_err(|e| format!("prompt {c}, {e}"))?;
+        worst = worst.max(diff);
     }
     Ok(format!("worst logprob diff {worst:.1e}"))
 }

@@ -11,8 +11,7 @@
 
 use half::f16;
 
-use super::attention::{dot_f16, online_step};
-use super::attention_parts::{KvRows, Partial, ScoreScale};
+use super::attention_parts::{dot_f16, online_step, KvRows, Partial, ScoreScale};
 use crate::kv_cache::{KvType, BLOCK_POSITIONS};
 use crate::quant::kv::{KvQuery, ValueStep};
 

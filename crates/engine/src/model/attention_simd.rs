@@ -467,7 +467,8 @@ unsafe fn attend_body<L: Lanes>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::attention::{online_step, AttentionShape};
+    use crate::model::attention::AttentionShape;
+    use crate::model::attention_parts::online_step;
     use crate::quant::sample::Xorshift;
 
     /// The steps one key at a time, as the portable row code takes them

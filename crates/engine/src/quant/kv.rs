@@ -9,13 +9,16 @@
 //!   fused multiply-add of the two scales' product per lane, then `hsum_float_8`);
 //! - a quantized value is read back exactly (`q · d` needs no rounding in f32).
 //!
-//! The SIMD twins of the key dots and the value sums are in `kv_simd.rs`.
+//! The SIMD twins of the key dots and the value sums are in `kv/simd.rs`.
 
 use half::f16;
 
 use super::formats::block32::{self, block_bytes};
 use super::formats::{q4_0, q8_0};
 use super::q8::{self, Q8Row};
+
+#[cfg(target_arch = "x86_64")]
+mod simd;
 
 /// The type of a KV cache's keys or values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
@@ -129,7 +132,7 @@ impl KvType {
         if self.is_quantized() && crate::simd::avx2() {
             // SAFETY: AVX2, FMA and F16C are available, the type is quantized, and every
             // head lies within `keys` (asserted above).
-            return unsafe { super::kv_simd::key_dots(self, keys, stride, query, out) };
+            return unsafe { simd::key_dots(self, keys, stride, query, out) };
         }
         self.key_dots_portable(keys, stride, query, out);
     }
@@ -166,7 +169,7 @@ impl KvType {
         if self.is_quantized() && (acc.len() / rows).is_multiple_of(32) && crate::simd::avx2() {
             // SAFETY: AVX2, FMA and F16C are available, the type is quantized, a head is
             // whole blocks, and every head lies within `values` (asserted above).
-            return unsafe { super::kv_simd::add_values(self, values, stride, keys, steps, acc) };
+            return unsafe { simd::add_values(self, values, stride, keys, steps, acc) };
         }
         self.add_values_portable(values, stride, keys, steps, acc);
     }

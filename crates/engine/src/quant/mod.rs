@@ -36,7 +36,6 @@ mod float_rows;
 mod float_simd;
 pub mod formats;
 pub mod kv;
-mod kv_simd;
 #[macro_use]
 mod q8k;
 mod block_lanes;

@@ -101,3 +101,48 @@ pub fn start_engine(name: &str, config: EngineConfig) -> Engine {
     let model = model::load(&mut gguf).unwrap();
     Engine::start(model, tokenizer, config)
 }
+
+/// Replays one recorded greedy case on `model` from an empty cache: each step's token must
+/// be the argmax, and its log-probability (where the fixture has one: llama-server leaves
+/// out a token ending inside a UTF-8 character) within `tolerance`. The worst difference,
+/// or the first disagreement.
+pub fn replay_greedy(
+    model: &dyn model::Model,
+    prompt: &[u32],
+    steps: &[serde_json::Value],
+    tolerance: f32,
+) -> Result<f32, String> {
+    use ferrite_engine::model::{BatchEntry, Logits};
+    use ferrite_engine::sampling::{argmax, log_softmax};
+    let mut cache = model.new_cache(prompt.len() + steps.len());
+    let mut input = prompt.to_vec();
+    let mut worst = 0f32;
+    for (s, step) in steps.iter().enumerate() {
+        let logits = model
+            .forward(&mut [BatchEntry {
+                tokens: &input,
+                cache: &mut cache,
+                logits: Logits::Last,
+                prompt_len: prompt.len(),
+                images: Vec::new(),
+                grids: Vec::new(),
+            }])
+            .map_err(|e| e.to_string())?
+            .remove(0);
+        let logprobs = log_softmax(&logits);
+        let best = argmax(&logprobs) as u32;
+        let want = step["id"].as_u64().unwrap() as u32;
+        if best != want {
+            return Err(format!("token {s}: {best}, llama.cpp {want}"));
+        }
+        if let Some(want) = step["logprob"].as_f64() {
+            let diff = (logprobs[best as usize] - want as f32).abs();
+            if diff > tolerance {
+                return Err(format!("token {s}: logprob off by {diff}"));
+            }
+            worst = worst.max(diff);
+        }
+        input = vec![best];
+    }
+    Ok(worst)
+}

@@ -1,14 +1,12 @@
-//! AVX2 twins of the KV cache's key dots and value sums (`kv.rs`), bit-identical to its
+//! AVX2 twins of the KV cache's key dots and value sums (`quant/kv.rs`), bit-identical to its
 //! portable code: a block's integer lanes are exact, the lanes are folded with the same
 //! fused multiply-adds and summed in `hsum_float_8` order, and a quantized value is
 //! `q · d` exactly before its fused multiply-add. llama.cpp's AVX-512 builds run these
 //! same AVX2 kernels, so one width serves both.
 
-#![cfg(target_arch = "x86_64")]
-
 use std::arch::x86_64::*;
 
-use super::kv::{KvQuery, KvType, ValueStep};
+use super::{KvQuery, KvType, ValueStep};
 use crate::simd::convert::f16_le;
 use crate::simd::int_lanes::{lanes_avx2, nibbles};
 use crate::simd::reduce::hsum_m256;
