@@ -83,3 +83,37 @@ fn quantized_caches_match_llama_cpp_with_the_same_cache_types() {
     let _ = std::fs::remove_dir_all(&scratch);
     assert!(failures.is_empty(), "not llama.cpp's answers: {failures:?}");
 }
+
+/// A quantized cache needs heads of whole 32-value blocks, as llama.cpp does: a model
+/// whose heads hold 48 values refuses one (naming the head size), and keeps f16.
+#[test]
+fn a_quantized_cache_is_refused_for_heads_that_are_not_whole_blocks() {
+    let spec = Spec {
+        shape: ferrite_synth::Shape {
+            hidden: 192,
+            layers: 1,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 48,
+            ffn: 256,
+        },
+        ..Spec::small(Arch::Llama, WeightType::F32)
+    };
+    let path = std::env::temp_dir().join(format!("ferrite-kv-head48-{}.gguf", std::process::id()));
+    write_model(&spec, &common::model_path("smollm2-135m"), &path).unwrap();
+    let loaded = model::load_path(&path);
+    std::fs::remove_file(&path).unwrap();
+    let mut model = loaded.unwrap().1;
+    for t in [KvType::Q8_0, KvType::Q4_0] {
+        let err = model
+            .set_kv_types(KvTypes {
+                keys: KvType::F16,
+                values: t,
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("48 values") && err.contains(t.name()), "{err}");
+    }
+    assert_eq!(model.kv_types(), KvTypes::F16);
+    model.set_kv_types(KvTypes::F16).unwrap();
+}
