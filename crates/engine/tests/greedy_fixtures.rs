@@ -6,8 +6,7 @@
 
 mod common;
 
-use ferrite_engine::model::{self, BatchEntry, Logits, PromptBatching};
-use ferrite_engine::sampling::log_softmax;
+use ferrite_engine::model::{self, PromptBatching};
 
 const MIN_MATCHING: usize = 16;
 const LOGPROB_TOLERANCE: f32 = 1e-3;
@@ -29,31 +28,8 @@ fn replay(name: &str, data: &serde_json::Value, batching: PromptBatching) -> Vec
     for case in data["greedy_16"].as_array().unwrap() {
         let prompt: Vec<u32> = common::ids(&case["prompt_ids_with_special"]);
         let steps = case["steps"].as_array().unwrap();
-        let mut cache = model.new_cache(prompt.len() + steps.len());
-        let mut input = prompt.clone();
-        let (mut matched, mut worst) = (0, 0f32);
-        for step in steps {
-            let logits = model
-                .forward(&mut [BatchEntry {
-                    tokens: &input,
-                    cache: &mut cache,
-                    logits: Logits::Last,
-                    prompt_len: prompt.len(),
-                    images: Vec::new(),
-                    grids: Vec::new(),
-                }])
-                .unwrap()
-                .remove(0);
-            let logprobs = log_softmax(&logits);
-            let best = ferrite_engine::sampling::argmax(&logprobs) as u32;
-            if best != step["id"].as_u64().unwrap() as u32 {
-                break;
-            }
-            let want = step["logprob"].as_f64().unwrap() as f32;
-            worst = worst.max((logprobs[best as usize] - want).abs());
-            matched += 1;
-            input = vec![best];
-        }
+        let replay = common::replay_greedy(model.as_ref(), &prompt, steps).unwrap();
+        let (matched, worst) = (replay.matched, replay.worst_logprob_diff);
         let prompt = case["prompt"].as_str().unwrap().to_string();
         eprintln!(
             "{name} {prompt:?}: {matched}/{} tokens, worst logprob diff {worst:.4}",

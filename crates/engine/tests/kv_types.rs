@@ -49,7 +49,8 @@ fn check(data: &serde_json::Value, scratch: &Path) -> Result<String, String> {
         let prompt = common::ids(&case["prompt_ids"]);
         let steps = case["steps"].as_array().unwrap();
         assert_eq!(steps.len(), 16);
-        let diff = common::replay_greedy(model.as_ref(), &prompt, steps, LOGPROB_TOLERANCE)
+        let diff = common::replay_greedy(model.as_ref(), &prompt, steps)
+            .and_then(|r| r.check(LOGPROB_TOLERANCE))
             .map_err(|e| format!("prompt {c}, {e}"))?;
         worst = worst.max(diff);
     }

@@ -52,7 +52,8 @@ fn check(
     for (c, case) in data["cases"].as_array().unwrap().iter().enumerate() {
         let prompt = common::ids(&case["prompt_ids"]);
         let steps = case["steps"].as_array().unwrap();
-        let diff = common::replay_greedy(model.as_ref(), &prompt, steps, tolerance)
+        let diff = common::replay_greedy(model.as_ref(), &prompt, steps)
+            .and_then(|r| r.check(tolerance))
             .map_err(|e| format!("prompt {c}, {e}"))?;
         worst = worst.max(diff);
     }

@@ -364,9 +364,8 @@ unsafe fn run_task(
     let t = task.rows.start;
     let pos = position(t);
     // The row kernel for row `t` over positions `lo..=hi` (none when empty): the group's
-    // unnormalised values and partials.
-    let attend_range = |t: usize, lo: usize, hi: usize| {
-        let mut acc = vec![0.0f32; group * head_dim];
+    // unnormalised values into `acc` (zeros on entry) and its partials.
+    let attend_range = |t: usize, lo: usize, hi: usize, acc: &mut [f32]| {
         let mut partials = vec![Partial::EMPTY; group];
         if lo <= hi {
             let kv = KvRows {
@@ -376,9 +375,9 @@ unsafe fn run_task(
                 last: hi,
             };
             // SAFETY: the caller guarantees the row kernel's requirements.
-            unsafe { (kernels.row)(queries(t), &kv, head_dim, scale, &mut acc, &mut partials) };
+            unsafe { (kernels.row)(queries(t), &kv, head_dim, scale, acc, &mut partials) };
         }
-        (acc, partials)
+        partials
     };
     match input.kernels[t] {
         AttentionKernel::Tiled => {
@@ -401,8 +400,7 @@ unsafe fn run_task(
             let width = group * head_dim;
             for (t, out) in task.rows.clone().zip(out.chunks_exact_mut(width)) {
                 let pos = position(t);
-                let (acc, partials) = attend_range(t, first(pos), last(pos));
-                out.copy_from_slice(&acc);
+                let partials = attend_range(t, first(pos), last(pos), out);
                 for (o, p) in out.chunks_exact_mut(head_dim).zip(&partials) {
                     normalise(o, p.sum);
                 }
@@ -412,8 +410,12 @@ unsafe fn run_task(
             // The second half always reaches the row's own position.
             let half = cells.div_ceil(2);
             let bounds = [(0, half), (half, cells.max(last(pos) + 1))];
-            let halves = bounds
-                .map(|(start, end)| attend_range(t, first(pos).max(start), last(pos).min(end - 1)));
+            let halves = bounds.map(|(start, end)| {
+                let mut acc = vec![0.0f32; group * head_dim];
+                let partials =
+                    attend_range(t, first(pos).max(start), last(pos).min(end - 1), &mut acc);
+                (acc, partials)
+            });
             for (h, o) in out.chunks_exact_mut(head_dim).enumerate() {
                 let part = |k: usize| (halves[k].1[h], &halves[k].0[h * head_dim..][..head_dim]);
                 combine([part(0), part(1)], o);

@@ -95,8 +95,8 @@ impl KvType {
                     *o = f16::from_le_bytes([b[0], b[1]]).to_f32();
                 }
             }
-            KvType::Q8_0 => read_blocks::<q8_0::Q8_0>(bytes, out),
-            KvType::Q4_0 => read_blocks::<q4_0::Q4_0>(bytes, out),
+            KvType::Q8_0 => block32::dequantize_into::<q8_0::Q8_0>(bytes, out),
+            KvType::Q4_0 => block32::dequantize_into::<q4_0::Q4_0>(bytes, out),
         }
     }
 
@@ -215,17 +215,6 @@ impl KvType {
 impl std::fmt::Display for KvType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
-    }
-}
-
-/// `d · q` for every value of a row of `F` blocks (exact in f32).
-fn read_blocks<F: block32::Block32>(bytes: &[u8], out: &mut [f32]) {
-    let blocks = super::formats::blocks::<F>(bytes);
-    for (block, out) in blocks.iter().zip(out.chunks_exact_mut(32)) {
-        let d = block.scale();
-        for (o, q) in out.iter_mut().zip(block.values()) {
-            *o = q as f32 * d;
-        }
     }
 }
 

@@ -59,7 +59,7 @@ impl Packed for Q4_0 {
     #[inline(always)]
     unsafe fn column_values(column: *const u8, i: usize) -> __m256i {
         // SAFETY: as the caller guarantees; the nibbles follow the eight scales.
-        unsafe { simd::nibbles_less_8(column.add(GROUP * 2 + i * 16)) }
+        unsafe { crate::simd::int_lanes::nibbles_less_8(column.add(GROUP * 2 + i * 16)) }
     }
 }
 

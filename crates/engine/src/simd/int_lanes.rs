@@ -19,6 +19,17 @@ pub unsafe fn nibbles(p: *const u8) -> __m256i {
     _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
 }
 
+/// 32 values less 8 from sixteen bytes of nibbles at `p` (Q4_0's), as signed bytes.
+///
+/// # Safety
+/// The CPU must have AVX2; `p` points at 16 readable bytes.
+#[inline(always)]
+pub unsafe fn nibbles_less_8(p: *const u8) -> __m256i {
+    // SAFETY: the caller upholds this function's safety contract, all that
+    // these operations need.
+    unsafe { _mm256_sub_epi8(nibbles(p), _mm256_set1_epi8(8)) }
+}
+
 /// 0xFF in byte i where bit i of `bits` is set, else 0.
 ///
 /// # Safety

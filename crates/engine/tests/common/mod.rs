@@ -102,22 +102,46 @@ pub fn start_engine(name: &str, config: EngineConfig) -> Engine {
     Engine::start(model, tokenizer, config)
 }
 
-/// Replays one recorded greedy case on `model` from an empty cache: each step's token must
-/// be the argmax, and its log-probability (where the fixture has one: llama-server leaves
-/// out a token ending inside a UTF-8 character) within `tolerance`. The worst difference,
-/// or the first disagreement.
+/// How a recorded greedy case replayed: the steps whose token was the argmax (up to the
+/// first that was not, which is `mismatch`: ferrite's token and the fixture's), and the
+/// largest log-probability difference among them (steps whose fixture has one:
+/// llama-server leaves out a token ending inside a UTF-8 character).
+pub struct GreedyReplay {
+    pub matched: usize,
+    pub worst_logprob_diff: f32,
+    pub mismatch: Option<(u32, u32)>,
+}
+
+impl GreedyReplay {
+    /// Every step matched with log-probabilities within `tolerance`, or what did not.
+    pub fn check(&self, tolerance: f32) -> Result<f32, String> {
+        if let Some((got, want)) = self.mismatch {
+            return Err(format!("token {}: {got}, llama.cpp {want}", self.matched));
+        }
+        if self.worst_logprob_diff > tolerance {
+            return Err(format!("logprob off by {}", self.worst_logprob_diff));
+        }
+        Ok(self.worst_logprob_diff)
+    }
+}
+
+/// Replays one recorded greedy case (`steps`, each with `id` and `logprob`) on `model` from
+/// an empty cache, feeding each argmax back, until a step's token is not the argmax.
 pub fn replay_greedy(
     model: &dyn model::Model,
     prompt: &[u32],
     steps: &[serde_json::Value],
-    tolerance: f32,
-) -> Result<f32, String> {
+) -> Result<GreedyReplay, String> {
     use ferrite_engine::model::{BatchEntry, Logits};
     use ferrite_engine::sampling::{argmax, log_softmax};
     let mut cache = model.new_cache(prompt.len() + steps.len());
     let mut input = prompt.to_vec();
-    let mut worst = 0f32;
-    for (s, step) in steps.iter().enumerate() {
+    let mut replay = GreedyReplay {
+        matched: 0,
+        worst_logprob_diff: 0.0,
+        mismatch: None,
+    };
+    for step in steps {
         let logits = model
             .forward(&mut [BatchEntry {
                 tokens: &input,
@@ -133,16 +157,15 @@ pub fn replay_greedy(
         let best = argmax(&logprobs) as u32;
         let want = step["id"].as_u64().unwrap() as u32;
         if best != want {
-            return Err(format!("token {s}: {best}, llama.cpp {want}"));
+            replay.mismatch = Some((best, want));
+            break;
         }
         if let Some(want) = step["logprob"].as_f64() {
             let diff = (logprobs[best as usize] - want as f32).abs();
-            if diff > tolerance {
-                return Err(format!("token {s}: logprob off by {diff}"));
-            }
-            worst = worst.max(diff);
+            replay.worst_logprob_diff = replay.worst_logprob_diff.max(diff);
         }
+        replay.matched += 1;
         input = vec![best];
     }
-    Ok(worst)
+    Ok(replay)
 }

@@ -39,13 +39,34 @@ pub(in crate::quant) const fn block_bytes<F: Block32>() -> usize {
     size_of::<F>()
 }
 
-/// One row's values as f32, appended: `d · q (+ m)`.
+/// One row's values as f32 into `out` (32 per whole block): `d · q`, plus `m` for the
+/// formats with a minimum (so a value with none is exactly `d · q`, as ggml's
+/// `dequantize_row_q8_0` / `_q4_0` give it).
+pub(in crate::quant) fn dequantize_into<F: Block32>(row: &[u8], out: &mut [f32]) {
+    for (block, out) in blocks::<F>(row).iter().zip(out.chunks_exact_mut(32)) {
+        let d = block.scale();
+        let values = block.values();
+        match block.minimum() {
+            Some(m) => {
+                for (o, &q) in out.iter_mut().zip(&values) {
+                    *o = q as f32 * d + m;
+                }
+            }
+            None => {
+                for (o, &q) in out.iter_mut().zip(&values) {
+                    *o = q as f32 * d;
+                }
+            }
+        }
+    }
+}
+
+/// One row's values as f32, appended ([`dequantize_into`]).
 #[cfg(test)]
 pub(in crate::quant) fn dequantize<F: Block32>(row: &[u8], out: &mut Vec<f32>) {
-    for block in blocks::<F>(row) {
-        let (d, m) = (block.scale(), block.minimum().unwrap_or(0.0));
-        out.extend(block.values().iter().map(|&q| q as f32 * d + m));
-    }
+    let at = out.len();
+    out.resize(at + row.len() / block_bytes::<F>() * 32, 0.0);
+    dequantize_into::<F>(row, &mut out[at..]);
 }
 
 /// The dot product of a weight row with a Q8 activation row, as llama.cpp's x86

@@ -8,7 +8,7 @@ use std::arch::x86_64::*;
 
 use super::{KvQuery, KvType, ValueStep};
 use crate::simd::convert::f16_le;
-use crate::simd::int_lanes::{lanes_avx2, nibbles};
+use crate::simd::int_lanes::{lanes_avx2, nibbles_less_8};
 use crate::simd::reduce::hsum_m256;
 
 /// A stored block's 32 values as signed bytes, and its scale.
@@ -21,7 +21,7 @@ unsafe fn block_values(t: KvType, block: *const u8) -> (__m256i, f32) {
     unsafe {
         let d = f16_le([*block, *block.add(1)]);
         let q = match t {
-            KvType::Q4_0 => _mm256_sub_epi8(nibbles(block.add(2)), _mm256_set1_epi8(8)),
+            KvType::Q4_0 => nibbles_less_8(block.add(2)),
             _ => _mm256_loadu_si256(block.add(2) as *const __m256i),
         };
         (q, d)

@@ -203,17 +203,6 @@ unsafe fn rows_avx2<const M: usize, const N: usize, F: Packed>(
     }
 }
 
-/// 32 values less 8 from sixteen bytes of nibbles at `p` (Q4_0's), as signed bytes.
-///
-/// # Safety
-/// The CPU must have AVX2; `p` points at 16 readable bytes.
-#[inline(always)]
-pub unsafe fn nibbles_less_8(p: *const u8) -> __m256i {
-    // SAFETY: the caller upholds this function's safety contract, all that
-    // these operations need.
-    unsafe { _mm256_sub_epi8(nibbles(p), _mm256_set1_epi8(8)) }
-}
-
 /// 32 values less 16 from their fifth bits at `qh` (a little-endian u32) and sixteen bytes
 /// of their low nibbles at `qs` (Q5_0's), as signed bytes: a value whose fifth bit is
 /// clear gets 0xF0 (its nibble less 16), one whose bit is set is its nibble.
