@@ -4,13 +4,15 @@
 //! in serving, and each measurement attends once per layer in turn, so the keys and values
 //! come from memory as they do in a decode step. Prints microseconds per layer and
 //! nanoseconds per (query head, key) pair, the fastest of about half a second of runs,
-//! on the compute threads (`--threads N`, default 2).
+//! on the compute threads (`--threads N`, default 2). With `--kv-type q8_0` (or `q4_0`) the
+//! cache holds keys and values in that type, and every row takes the quantized row kernel
+//! (llama.cpp's `-ctk`/`-ctv`); `--shapes 1` picks shapes by their number in the table.
 //!
 //!     cargo bench -p ferrite-engine --bench attention_kernels [-- --contexts 512,4096]
 
 use std::time::Instant;
 
-use ferrite_engine::kv_cache::SequenceCache;
+use ferrite_engine::kv_cache::{KvType, KvTypes, SequenceCache};
 use ferrite_engine::model::attention::{attend, AttentionInput, AttentionKernel, AttentionShape};
 use ferrite_engine::quant::sample::Xorshift;
 
@@ -35,19 +37,34 @@ fn main() {
         .split(',')
         .map(|n| n.parse().expect("--contexts 512,4096"))
         .collect();
+    let kv_type = option::<String>(&args, "--kv-type").map_or(KvType::F16, |name| {
+        KvType::parse(&name).expect("--kv-type f16, q8_0 or q4_0")
+    });
+    let shapes: Vec<usize> = option::<String>(&args, "--shapes").map_or_else(
+        || (0..SHAPES.len()).collect(),
+        |s| {
+            s.split(',')
+                .map(|n| n.parse().expect("--shapes 0,1"))
+                .collect()
+        },
+    );
+    let types = KvTypes {
+        keys: kv_type,
+        values: kv_type,
+    };
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
         .unwrap()
-        .install(|| run(&contexts));
-    println!("\n(per layer, the fastest run; {threads} thread(s))");
+        .install(|| run(&contexts, &shapes, types));
+    println!("\n(per layer, the fastest run; {threads} thread(s); {kv_type} keys and values)");
 }
 
-fn run(contexts: &[usize]) {
+fn run(contexts: &[usize], shapes: &[usize], types: KvTypes) {
     println!("| model | context | decode µs/layer | ns per head·key | 64-row batch µs/layer | ns per head·key |");
     println!("|---|---|---|---|---|---|");
     let mut rng = Xorshift::new(1);
-    for (name, layers, n_head, n_kv_head, head_dim) in SHAPES {
+    for &(name, layers, n_head, n_kv_head, head_dim) in shapes.iter().map(|&i| &SHAPES[i]) {
         let shape = AttentionShape {
             n_head,
             n_kv_head,
@@ -58,7 +75,7 @@ fn run(contexts: &[usize]) {
         };
         for &context in contexts {
             let width = n_kv_head * head_dim;
-            let mut cache = SequenceCache::new(layers, width, context);
+            let mut cache = SequenceCache::with_types(layers, width, context, types);
             let kv: Vec<f32> = (0..context * width).map(|_| rng.next_f32()).collect();
             for layer in 0..layers {
                 cache.write(layer, &kv, &kv);

@@ -20,9 +20,10 @@
 use half::f16;
 
 pub use super::attention_parts::ScoreScale;
-use super::attention_parts::{dot_f16, normalise, online_step, KvRows, Partial};
+use super::attention_parts::{dot_f16, normalise, KvRows, Partial};
 use super::attention_tiled::{self, Query, TiledKernel};
 use crate::kv_cache::LayerView;
+use crate::simd::softmax::online_step;
 
 /// The geometry of one attention layer.
 #[derive(Debug, Clone, Copy)]

@@ -5,15 +5,17 @@
 //!
 //! Per query row: with quantized keys the query is quantized to Q8_0 and each score is the
 //! formats' integer dot product (with f16 keys, as the f16 row kernel: the query rounded
-//! to f16, [`dot_f16`]); the online softmax is the f16 kernel's ([`online_step`]); with
-//! quantized values the weighted values are summed in f32 (with f16 values, in an f16
-//! accumulator). The type-specific work, and its AVX2 twin, is `quant/kv.rs`'s.
+//! to f16, [`dot_f16`]); the online softmax's steps are the f16 kernels' ([`KeySteps`], a
+//! vector of keys at a time); with quantized values the weighted values are summed in f32
+//! (with f16 values, in an f16 accumulator). The type-specific work, and its AVX2 twin, is
+//! `quant/kv.rs`'s.
 
 use half::f16;
 
-use super::attention_parts::{dot_f16, online_step, KvRows, Partial, ScoreScale};
+use super::attention_parts::{ask_for_head, dot_f16, KvRows, Partial, ScoreScale};
 use crate::kv_cache::{KvType, BLOCK_POSITIONS};
-use crate::quant::kv::{KvQuery, ValueStep};
+use crate::quant::kv::KvQuery;
+use crate::simd::softmax::{add_to_sums, KeySteps};
 
 /// The query row as the keys' dot product takes it.
 enum Query {
@@ -55,14 +57,21 @@ pub(super) unsafe fn attend_rows(
         })
         .collect();
     let rows = queries.len();
-    acc[..rows * head_dim].fill(0.0);
-    partials[..rows].fill(Partial::EMPTY);
+    let acc = &mut acc[..rows * head_dim];
+    acc.fill(0.0);
+    let mut max = vec![f32::NEG_INFINITY; rows];
+    let mut sum = vec![0.0f32; rows];
+    let mut steps: Vec<KeySteps> = (0..rows).map(|_| KeySteps::EMPTY).collect();
     let mut scores = [0f32; BLOCK_POSITIONS];
-    let mut steps = Vec::with_capacity(rows * BLOCK_POSITIONS);
-    for (keys, values, len) in kv.byte_runs() {
+    let value_head = types.values.row_bytes(head_dim);
+    let mut runs = kv.byte_runs().peekable();
+    while let Some((keys, values, len)) = runs.next() {
+        if let Some(&(keys, values, len)) = runs.peek() {
+            ask_for_head(keys, len, key_row, key_at, key_head);
+            ask_for_head(values, len, value_row, value_at, value_head);
+        }
         // Each row's scores and softmax steps for the run's keys, then its values for all.
-        steps.clear();
-        for (query, partial) in queries.iter().zip(partials.iter_mut()) {
+        for ((query, steps), max) in queries.iter().zip(&mut steps).zip(&mut max) {
             let scores = &mut scores[..len];
             match query {
                 Query::F16(q16) => {
@@ -73,21 +82,14 @@ pub(super) unsafe fn attend_rows(
                 }
                 Query::Q8(query) => types.keys.key_dots(&keys[key_at..], key_row, query, scores),
             }
-            for &dot in scores.iter() {
-                let (rescale, weight, raised) = online_step(scale.apply(dot), &mut partial.max);
-                partial.sum = partial.sum.mul_add(rescale, weight);
-                steps.push(ValueStep {
-                    rescale: raised.then_some(rescale),
-                    weight,
-                });
-            }
+            steps.fill_scaled(&scale.scaled_block(scores), len, max);
         }
-        types.values.add_values(
-            &values[value_at..],
-            value_row,
-            len,
-            &steps,
-            &mut acc[..rows * head_dim],
-        );
+        add_to_sums(&mut sum, &steps, len);
+        types
+            .values
+            .add_values(&values[value_at..], value_row, len, &steps, acc);
+    }
+    for ((partial, max), sum) in partials.iter_mut().zip(max).zip(sum) {
+        *partial = Partial { max, sum };
     }
 }

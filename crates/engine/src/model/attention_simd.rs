@@ -16,15 +16,15 @@ use half::f16;
 
 use std::arch::x86_64::*;
 
-use super::attention_parts::{KvRows, Partial, ScoreScale};
+use super::attention_parts::{ask_for_head, KvRows, Partial, ScoreScale};
 use crate::simd::lanes::{hsum8_each, Avx2, Avx512, Lanes};
-use crate::simd::prefetch::ask_for_lines;
+use crate::simd::softmax::{add_to_sums, KeySteps, STEP_KEYS};
 
 /// Keys scored before their values are added: one KV cache block's positions.
 const KEYS: usize = crate::kv_cache::BLOCK_POSITIONS;
 
-// [`Steps::raised`] holds a bit per key, and [`Steps::fill`] takes whole vectors of keys.
-const _: () = assert!(KEYS <= 64 && KEYS.is_multiple_of(16));
+// A block's keys take one [`KeySteps`].
+const _: () = assert!(KEYS == STEP_KEYS);
 
 /// Query rows whose accumulators are updated together.
 const ROW_TILE: usize = 4;
@@ -208,78 +208,6 @@ unsafe fn score_rows<L: Lanes, const R: usize>(
     }
 }
 
-/// One query row's steps of its online softmax over a KV block's keys.
-struct Steps {
-    /// Per key, the factor the accumulator is rescaled by (1 unless the key raised the
-    /// maximum).
-    rescale: [f32; KEYS],
-    /// Per key, the weight of its value.
-    weight: [f32; KEYS],
-    /// Bit j set where key j raised the maximum, rescaling the accumulator.
-    raised: u64,
-}
-
-impl Steps {
-    /// Steps that nothing has filled yet.
-    const EMPTY: Self = Self {
-        rescale: [1.0; KEYS],
-        weight: [0.0; KEYS],
-        raised: 0,
-    };
-
-    /// Fills the steps of the block's `len` keys from their dot products with the query
-    /// (`scores`), a vector of keys at a time ([`Lanes::softmax_steps`]), and moves the
-    /// row's running maximum past them.
-    ///
-    /// # Safety
-    /// The CPU has `L`'s instructions ([`Lanes`]); `len` is at most `KEYS`.
-    #[inline(always)]
-    unsafe fn fill<L: Lanes>(
-        &mut self,
-        scores: &[f32; KEYS],
-        len: usize,
-        scale: ScoreScale,
-        max: &mut f32,
-    ) {
-        // SAFETY: the caller upholds this function's safety contract, all that
-        // these operations need.
-        unsafe {
-            // Keys past `len` (to the end of the last vector) score -∞: they raise nothing
-            // and their steps go unread.
-            let mut scaled = [0.0; KEYS];
-            for (scaled, &score) in scaled.iter_mut().zip(&scores[..len]) {
-                *scaled = scale.apply(score);
-            }
-            let end = len.next_multiple_of(L::WIDTH).min(KEYS);
-            scaled[len..end].fill(f32::NEG_INFINITY);
-            self.raised = 0;
-            for j in (0..len).step_by(L::WIDTH) {
-                let steps = L::softmax_steps(L::load(scaled.as_ptr().add(j)), *max);
-                L::store(self.rescale.as_mut_ptr().add(j), steps.rescale);
-                L::store(self.weight.as_mut_ptr().add(j), steps.weight);
-                self.raised |= u64::from(steps.raised) << j;
-                *max = steps.max;
-            }
-        }
-    }
-}
-
-/// Moves `R` rows' sums of weights (`sums`) past the block's `len` keys: key by key, in
-/// order, each rescaled and then added. The rows' chains are independent and held in
-/// registers, so that each row's step overlaps the others' (one chain alone waits on
-/// every multiply-add before it).
-#[inline(always)]
-fn add_to_sums<const R: usize>(sums: &mut [f32], steps: &[Steps], len: usize) {
-    let steps: &[Steps; R] = steps[..R].try_into().unwrap();
-    let mut s: [f32; R] = sums[..R].try_into().unwrap();
-    for j in 0..len {
-        for (s, steps) in s.iter_mut().zip(steps) {
-            *s = s.mul_add(steps.rescale[j], steps.weight[j]);
-        }
-    }
-    sums[..R].copy_from_slice(&s);
-}
-
 /// Adds `len` keys' values (`stride` apart from `values`) into `R` rows' accumulators
 /// (`head_dim` apart from `acc`), in key order with an f16 rounding after every step.
 /// Each value is converted once for the `R` rows.
@@ -297,12 +225,12 @@ unsafe fn add_values<L: Lanes, const R: usize>(
     values: *const f16,
     stride: usize,
     len: usize,
-    steps: &[Steps],
+    steps: &[KeySteps],
 ) {
     // SAFETY: the caller upholds this function's safety contract, all that
     // these operations need.
     unsafe {
-        let steps: &[Steps; R] = steps[..R].try_into().unwrap();
+        let steps: &[KeySteps; R] = steps[..R].try_into().unwrap();
         let n = L::VALUE_VECTORS;
         for d in (0..head_dim).step_by(n * L::WIDTH) {
             // Sized for the widest choice; `VALUE_VECTORS` of them are used.
@@ -319,7 +247,7 @@ unsafe fn add_values<L: Lanes, const R: usize>(
                     *v = L::load_f16(at.add(h * L::WIDTH));
                 }
                 for r in 0..R {
-                    if steps[r].raised >> j & 1 != 0 {
+                    if steps[r].raised(j) {
                         let s = L::splat(steps[r].rescale[j]);
                         for a in a[r].iter_mut().take(n) {
                             *a = L::round16(L::mul(*a, s));
@@ -336,35 +264,6 @@ unsafe fn add_values<L: Lanes, const R: usize>(
                     L::store(acc.add(r * head_dim + d + h * L::WIDTH), *a);
                 }
             }
-        }
-    }
-}
-
-/// Asks for one KV head's keys and values at the `len` positions of a run (`stride`
-/// elements apart, the head `offset` elements into each), into the second-level cache:
-/// every line a head's `head_dim` values touch, wherever the block's allocation put them
-/// against line boundaries.
-///
-/// A position holds every KV head, so one head's values are a few of a position's lines
-/// (Llama 3.2 1B: 128 of 1,024 bytes). The hardware's prefetchers did not follow that
-/// pattern: at a 1,000-token context, a 1B model's decode step spent a fifth of its time
-/// in attention, most of it waiting on key and value loads. The kernel asks for the next
-/// run while it scores and adds this one (a run takes microseconds).
-#[inline(always)]
-fn ask_for_head(
-    keys: &[f16],
-    values: &[f16],
-    len: usize,
-    stride: usize,
-    offset: usize,
-    head_dim: usize,
-) {
-    let bytes = head_dim * std::mem::size_of::<f16>();
-    for run in [keys, values] {
-        let mut at = run.as_ptr().wrapping_add(offset);
-        for _ in 0..len {
-            ask_for_lines(at, bytes);
-            at = at.wrapping_add(stride);
         }
     }
 }
@@ -401,7 +300,7 @@ unsafe fn attend_body<L: Lanes>(
         acc.fill(0.0);
         let mut max = vec![f32::NEG_INFINITY; rows];
         let mut sum = vec![0.0f32; rows];
-        let mut steps: Vec<Steps> = (0..rows).map(|_| Steps::EMPTY).collect();
+        let mut steps: Vec<KeySteps> = (0..rows).map(|_| KeySteps::EMPTY).collect();
         let mut scores: Vec<[f32; KEYS]> = vec![[0.0; KEYS]; rows];
         let stride = kv.view.kv_width();
         let q16 = q16.as_ptr();
@@ -409,7 +308,9 @@ unsafe fn attend_body<L: Lanes>(
         while let Some((keys, values, len)) = runs.next() {
             assert!(len <= KEYS && len * stride <= keys.len() && kv.offset + head_dim <= stride);
             if let Some(&(keys, values, len)) = runs.peek() {
-                ask_for_head(keys, values, len, stride, kv.offset, head_dim);
+                for part in [keys, values] {
+                    ask_for_head(part, len, stride, kv.offset, head_dim);
+                }
             }
             let key = keys.as_ptr().add(kv.offset);
             let mut g = 0;
@@ -435,17 +336,9 @@ unsafe fn attend_body<L: Lanes>(
                 score_rows::<L, 1>(q, head_dim, key, stride, len, &mut scores[g..]);
             }
             for ((steps, scores), max) in steps.iter_mut().zip(&scores).zip(&mut max) {
-                steps.fill::<L>(scores, len, scale, max);
+                steps.fill::<L>(&scale.scaled_block(&scores[..len]), len, max);
             }
-            for g in (0..rows).step_by(ROW_TILE) {
-                let (sum, steps) = (&mut sum[g..], &steps[g..]);
-                match rows - g {
-                    1 => add_to_sums::<1>(sum, steps, len),
-                    2 => add_to_sums::<2>(sum, steps, len),
-                    3 => add_to_sums::<3>(sum, steps, len),
-                    _ => add_to_sums::<ROW_TILE>(sum, steps, len),
-                }
-            }
+            add_to_sums(&mut sum, &steps, len);
             let v = values.as_ptr().add(kv.offset);
             for g in (0..rows).step_by(ROW_TILE) {
                 let a = acc.as_mut_ptr().add(g * head_dim);
@@ -460,143 +353,6 @@ unsafe fn attend_body<L: Lanes>(
         }
         for ((partial, max), sum) in partials.iter_mut().zip(max).zip(sum) {
             *partial = Partial { max, sum };
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::attention::AttentionShape;
-    use crate::model::attention_parts::online_step;
-    use crate::quant::sample::Xorshift;
-
-    /// The steps one key at a time, as the portable row code takes them
-    /// ([`online_step`]): (rescale, weight, raised) per key, and the running maximum
-    /// after them.
-    fn scalar_steps(
-        scores: &[f32],
-        scale: ScoreScale,
-        mut max: f32,
-    ) -> (Vec<(f32, f32, bool)>, f32) {
-        let steps = scores
-            .iter()
-            .map(|&score| online_step(scale.apply(score), &mut max))
-            .collect();
-        (steps, max)
-    }
-
-    /// [`Steps::fill`] at one width.
-    type Fill = unsafe fn(&mut Steps, &[f32; KEYS], usize, ScoreScale, &mut f32);
-
-    /// # Safety
-    /// The CPU has AVX2, FMA and F16C; as for [`Steps::fill`].
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn fill_avx2(
-        steps: &mut Steps,
-        scores: &[f32; KEYS],
-        len: usize,
-        scale: ScoreScale,
-        max: &mut f32,
-    ) {
-        // SAFETY: the caller upholds this function's safety contract, all that
-        // these operations need.
-        unsafe { steps.fill::<Avx2>(scores, len, scale, max) }
-    }
-
-    /// [`Steps::fill`] with AVX-512.
-    ///
-    /// # Safety
-    ///
-    /// The CPU has AVX2, FMA, F16C and AVX-512 F; as for [`Steps::fill`].
-    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
-    unsafe fn fill_avx512(
-        steps: &mut Steps,
-        scores: &[f32; KEYS],
-        len: usize,
-        scale: ScoreScale,
-        max: &mut f32,
-    ) {
-        // SAFETY: the caller upholds this function's safety contract, all that
-        // these operations need.
-        unsafe { steps.fill::<Avx512>(scores, len, scale, max) }
-    }
-
-    /// Score runs that test the order of the running maximum: ties (the earlier of equal
-    /// scores stays, `+0` after `-0` raises nothing), NaN (raises nothing, weighs NaN),
-    /// -∞, gaps past `expf`'s underflow, rises and falls at every lane.
-    fn hostile_runs() -> Vec<Vec<f32>> {
-        let mut rng = Xorshift::new(7);
-        let mut runs = vec![
-            vec![-0.0, 0.0, -0.0, 0.0, 1.0, 1.0, -1.0, 1.0],
-            vec![-0.0, 0.0, -0.0, 0.0],
-            vec![0.0, -0.0, 0.0, -0.0, 0.0, 0.0, 0.0, 0.0, -0.0],
-            vec![f32::NAN, 1.0, f32::NAN, 2.0, f32::NAN],
-            vec![f32::NEG_INFINITY, f32::NEG_INFINITY, 3.0, f32::NEG_INFINITY],
-            vec![f32::NAN; 3],
-            vec![
-                -500.0, 0.0, 500.0, -104.0, 103.5, 88.5, -88.5, 0.0, 1e30, -1e30,
-            ],
-            (0..64).map(|i| i as f32).collect(),
-            (0..64).map(|i| -(i as f32)).collect(),
-            (0..64)
-                .map(|i| if i % 2 == 0 { i as f32 } else { -(i as f32) })
-                .collect(),
-        ];
-        for len in [1, 7, 8, 9, 15, 16, 17, 33, 63, 64] {
-            runs.push((0..len).map(|_| (rng.next_f32() - 0.5) * 200.0).collect());
-        }
-        runs
-    }
-
-    #[test]
-    fn vector_softmax_steps_match_the_scalar_ones() {
-        let cpu = crate::simd::cpu::detected();
-        let widths: [(&str, bool, Fill); 2] = [
-            ("AVX2", cpu.avx2, fill_avx2),
-            ("AVX-512", cpu.avx512, fill_avx512),
-        ];
-        let plain = AttentionShape {
-            n_head: 1,
-            n_kv_head: 1,
-            head_dim: 64,
-            scale: 1.0,
-            window: None,
-            softcap: None,
-        };
-        let capped = AttentionShape {
-            softcap: Some(30.0),
-            ..plain
-        };
-        let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
-        for (name, usable, fill) in widths {
-            if crate::simd::cpu::lacks(usable, name) {
-                continue;
-            }
-            for scale in [plain.score_scale(), capped.score_scale()] {
-                for run in hostile_runs() {
-                    for start in [f32::NEG_INFINITY, 0.0, -0.0, 5.0] {
-                        let mut scores = [0.0; KEYS];
-                        scores[..run.len()].copy_from_slice(&run);
-                        let (want, want_max) = scalar_steps(&run, scale, start);
-                        let (mut steps, mut max) = (Steps::EMPTY, start);
-                        // SAFETY: the CPU has the width's features.
-                        unsafe { fill(&mut steps, &scores, run.len(), scale, &mut max) };
-                        assert!(
-                            same(max, want_max),
-                            "{name}: max {max} against {want_max} for {run:?}"
-                        );
-                        for (j, &(rescale, weight, raised)) in want.iter().enumerate() {
-                            assert!(
-                                same(steps.rescale[j], rescale)
-                                    && same(steps.weight[j], weight)
-                                    && (steps.raised >> j & 1 != 0) == raised,
-                                "{name}: key {j} of {run:?} from {start}"
-                            );
-                        }
-                    }
-                }
-            }
         }
     }
 }

@@ -16,6 +16,7 @@ use half::f16;
 use super::formats::block32::{self, block_bytes};
 use super::formats::{q4_0, q8_0};
 use super::q8::{self, Q8Row};
+use crate::simd::softmax::{KeySteps, STEP_KEYS};
 
 #[cfg(target_arch = "x86_64")]
 mod simd;
@@ -111,16 +112,6 @@ impl KvType {
     }
 }
 
-/// One key's part in adding the values: whether its score raised the row's maximum (then
-/// what was added before is rescaled first) and its weight.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ValueStep {
-    /// The factor earlier values are rescaled by, when this key raised the maximum.
-    pub rescale: Option<f32>,
-    /// This key's weight.
-    pub weight: f32,
-}
-
 impl KvType {
     /// The dot products of a quantized query with `out.len()` stored key heads: head `i` is
     /// `keys[i · stride..]`, [`Self::row_bytes`] of the query's length. As
@@ -148,27 +139,30 @@ impl KvType {
     /// Adds `keys` stored value heads (head `i` at `values[i · stride..]`) into the
     /// accumulators of the query rows that attend to them, as llama.cpp's flash attention
     /// does for each row: `acc` holds the rows' accumulators one after another (`head`
-    /// values each, `head` = `acc.len()` / rows), `steps` each row's `keys` steps in turn.
-    /// Key by key, a row's accumulator is rescaled `acc · r` on a raise, then takes
-    /// `fma(v, w, acc)`: in f32 for a quantized type, the value read exactly; for f16
-    /// values in an f16 accumulator (`acc` holds f16 values, each step rounded to f16). A
-    /// value is read once for all the rows. With AVX2 where the CPU has it (same bits).
+    /// values each, `head` = `acc.len()` / rows), `steps` each row's online-softmax steps
+    /// for the keys. Key by key, a row's accumulator is rescaled `acc · r` where the key
+    /// raised the maximum, then takes `fma(v, w, acc)`: in f32 for a quantized type, the
+    /// value read exactly; for f16 values in an f16 accumulator (`acc` holds f16 values,
+    /// each step rounded to f16). With AVX2 where the CPU has it (same bits): each value
+    /// converted once for every row, four rows' accumulators held in registers across the keys.
     pub fn add_values(
         self,
         values: &[u8],
         stride: usize,
         keys: usize,
-        steps: &[ValueStep],
+        steps: &[KeySteps],
         acc: &mut [f32],
     ) {
-        let rows = steps.len() / keys.max(1);
-        assert!(steps.len() == rows * keys && rows > 0 && acc.len().is_multiple_of(rows));
-        let head_bytes = self.row_bytes(acc.len() / rows);
+        let rows = steps.len();
+        assert!(rows > 0 && keys <= STEP_KEYS && acc.len().is_multiple_of(rows));
+        let head = acc.len() / rows;
+        let head_bytes = self.row_bytes(head);
         assert!(keys == 0 || values.len() >= (keys - 1) * stride + head_bytes);
         #[cfg(target_arch = "x86_64")]
-        if self.is_quantized() && (acc.len() / rows).is_multiple_of(32) && crate::simd::avx2() {
-            // SAFETY: AVX2, FMA and F16C are available, the type is quantized, a head is
-            // whole blocks, and every head lies within `values` (asserted above).
+        if head.is_multiple_of(32) && head <= simd::MAX_VALUE_HEAD && crate::simd::avx2() {
+            // SAFETY: AVX2, FMA and F16C are available, a head is whole blocks of 32 and
+            // fits the kernel's buffer, and every head lies within `values` (asserted
+            // above).
             return unsafe { simd::add_values(self, values, stride, keys, steps, acc) };
         }
         self.add_values_portable(values, stride, keys, steps, acc);
@@ -180,11 +174,10 @@ impl KvType {
         values: &[u8],
         stride: usize,
         keys: usize,
-        steps: &[ValueStep],
+        steps: &[KeySteps],
         acc: &mut [f32],
     ) {
-        let rows = steps.len() / keys.max(1);
-        let head = acc.len() / rows.max(1);
+        let head = acc.len() / steps.len().max(1);
         let head_bytes = self.row_bytes(head);
         let mut v = vec![0f32; head];
         let f16_acc = self == KvType::F16;
@@ -197,15 +190,14 @@ impl KvType {
         };
         for i in 0..keys {
             self.read_row(&values[i * stride..i * stride + head_bytes], &mut v);
-            for (r, acc) in acc.chunks_exact_mut(head).enumerate() {
-                let step = steps[r * keys + i];
-                if let Some(scale) = step.rescale {
+            for (acc, steps) in acc.chunks_exact_mut(head).zip(steps) {
+                if steps.raised(i) {
                     for a in acc.iter_mut() {
-                        *a = round(*a * scale);
+                        *a = round(*a * steps.rescale[i]);
                     }
                 }
                 for (a, v) in acc.iter_mut().zip(&v) {
-                    *a = round(v.mul_add(step.weight, *a));
+                    *a = round(v.mul_add(steps.weight[i], *a));
                 }
             }
         }
@@ -256,14 +248,14 @@ mod tests {
     }
 
     /// The dispatched (SIMD where the CPU has it) key dots and value sums give the
-    /// portable code's bits, for every type, head size and a padded stride.
+    /// portable code's bits, for every type, head size, number of keys (eight at a time
+    /// and the rest) and of rows (four at a time and the rest), with a padded stride.
     #[test]
     fn runs_match_the_portable_code_bit_for_bit() {
         let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         let mut rng = Xorshift::new(9);
         for t in KvType::ALL {
-            for width in [32, 64, 96, 128, 256] {
-                let n = 37;
+            for (width, n) in [(32, 5), (64, 64), (96, 37), (128, 17), (256, 64)] {
                 let pad = t.row_bytes(64);
                 let stride = t.row_bytes(width) + pad;
                 let rows = stored(t, n, width, pad, &mut rng);
@@ -275,18 +267,28 @@ mod tests {
                     t.key_dots_portable(&rows, stride, &query, &mut slow);
                     assert_eq!(bits(&fast), bits(&slow), "{t} {width}");
                 }
-                // Three query rows, each raising its maximum at its own keys.
-                let steps: Vec<ValueStep> = (0..3 * n)
-                    .map(|i| ValueStep {
-                        rescale: (i % (5 + i / n) == 0).then(|| rng.next_f32()),
-                        weight: rng.next_f32(),
-                    })
-                    .collect();
-                let mut fast: Vec<f32> = (0..3 * width).map(|_| rng.next_f32()).collect();
-                let mut slow = fast.clone();
-                t.add_values(&rows, stride, n, &steps, &mut fast);
-                t.add_values_portable(&rows, stride, n, &steps, &mut slow);
-                assert_eq!(bits(&fast), bits(&slow), "{t} {width}");
+                for query_rows in [1, 2, 3, 4, 5, 8] {
+                    // Each query row raises its maximum at its own keys.
+                    let steps: Vec<KeySteps> = (0..query_rows)
+                        .map(|r| {
+                            let mut steps = KeySteps::EMPTY;
+                            for i in 0..n {
+                                if i % (5 + r) == 0 {
+                                    steps.raised |= 1 << i;
+                                    steps.rescale[i] = rng.next_f32();
+                                }
+                                steps.weight[i] = rng.next_f32();
+                            }
+                            steps
+                        })
+                        .collect();
+                    let mut fast: Vec<f32> =
+                        (0..query_rows * width).map(|_| rng.next_f32()).collect();
+                    let mut slow = fast.clone();
+                    t.add_values(&rows, stride, n, &steps, &mut fast);
+                    t.add_values_portable(&rows, stride, n, &steps, &mut slow);
+                    assert_eq!(bits(&fast), bits(&slow), "{t} {width} {query_rows} rows");
+                }
             }
         }
     }

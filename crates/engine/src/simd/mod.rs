@@ -2,8 +2,8 @@
 //! ([`cpu`]) and asked through the tier functions here, horizontal reductions in the
 //! orders llama.cpp's kernels add in ([`reduce`]), number conversions ([`convert`]),
 //! `expf` as ggml (its AVX-512 and AVX2 versions) and glibc compute it ([`ggml_expf`],
-//! [`exp_in_place`]), the vector
-//! lanes attention is written in, integer lanes and prefetches.
+//! [`exp_in_place`]), the vector lanes attention is written in, the online softmax's
+//! steps every attention kernel takes ([`softmax`]), integer lanes and prefetches.
 //! Nothing here knows of models, attention or weight formats; everything above may use it.
 
 pub mod convert;
@@ -15,6 +15,7 @@ pub(crate) mod lanes;
 mod libm_expf;
 pub mod prefetch;
 pub mod reduce;
+pub mod softmax;
 
 /// f32 lanes of a 512-bit vector: the rows of one lane group of the weight layouts.
 pub const LANES_512: usize = 16;

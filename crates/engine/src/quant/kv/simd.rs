@@ -1,15 +1,32 @@
 //! AVX2 twins of the KV cache's key dots and value sums (`quant/kv.rs`), bit-identical to its
 //! portable code: a block's integer lanes are exact, the lanes are folded with the same
-//! fused multiply-adds and summed in `hsum_float_8` order, and a quantized value is
-//! `q · d` exactly before its fused multiply-add. llama.cpp's AVX-512 builds run these
-//! same AVX2 kernels, so one width serves both.
+//! fused multiply-adds and summed in `hsum_float_8` order (eight keys' sums finished
+//! together), and a quantized value is `q · d` exactly before its fused multiply-add
+//! (values converted once for four rows, whose accumulators stay in registers across a
+//! run of keys). llama.cpp's AVX-512 builds run these same AVX2 kernels, so one width
+//! serves both.
 
 use std::arch::x86_64::*;
 
-use super::{KvQuery, KvType, ValueStep};
+use super::{KvQuery, KvType};
 use crate::simd::convert::f16_le;
 use crate::simd::int_lanes::{lanes_avx2, nibbles_less_8};
+use crate::simd::lanes::hsum8_each;
 use crate::simd::reduce::hsum_m256;
+use crate::simd::softmax::KeySteps;
+
+/// Keys whose dot products are finished together ([`hsum8_each`]).
+const KEY_GROUP: usize = 8;
+
+/// Query rows whose accumulators a pass over the values updates together.
+const ROW_TILE: usize = 4;
+
+/// Values of a head a pass over the keys updates (two vectors per row).
+const VALUE_CHUNK: usize = 16;
+
+/// Values converted to f32 before they are added (16 KiB): as many keys' heads as fit,
+/// at least one.
+pub(super) const MAX_VALUE_HEAD: usize = 4096;
 
 /// A stored block's 32 values as signed bytes, and its scale.
 ///
@@ -28,7 +45,9 @@ unsafe fn block_values(t: KvType, block: *const u8) -> (__m256i, f32) {
     }
 }
 
-/// [`KvType::key_dots`] with AVX2.
+/// [`KvType::key_dots`] with AVX2: eight keys at a time, each key's lanes folded block by
+/// block as [`KvType::key_dot`] does and the eight sums finished together; the rest one
+/// at a time.
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available; `t` is quantized; head `i` of
@@ -43,83 +62,209 @@ pub(super) unsafe fn key_dots(
 ) {
     let block = t.row_bytes(32);
     let (scales, values) = (query.scales(), query.values());
-    for (i, o) in out.iter_mut().enumerate() {
+    // One key's lanes after block `b`, added into `acc`.
+    let fold = |acc: __m256, key: usize, b: usize, q: __m256i, qd: __m256| {
+        // SAFETY: the caller guarantees the head's blocks lie within `keys`.
+        let (k, kd) = unsafe { block_values(t, keys.as_ptr().add(key * stride + b * block)) };
+        // Signed by signed: |k| times q carrying k's sign, as ggml's sign trick.
+        let lanes = lanes_avx2(_mm256_sign_epi8(k, k), _mm256_sign_epi8(q, k));
+        _mm256_fmadd_ps(
+            _mm256_mul_ps(_mm256_set1_ps(kd), qd),
+            _mm256_cvtepi32_ps(lanes),
+            acc,
+        )
+    };
+    // SAFETY: the query holds 32 values per scale.
+    let query_block =
+        |b: usize| unsafe { _mm256_loadu_si256(values.as_ptr().add(b * 32) as *const __m256i) };
+    let grouped = out.len() / KEY_GROUP * KEY_GROUP;
+    for j in (0..grouped).step_by(KEY_GROUP) {
+        // Key by key, each one's blocks in the order they lie in memory, its sum in a
+        // register (an element of the array would go through memory at every block).
+        let acc: [__m256; KEY_GROUP] = std::array::from_fn(|i| {
+            let mut acc = _mm256_setzero_ps();
+            for (b, &qd) in scales.iter().enumerate() {
+                acc = fold(acc, j + i, b, query_block(b), _mm256_set1_ps(qd));
+            }
+            acc
+        });
+        // SAFETY: `j + 8 <= out.len()`.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(j), hsum8_each(&acc)) };
+    }
+    for (j, o) in out.iter_mut().enumerate().skip(grouped) {
         let mut acc = _mm256_setzero_ps();
         for (b, &qd) in scales.iter().enumerate() {
-            // SAFETY: the caller guarantees the head's blocks lie within `keys`; the
-            // query holds 32 values per scale.
-            let (k, q) = unsafe {
-                let (k, kd) = block_values(t, keys.as_ptr().add(i * stride + b * block));
-                let q = _mm256_loadu_si256(values.as_ptr().add(b * 32) as *const __m256i);
-                ((k, kd), q)
-            };
-            let (k, kd) = k;
-            // Signed by signed: |k| times q carrying k's sign, as ggml's sign trick.
-            let lanes = lanes_avx2(_mm256_sign_epi8(k, k), _mm256_sign_epi8(q, k));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(kd * qd), _mm256_cvtepi32_ps(lanes), acc);
+            acc = fold(acc, j, b, query_block(b), _mm256_set1_ps(qd));
         }
         *o = hsum_m256(acc);
     }
 }
 
-/// [`KvType::add_values`] with AVX2 (a quantized type, whole blocks): each value block is
-/// read and converted once, then added into every row's accumulator.
+/// Values `at..at + 16` of a stored head (`row`, in type `t`) as two vectors of f32,
+/// exactly as stored.
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be available; `t` is quantized; `steps` holds `keys` steps of
-/// each of the rows whose accumulators `acc` holds (a multiple of 32 values each); head `i`
-/// of `t.row_bytes(head)` bytes lies at `values[i · stride..]` for every `i < keys`.
+/// AVX2 and F16C must be available; `row` points at a whole head of `t` holding value
+/// `at + 15`, and `at` is a multiple of 16.
+#[inline(always)]
+unsafe fn value_chunk(t: KvType, row: *const u8, at: usize) -> [__m256; 2] {
+    // SAFETY: the caller gives a head holding values `at..at + 16`: for a quantized type,
+    // half of block `at / 32`, whose bytes (scale, then values) lie within it.
+    unsafe {
+        if t == KvType::F16 {
+            let p = row.add(2 * at) as *const __m128i;
+            return [
+                _mm256_cvtph_ps(_mm_loadu_si128(p)),
+                _mm256_cvtph_ps(_mm_loadu_si128(p.add(1))),
+            ];
+        }
+        let block = row.add(at / 32 * t.row_bytes(32));
+        let d = _mm256_set1_ps(f16_le([*block, *block.add(1)]));
+        let q = block.add(2);
+        let eight = |p: *const u8| _mm_loadl_epi64(p as *const __m128i);
+        let ints = if t == KvType::Q4_0 {
+            // Values 0..16 of a block are its bytes' low nibbles, 16..32 their high ones,
+            // each less 8.
+            let low = at.is_multiple_of(32);
+            let nibbles = |p: *const u8| {
+                let x = _mm256_cvtepu8_epi32(eight(p));
+                let x = if low {
+                    _mm256_and_si256(x, _mm256_set1_epi32(0xF))
+                } else {
+                    _mm256_srli_epi32::<4>(x)
+                };
+                _mm256_sub_epi32(x, _mm256_set1_epi32(8))
+            };
+            [nibbles(q), nibbles(q.add(8))]
+        } else {
+            let q = q.add(at % 32);
+            [
+                _mm256_cvtepi8_epi32(eight(q)),
+                _mm256_cvtepi8_epi32(eight(q.add(8))),
+            ]
+        };
+        ints.map(|i| _mm256_mul_ps(_mm256_cvtepi32_ps(i), d))
+    }
+}
+
+/// [`KvType::add_values`] with AVX2 (heads of whole blocks of 32, at most
+/// [`MAX_VALUE_HEAD`] values): a few keys at a time, their heads converted to f32 once
+/// (each read in order), then added four rows at a time, sixteen values of each row's
+/// accumulator held in registers across those keys.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; `acc` holds the accumulators of `steps.len()`
+/// rows, a multiple of 32 values each and at most [`MAX_VALUE_HEAD`]; head `i` of
+/// `t.row_bytes(head)` bytes lies at `values[i · stride..]` for every `i < keys`; `keys`
+/// is at most the steps' keys.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn add_values(
     t: KvType,
     values: &[u8],
     stride: usize,
     keys: usize,
-    steps: &[ValueStep],
+    steps: &[KeySteps],
     acc: &mut [f32],
 ) {
-    let block = t.row_bytes(32);
-    let rows = steps.len() / keys;
+    let rows = steps.len();
     let head = acc.len() / rows;
-    let a = acc.as_mut_ptr();
-    for i in 0..keys {
-        for r in 0..rows {
-            if let Some(scale) = steps[r * keys + i].rescale {
-                let scale = _mm256_set1_ps(scale);
-                for at in (r * head..(r + 1) * head).step_by(8) {
-                    // SAFETY: `at + 8 <= acc.len()`: heads are multiples of 32.
-                    unsafe {
-                        _mm256_storeu_ps(
-                            a.add(at),
-                            _mm256_mul_ps(_mm256_loadu_ps(a.add(at)), scale),
-                        )
-                    };
+    let per_pass = MAX_VALUE_HEAD / head;
+    let mut converted = std::mem::MaybeUninit::<[f32; MAX_VALUE_HEAD]>::uninit();
+    let converted = converted.as_mut_ptr() as *mut f32;
+    for first in (0..keys).step_by(per_pass) {
+        let n = per_pass.min(keys - first);
+        for k in 0..n {
+            // SAFETY: the caller guarantees head `first + k` lies within `values`; `n`
+            // heads of `head` values fit in `converted`.
+            unsafe {
+                let row = values.as_ptr().add((first + k) * stride);
+                for d in (0..head).step_by(VALUE_CHUNK) {
+                    let v = value_chunk(t, row, d);
+                    let to = converted.add(k * head + d);
+                    _mm256_storeu_ps(to, v[0]);
+                    _mm256_storeu_ps(to.add(8), v[1]);
                 }
             }
         }
-        for b in 0..head / 32 {
-            // SAFETY: the caller guarantees the head's blocks lie within `values`; block
-            // `b`'s 32 accumulators of each row lie within `acc`.
+        let pass = Pass {
+            converted,
+            head,
+            first,
+            keys: n,
+            f16_acc: t == KvType::F16,
+        };
+        for g in (0..rows).step_by(ROW_TILE) {
+            let (steps, a) = (&steps[g..], acc[g * head..].as_mut_ptr());
+            // SAFETY: as the caller guarantees, for the rows from `g`; the pass's heads
+            // are converted.
             unsafe {
-                let (q, d) = block_values(t, values.as_ptr().add(i * stride + b * block));
-                let d = _mm256_set1_ps(d);
-                let (low, high) = (_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q));
-                let value = |bytes: __m128i| {
-                    _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)), d)
-                };
-                let v = [
-                    value(low),
-                    value(_mm_unpackhi_epi64(low, low)),
-                    value(high),
-                    value(_mm_unpackhi_epi64(high, high)),
-                ];
-                for r in 0..rows {
-                    let w = _mm256_set1_ps(steps[r * keys + i].weight);
-                    let at = a.add(r * head + b * 32);
-                    for (k, v) in v.iter().enumerate() {
-                        let at = at.add(k * 8);
-                        _mm256_storeu_ps(at, _mm256_fmadd_ps(*v, w, _mm256_loadu_ps(at)));
+                match rows - g {
+                    1 => pass.add_rows::<1>(steps, a),
+                    2 => pass.add_rows::<2>(steps, a),
+                    3 => pass.add_rows::<3>(steps, a),
+                    _ => pass.add_rows::<ROW_TILE>(steps, a),
+                }
+            }
+        }
+    }
+}
+
+/// Values of keys `first..first + keys` converted to f32 (`head` each, one after another
+/// from `converted`), to be added into rows' accumulators.
+struct Pass {
+    converted: *const f32,
+    head: usize,
+    first: usize,
+    keys: usize,
+    /// Whether the accumulators are f16 (f16 values): each step rounded to f16 and back.
+    f16_acc: bool,
+}
+
+impl Pass {
+    /// Adds the pass's values into `R` rows' accumulators (`head` apart from `acc`),
+    /// sixteen values at a time, each row rescaled where a key raised its maximum.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C are available; `acc` reaches `R` rows of `head` writable values
+    /// and `steps` holds `R` rows.
+    #[inline(always)]
+    unsafe fn add_rows<const R: usize>(&self, steps: &[KeySteps], acc: *mut f32) {
+        // SAFETY: the caller guarantees AVX2, FMA and F16C and the accumulators; the
+        // converted values lie within the pass.
+        unsafe {
+            let steps: &[KeySteps; R] = steps[..R].try_into().unwrap();
+            let (head, f16_acc) = (self.head, self.f16_acc);
+            let round = |x: __m256| {
+                if f16_acc {
+                    _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+                } else {
+                    x
+                }
+            };
+            for d in (0..head).step_by(VALUE_CHUNK) {
+                // `d + 16 <= head` (a multiple of 32) in each of the `R` rows.
+                let mut a: [[__m256; 2]; R] = std::array::from_fn(|r| {
+                    let p = acc.add(r * head + d);
+                    [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))]
+                });
+                for k in 0..self.keys {
+                    let i = self.first + k;
+                    let from = self.converted.add(k * head + d);
+                    let v = [_mm256_loadu_ps(from), _mm256_loadu_ps(from.add(8))];
+                    for (a, steps) in a.iter_mut().zip(steps) {
+                        if steps.raised(i) {
+                            let s = _mm256_set1_ps(steps.rescale[i]);
+                            *a = a.map(|a| round(_mm256_mul_ps(a, s)));
+                        }
+                        let w = _mm256_set1_ps(steps.weight[i]);
+                        a[0] = round(_mm256_fmadd_ps(v[0], w, a[0]));
+                        a[1] = round(_mm256_fmadd_ps(v[1], w, a[1]));
                     }
+                }
+                for (r, a) in a.iter().enumerate() {
+                    let p = acc.add(r * head + d);
+                    _mm256_storeu_ps(p, a[0]);
+                    _mm256_storeu_ps(p.add(8), a[1]);
                 }
             }
         }
