@@ -21,6 +21,7 @@ use half::f16;
 
 pub use super::attention_parts::ScoreScale;
 use super::attention_parts::{dot_f16, normalise, KvRows, Partial};
+use super::attention_quant::{attend_tokens, Heads, TokenRows};
 use super::attention_tiled::{self, Query, TiledKernel};
 use crate::kv_cache::LayerView;
 use crate::simd::softmax::online_step;
@@ -154,6 +155,10 @@ pub(super) type GroupKernel = unsafe fn(
 struct Kernels {
     row: GroupKernel,
     tiled: TiledKernel,
+    /// Whether a task's row-kernel rows go through the cache together
+    /// ([`super::attention_quant::attend_tokens`], for a quantized cache) rather than
+    /// each token's in turn.
+    tokens_together: bool,
 }
 
 /// Tiled rows of one sequence and KV head handled by one task (they share each tile's
@@ -176,6 +181,7 @@ pub fn attend_many(shape: &AttentionShape, inputs: &[AttentionInput<'_>]) -> Vec
         let kernels = Kernels {
             row: super::attention_simd::attend_rows,
             tiled: super::attention_tiled_simd::attend_tiled,
+            tokens_together: false,
         };
         // SAFETY: AVX2, FMA and F16C are available and the head size is a multiple of 64.
         return unsafe { attend_with(shape, inputs, kernels) };
@@ -198,6 +204,7 @@ fn attend_quantized(shape: &AttentionShape, inputs: &[AttentionInput<'_>]) -> Ve
     let kernels = Kernels {
         row: super::attention_quant::attend_rows,
         tiled: attention_tiled::attend_tiled_portable,
+        tokens_together: true,
     };
     // SAFETY: the quantized row kernel has no requirements, and no row is tiled.
     unsafe { attend_with(shape, &inputs, kernels) }
@@ -217,6 +224,7 @@ fn attend_portable_many(shape: &AttentionShape, inputs: &[AttentionInput<'_>]) -
     let kernels = Kernels {
         row: attend_rows_portable,
         tiled: attention_tiled::attend_tiled_portable,
+        tokens_together: false,
     };
     // SAFETY: the portable kernels have no requirements.
     unsafe { attend_with(shape, inputs, kernels) }
@@ -396,6 +404,27 @@ unsafe fn run_task(
                 .collect();
             // SAFETY: the caller guarantees the tiled kernel's requirements.
             unsafe { (kernels.tiled)(&rows, input.kv, offset, scale, &mut out) };
+        }
+        AttentionKernel::Row if kernels.tokens_together => {
+            let tokens: Vec<TokenRows<'_>> = task
+                .rows
+                .clone()
+                .map(|t| TokenRows {
+                    q: queries(t),
+                    first: first(position(t)),
+                    last: last(position(t)),
+                })
+                .collect();
+            let heads = Heads {
+                view: input.kv,
+                offset,
+                head_dim,
+            };
+            let mut partials = vec![Partial::EMPTY; tokens.len() * group];
+            attend_tokens(&tokens, heads, scale, &mut out, &mut partials);
+            for (o, p) in out.chunks_exact_mut(head_dim).zip(&partials) {
+                normalise(o, p.sum);
+            }
         }
         AttentionKernel::Row => {
             let width = group * head_dim;

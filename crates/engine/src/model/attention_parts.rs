@@ -79,18 +79,6 @@ impl<'a> KvRows<'a> {
             )
         })
     }
-
-    /// [`Self::runs`] for a cache of any types: the run's stored key and value rows (every
-    /// KV head, a row per position in its type) and its length.
-    pub(super) fn byte_runs(&self) -> impl Iterator<Item = (&'a [u8], &'a [u8], usize)> + '_ {
-        self.view.runs(self.first..self.last + 1).map(|r| {
-            (
-                self.view.key_bytes(r.clone()),
-                self.view.value_bytes(r.clone()),
-                r.len(),
-            )
-        })
-    }
 }
 
 /// A query row's attention before normalisation: the largest score seen and the sum of

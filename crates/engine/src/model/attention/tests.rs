@@ -198,10 +198,12 @@ fn simd_kernels() -> Vec<(&'static str, Kernels, bool)> {
         let avx2 = Kernels {
             row: row::attend_avx2,
             tiled: tiled::attend_avx2,
+            tokens_together: false,
         };
         let avx512 = Kernels {
             row: row::attend_avx512,
             tiled: tiled::attend_avx512,
+            tokens_together: false,
         };
         vec![("AVX2", avx2, cpu.avx2), ("AVX-512", avx512, cpu.avx512)]
     }
