@@ -334,6 +334,40 @@ mod tests {
         });
     }
 
+    /// The AVX2 kernel at its integer sums' extremes: every nibble 15 against every
+    /// activation -128, whose sixteen products a 16-bit lane adds (-30,720) come nearest
+    /// to overflowing it.
+    #[test]
+    fn avx2_kernel_holds_the_largest_sums() {
+        if crate::simd::cpu::lacks(crate::simd::cpu::detected().avx2, "avx2") {
+            return;
+        }
+        let mut rng = Xorshift::new(5);
+        let (rows, cols) = (16, 2 * QK_K);
+        let mut raw = sample::weights(OwnFormat::Q4_K, rows, cols, &mut rng);
+        for block in raw.chunks_exact_mut(q4_k::BYTES) {
+            // After the two scales and the twelve bytes of sub-block scales and minimums.
+            block[16..].fill(0xFF);
+        }
+        let m = Q4kLanes::new(&raw, rows, cols / QK_K);
+        // The quantizer gives -127 at most; the kernel must hold a row of -128 too.
+        let mut act = quantize_row_q8k(&vec![-1.0; cols], RowKernel::Gemm4);
+        act.qs.fill(-128);
+        for (sum, q) in act.bsums.iter_mut().zip(act.qs.chunks_exact(16)) {
+            *sum = q.iter().map(|&q| i32::from(q)).sum();
+        }
+        let kernels = [RowKernel::Gemm4; 4];
+        // SAFETY: AVX2 was checked.
+        let got = unsafe {
+            avx2::dot_group::<4>(&m, 0, [&act; 4], kernels, Upcoming::new(m.group(0), 3))
+        };
+        let row_bytes = cols / QK_K * q4_k::BYTES;
+        for (r, got) in got[3].iter().enumerate() {
+            let want = q4_k::dot(&raw[r * row_bytes..][..row_bytes], &act, RowKernel::Gemm4);
+            assert_eq!(want.to_bits(), got.to_bits(), "row {r}");
+        }
+    }
+
     /// The AVX2 kernel.
     #[test]
     fn avx2_kernel_is_bit_identical_to_the_portable_one() {

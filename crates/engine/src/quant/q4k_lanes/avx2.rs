@@ -5,9 +5,11 @@
 //! broadcast against four values of eight rows, no horizontal sums anywhere.
 //!
 //! Without `vpdpbusd`, four values times four activations is `vpmaddubsw` (pairs of
-//! products as 16-bit sums; at most 2 · 15 · 127, so never saturated) then `vpmaddwd` with
-//! the sub-block's scale in both 16-bit halves of the lane, which adds the two pairs and
-//! applies the scale in one step. The integer sums are exact whatever their order, and the
+//! products as 16-bit sums; at most 2 · 15 · 128, so never saturated); a sub-block's eight
+//! of them are added in 16 bits (at most 30,720), then one `vpmaddwd` with the sub-block's
+//! scale in both 16-bit halves of the lane adds the pairs and applies the scale: nine
+//! multiplying instructions per sub-block and activation row where one `vpmaddwd` after
+//! each `vpmaddubsw` took sixteen, the multiply pipes being what bounds the kernel. The integer sums are exact whatever their order, and the
 //! floating-point steps are those of [`crate::quant::formats::q4_k::dot`], one lane
 //! per weight row, so results are bit-identical to it.
 //!
@@ -96,6 +98,10 @@ unsafe fn group_avx2<const T: usize>(
                         let scales = at(1 + j / 4, (j % 4) * ROWS + HALF * h) as *const __m128i;
                         let scale = _mm256_cvtepu8_epi32(_mm_loadl_epi64(scales));
                         let scale = _mm256_or_si256(scale, _mm256_slli_epi32::<16>(scale));
+                        // The sub-block's pairs of products summed in 16 bits (sixteen
+                        // products a lane, at most 16 · 15 · 128 = 30,720: exact), then
+                        // scaled and added in pairs by one `vpmaddwd`.
+                        let mut p16 = [zero; T];
                         for i in 0..4 {
                             // Line 4j + i holds values 8i..8i + 4 of the sub-block in its low
                             // nibbles, 8i + 4..8i + 8 in its high ones.
@@ -110,10 +116,12 @@ unsafe fn group_avx2<const T: usize>(
                                     a[t].qs.as_ptr().add(b * QK_K + 32 * j + 8 * i) as *const i32;
                                 for (k, &x) in x.iter().enumerate() {
                                     let y = _mm256_set1_epi32(q8.add(k).read_unaligned());
-                                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), scale);
-                                    psum[t] = _mm256_add_epi32(psum[t], p);
+                                    p16[t] = _mm256_add_epi16(p16[t], _mm256_maddubs_epi16(x, y));
                                 }
                             }
+                        }
+                        for t in 0..T {
+                            psum[t] = _mm256_add_epi32(psum[t], _mm256_madd_epi16(p16[t], scale));
                         }
                     }
                     let mins = at(MINS + pair / 2, 32 * (pair % 2) + 16 * h) as *const __m128i;
