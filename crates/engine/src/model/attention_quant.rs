@@ -152,17 +152,36 @@ impl TokenRows<'_> {
     }
 }
 
+/// Where the head lies in one part's stored rows (its keys or its values, in the part's
+/// type), in bytes.
+struct Part {
+    /// A position's row: every KV head.
+    row: usize,
+    /// The head's start within a row.
+    at: usize,
+    /// The head's length.
+    head: usize,
+}
+
 impl Heads<'_> {
+    /// Where the head lies in rows stored in type `t`.
+    fn part(&self, t: KvType) -> Part {
+        Part {
+            row: t.row_bytes(self.view.kv_width()),
+            at: t.row_bytes(self.offset),
+            head: t.row_bytes(self.head_dim),
+        }
+    }
+
     /// Asks for this head's keys and values at `positions` ([`ask_for_head`]).
     fn ask_for(&self, positions: std::ops::Range<usize>) {
         let types = self.view.types();
-        let width = self.view.kv_width();
         let len = positions.len();
         let keys = self.view.key_bytes(positions.clone());
         let values = self.view.value_bytes(positions);
         for (t, run) in [(types.keys, keys), (types.values, values)] {
-            let (row, at) = (t.row_bytes(width), t.row_bytes(self.offset));
-            ask_for_head(run, len, row, at, t.row_bytes(self.head_dim));
+            let part = self.part(t);
+            ask_for_head(run, len, part.row, part.at, part.head);
         }
     }
 }
@@ -185,16 +204,9 @@ impl RowState<'_> {
     /// The span's rows take its positions: each row's scores and softmax steps, then the
     /// values for all of them together.
     fn attend(&mut self, queries: &[Query], heads: Heads<'_>, scale: ScoreScale, span: Span) {
-        let Heads {
-            view,
-            offset,
-            head_dim,
-        } = heads;
+        let Heads { view, head_dim, .. } = heads;
         let types = view.types();
-        let width = view.kv_width();
-        let (key_row, value_row) = (types.keys.row_bytes(width), types.values.row_bytes(width));
-        let (key_at, value_at) = (types.keys.row_bytes(offset), types.values.row_bytes(offset));
-        let key_head = types.keys.row_bytes(head_dim);
+        let (k, v) = (heads.part(types.keys), heads.part(types.values));
         let keys = view.key_bytes(span.positions.clone());
         let values = view.value_bytes(span.positions.clone());
         let len = span.positions.len();
@@ -205,19 +217,19 @@ impl RowState<'_> {
             match &queries[r] {
                 Query::F16(q16) => {
                     for (j, s) in scores.iter_mut().enumerate() {
-                        let at = j * key_row + key_at;
-                        *s = dot_f16(q16, bytemuck::cast_slice(&keys[at..at + key_head]));
+                        let at = j * k.row + k.at;
+                        *s = dot_f16(q16, bytemuck::cast_slice(&keys[at..at + k.head]));
                     }
                 }
-                Query::Q8(query) => types.keys.key_dots(&keys[key_at..], key_row, query, scores),
+                Query::Q8(query) => types.keys.key_dots(&keys[k.at..], k.row, query, scores),
             }
             self.steps[r].fill_scaled(&scale.scaled_block(scores), len, &mut self.max[r]);
         }
         let rows = span.rows.clone();
         add_to_sums(&mut self.sum[rows.clone()], &self.steps[rows.clone()], len);
         types.values.add_values(
-            &values[value_at..],
-            value_row,
+            &values[v.at..],
+            v.row,
             len,
             &self.steps[rows.clone()],
             &mut self.acc[rows.start * head_dim..rows.end * head_dim],

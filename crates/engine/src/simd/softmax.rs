@@ -57,17 +57,19 @@ impl KeySteps {
     /// Fills the steps of the first `len` keys from their scores (already scaled, and
     /// capped where the model caps them), and moves the running maximum past them: with
     /// AVX2 where it runs, else one key at a time; the same bits. Lanes of `scaled` past
-    /// `len` are not read.
+    /// `len` must score -∞ (as `ScoreScale::scaled_block` leaves them): a vector of keys
+    /// reads to the end of its last vector, where they raise nothing and their steps go
+    /// unread.
     pub fn fill_scaled(&mut self, scaled: &[f32; STEP_KEYS], len: usize, max: &mut f32) {
         assert!(len <= STEP_KEYS);
         #[cfg(target_arch = "x86_64")]
         if super::avx2() {
-            // The lanes past `len`, to the end of the last vector, score -∞: they raise
-            // nothing and their steps go unread.
-            let mut padded = *scaled;
-            padded[len..].fill(f32::NEG_INFINITY);
+            let read = len
+                .next_multiple_of(super::lanes::Avx2::WIDTH)
+                .min(STEP_KEYS);
+            assert!(scaled[len..read].iter().all(|&s| s == f32::NEG_INFINITY));
             // SAFETY: the AVX2 kernels' feature set is available; `len` ≤ STEP_KEYS.
-            unsafe { fill_avx2(self, &padded, len, max) };
+            unsafe { fill_avx2(self, scaled, len, max) };
             return;
         }
         self.fill_portable(&scaled[..len], max);
@@ -129,7 +131,7 @@ unsafe fn fill_avx2(steps: &mut KeySteps, scaled: &[f32; STEP_KEYS], len: usize,
 /// registers, so that each row's step overlaps the others' (one chain alone waits on
 /// every multiply-add before it).
 #[inline(always)]
-pub fn add_to_sums_of<const R: usize>(sums: &mut [f32], steps: &[KeySteps], len: usize) {
+fn add_to_sums_of<const R: usize>(sums: &mut [f32], steps: &[KeySteps], len: usize) {
     let steps: &[KeySteps; R] = steps[..R].try_into().unwrap();
     let mut s: [f32; R] = sums[..R].try_into().unwrap();
     for j in 0..len {
